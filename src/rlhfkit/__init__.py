@@ -1,0 +1,65 @@
+"""rlhfkit: RL and preference learning for transformer language models and diffusion models.
+
+Public names are imported lazily, so `import rlhfkit` (and `import rlhfkit.core`) needs only
+torch; transformers, peft and diffusers load on first use of the class that needs them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it
+_LAZY: dict[str, str] = {
+    # models
+    "PreTrainedModelWrapper": "rlhfkit.models.value_head",
+    "AutoModelForCausalLMWithValueHead": "rlhfkit.models.value_head",
+    "AutoModelForSeq2SeqLMWithValueHead": "rlhfkit.models.value_head",
+    "create_reference_model": "rlhfkit.models.reference",
+    # PPO
+    "PPOConfig": "rlhfkit.trainers.ppo_config",
+    "PPOTrainer": "rlhfkit.trainers.ppo",
+    # RLOO
+    "RLOOConfig": "rlhfkit.trainers.rloo_config",
+    "RLOOTrainer": "rlhfkit.trainers.rloo",
+    # reward / SFT / DPO
+    "RewardConfig": "rlhfkit.trainers.reward_config",
+    "RewardTrainer": "rlhfkit.trainers.reward",
+    "RewardDataCollatorWithPadding": "rlhfkit.data.collators",
+    "SFTConfig": "rlhfkit.trainers.sft_config",
+    "SFTTrainer": "rlhfkit.trainers.sft",
+    "ConstantLengthDataset": "rlhfkit.data.packing",
+    "DPOConfig": "rlhfkit.trainers.dpo_config",
+    "DPOTrainer": "rlhfkit.trainers.dpo",
+    # DDPO
+    "DDPOConfig": "rlhfkit.trainers.ddpo_config",
+    "DDPOTrainer": "rlhfkit.trainers.ddpo",
+    "DDPOStableDiffusionPipeline": "rlhfkit.models.sd_pipeline",
+    "DefaultDDPOStableDiffusionPipeline": "rlhfkit.models.sd_pipeline",
+    # misc
+    "AdaptiveKLController": "rlhfkit.core.kl",
+    "FixedKLController": "rlhfkit.core.kl",
+    "LengthSampler": "rlhfkit.rollout.generation",
+    "set_seed": "transformers",
+}
+
+__all__ = sorted(_LAZY) + ["__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _LAZY.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'rlhfkit' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module_name), name)
+    globals()[name] = value  # cache: later look-ups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__
+
+
+if TYPE_CHECKING:  # pragma: no cover - for static analysers only
+    from rlhfkit.core.kl import AdaptiveKLController, FixedKLController  # noqa: F401

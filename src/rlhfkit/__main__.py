@@ -1,0 +1,3 @@
+from rlhfkit.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""One module per `rlhfkit <command>`; each exposes `main(argv) -> int`."""

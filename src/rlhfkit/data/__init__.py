@@ -1,0 +1,1 @@
+"""Collators, packing and dataset preparation."""

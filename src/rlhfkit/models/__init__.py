@@ -1,0 +1,1 @@
+"""Model wrappers (value heads, reference models, adapters, diffusion pipelines). No loss code."""

@@ -1,0 +1,1 @@
+"""Generation and scoring of completions, shared by PPO and RLOO."""

@@ -1,0 +1,1 @@
+"""Trainers: one module per algorithm, plus `common` for the plumbing they share."""
