@@ -1,1 +1,23 @@
 """Generation and scoring of completions, shared by PPO and RLOO."""
+
+from rlhfkit.rollout.generation import LengthSampler, eval_mode, generate_responses, pad_left, pad_right
+from rlhfkit.rollout.scoring import (
+    ForwardOutput,
+    forward_response,
+    last_true_indices,
+    position_ids_from_mask,
+    reward_model_scores,
+)
+
+__all__ = [
+    "ForwardOutput",
+    "LengthSampler",
+    "eval_mode",
+    "forward_response",
+    "generate_responses",
+    "last_true_indices",
+    "pad_left",
+    "pad_right",
+    "position_ids_from_mask",
+    "reward_model_scores",
+]

@@ -1,0 +1,117 @@
+"""Per-token KL estimators and KL-coefficient controllers.
+
+Estimators of KL(pi || pi_ref) at the sampled token (Schulman, "Approximating KL divergence"):
+"kl" is k1 = logp - ref (unbiased, can be negative), "mse" is k2 = 0.5 (logp - ref)^2, "k3" is
+exp(ref - logp) - (ref - logp) - 1 (unbiased, non-negative, low variance), "abs" is |logp - ref|
+and "full" is the exact KL summed over the vocabulary from both logit tensors.
+The adaptive controller is the proportional controller of Ziegler et al. (2019).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from rlhfkit.core.logprobs import full_kl_from_logits
+
+
+def _kl_k1(logprobs, ref_logprobs, logits, ref_logits):
+    return logprobs - ref_logprobs
+
+
+def _kl_abs(logprobs, ref_logprobs, logits, ref_logits):
+    return (logprobs - ref_logprobs).abs()
+
+
+def _kl_mse(logprobs, ref_logprobs, logits, ref_logits):
+    return 0.5 * (logprobs - ref_logprobs).square()
+
+
+def _kl_k3(logprobs, ref_logprobs, logits, ref_logits):
+    log_ratio = ref_logprobs - logprobs
+    return torch.expm1(log_ratio) - log_ratio  # exp(x) - x - 1, accurate near x = 0
+
+
+def _kl_full(logprobs, ref_logprobs, logits, ref_logits):
+    if logits is None or ref_logits is None:
+        raise ValueError('kl_penalty kind="full" needs both logits and ref_logits (B, T, V)')
+    return full_kl_from_logits(logits, ref_logits)
+
+
+# name -> fn(logprobs, ref_logprobs, logits, ref_logits) -> (B, T)
+KL_ESTIMATORS: dict[str, Callable[..., torch.Tensor]] = {
+    "kl": _kl_k1,
+    "abs": _kl_abs,
+    "mse": _kl_mse,
+    "full": _kl_full,
+    "k3": _kl_k3,
+}
+
+
+def kl_penalty(
+    logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    kind: str = "kl",
+    logits: torch.Tensor | None = None,
+    ref_logits: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Per-token KL estimate.
+
+    logprobs, ref_logprobs: (B, T) log-probs of the sampled tokens; logits, ref_logits: (B, T, V),
+    needed only for kind="full" (pass them already divided by the sampling temperature).
+    Returns (B, T).
+    """
+    estimator = KL_ESTIMATORS.get(kind)
+    if estimator is None:
+        raise ValueError(f"unknown KL kind {kind!r}; valid kinds: {', '.join(KL_ESTIMATORS)}")
+    if logprobs.shape != ref_logprobs.shape:
+        raise ValueError(
+            f"ref_logprobs shape {tuple(ref_logprobs.shape)} must equal logprobs {tuple(logprobs.shape)}"
+        )
+    return estimator(logprobs, ref_logprobs, logits, ref_logits)
+
+
+class AdaptiveKLController:
+    """Adaptive KL coefficient (Ziegler et al. 2019, section 2.2).
+
+    error = clip(current_kl / target - 1, -0.2, 0.2); value *= 1 + error * n_steps / horizon.
+    """
+
+    def __init__(self, init_kl_coef: float, target: float, horizon: float):
+        if target <= 0:
+            raise ValueError(f"target KL must be > 0, got {target}")
+        if horizon <= 0:
+            raise ValueError(f"horizon must be > 0, got {horizon}")
+        self.value = float(init_kl_coef)
+        self.target = float(target)
+        self.horizon = float(horizon)
+
+    def update(self, current_kl: float | torch.Tensor, n_steps: int) -> None:
+        proportional_error = min(max(float(current_kl) / self.target - 1.0, -0.2), 0.2)
+        self.value *= 1.0 + proportional_error * n_steps / self.horizon
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"value": self.value, "target": self.target, "horizon": self.horizon}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.value = float(state["value"])
+        self.target = float(state.get("target", self.target))
+        self.horizon = float(state.get("horizon", self.horizon))
+
+
+class FixedKLController:
+    """Constant KL coefficient; `update` is a no-op so trainers can treat both kinds alike."""
+
+    def __init__(self, kl_coef: float):
+        self.value = float(kl_coef)
+
+    def update(self, current_kl: float | torch.Tensor, n_steps: int) -> None:
+        pass
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"value": self.value}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.value = float(state["value"])

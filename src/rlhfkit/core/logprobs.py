@@ -1,0 +1,94 @@
+"""Log-probabilities of chosen tokens and entropies, straight from logits.
+
+log p(token) = logit[token] - logsumexp(logits): no full log-softmax copy of the vocabulary is
+materialised. Rows are processed in chunks, and half-precision chunks are upcast to float32 one
+chunk at a time, so peak extra memory is one float32 chunk rather than a (B, T, V) copy.
+Outputs are always float32.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import torch
+
+# about 64 MB of float32 per chunk
+_CHUNK_ELEMENTS = 1 << 24
+
+
+def _rows_per_chunk(vocab_size: int, chunk_rows: int | None) -> int:
+    if chunk_rows is not None:
+        if chunk_rows < 1:
+            raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
+        return chunk_rows
+    return max(1, _CHUNK_ELEMENTS // max(1, vocab_size))
+
+
+def _float32_chunks(flat_logits: torch.Tensor, rows: int) -> Iterator[tuple[int, torch.Tensor]]:
+    for start in range(0, flat_logits.size(0), rows):
+        yield start, flat_logits[start : start + rows].float()
+
+
+def _map_rows(
+    logits: torch.Tensor, fn: Callable[[int, torch.Tensor], torch.Tensor], chunk_rows: int | None
+) -> torch.Tensor:
+    """Apply fn(start, float32 chunk (n, V)) -> (n,) over rows of logits (..., V) -> (...) float32."""
+    flat = logits.reshape(-1, logits.size(-1))
+    rows = _rows_per_chunk(flat.size(-1), chunk_rows)
+    parts = [fn(start, chunk) for start, chunk in _float32_chunks(flat, rows)]
+    out = torch.cat(parts) if parts else flat.new_zeros(0, dtype=torch.float32)
+    return out.reshape(logits.shape[:-1])
+
+
+def selective_log_softmax(
+    logits: torch.Tensor, index: torch.Tensor, chunk_rows: int | None = None
+) -> torch.Tensor:
+    """log softmax(logits)[index] for every position.
+
+    logits: (B, T, V) (any leading dims), index: (B, T) long -> (B, T) float32. Differentiable.
+    """
+    if logits.shape[:-1] != index.shape:
+        raise ValueError(
+            f"index shape {tuple(index.shape)} must equal logits shape without the vocab dim "
+            f"{tuple(logits.shape[:-1])}"
+        )
+    flat_index = index.reshape(-1, 1)
+
+    def chunk_logprobs(start: int, chunk: torch.Tensor) -> torch.Tensor:
+        chosen = chunk.gather(-1, flat_index[start : start + chunk.size(0)]).squeeze(-1)
+        return chosen - torch.logsumexp(chunk, dim=-1)
+
+    return _map_rows(logits, chunk_logprobs, chunk_rows)
+
+
+def entropy_from_logits(logits: torch.Tensor, chunk_rows: int | None = None) -> torch.Tensor:
+    """Entropy of softmax(logits) per position: logsumexp(l) - sum(softmax(l) * l).
+
+    logits: (B, T, V) (any leading dims) -> (B, T) float32.
+    """
+
+    def chunk_entropy(_start: int, chunk: torch.Tensor) -> torch.Tensor:
+        return torch.logsumexp(chunk, dim=-1) - (torch.softmax(chunk, dim=-1) * chunk).sum(-1)
+
+    return _map_rows(logits, chunk_entropy, chunk_rows)
+
+
+def full_kl_from_logits(
+    logits: torch.Tensor, ref_logits: torch.Tensor, chunk_rows: int | None = None
+) -> torch.Tensor:
+    """Exact KL(p || p_ref) over the vocabulary per position.
+
+    logits, ref_logits: (B, T, V) -> (B, T) float32. Chunked like the functions above.
+    """
+    if logits.shape != ref_logits.shape:
+        raise ValueError(
+            f"ref_logits shape {tuple(ref_logits.shape)} must equal logits {tuple(logits.shape)}"
+        )
+    flat_ref = ref_logits.reshape(-1, ref_logits.size(-1))
+
+    def chunk_kl(start: int, chunk: torch.Tensor) -> torch.Tensor:
+        ref = flat_ref[start : start + chunk.size(0)].float()
+        logp = torch.log_softmax(chunk, dim=-1)
+        return (logp.exp() * (logp - torch.log_softmax(ref, dim=-1))).sum(-1)
+
+    return _map_rows(logits, chunk_kl, chunk_rows)

@@ -1,0 +1,130 @@
+"""Batched generation of responses for RL: left-padded queries in, right-padded responses out.
+
+Responses are cut after the first stop token (kept, mask True); the rest becomes pad (mask False).
+Generation runs with the model in eval mode (no dropout) and under `torch.no_grad`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+from collections.abc import Iterator, Sequence
+
+import torch
+from transformers import GenerationConfig
+
+from rlhfkit.core.masking import truncate_at_stop
+
+
+class LengthSampler:
+    """Callable returning an integer drawn uniformly from [min_value, max_value)."""
+
+    def __init__(self, min_value: int, max_value: int):
+        if not 0 < min_value < max_value:
+            raise ValueError(f"LengthSampler needs 0 < min_value < max_value, got {min_value}, {max_value}")
+        self.values = list(range(min_value, max_value))
+
+    def __call__(self) -> int:
+        return random.choice(self.values)
+
+
+def pad_left(sequences: Sequence[torch.Tensor], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stack 1-D token tensors into a left-padded (B, L) batch and its attention mask (1 = real)."""
+    if len(sequences) == 0:
+        raise ValueError("pad_left needs at least one sequence")
+    length = max(int(s.numel()) for s in sequences)
+    ids = torch.full((len(sequences), length), pad_token_id, dtype=torch.long, device=sequences[0].device)
+    mask = torch.zeros((len(sequences), length), dtype=torch.long, device=sequences[0].device)
+    for i, seq in enumerate(sequences):
+        n = int(seq.numel())
+        if n:
+            ids[i, length - n :] = seq.reshape(-1)
+            mask[i, length - n :] = 1
+    return ids, mask
+
+
+def pad_right(sequences: Sequence[torch.Tensor], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stack 1-D token tensors into a right-padded (B, L) batch and its mask (True = real)."""
+    if len(sequences) == 0:
+        raise ValueError("pad_right needs at least one sequence")
+    length = max(1, max(int(s.numel()) for s in sequences))
+    ids = torch.full((len(sequences), length), pad_token_id, dtype=torch.long, device=sequences[0].device)
+    mask = torch.zeros((len(sequences), length), dtype=torch.bool, device=sequences[0].device)
+    for i, seq in enumerate(sequences):
+        n = int(seq.numel())
+        ids[i, :n] = seq.reshape(-1)
+        mask[i, :n] = True
+    return ids, mask
+
+
+@contextlib.contextmanager
+def eval_mode(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """Temporarily switch off dropout; restore the previous train/eval mode afterwards."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
+
+
+def is_encoder_decoder(model: torch.nn.Module) -> bool:
+    config = getattr(model, "config", None)
+    return bool(getattr(config, "is_encoder_decoder", False))
+
+
+@torch.no_grad()
+def generate_responses(
+    model: torch.nn.Module,
+    query_ids: torch.Tensor,
+    query_mask: torch.Tensor,
+    generation_config: GenerationConfig,
+    *,
+    pad_token_id: int,
+    stop_token_id: int | None = None,
+    chunk_size: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample one response per left-padded query.
+
+    Args:
+        query_ids, query_mask: (B, Lq) left-padded queries and their attention mask.
+        generation_config: sampling settings; `max_new_tokens` bounds the response length R.
+        stop_token_id: responses are cut after its first occurrence (usually eos). Generation stops early
+            once every sequence in a chunk has produced it.
+        chunk_size: generate at most this many queries at once (memory bound).
+
+    Returns:
+        responses (B, R) right-padded with `pad_token_id`, and response_mask (B, R) bool.
+    """
+    if query_ids.shape != query_mask.shape or query_ids.dim() != 2:
+        raise ValueError(
+            f"query_ids and query_mask must both be (batch, length), got {tuple(query_ids.shape)} "
+            f"and {tuple(query_mask.shape)}"
+        )
+    max_new = generation_config.max_new_tokens
+    if not max_new or max_new <= 0:
+        raise ValueError("generation_config.max_new_tokens must be a positive integer")
+    config = GenerationConfig.from_dict(generation_config.to_dict())
+    config.pad_token_id = pad_token_id
+    if stop_token_id is not None:
+        config.eos_token_id = stop_token_id
+    chunk = chunk_size or query_ids.shape[0]
+    encoder_decoder = is_encoder_decoder(model)
+    pieces = []
+    with eval_mode(model):
+        for start in range(0, query_ids.shape[0], chunk):
+            ids = query_ids[start : start + chunk]
+            mask = query_mask[start : start + chunk]
+            out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+            # decoder outputs start with the decoder start token; causal outputs repeat the query
+            pieces.append(out[:, 1:] if encoder_decoder else out[:, ids.shape[1] :])
+    responses = torch.full((query_ids.shape[0], max_new), pad_token_id, dtype=torch.long, device=query_ids.device)
+    row = 0
+    for piece in pieces:
+        responses[row : row + piece.shape[0], : piece.shape[1]] = piece[:, :max_new]
+        row += piece.shape[0]
+    if stop_token_id is None:
+        # no stop token: every generated position up to the first pad is real
+        response_mask = torch.cumprod((responses != pad_token_id).long(), dim=1).bool()
+        return responses, response_mask
+    return truncate_at_stop(responses, stop_token_id, pad_token_id)

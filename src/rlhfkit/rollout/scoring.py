@@ -1,0 +1,158 @@
+"""Forward passes that score rollouts: per-token logprobs (and values, entropy) and reward-model scores.
+
+Position ids follow the attention mask (cumsum - 1), exactly as `generate` builds them, so a left-padded
+query gets the same logprobs whatever its padding or the chunk it is scored in.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+
+import torch
+
+from rlhfkit.core.logprobs import entropy_from_logits, selective_log_softmax
+from rlhfkit.core.masking import first_true_indices
+from rlhfkit.rollout.generation import is_encoder_decoder
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """(B, T) positions counting only real tokens; padding gets position 0."""
+    positions = attention_mask.long().cumsum(-1) - 1
+    return positions.clamp_(min=0)
+
+
+def last_true_indices(mask: torch.Tensor) -> torch.Tensor:
+    """(B,) index of the last True in each row of a (B, T) mask (-1 where none)."""
+    flipped = first_true_indices(mask.bool().flip(1))
+    return mask.shape[1] - 1 - flipped
+
+
+@dataclass
+class ForwardOutput:
+    """Per-response-token outputs, each (B, R); optional ones are None when not asked for."""
+
+    logprobs: torch.Tensor
+    values: torch.Tensor | None = None
+    entropy: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+
+
+def _accepts(model: torch.nn.Module, name: str) -> bool:
+    try:
+        return name in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _split_output(output) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Logits and values from either a value-head wrapper's tuple or a transformers output object."""
+    if isinstance(output, tuple):
+        logits, _, values = output
+        return logits, values
+    return output.logits, None
+
+
+def forward_response(
+    model: torch.nn.Module,
+    query_ids: torch.Tensor,
+    query_mask: torch.Tensor,
+    responses: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    with_values: bool = False,
+    with_entropy: bool = False,
+    return_logits: bool = False,
+) -> ForwardOutput:
+    """One forward pass over query+response; outputs aligned with the response tokens.
+
+    Args:
+        query_ids, query_mask: (B, Lq) left-padded queries.
+        responses, response_mask: (B, R) right-padded responses (mask True = real token).
+        temperature: logits are divided by it, matching the sampling distribution.
+    Returns:
+        ForwardOutput with logprobs (B, R) float32, and values / entropy / logits when requested.
+        Values are those of the state before each response token. Masked positions hold junk; mask them.
+    """
+    length_q = query_ids.shape[1]
+    length_r = responses.shape[1]
+    if is_encoder_decoder(model):
+        start = model.config.decoder_start_token_id
+        decoder_ids = torch.cat([torch.full_like(responses[:, :1], start), responses[:, :-1]], dim=1)
+        decoder_mask = torch.cat([torch.ones_like(response_mask[:, :1]), response_mask[:, :-1]], dim=1)
+        output = model(
+            input_ids=query_ids,
+            attention_mask=query_mask,
+            decoder_input_ids=decoder_ids,
+            decoder_attention_mask=decoder_mask.long(),
+        )
+        logits, values = _split_output(output)
+    else:
+        input_ids = torch.cat([query_ids, responses], dim=1)
+        attention_mask = torch.cat([query_mask.long(), response_mask.long()], dim=1)
+        kwargs = {}
+        if not with_values and _accepts(model, "logits_to_keep"):
+            kwargs["logits_to_keep"] = length_r + 1  # skip the vocabulary projection over the query
+        output = model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids_from_mask(attention_mask),
+            use_cache=False,
+            **kwargs,
+        )
+        logits, values = _split_output(output)
+        # position t predicts token t+1: the response tokens are predicted from positions Lq-1 .. Lq+R-2
+        logits = logits[:, -(length_r + 1) : -1]
+        if values is not None:
+            values = values[:, length_q - 1 : -1]
+    if temperature != 1.0:
+        logits = logits / temperature
+    result = ForwardOutput(logprobs=selective_log_softmax(logits, responses))
+    if with_values:
+        if values is None:
+            raise ValueError("with_values=True needs a model with a value head (e.g. AutoModelForCausalLMWithValueHead)")
+        result.values = values.float()
+    if with_entropy:
+        result.entropy = entropy_from_logits(logits)
+    if return_logits:
+        result.logits = logits
+    return result
+
+
+def _unwrap_peft(model: torch.nn.Module) -> torch.nn.Module:
+    get_base = getattr(model, "get_base_model", None)
+    return get_base() if callable(get_base) else model
+
+
+@torch.no_grad()
+def reward_model_scores(
+    reward_model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
+) -> torch.Tensor:
+    """(B,) float32 score of a sequence-classification reward model, read at the last real token.
+
+    The head is applied to the backbone's hidden states and gathered at the last position where
+    attention_mask is 1, so left padding, right padding and pad == eos all give the same score.
+    """
+    if input_ids.shape != attention_mask.shape:
+        raise ValueError(
+            f"input_ids {tuple(input_ids.shape)} and attention_mask {tuple(attention_mask.shape)} differ in shape"
+        )
+    model = _unwrap_peft(reward_model)
+    head = getattr(model, "score", None)
+    backbone = getattr(model, getattr(model, "base_model_prefix", ""), None)
+    position_ids = position_ids_from_mask(attention_mask)
+    last = last_true_indices(attention_mask)
+    if (last < 0).any():
+        raise ValueError("reward_model_scores got a sequence with no real token (attention_mask all zero)")
+    rows = torch.arange(input_ids.shape[0], device=input_ids.device)
+    if head is not None and backbone is not None:
+        hidden = backbone(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+        ).last_hidden_state
+        logits = head(hidden[rows, last])
+    else:  # heads we do not know: rely on the model's own pooling
+        logits = reward_model(input_ids=input_ids, attention_mask=attention_mask).logits
+    if logits.dim() == 2 and logits.shape[-1] != 1:
+        raise ValueError(f"reward model must output one score per sequence (num_labels=1), got {logits.shape[-1]}")
+    return logits.reshape(-1).float()

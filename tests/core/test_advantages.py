@@ -1,0 +1,136 @@
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rlhfkit.core import compute_gae, normalize_advantages, rloo_advantages
+
+
+def test_rloo_reward():
+    # seed 000 (TRL RLOO docs), verbatim except that the vectorised part calls rloo_advantages
+    local_batch_size = 3
+    rloo_k = 4
+    # fmt: off
+    rlhf_reward = torch.tensor([
+        1, 2, 3,  # first rlhf reward for three prompts
+        2, 3, 4,  # second rlhf reward for three prompts
+        5, 6, 7,  # third rlhf reward for three prompts
+        8, 9, 10,  # fourth rlhf reward for three prompts
+    ]).float()  # here we have 3 prompts which have 4 completions each
+    # fmt: on
+
+    baseline = (rlhf_reward.sum(0) - rlhf_reward) / (rloo_k - 1)  # noqa: F841 (kept from the seed)
+    advantages = torch.zeros_like(rlhf_reward)
+    for i in range(0, len(advantages), local_batch_size):
+        other_response_rlhf_rewards = []
+        for j in range(0, len(advantages), local_batch_size):
+            if i != j:
+                other_response_rlhf_rewards.append(rlhf_reward[j : j + local_batch_size])
+        advantages[i : i + local_batch_size] = rlhf_reward[i : i + local_batch_size] - torch.stack(
+            other_response_rlhf_rewards
+        ).mean(0)
+    assert (1 - (2 + 5 + 8) / 3 - advantages[0].item()) < 1e-6  # First rlhf reward for the first prompt
+    assert (6 - (3 + 2 + 9) / 3 - advantages[7].item()) < 1e-6  # Third rlhf reward for the second prompt
+
+    # Vectorized implementation
+    vec_advantages = rloo_advantages(rlhf_reward, rloo_k)
+    torch.testing.assert_close(vec_advantages.flatten(), advantages)
+
+
+def test_rloo_hand_values():
+    # prompt 0 has rewards (1, 2, 5, 8) at positions 0, 3, 6, 9
+    r = torch.tensor([1, 2, 3, 2, 3, 4, 5, 6, 7, 8, 9, 10]).float()
+    adv = rloo_advantages(r, 4)
+    # position 0: 1 - (2 + 5 + 8)/3 = -4 ; position 9: 8 - (1 + 2 + 5)/3 = 16/3
+    assert adv[0].item() == pytest.approx(-4.0)
+    assert adv[9].item() == pytest.approx(16 / 3)
+    # position 7 (prompt 1, third completion): 6 - (2 + 3 + 9)/3 = 4/3
+    assert adv[7].item() == pytest.approx(4 / 3)
+    # leave-one-out advantages of one prompt sum to zero
+    assert adv.reshape(4, 3).sum(0).abs().max().item() < 1e-5
+
+
+def test_rloo_bad_input():
+    with pytest.raises(ValueError, match="divisible"):
+        rloo_advantages(torch.zeros(7), 2)
+    with pytest.raises(ValueError, match="rloo_k"):
+        rloo_advantages(torch.zeros(4), 1)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(2, 5), st.integers(1, 4), st.integers(0, 2**31 - 1))
+def test_rloo_matches_naive_loop(k, batch, seed):
+    r = torch.randn(k * batch, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    adv = rloo_advantages(r, k)
+    for idx in range(k * batch):
+        prompt = idx % batch
+        others = [r[j * batch + prompt].item() for j in range(k) if j * batch + prompt != idx]
+        assert adv[idx].item() == pytest.approx(r[idx].item() - sum(others) / len(others), abs=1e-9)
+
+
+def naive_gae(values, rewards, mask, gamma, lam):
+    """Per-row python loop over the real tokens only (masked positions skipped)."""
+    advantages = torch.zeros_like(values)
+    for b in range(values.size(0)):
+        real = [t for t in range(values.size(1)) if mask[b, t]]
+        last_gae, next_value = 0.0, 0.0
+        for t in reversed(real):
+            delta = rewards[b, t].item() + gamma * next_value - values[b, t].item()
+            last_gae = delta + gamma * lam * last_gae
+            advantages[b, t] = last_gae
+            next_value = values[b, t].item()
+    return advantages, (advantages + values) * mask
+
+
+def test_gae_hand_values():
+    # one row, 2 real tokens then padding with junk that must not leak
+    values = torch.tensor([[1.0, 2.0, 50.0]])
+    rewards = torch.tensor([[0.0, 1.0, 50.0]])
+    mask = torch.tensor([[True, True, False]])
+    adv, ret = compute_gae(values, rewards, mask, gamma=0.5, lam=0.5)
+    # t=1: delta = 1 + 0.5*0 - 2 = -1 ; A1 = -1
+    # t=0: delta = 0 + 0.5*2 - 1 = 0 ; A0 = 0 + 0.5*0.5*(-1) = -0.25
+    torch.testing.assert_close(adv, torch.tensor([[-0.25, -1.0, 0.0]]))
+    # returns = A + V: 0.75, 1.0, and 0 on padding
+    torch.testing.assert_close(ret, torch.tensor([[0.75, 1.0, 0.0]]))
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 8), st.integers(0, 2**31 - 1))
+def test_gae_lambda1_gamma1_is_reward_to_go_minus_values(batch, length, seed):
+    g = torch.Generator().manual_seed(seed)
+    values = torch.randn(batch, length, generator=g, dtype=torch.float64)
+    rewards = torch.randn(batch, length, generator=g, dtype=torch.float64)
+    lengths = torch.randint(0, length + 1, (batch,), generator=g)
+    mask = torch.arange(length)[None, :] < lengths[:, None]
+    adv, ret = compute_gae(values, rewards, mask, gamma=1.0, lam=1.0)
+    reward_to_go = (rewards * mask).flip(-1).cumsum(-1).flip(-1)
+    torch.testing.assert_close(adv, ((reward_to_go - values) * mask).float(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ret, (reward_to_go * mask).float(), rtol=1e-5, atol=1e-5)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.floats(0.0, 1.0), st.floats(0.0, 1.0), st.booleans())
+def test_gae_matches_naive_loop(seed, gamma, lam, holes):
+    g = torch.Generator().manual_seed(seed)
+    values = torch.randn(3, 6, generator=g)
+    rewards = torch.randn(3, 6, generator=g)
+    if holes:
+        mask = torch.rand(3, 6, generator=g) > 0.3
+    else:
+        mask = torch.arange(6)[None, :] < torch.randint(0, 7, (3, 1), generator=g)
+    adv, ret = compute_gae(values, rewards, mask, gamma, lam)
+    naive_adv, naive_ret = naive_gae(values, rewards, mask, gamma, lam)
+    torch.testing.assert_close(adv, naive_adv, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ret, naive_ret, rtol=1e-5, atol=1e-5)
+
+
+def test_gae_shape_mismatch():
+    with pytest.raises(ValueError, match="same"):
+        compute_gae(torch.zeros(2, 3), torch.zeros(2, 4), torch.ones(2, 3, dtype=torch.bool), 1.0, 1.0)
+
+
+def test_normalize_advantages():
+    # mean 2, sample std 1 -> (-1, 0, 1)
+    out = normalize_advantages(torch.tensor([1.0, 2.0, 3.0]))
+    torch.testing.assert_close(out, torch.tensor([-1.0, 0.0, 1.0]))

@@ -1,0 +1,141 @@
+"""Rollout: generation cut at the stop token, and scoring that ignores padding and chunking."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, GenerationConfig
+
+from rlhfkit.core.logprobs import selective_log_softmax
+from rlhfkit.rollout import (
+    LengthSampler,
+    forward_response,
+    generate_responses,
+    last_true_indices,
+    pad_left,
+    pad_right,
+    position_ids_from_mask,
+    reward_model_scores,
+)
+from rlhfkit.testing import tiny_model_path, tiny_tokenizer
+
+ARCHS = ["gpt2", "llama", "qwen2"]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return tiny_tokenizer()
+
+
+def _queries(tokenizer, texts):
+    return [torch.tensor(tokenizer(t)["input_ids"]) for t in texts]
+
+
+def test_pad_left_and_right_layouts():
+    seqs = [torch.tensor([5, 6, 7]), torch.tensor([8])]
+    ids, mask = pad_left(seqs, pad_token_id=0)
+    assert ids.tolist() == [[5, 6, 7], [0, 0, 8]]
+    assert mask.tolist() == [[1, 1, 1], [0, 0, 1]]
+    ids, mask = pad_right(seqs, pad_token_id=0)
+    assert ids.tolist() == [[5, 6, 7], [8, 0, 0]]
+    assert mask.tolist() == [[True, True, True], [True, False, False]]
+
+
+def test_position_ids_and_last_index():
+    mask = torch.tensor([[0, 0, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1]])
+    # real tokens count 0, 1, 2 ...; padding gets 0
+    assert position_ids_from_mask(mask).tolist() == [[0, 0, 0, 1, 2, 2], [0, 1, 2, 3, 4, 5]]
+    assert last_true_indices(mask).tolist() == [4, 5]
+
+
+def test_length_sampler_range_and_validation():
+    sampler = LengthSampler(2, 5)
+    draws = {sampler() for _ in range(200)}
+    assert draws == {2, 3, 4}
+    with pytest.raises(ValueError, match="min_value"):
+        LengthSampler(5, 5)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_generation_cuts_after_stop_token(arch, tokenizer):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path(arch))
+    queries = _queries(tokenizer, ["the film was", "a quiet story about", "it"])
+    ids, mask = pad_left(queries, tokenizer.pad_token_id)
+    config = GenerationConfig(max_new_tokens=12, do_sample=True, top_k=0, top_p=1.0)
+    torch.manual_seed(1)
+    # make a frequent token the stop token so that truncation happens for sure
+    stop = int(model(input_ids=ids, attention_mask=mask).logits[:, -1].argmax(-1)[0])
+    responses, response_mask = generate_responses(
+        model, ids, mask, config, pad_token_id=tokenizer.pad_token_id, stop_token_id=stop
+    )
+    assert responses.shape[0] == 3 and responses.shape[1] == 12
+    for row, row_mask in zip(responses, response_mask):
+        hits = (row == stop).nonzero().flatten()
+        if len(hits):
+            first = int(hits[0])
+            assert row_mask[: first + 1].all() and not row_mask[first + 1 :].any()
+            assert (row[first + 1 :] == tokenizer.pad_token_id).all()
+        else:
+            assert row_mask.all()
+    assert model.training is False or model.training is True  # mode restored below
+    model.train()
+    generate_responses(model, ids, mask, config, pad_token_id=tokenizer.pad_token_id, chunk_size=2)
+    assert model.training, "generate_responses must restore train mode"
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_logprobs_do_not_depend_on_padding_or_chunking(arch, tokenizer):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path(arch)).eval()
+    queries = _queries(tokenizer, ["the acting was wonderful and", "boring", "we left early because the"])
+    responses_list = _queries(tokenizer, [" the end", " very slow plot that", " it"])
+    responses, response_mask = pad_right(responses_list, tokenizer.pad_token_id)
+    ids, mask = pad_left(queries, tokenizer.pad_token_id)
+    batched = forward_response(model, ids, mask, responses, response_mask).logprobs
+    with torch.no_grad():
+        for i, (q, r) in enumerate(zip(queries, responses_list)):
+            # unpadded, single-sequence reference computed the naive way
+            full = torch.cat([q, r]).unsqueeze(0)
+            logits = model(input_ids=full).logits[:, len(q) - 1 : -1]
+            expected = torch.log_softmax(logits.float(), -1).gather(-1, r.view(1, -1, 1)).squeeze(-1)[0]
+            torch.testing.assert_close(batched[i, : len(r)], expected, atol=1e-4, rtol=1e-4)
+    # extra left padding changes nothing
+    more_pad = torch.cat([torch.full((3, 4), tokenizer.pad_token_id), ids], dim=1)
+    more_mask = torch.cat([torch.zeros(3, 4, dtype=torch.long), mask], dim=1)
+    shifted = forward_response(model, more_pad, more_mask, responses, response_mask).logprobs
+    torch.testing.assert_close(shifted[response_mask], batched[response_mask], atol=1e-4, rtol=1e-4)
+
+
+def test_temperature_and_entropy(tokenizer):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path("llama")).eval()
+    ids, mask = pad_left(_queries(tokenizer, ["a good", "the worst"]), tokenizer.pad_token_id)
+    responses, response_mask = pad_right(_queries(tokenizer, [" movie", " film ever"]), tokenizer.pad_token_id)
+    out = forward_response(
+        model, ids, mask, responses, response_mask, temperature=0.7, with_entropy=True, return_logits=True
+    )
+    torch.testing.assert_close(out.logprobs, selective_log_softmax(out.logits, responses))
+    probs = torch.softmax(out.logits.float(), -1)
+    torch.testing.assert_close(out.entropy, -(probs * probs.log()).sum(-1), atol=1e-4, rtol=1e-4)
+    plain = forward_response(model, ids, mask, responses, response_mask, return_logits=True)
+    torch.testing.assert_close(out.logits, plain.logits / 0.7)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_reward_scores_ignore_padding_side(arch, tokenizer):
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_model_path(f"{arch}-reward")).eval()
+    texts = _queries(tokenizer, ["what a great film", "bad", "the music was lovely but long"])
+    left_ids, left_mask = pad_left(texts, tokenizer.pad_token_id)
+    right_ids, right_mask = pad_right(texts, tokenizer.pad_token_id)
+    left = reward_model_scores(model, left_ids, left_mask)
+    right = reward_model_scores(model, right_ids, right_mask.long())
+    assert left.shape == (3,) and left.dtype == torch.float32
+    torch.testing.assert_close(left, right, atol=1e-4, rtol=1e-4)
+    with torch.no_grad():
+        single = torch.stack([model(input_ids=t.unsqueeze(0)).logits.reshape(()) for t in texts])
+    torch.testing.assert_close(left, single, atol=1e-4, rtol=1e-4)
+
+
+def test_reward_scores_reject_empty_rows(tokenizer):
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_model_path("llama-reward"))
+    ids = torch.tensor([[5, 6], [7, 8]])
+    with pytest.raises(ValueError, match="no real token"):
+        reward_model_scores(model, ids, torch.tensor([[1, 1], [0, 0]]))
