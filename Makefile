@@ -5,7 +5,7 @@ PYTHON ?= python3.11
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-EXTRAS := dev,diffusion,tracking,demo
+EXTRAS := dev,diffusion,tracking,demo,quant
 
 .PHONY: setup demo test test-fast lint clean
 

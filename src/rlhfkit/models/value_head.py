@@ -1,0 +1,425 @@
+"""Language models with a scalar value head, for PPO's critic.
+
+`AutoModelForCausalLMWithValueHead` / `AutoModelForSeq2SeqLMWithValueHead` wrap a transformers model (or a
+`PeftModel` around one) and add `v_head`: dropout then a linear map from the last hidden state to one
+value per token. The head computes in float32 whatever the base dtype, because values feed the GAE
+recursion and the value loss, where bf16 rounding is visible.
+
+On disk a wrapper is exactly what transformers/peft would save for the base (full weights, or only the
+adapters for a PEFT model; safetensors, sharded when large) plus `value_head.safetensors`, so plain
+`AutoModelForCausalLM.from_pretrained(folder)` still loads the base. Checkpoints that keep `v_head.*`
+keys inside the model weights (TRL's layout) also load.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from rlhfkit.models import adapters
+from rlhfkit.models.quantization import bnb_quantization_config, is_quantized
+
+VALUE_HEAD_FILE = "value_head.safetensors"
+ADAPTER_LAYOUT_FILE = "rlhfkit_adapters.json"
+V_HEAD_INIT_STRATEGIES = (None, "normal")
+
+
+class ValueHead(nn.Module):
+    """hidden (B, T, H) -> values (B, T) float32: dropout, then `summary = Linear(H, 1)`."""
+
+    def __init__(self, hidden_size: int, summary_dropout_prob: float = 0.1):
+        super().__init__()
+        self.dropout = nn.Dropout(summary_dropout_prob) if summary_dropout_prob else nn.Identity()
+        self.summary = nn.Linear(hidden_size, 1, dtype=torch.float32)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        weight = self.summary.weight
+        x = self.dropout(hidden_states.to(device=weight.device, dtype=torch.float32))
+        return F.linear(x, weight.float(), self.summary.bias.float()).squeeze(-1)
+
+
+def _hidden_size(config: Any) -> int:
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    for attr in ("hidden_size", "d_model", "n_embd", "word_embed_proj_dim"):
+        value = getattr(text_config, attr, None)
+        if isinstance(value, int):
+            return value
+    raise ValueError(f"cannot find the hidden size in {type(config).__name__}; expected `hidden_size`")
+
+
+def _check_head_args(summary_dropout_prob: float, v_head_init_strategy: str | None) -> None:
+    if not 0.0 <= summary_dropout_prob < 1.0:
+        raise ValueError(f"summary_dropout_prob must be in [0, 1), got {summary_dropout_prob}")
+    if v_head_init_strategy not in V_HEAD_INIT_STRATEGIES:
+        raise ValueError(f"v_head_init_strategy must be one of {V_HEAD_INIT_STRATEGIES}, got {v_head_init_strategy!r}")
+
+
+def _read_value_head(pretrained: str | os.PathLike) -> dict[str, torch.Tensor] | None:
+    """`summary.*` tensors (v_head keys without the prefix) from `value_head.safetensors`, or from `v_head.*` keys in the model weights."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    folder = Path(pretrained)
+    if not folder.is_dir():
+        try:  # a Hub id: the value head, if any, sits next to the base weights
+            from huggingface_hub import hf_hub_download
+
+            folder = Path(hf_hub_download(str(pretrained), VALUE_HEAD_FILE)).parent
+        except Exception:
+            return None
+    if (folder / VALUE_HEAD_FILE).is_file():
+        state = load_file(str(folder / VALUE_HEAD_FILE))
+    else:
+        index = folder / "model.safetensors.index.json"
+        if index.is_file():
+            weight_map = json.loads(index.read_text())["weight_map"]
+            shards = {f for k, f in weight_map.items() if k.startswith("v_head.")}
+        else:
+            shards = {"model.safetensors"} if (folder / "model.safetensors").is_file() else set()
+        state = {}
+        for shard in shards:
+            with safe_open(str(folder / shard), framework="pt") as f:
+                state.update({k: f.get_tensor(k) for k in f.keys() if k.startswith("v_head.")})
+    state = {k.removeprefix("v_head."): v for k, v in state.items()}
+    return state or None
+
+
+class PreTrainedModelWrapper(nn.Module):
+    """A transformers model (or PeftModel) plus a value head; shared by the causal and seq2seq wrappers."""
+
+    transformers_parent_class: Any = None
+    is_encoder_decoder = False
+
+    def __init__(
+        self,
+        pretrained_model: nn.Module,
+        summary_dropout_prob: float = 0.1,
+        v_head_init_strategy: str | None = None,
+        v_head_initializer_range: float = 0.2,
+    ):
+        super().__init__()
+        if not isinstance(pretrained_model, nn.Module) or not hasattr(pretrained_model, "config"):
+            raise TypeError(
+                f"pretrained_model must be a transformers PreTrainedModel or PeftModel, got {type(pretrained_model)}"
+            )
+        _check_head_args(summary_dropout_prob, v_head_init_strategy)
+        self.pretrained_model = pretrained_model
+        self.v_head = ValueHead(_hidden_size(pretrained_model.config), summary_dropout_prob)
+        if v_head_init_strategy == "normal":
+            # small random weights and zero bias: initial values ~ 0 whatever the hidden-state scale
+            nn.init.normal_(self.v_head.summary.weight, mean=0.0, std=v_head_initializer_range)
+            nn.init.zeros_(self.v_head.summary.bias)
+        # None: PyTorch's default Linear init (uniform in +-1/sqrt(H) for weight and bias)
+        self.v_head.to(self._base_device())
+        self.score: nn.Linear | None = None
+        self.reward_adapter_name: str | None = None
+        self._register_load_state_dict_pre_hook(self._flat_keys_to_nested)
+
+    # ----------------------------------------------------------------- properties and passthroughs
+    @property
+    def is_peft_model(self) -> bool:
+        return adapters.peft_model_of(self) is not None
+
+    @property
+    def device(self) -> torch.device:
+        return self._base_device()
+
+    def _base_device(self) -> torch.device:
+        param = next(self.pretrained_model.parameters(), None)
+        return param.device if param is not None else torch.device("cpu")
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name.startswith("_") or name == "pretrained_model":
+                raise
+            return getattr(super().__getattr__("pretrained_model"), name)  # config, generation_config, ...
+
+    def generate(self, *args: Any, **kwargs: Any) -> Any:
+        return self.pretrained_model.generate(*args, **kwargs)
+
+    def gradient_checkpointing_enable(self, *args: Any, **kwargs: Any) -> None:
+        self.pretrained_model.gradient_checkpointing_enable(*args, **kwargs)
+
+    def gradient_checkpointing_disable(self) -> None:
+        self.pretrained_model.gradient_checkpointing_disable()
+
+    # ----------------------------------------------------------------- forward
+    def _last_hidden_state(self, outputs: Any) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: Any = None,
+        return_past_key_values: bool = False,
+        **kwargs: Any,
+    ) -> tuple:
+        """Returns `(lm_logits, loss, values)`; `values` is (B, T) float32 ((B, T_dec) for seq2seq).
+
+        `loss` is the base model's LM loss when `labels` are given, else None. With
+        `return_past_key_values=True` the KV cache is appended as a fourth element.
+        """
+        kwargs["output_hidden_states"] = True
+        if past_key_values is not None:
+            kwargs["past_key_values"] = past_key_values
+        outputs = self.pretrained_model(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+        values = self.v_head(self._last_hidden_state(outputs))
+        result = (outputs.logits, outputs.loss, values)
+        return result + (outputs.past_key_values,) if return_past_key_values else result
+
+    # ----------------------------------------------------------------- multi-adapter RL
+    def load_reward_adapter(self, reward_adapter: str | os.PathLike, adapter_name: str = "reward_adapter") -> None:
+        """Load a LoRA reward adapter and its score head, frozen, into this PEFT model (see `adapters`)."""
+        if self.score is not None:
+            raise ValueError(f"a reward adapter ({self.reward_adapter_name!r}) is already loaded")
+        self.score = adapters.load_reward_adapter(self, reward_adapter, adapter_name)
+        self.reward_adapter_name = adapter_name
+
+    def compute_reward_score(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        ppo_adapter_name: str = "default",
+        **kwargs: Any,
+    ) -> torch.Tensor:
+        """Score whole sequences with the reward adapter: returns `scores` of shape (B,), float32.
+
+        Each score is the reward head applied to the final hidden state of the *last real token* of the
+        row (found from `attention_mask`, so left and right padding both work), i.e. what the reward
+        model's sequence classifier outputs. No gradient; eval mode; afterwards `ppo_adapter_name` is the
+        active adapter again, also when scoring raises. A head with k > 1 outputs returns (B, k).
+        """
+        if self.score is None or self.reward_adapter_name is None:
+            raise ValueError("no reward adapter loaded: pass reward_adapter= to from_pretrained")
+        kwargs.pop("token_type_ids", None)  # so `compute_reward_score(**tokenizer_output)` works
+        if kwargs:
+            raise TypeError(f"compute_reward_score got unexpected arguments {sorted(kwargs)}")
+        return adapters.score_with_adapter(
+            self, self.score, self.reward_adapter_name, input_ids, attention_mask, ppo_adapter_name
+        )
+
+    # ----------------------------------------------------------------- state dict
+    def state_dict(self, *args: Any, destination: Any = None, prefix: str = "", keep_vars: bool = False) -> Any:
+        """The base model's state dict plus `v_head.*` (and the reward `score.*`) keys."""
+        if args:
+            raise TypeError("pass state_dict arguments by keyword")
+        destination = OrderedDict() if destination is None else destination
+        self.pretrained_model.state_dict(destination=destination, prefix=prefix, keep_vars=keep_vars)
+        self.v_head.state_dict(destination=destination, prefix=prefix + "v_head.", keep_vars=keep_vars)
+        if self.score is not None:
+            self.score.state_dict(destination=destination, prefix=prefix + "score.", keep_vars=keep_vars)
+        return destination
+
+    def _flat_keys_to_nested(self, state_dict: dict, prefix: str, *args: Any) -> None:
+        # load_state_dict accepts the flat layout written by `state_dict` above
+        own = (prefix + "pretrained_model.", prefix + "v_head.", prefix + "score.")
+        for key in [k for k in state_dict if k.startswith(prefix) and not k.startswith(own)]:
+            state_dict[prefix + "pretrained_model." + key[len(prefix) :]] = state_dict.pop(key)
+
+    # ----------------------------------------------------------------- save / load
+    def save_pretrained(self, save_directory: str | os.PathLike, **kwargs: Any) -> None:
+        """Base weights (or only the adapters of a PEFT model) + `value_head.safetensors`, all safetensors.
+
+        kwargs (e.g. `max_shard_size`) go to the base model's `save_pretrained`. A loaded reward adapter is
+        not saved: it is an input, reloaded from its own folder.
+        """
+        from safetensors.torch import save_file
+
+        if kwargs.pop("safe_serialization", True) is False:
+            raise ValueError("rlhfkit saves safetensors only; drop safe_serialization=False")
+        kwargs.pop("state_dict", None)
+        folder = Path(save_directory)
+        folder.mkdir(parents=True, exist_ok=True)
+        peft_model = adapters.peft_model_of(self)
+        if peft_model is None:
+            self.pretrained_model.save_pretrained(folder, **kwargs)
+        else:
+            kwargs.pop("max_shard_size", None)  # adapters are small: one file each
+            names = [n for n in peft_model.peft_config if n != self.reward_adapter_name]
+            peft_model.save_pretrained(folder, selected_adapters=names, **kwargs)
+            reference = adapters.REFERENCE_ADAPTER_NAME
+            layout = {
+                "adapters": {n: "." if n == "default" else n for n in names},
+                "active_adapter": peft_model.active_adapter,
+                "reference_adapter": reference if reference in names else None,
+            }
+            (folder / ADAPTER_LAYOUT_FILE).write_text(json.dumps(layout, indent=2))
+        head = {f"v_head.{k}": v.detach().to("cpu", torch.float32).contiguous() for k, v in self.v_head.state_dict().items()}
+        save_file(head, str(folder / VALUE_HEAD_FILE))
+
+    def push_to_hub(self, repo_id: str, *args: Any, **kwargs: Any) -> Any:
+        """Push the base model (transformers/peft `push_to_hub`), then upload the value head next to it."""
+        import tempfile
+
+        from huggingface_hub import HfApi
+
+        result = self.pretrained_model.push_to_hub(repo_id, *args, **kwargs)
+        with tempfile.TemporaryDirectory() as tmp:
+            from safetensors.torch import save_file
+
+            head = {f"v_head.{k}": v.detach().to("cpu").contiguous() for k, v in self.v_head.state_dict().items()}
+            save_file(head, os.path.join(tmp, VALUE_HEAD_FILE))
+            HfApi(token=kwargs.get("token")).upload_file(
+                path_or_fileobj=os.path.join(tmp, VALUE_HEAD_FILE), path_in_repo=VALUE_HEAD_FILE, repo_id=repo_id
+            )
+        return result
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        pretrained_model_name_or_path: str | os.PathLike | nn.Module,
+        *model_args: Any,
+        peft_config: Any = None,
+        reward_adapter: str | os.PathLike | None = None,
+        reward_adapter_name: str = "reward_adapter",
+        load_in_8bit: bool = False,
+        load_in_4bit: bool = False,
+        summary_dropout_prob: float = 0.1,
+        v_head_init_strategy: str | None = None,
+        v_head_initializer_range: float = 0.2,
+        is_trainable: bool = True,
+        **model_kwargs: Any,
+    ) -> PreTrainedModelWrapper:
+        """Load (or wrap) a model and add a value head; see the module docstring for the folder layout.
+
+        - A folder/Hub id of a full model: loads it with `transformers_parent_class`; with `peft_config`
+          a fresh adapter (the policy) is added. The reference is then the base (adapters disabled).
+        - A folder of a LoRA adapter (e.g. an SFT LoRA): loads its base and the adapter as the trainable
+          policy, and keeps a frozen copy named `reference`, so the KL reference is the SFT model. To put
+          a *fresh* adapter on top of an SFT LoRA instead, merge it first (`merge_and_unload()`), save,
+          and load that folder with `peft_config`.
+        - A folder written by this class's `save_pretrained`: restores every saved adapter, which one was
+          active, the reference adapter (if there was one) and the value head.
+        - An already built transformers model or PeftModel: wrapped as is.
+        `reward_adapter` loads a frozen LoRA reward adapter + score head (needs a PEFT policy).
+        `load_in_8bit` / `load_in_4bit` quantise the base with bitsandbytes (`rlhfkit[quant]`).
+        """
+        from peft import PeftModel, get_peft_model
+
+        head_kwargs = dict(
+            summary_dropout_prob=summary_dropout_prob,
+            v_head_init_strategy=v_head_init_strategy,
+            v_head_initializer_range=v_head_initializer_range,
+        )
+        _check_head_args(summary_dropout_prob, v_head_init_strategy)  # fail before loading weights
+        if reward_adapter is not None and cls.is_encoder_decoder:
+            raise ValueError("reward_adapter is supported for causal language models only")
+        if isinstance(pretrained_model_name_or_path, nn.Module):
+            if load_in_8bit or load_in_4bit:
+                raise ValueError("load_in_8bit/load_in_4bit apply when loading by name; this model is already built")
+            model = pretrained_model_name_or_path
+            if peft_config is not None:
+                if isinstance(model, PeftModel):
+                    raise ValueError("peft_config was given but the model is already a PeftModel")
+                model = get_peft_model(model, peft_config)
+            wrapper = cls(model, **head_kwargs)
+        elif isinstance(pretrained_model_name_or_path, str | os.PathLike):
+            quantization = bnb_quantization_config(load_in_8bit, load_in_4bit)
+            if quantization is not None:
+                if "quantization_config" in model_kwargs:
+                    raise ValueError("pass either load_in_8bit/load_in_4bit or quantization_config, not both")
+                model_kwargs["quantization_config"] = quantization
+            source = str(pretrained_model_name_or_path)
+            model = cls._load_adapter_folder(source, model_args, peft_config, is_trainable, model_kwargs)
+            if model is None:
+                model = cls.transformers_parent_class.from_pretrained(source, *model_args, **model_kwargs)
+                if peft_config is not None:
+                    if is_quantized(model):
+                        from peft import prepare_model_for_kbit_training
+
+                        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+                    model = get_peft_model(model, peft_config)
+            wrapper = cls(model, **head_kwargs)
+            wrapper._load_value_head(source)
+        else:
+            raise TypeError(
+                "pretrained_model_name_or_path must be a folder, a Hub id or a transformers/peft model, "
+                f"got {type(pretrained_model_name_or_path).__name__}"
+            )
+        if reward_adapter is not None:
+            wrapper.load_reward_adapter(reward_adapter, reward_adapter_name)
+        return wrapper
+
+    @classmethod
+    def _load_adapter_folder(
+        cls, source: str, model_args: tuple, peft_config: Any, is_trainable: bool, model_kwargs: dict
+    ) -> Any | None:
+        """A PeftModel if `source` is an adapter folder, else None (then `source` is a full model)."""
+        from peft import PeftConfig, PeftModel
+
+        folder = Path(source)
+        layout = adapters.read_adapter_layout(folder) if folder.is_dir() else None
+        if layout is None:
+            if not (folder / "adapter_config.json").is_file():
+                return None
+            layout = {"adapters": {"default": "."}, "active_adapter": "default", "reference_adapter": "new"}
+        if peft_config is not None:
+            raise ValueError(
+                f"peft_config cannot be combined with the adapter folder {source}: that adapter is loaded as "
+                "the policy. To add a fresh adapter on top of it, merge it into the base first "
+                "(PeftModel.merge_and_unload(), save_pretrained) and load the merged folder."
+            )
+        names = layout["adapters"]
+        reference = layout["reference_adapter"]
+        first = "default" if "default" in names else next(iter(names))
+        base_name = PeftConfig.from_pretrained(str(folder / names[first])).base_model_name_or_path
+        if not base_name:
+            raise ValueError(f"adapter_config.json in {folder / names[first]} does not name its base model")
+        base = cls.transformers_parent_class.from_pretrained(base_name, *model_args, **model_kwargs)
+        model = PeftModel.from_pretrained(
+            base, str(folder / names[first]), adapter_name=first, is_trainable=is_trainable and first != reference
+        )
+        for name, sub in names.items():
+            if name != first:
+                model.load_adapter(str(folder / sub), adapter_name=name, is_trainable=is_trainable and name != reference)
+        with adapters._keep_trainable_flags(model):
+            model.set_adapter(layout["active_adapter"])
+        if reference == "new":  # a plain (SFT) adapter folder: its frozen copy is the KL reference
+            adapters.add_reference_adapter(model, source_adapter="default")
+        return model
+
+    def _load_value_head(self, source: str) -> None:
+        state = _read_value_head(source)
+        if state is None:
+            warnings.warn(
+                f"no value head found in {source!r}; using a freshly initialised one (expected when starting "
+                "RL from a plain language model)",
+                stacklevel=3,
+            )
+            return
+        self.v_head.load_state_dict({k: v.float() for k, v in state.items()})
+
+
+class AutoModelForCausalLMWithValueHead(PreTrainedModelWrapper):
+    """A causal LM with a value head: `forward` returns `(lm_logits, loss, values)`."""
+
+    from transformers import AutoModelForCausalLM as transformers_parent_class  # noqa: N813
+
+    def forward(self, *args: Any, **kwargs: Any) -> tuple:
+        kwargs.pop("token_type_ids", None)  # fast tokenizers may emit them; GPT-2/Llama must not get them
+        return super().forward(*args, **kwargs)
+
+    def _last_hidden_state(self, outputs: Any) -> torch.Tensor:
+        return outputs.hidden_states[-1]
+
+
+class AutoModelForSeq2SeqLMWithValueHead(PreTrainedModelWrapper):
+    """An encoder-decoder LM with a value head on the decoder: one value per decoder token."""
+
+    from transformers import AutoModelForSeq2SeqLM as transformers_parent_class  # noqa: N813
+
+    is_encoder_decoder = True
+
+    def _last_hidden_state(self, outputs: Any) -> torch.Tensor:
+        return outputs.decoder_hidden_states[-1]
