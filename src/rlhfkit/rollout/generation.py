@@ -83,7 +83,8 @@ def generate_responses(
     pad_token_id: int,
     stop_token_id: int | None = None,
     chunk_size: int | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    with_logprobs: bool = False,
+) -> tuple[torch.Tensor, ...]:
     """Sample one response per left-padded query.
 
     Args:
@@ -92,9 +93,13 @@ def generate_responses(
         stop_token_id: responses are cut after its first occurrence (usually eos). Generation stops early
             once every sequence in a chunk has produced it.
         chunk_size: generate at most this many queries at once (memory bound).
+        with_logprobs: also return the (B, R) float32 log-probabilities of the sampled tokens under
+            softmax(logits / temperature), read from the logits generation computed anyway, so no second
+            forward pass is needed (equal to `forward_response` up to float rounding; junk where masked).
 
     Returns:
-        responses (B, R) right-padded with `pad_token_id`, and response_mask (B, R) bool.
+        responses (B, R) right-padded with `pad_token_id`, and response_mask (B, R) bool
+        (and logprobs (B, R) when `with_logprobs`).
     """
     if query_ids.shape != query_mask.shape or query_ids.dim() != 2:
         raise ValueError(
@@ -108,23 +113,39 @@ def generate_responses(
     config.pad_token_id = pad_token_id
     if stop_token_id is not None:
         config.eos_token_id = stop_token_id
+    if with_logprobs:
+        config.output_logits, config.return_dict_in_generate = True, True
+    temperature = float(config.temperature or 1.0) if config.do_sample else 1.0
     chunk = chunk_size or query_ids.shape[0]
     encoder_decoder = is_encoder_decoder(model)
-    pieces = []
+    pieces, logprob_pieces = [], []
     with eval_mode(model):
         for start in range(0, query_ids.shape[0], chunk):
             ids = query_ids[start : start + chunk]
             mask = query_mask[start : start + chunk]
             out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+            sequences = out.sequences if with_logprobs else out
             # decoder outputs start with the decoder start token; causal outputs repeat the query
-            pieces.append(out[:, 1:] if encoder_decoder else out[:, ids.shape[1] :])
+            piece = sequences[:, 1:] if encoder_decoder else sequences[:, ids.shape[1] :]
+            pieces.append(piece)
+            if with_logprobs:  # one (b, V) logits tensor per generated step, before any logits processor
+                steps = [
+                    torch.log_softmax(step.float() / temperature, -1).gather(-1, token[:, None])
+                    for step, token in zip(out.logits, piece.T)
+                ]
+                logprob_pieces.append(torch.cat(steps, dim=1))
     responses = torch.full((query_ids.shape[0], max_new), pad_token_id, dtype=torch.long, device=query_ids.device)
+    logprobs = torch.zeros(responses.shape, dtype=torch.float32, device=query_ids.device)
     row = 0
-    for piece in pieces:
+    for i, piece in enumerate(pieces):
         responses[row : row + piece.shape[0], : piece.shape[1]] = piece[:, :max_new]
+        if with_logprobs:
+            logprobs[row : row + piece.shape[0], : piece.shape[1]] = logprob_pieces[i][:, :max_new]
         row += piece.shape[0]
     if stop_token_id is None:
         # no stop token: every generated position up to the first pad is real
         response_mask = torch.cumprod((responses != pad_token_id).long(), dim=1).bool()
-        return responses, response_mask
-    return truncate_at_stop(responses, stop_token_id, pad_token_id)
+        result = (responses, response_mask)
+    else:
+        result = truncate_at_stop(responses, stop_token_id, pad_token_id)
+    return (*result, logprobs) if with_logprobs else result

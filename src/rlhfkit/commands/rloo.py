@@ -1,0 +1,122 @@
+"""`rlhfkit rloo`: REINFORCE leave-one-out training from the command line.
+
+    rlhfkit rloo --dataset_name keyword --model_name_or_path ./tiny-llama --output_dir runs/rloo \
+        --per_device_train_batch_size 8 --total_episodes 256 --missing_eos_penalty 1.0
+
+The policy and the reference start from --sft_model_path (default: --model_name_or_path); the score comes
+from --reward_model_path (a local sequence-classification folder) or, when --dataset_name is a built-in
+task, from that task's reward unless a reward model folder is given. Every RLOOConfig /
+TrainingArguments field is a flag; `--config file.yaml` supplies defaults.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from rlhfkit.commands._args import ModelArguments, ScriptArguments, load_tokenizer, parse_args, run_main
+
+PROG = "rlhfkit rloo"
+
+
+@dataclass
+class RLOOScriptArguments(ScriptArguments):
+    num_eval_prompts: int = field(
+        default=16, metadata={"help": "Built-in tasks only: how many test prompts to use for sample tables."}
+    )
+
+
+def _default(name: str) -> str:
+    from rlhfkit.trainers.rloo_config import RLOOConfig
+
+    return next(f.default for f in fields(RLOOConfig) if f.name == name)
+
+
+def _offline_model_error(flag: str, value: str) -> ValueError:
+    return ValueError(
+        f"{flag} {value!r} is not a local folder; rlhfkit runs offline and downloads nothing. "
+        "Pass a folder with config.json and weights (build tiny ones with `rlhfkit tiny-models`)"
+    )
+
+
+def load_prompts(script_args: RLOOScriptArguments):
+    """(train, eval, task or None): a built-in task name, or a local dataset path."""
+    from rlhfkit.commands._args import load_data
+    from rlhfkit.tasks import get_task, task_names
+
+    name = script_args.dataset_name
+    if name is None:
+        raise ValueError(
+            f"--dataset_name is required: a local dataset path or a built-in task ({', '.join(task_names())})"
+        )
+    if name in task_names() and not Path(name).exists():
+        task = get_task(name)
+        return task.prompt_dataset("train"), task.prompt_dataset("test", n=script_args.num_eval_prompts), task
+    try:
+        train, evaluation = load_data(script_args)
+    except ValueError as err:
+        if Path(name).exists():
+            raise
+        raise ValueError(f"{err}; or use a built-in task: {', '.join(task_names())}") from err
+    return train, evaluation, None
+
+
+def _body(argv: list[str] | None) -> int:
+    import torch  # noqa: F401  (fail early if the environment is broken)
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    from rlhfkit.commands._args import model_init_kwargs, peft_config_from
+    from rlhfkit.trainers.rloo_config import RLOOConfig
+
+    script_args, config, model_args = parse_args(
+        (RLOOScriptArguments, RLOOConfig, ModelArguments), argv, PROG, "REINFORCE leave-one-out training"
+    )
+    train_dataset, eval_dataset, task = load_prompts(script_args)
+    from rlhfkit.trainers.rloo import RLOOTrainer
+
+    sft_path = config.sft_model_path
+    if sft_path == _default("sft_model_path") and not Path(sft_path).exists():
+        sft_path = model_args.model_name_or_path
+    if sft_path is None:
+        raise ValueError("--model_name_or_path (or --sft_model_path) is required: a local model folder")
+    if not Path(sft_path).exists():
+        raise _offline_model_error("--sft_model_path", sft_path)
+    if model_args.model_name_or_path is None:
+        model_args.model_name_or_path = sft_path
+
+    reward_path = config.reward_model_path
+    if Path(reward_path).exists():
+        reward = AutoModelForSequenceClassification.from_pretrained(
+            reward_path, num_labels=1, **model_init_kwargs(model_args)
+        )
+    elif task is not None and reward_path in (_default("reward_model_path"), "task"):
+        reward = task.reward_fn
+    else:
+        raise _offline_model_error("--reward_model_path", reward_path)
+
+    tokenizer = load_tokenizer(model_args, padding_side="left")
+    policy = AutoModelForCausalLM.from_pretrained(sft_path, **model_init_kwargs(model_args))
+    ref_policy = AutoModelForCausalLM.from_pretrained(sft_path, **model_init_kwargs(model_args))
+    peft_config = peft_config_from(model_args, "CAUSAL_LM")
+    if peft_config is not None:
+        from peft import get_peft_model
+
+        policy = get_peft_model(policy, peft_config)
+
+    trainer = RLOOTrainer(
+        config, tokenizer, policy, ref_policy, reward, train_dataset, eval_dataset=eval_dataset
+    )
+    result = trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
+    trainer.save_model(config.output_dir)
+    trainer.create_model_card(dataset_name=script_args.dataset_name)
+    last = next((h for h in reversed(trainer.state.log_history) if "objective/scores" in h), {})
+    print(
+        f"{PROG}: {result.global_step} updates, {result.global_step * config.batch_size} episodes; "
+        f"last objective/scores={last.get('objective/scores', float('nan')):.4f}; "
+        f"model saved to {config.output_dir}"
+    )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_main(PROG, _body, argv)

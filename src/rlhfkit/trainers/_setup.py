@@ -1,0 +1,135 @@
+"""Set-up steps shared by the Trainer-style trainers (reward, SFT, DPO).
+
+Keyword overrides onto a config, loading a model given as a path, wrapping it in LoRA, and
+switching dropout off. Kept here so the three trainers read like their algorithm.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from typing import Any
+
+from torch import nn
+
+logger = logging.getLogger(__name__)
+
+
+def apply_overrides(args: Any, owner: str, **overrides: Any) -> Any:
+    """Return a copy of `args` with every non-None keyword set on it.
+
+    The seed API lets trainer keywords (max_length=..., beta=...) override the config; the caller's
+    config object is left untouched, and the config re-validates itself after the change.
+    """
+    given = {k: v for k, v in overrides.items() if v is not None}
+    if not given:
+        return args
+    args = copy.copy(args)
+    for name, value in given.items():
+        if not hasattr(args, name):
+            raise TypeError(f"{owner}: {type(args).__name__} has no field {name!r}")
+        if getattr(args, name) != value:
+            logger.info(
+                "%s: keyword %s=%r overrides the config value %r", owner, name, value, getattr(args, name)
+            )
+        setattr(args, name, value)
+    validate = getattr(args, "validate", None)
+    if callable(validate):
+        validate()
+    return args
+
+
+def load_model(model: Any, auto_class: type, init_kwargs: dict | None, owner: str) -> nn.Module:
+    """A model object passes through; a string is a local folder (or cached name) loaded with `auto_class`."""
+    if isinstance(model, str):
+        kwargs = dict(init_kwargs or {})
+        kwargs.setdefault("trust_remote_code", False)
+        return auto_class.from_pretrained(model, **kwargs)
+    if model is None:
+        return None
+    if not isinstance(model, nn.Module):
+        raise TypeError(
+            f"{owner}: `model` must be a PreTrainedModel, an nn.Module or a path string, got {type(model)}"
+        )
+    return model
+
+
+def is_peft_model(model: Any) -> bool:
+    try:
+        from peft import PeftModel
+    except ImportError:  # pragma: no cover - peft is a core dependency
+        return False
+    return isinstance(model, PeftModel)
+
+
+def wrap_peft(model: nn.Module, peft_config: Any, owner: str) -> nn.Module:
+    """Wrap `model` with LoRA (or any PEFT method) when a `peft_config` is given."""
+    if peft_config is None:
+        return model
+    from peft import PeftConfig, get_peft_model
+
+    if isinstance(peft_config, dict):
+        from peft import get_peft_config
+
+        peft_config = get_peft_config(peft_config)
+    if not isinstance(peft_config, PeftConfig):
+        raise TypeError(
+            f"{owner}: `peft_config` must be a peft.PeftConfig (or its dict), got {type(peft_config)}"
+        )
+    if is_peft_model(model):
+        raise ValueError(
+            f"{owner}: the model is already a PeftModel; pass peft_config=None or a plain base model"
+        )
+    return get_peft_model(model, peft_config)
+
+
+def disable_dropout(model: nn.Module | None) -> None:
+    """Dropout makes the chosen/rejected log-probabilities noisy; preference losses prefer it off."""
+    if model is None:
+        return
+    for module in model.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = 0.0
+
+
+def frozen_copy(model: nn.Module) -> nn.Module:
+    """A detached, frozen, eval-mode copy of `model` (the DPO reference policy)."""
+    ref = copy.deepcopy(model)
+    ref.requires_grad_(False)
+    ref.eval()
+    return ref
+
+
+def as_config(args: Any, config_cls: type, owner: str, default_output_dir: str) -> Any:
+    """Accept None, the trainer's own config, or plain TrainingArguments (upgraded to `config_cls`)."""
+    import dataclasses
+
+    from transformers import TrainingArguments
+
+    if args is None:
+        return config_cls(output_dir=default_output_dir, report_to="none")
+    if isinstance(args, config_cls):
+        return args
+    if isinstance(args, TrainingArguments):
+        names = {f.name for f in dataclasses.fields(TrainingArguments) if f.init}
+        values = {n: getattr(args, n) for n in names if hasattr(args, n)}
+        return config_cls(**values)
+    raise TypeError(
+        f"{owner}: `args` must be a {config_cls.__name__} or TrainingArguments, got {type(args).__name__}"
+    )
+
+
+class MetricBuffer:
+    """Per-step metrics gathered in compute_loss, averaged and emitted by the trainer's next `log` call."""
+
+    def __init__(self) -> None:
+        self._store: dict[str, dict[str, list[float]]] = {"train": {}, "eval": {}}
+
+    def add(self, split: str, metrics: dict[str, float]) -> None:
+        for key, value in metrics.items():
+            self._store[split].setdefault(key, []).append(float(value))
+
+    def pop_means(self, split: str, prefix: str = "") -> dict[str, float]:
+        means = {f"{prefix}{k}": sum(v) / len(v) for k, v in self._store[split].items() if v}
+        self._store[split] = {}
+        return means

@@ -1,0 +1,443 @@
+"""RLOOTrainer: REINFORCE leave-one-out (Ahmadian et al. 2024) on top of `transformers.Trainer`.
+
+One update:
+  1. take `local_batch_size / rloo_k` prompts and sample `rloo_k` completions of each, in chunks of
+     `local_rollout_forward_batch_size` rows, cut after the stop token; the sampling logprobs come from
+     the generation logits (no second policy pass);
+  2. reference logprobs, and scores from the reward model(s) / function(s);
+  3. the missing-eos penalty;
+  4. the RLHF reward: score - kl_coef * KL to the reference (per sequence or per token);
+  5. optional Reinforce++ reward whitening / normalisation and clipping;
+  6. advantages: leave-one-out baseline over the k completions of each prompt (optionally normalised);
+  7. num_ppo_epochs x num_mini_batches clipped sequence-level policy-gradient steps, with gradient
+     accumulation over micro-batches of per_device_train_batch_size.
+Completion j of prompt i sits in row i + j * num_prompts, the layout `rloo_advantages` expects; the prompt
+tensors are indexed per chunk rather than repeated k times.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import time
+from collections import defaultdict
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import GenerationConfig, ProgressCallback, Trainer, TrainerState
+from transformers.trainer_utils import TrainOutput, get_last_checkpoint
+
+from rlhfkit.core import (
+    clip_tensor,
+    entropy_from_logits,
+    masked_mean,
+    masked_var,
+    masked_whiten,
+    normalize_advantages,
+    normalize_rewards,
+    ppo_policy_loss,
+    rloo_advantages,
+)
+from rlhfkit.core.rewards import apply_missing_eos_penalty
+from rlhfkit.rollout import forward_response, generate_responses, pad_left
+from rlhfkit.trainers._setup import disable_dropout
+from rlhfkit.trainers.rloo_config import RLOOConfig
+from rlhfkit.trainers.rloo_data import PromptSchedule, check_prompts, tokenize_prompts
+from rlhfkit.trainers.rloo_rewards import RLHF_REWARDS, RewardScorer
+from rlhfkit.trainers.sample_table import RichProgressCallback, print_sample_table, save_samples
+
+
+class RLOOTrainer(Trainer):
+    """Trains `policy` with RLOO against a frozen `ref_policy`; see `RLOOConfig` for every option.
+
+    `reward_model` is a sequence-classification model, a callable `list[str] -> list[float]` on the decoded
+    completions (given `prompts=` too when it accepts that keyword), or a list of these combined with
+    `config.reward_weights`. `reward_processing_class` is the reward model's tokenizer when it differs
+    from the policy's (one per source for a list).
+    """
+
+    _tag_names = ["rlhfkit", "rloo"]
+
+    def __init__(
+        self,
+        config: RLOOConfig,
+        processing_class: Any,
+        policy: nn.Module,
+        ref_policy: nn.Module,
+        reward_model: Any,
+        train_dataset: Any,
+        data_collator: Any = None,
+        eval_dataset: Any = None,
+        optimizers: tuple = (None, None),
+        callbacks: list | None = None,
+        reward_processing_class: Any = None,
+    ) -> None:
+        if not isinstance(config, RLOOConfig):
+            raise TypeError(f"config must be an RLOOConfig, got {type(config).__name__}")
+        if processing_class is None or getattr(processing_class, "pad_token_id", None) is None:
+            raise ValueError("processing_class must be a tokenizer with a pad token (set its pad_token)")
+        if ref_policy is policy:
+            raise ValueError("ref_policy must be a separate frozen copy of the policy, not the policy itself")
+        self.stop_token_id = config.stop_token_id
+        if self.stop_token_id is None and config.stop_token == "eos":
+            self.stop_token_id = processing_class.eos_token_id
+        rewards = list(reward_model) if isinstance(reward_model, (list, tuple)) else [reward_model]
+        # dropout off: the logprobs taken while sampling must equal those of the training forward pass
+        for model in (policy, ref_policy, *rewards):
+            if isinstance(model, nn.Module):
+                disable_dropout(model)
+        num_proc = config.dataset_num_proc
+        train_dataset = tokenize_prompts(train_dataset, processing_class, num_proc, "train_dataset")
+        if eval_dataset is not None:
+            eval_dataset = tokenize_prompts(eval_dataset, processing_class, num_proc, "eval_dataset")
+        models = {"policy": policy, "ref_policy": ref_policy}
+        if reward_processing_class is None:  # reward models then read the policy's token ids
+            models.update({f"reward model {i}": r for i, r in enumerate(rewards) if isinstance(r, nn.Module)})
+        for dataset, what in ((train_dataset, "train_dataset"), (eval_dataset, "eval_dataset")):
+            if dataset is not None:
+                check_prompts(dataset, what, config.response_length, models)
+
+        super().__init__(
+            model=policy,
+            args=config,
+            data_collator=data_collator,
+            train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
+            processing_class=processing_class,
+            callbacks=callbacks,
+            optimizers=optimizers,
+        )
+        config.world_size = self.accelerator.num_processes
+        config.compute_batch_sizes(len(train_dataset))
+        self.policy = policy
+        self.ref_policy = ref_policy.to(self.accelerator.device).eval().requires_grad_(False)
+        self.scorer = RewardScorer(
+            reward_model,
+            processing_class,
+            reward_processing_class,
+            config.reward_weights,
+            self.accelerator.device,
+        )
+        self.schedule = PromptSchedule(
+            len(train_dataset),
+            config.local_prompt_batch_size,
+            config.world_size,
+            self.accelerator.process_index,
+            config.seed,
+        )
+        self.generation_config = GenerationConfig(
+            max_new_tokens=config.response_length,
+            temperature=config.temperature,
+            top_k=0,
+            top_p=1.0,
+            do_sample=True,
+        )
+        if not config.disable_tqdm:
+            self.remove_callback(ProgressCallback)
+            self.add_callback(RichProgressCallback())
+
+    # ------------------------------------------------------------------ training loop
+    def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs: Any) -> TrainOutput:
+        args = self.args
+        num_updates = args.num_total_batches
+        if args.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs)
+        self.create_optimizer_and_scheduler(num_training_steps=num_updates)
+        model, self.optimizer = self.accelerator.prepare(self.model, self.optimizer)
+        self.model_wrapped = model
+        self.state = TrainerState(
+            is_local_process_zero=self.is_local_process_zero(),
+            is_world_process_zero=self.is_world_process_zero(),
+            stateful_callbacks=dict(self.state.stateful_callbacks),
+        )
+        if resume_from_checkpoint is True:
+            resume_from_checkpoint = get_last_checkpoint(args.output_dir)
+            if resume_from_checkpoint is None:
+                raise ValueError(
+                    f"resume_from_checkpoint=True but {args.output_dir} holds no checkpoint-* folder"
+                )
+        if resume_from_checkpoint:
+            self._load_from_checkpoint(resume_from_checkpoint)
+            self._load_optimizer_and_scheduler(resume_from_checkpoint)
+            self.state = TrainerState.load_from_json(
+                os.path.join(resume_from_checkpoint, "trainer_state.json")
+            )
+            self._load_rng_state(resume_from_checkpoint)
+        self.state.max_steps = num_updates
+        self.state.num_train_epochs = math.ceil(num_updates * args.batch_size / len(self.train_dataset))
+        self.state.compute_steps(args, num_updates)
+        self.state.train_batch_size = args.per_device_train_batch_size
+        self.is_in_train = True
+        model.train()
+        self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
+        start_time, start_update, losses = time.time(), self.state.global_step, []
+
+        for update in range(start_update, num_updates):
+            self.control = self.callback_handler.on_step_begin(args, self.state, self.control)
+            rollout, metrics = self._rollout(update)
+            metrics.update(self._optimize(model, rollout))
+            metrics["lr"] = self.lr_scheduler.get_last_lr()[0]
+            self.lr_scheduler.step()
+            self.state.global_step += 1
+            episodes = self.state.global_step * args.batch_size
+            self.state.epoch = episodes / len(self.train_dataset)
+            metrics["eps"] = int(
+                (self.state.global_step - start_update) * args.batch_size / (time.time() - start_time)
+            )
+            metrics["episode"] = episodes
+            losses.append(metrics["loss/policy_avg"])
+            self.control = self.callback_handler.on_step_end(args, self.state, self.control)
+            if self.control.should_log:
+                self.log(metrics)
+                self.control.should_log = False
+            if self.control.should_save:
+                self._save_checkpoint(model, trial=None)
+                self.control = self.callback_handler.on_save(args, self.state, self.control)
+            freq = args.sample_generations_freq
+            if freq and self.state.global_step % freq == 0:
+                self.generate_completions()
+            if self.control.should_training_stop:
+                break
+
+        self.control = self.callback_handler.on_train_end(args, self.state, self.control)
+        self.is_in_train = False
+        mean_loss = float(sum(losses) / len(losses)) if losses else 0.0
+        return TrainOutput(self.state.global_step, mean_loss, {"train_loss": mean_loss})
+
+    # ------------------------------------------------------------------ steps 1-6
+    @torch.no_grad()
+    def _rollout(self, update: int) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+        args, device = self.args, self.accelerator.device
+        pad_id = self.processing_class.pad_token_id
+        prompts = [
+            torch.tensor(ids) for ids in self.train_dataset[self.schedule.indices(update)]["input_ids"]
+        ]
+        query_ids, query_mask = (t.to(device) for t in pad_left(prompts, pad_id))
+        num_prompts = query_ids.shape[0]
+        pieces = defaultdict(list)
+        # 1-2. sample, score and take reference logprobs chunk by chunk over the k * num_prompts rows
+        for start in range(0, args.rloo_k * num_prompts, args.local_rollout_forward_batch_size):
+            rows = torch.arange(
+                start, min(start + args.local_rollout_forward_batch_size, args.rloo_k * num_prompts)
+            )
+            rows = rows.to(device) % num_prompts
+            queries, masks = query_ids[rows], query_mask[rows]
+            with self._generation_context():
+                responses, response_mask, logprobs = generate_responses(
+                    self.accelerator.unwrap_model(self.model),
+                    queries,
+                    masks,
+                    self.generation_config,
+                    pad_token_id=pad_id,
+                    stop_token_id=self.stop_token_id,
+                    with_logprobs=True,
+                )
+            ref_logprobs = forward_response(
+                self.ref_policy, queries, masks, responses, response_mask, temperature=args.temperature
+            ).logprobs
+            texts = (
+                self._decode(queries, responses, response_mask) if self.scorer.needs_text else (None, None)
+            )
+            scores, _ = self.scorer(queries, masks, responses, response_mask, *texts)
+            for name, value in (
+                ("responses", responses),
+                ("response_mask", response_mask),
+                ("logprobs", logprobs),
+                ("ref_logprobs", ref_logprobs),
+                ("scores", scores),
+            ):
+                pieces[name].append(value)
+        batch = {name: torch.cat(values) for name, values in pieces.items()}
+        # drop columns past the longest completion: later passes need not touch them
+        longest = max(1, int(batch["response_mask"].sum(1).max()))
+        for name in ("responses", "response_mask", "logprobs", "ref_logprobs"):
+            batch[name] = batch[name][:, :longest]
+        responses, response_mask = batch["responses"], batch["response_mask"]
+        logprobs, scores = batch["logprobs"], batch["scores"]
+
+        # 3. completions that never emit eos lose missing_eos_penalty
+        has_eos = ((responses == self.processing_class.eos_token_id) & response_mask).any(1)
+        if args.missing_eos_penalty is not None:
+            scores = apply_missing_eos_penalty(scores, has_eos, args.missing_eos_penalty)
+        # 4. RLHF reward = score - kl_coef * KL(policy || reference)
+        rlhf_reward, non_score_reward, kl = RLHF_REWARDS[args.token_level_kl](
+            scores, logprobs, batch["ref_logprobs"], response_mask, args.kl_coef
+        )
+        # 5. Reinforce++ scaling of the rewards
+        scaled_reward = rlhf_reward
+        if args.whiten_rewards:
+            scaled_reward = masked_whiten(
+                scaled_reward, torch.ones_like(scaled_reward, dtype=torch.bool), shift_mean=False
+            )
+        if args.normalize_reward:
+            scaled_reward = clip_tensor(normalize_rewards(scaled_reward), args.reward_clip_range)
+        # 6. leave-one-out advantages
+        advantages = rloo_advantages(scaled_reward, args.rloo_k)
+        if args.normalize_advantage:
+            advantages = normalize_advantages(advantages)
+
+        gather = self.accelerator.gather_for_metrics
+        metrics = {
+            "objective/kl": gather(kl.sum(1)).mean().item(),
+            "objective/entropy": gather((-logprobs * response_mask).sum(1)).mean().item(),
+            "objective/non_score_reward": gather(non_score_reward).mean().item(),
+            "objective/rlhf_reward": gather(rlhf_reward).mean().item(),
+            "objective/scores": gather(scores).mean().item(),
+            "val/num_eos_tokens": gather(has_eos.sum()[None]).sum().item(),
+        }
+        rollout = {
+            "query_ids": query_ids,
+            "query_mask": query_mask,
+            "responses": responses,
+            "response_mask": response_mask,
+            "old_logprobs": logprobs,
+            "advantages": advantages,
+        }
+        return rollout, metrics
+
+    # ------------------------------------------------------------------ step 7
+    def _optimize(self, model: nn.Module, rollout: dict[str, torch.Tensor]) -> dict[str, float]:
+        args = self.args
+        num_prompts = rollout["query_ids"].shape[0]
+        stats = defaultdict(list)
+        for _ in range(args.num_ppo_epochs):
+            order = torch.randperm(args.local_batch_size, device=self.accelerator.device)
+            for mb_start in range(0, args.local_batch_size, args.local_mini_batch_size):
+                mini_batch = order[mb_start : mb_start + args.local_mini_batch_size]
+                micro_batches = mini_batch.split(args.per_device_train_batch_size)
+                for i, rows in enumerate(micro_batches):
+                    last = i == len(micro_batches) - 1
+                    # gradients are synchronised across processes once per mini-batch, on its last micro-batch
+                    sync = contextlib.nullcontext() if last else self.accelerator.no_sync(model)
+                    with sync:
+                        step_stats = self._micro_step(model, rollout, rows, num_prompts)
+                    for key, value in step_stats.items():
+                        stats[key].append(value)
+                if args.max_grad_norm:
+                    self.accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+                self.optimizer.step()
+                self.optimizer.zero_grad()
+        means = torch.stack([torch.stack(stats[key]).mean() for key in stats])
+        means = self.accelerator.reduce(means, reduction="mean")
+        return {key: value.item() for key, value in zip(stats, means)}
+
+    def _micro_step(
+        self, model: nn.Module, rollout: dict[str, torch.Tensor], rows: torch.Tensor, num_prompts: int
+    ) -> dict[str, torch.Tensor]:
+        prompt_rows = rows % num_prompts
+        response_mask = rollout["response_mask"][rows]
+        with self.accelerator.autocast():
+            out = forward_response(
+                model,
+                rollout["query_ids"][prompt_rows],
+                rollout["query_mask"][prompt_rows],
+                rollout["responses"][rows],
+                response_mask,
+                temperature=self.args.temperature,
+                return_logits=True,
+            )
+        old_logprobs = rollout["old_logprobs"][rows]
+        # RLOO treats a whole completion as one action: the ratio is that of sequence probabilities
+        new_seq = (out.logprobs * response_mask).sum(1)
+        old_seq = (old_logprobs * response_mask).sum(1)
+        loss = ppo_policy_loss(new_seq, old_seq, rollout["advantages"][rows], None, self.args.cliprange)
+        self.accelerator.backward(loss.loss / self.args.gradient_accumulation_steps)
+        with torch.no_grad():
+            token_ratio = torch.exp(out.logprobs - old_logprobs)
+            return {
+                "policy/approxkl_avg": loss.approxkl,
+                "policy/clipfrac_avg": loss.clipfrac,
+                "loss/policy_avg": loss.loss.detach(),
+                "val/clipfrac_avg": torch.zeros(()),  # RLOO has no value function; kept for dashboards
+                "policy/entropy_avg": masked_mean(entropy_from_logits(out.logits.detach()), response_mask),
+                "val/ratio": masked_mean(token_ratio, response_mask),
+                "val/ratio_var": masked_var(token_ratio, response_mask, unbiased=False),
+            }
+
+    # ------------------------------------------------------------------ helpers
+    def _generation_context(self) -> contextlib.AbstractContextManager:
+        """Under DeepSpeed ZeRO-3, gather the sharded policy weights for generation unless told not to."""
+        plugin = getattr(self.accelerator.state, "deepspeed_plugin", None)
+        if plugin is None or plugin.zero_stage != 3 or not self.args.ds3_gather_for_generation:
+            return contextlib.nullcontext()
+        import deepspeed
+
+        return deepspeed.zero.GatheredParameters(list(self.model.parameters()))
+
+    def _decode(self, queries: torch.Tensor, responses: torch.Tensor, response_mask: torch.Tensor):
+        tok = self.processing_class
+        prompts = tok.batch_decode(queries, skip_special_tokens=True)
+        completions = [
+            tok.decode(r[m], skip_special_tokens=True) for r, m in zip(responses, response_mask.bool())
+        ]
+        return prompts, completions
+
+    @torch.no_grad()
+    def generate_completions(self) -> dict[str, list]:
+        """Greedy completions of the first `num_sample_prompts` evaluation prompts: printed and saved."""
+        args = self.args
+        dataset = self.eval_dataset if self.eval_dataset is not None else self.train_dataset
+        rows = dataset.select(range(min(args.num_sample_prompts, len(dataset))))["input_ids"]
+        pad_id = self.processing_class.pad_token_id
+        queries, masks = (
+            t.to(self.accelerator.device) for t in pad_left([torch.tensor(r) for r in rows], pad_id)
+        )
+        greedy = GenerationConfig(max_new_tokens=args.response_length, do_sample=False)
+        with self._generation_context():
+            responses, response_mask = generate_responses(
+                self.accelerator.unwrap_model(self.model),
+                queries,
+                masks,
+                greedy,
+                pad_token_id=pad_id,
+                stop_token_id=self.stop_token_id,
+            )
+        prompts, completions = self._decode(queries, responses, response_mask)
+        scores, _ = self.scorer(queries, masks, responses, response_mask, prompts, completions)
+        samples = {"query": prompts, "model response": completions, "score": scores.tolist()}
+        if self.is_world_process_zero():
+            step = self.state.global_step
+            print_sample_table(
+                prompts, completions, samples["score"], title=f"sample completions, update {step}"
+            )
+            save_samples(args.output_dir, step, prompts, completions, samples["score"])
+        return samples
+
+    def create_model_card(
+        self,
+        model_name: str | None = None,
+        dataset_name: str | None = None,
+        tags: str | list[str] | None = None,
+    ) -> None:
+        """Write a short README.md model card into output_dir."""
+        if not self.is_world_process_zero():
+            return
+        tags = [tags] if isinstance(tags, str) else list(tags or [])
+        tags = list(dict.fromkeys(tags + self._tag_names))
+        base = getattr(getattr(self.model, "config", None), "_name_or_path", None) or "unknown"
+        lines = [
+            "---",
+            "library_name: transformers",
+            "tags:",
+            *[f"- {t}" for t in tags],
+            "---",
+            "",
+            f"# {model_name or os.path.basename(os.path.normpath(self.args.output_dir))}",
+            "",
+            f"Fine-tuned from `{base}` with REINFORCE leave-one-out (RLOO) using rlhfkit"
+            + (f" on the `{dataset_name}` dataset." if dataset_name else "."),
+            "",
+            f"- completions per prompt (rloo_k): {self.args.rloo_k}",
+            f"- KL coefficient: {self.args.kl_coef}",
+            f"- updates: {self.state.global_step}",
+            f"- episodes: {self.state.global_step * self.args.batch_size}",
+            "",
+            "RLOO: Ahmadian et al., *Back to Basics: Revisiting REINFORCE Style Optimization for Learning "
+            "from Human Feedback in LLMs*, 2024 (arXiv:2402.14740).",
+            "",
+        ]
+        os.makedirs(self.args.output_dir, exist_ok=True)
+        with open(os.path.join(self.args.output_dir, "README.md"), "w", encoding="utf-8") as fh:
+            fh.write("\n".join(lines))
