@@ -2,11 +2,24 @@
 
 Values from the YAML file become parser defaults, so flags given on the command line still win.
 `ScriptArguments` says where the data is, `ModelArguments` which model to load and whether to wrap
-it in LoRA.
+it in LoRA. A command is a few lines:
+
+    def _run(argv):
+        script_args, config, model_args = parse_args((ScriptArguments, MyConfig, ModelArguments), argv, ...)
+        train, evaluation = load_data(script_args)        # local files only; hub names get a clear error
+        tokenizer = load_tokenizer(model_args)
+        model = load_model(model_args, AutoModelForCausalLM)
+        ...
+
+    def main(argv=None):
+        return run_main(PROG, _run, argv)                   # ValueError -> one line on stderr, exit code 2
+
+Set RLHFKIT_DEBUG=1 to get the full traceback instead of the one-line error.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -178,5 +191,7 @@ def run_main(prog: str, body, argv: list[str] | None) -> int:
     try:
         return int(body(argv) or 0)
     except (ValueError, FileNotFoundError) as err:
+        if os.environ.get("RLHFKIT_DEBUG"):
+            raise
         print(f"{prog}: error: {err}", file=sys.stderr)
         return 2

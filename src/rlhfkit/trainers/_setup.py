@@ -133,3 +133,11 @@ class MetricBuffer:
         means = {f"{prefix}{k}": sum(v) / len(v) for k, v in self._store[split].items() if v}
         self._store[split] = {}
         return means
+
+
+def prepare_splits(train_dataset: Any, eval_dataset: Any, prepare: Any) -> tuple[Any, Any]:
+    """Apply `prepare(dataset, arg_name)` to the train set and to one or a dict of eval sets."""
+    train = prepare(train_dataset, "train_dataset")
+    if isinstance(eval_dataset, dict):
+        return train, {k: prepare(v, f"eval_dataset[{k!r}]") for k, v in eval_dataset.items()}
+    return train, prepare(eval_dataset, "eval_dataset")

@@ -1,0 +1,402 @@
+"""DPOTrainer: direct preference optimisation, no reward model and no sampling during training.
+
+For each pair (prompt, chosen, rejected) the loss compares how much more the policy prefers chosen
+over rejected than the frozen reference does:
+    logits = [log pi(c) - log pi(r)] - [log ref(c) - log ref(r)],   loss = f(beta * logits)
+with f chosen by `loss_type` (sigmoid = DPO, hinge = SLiC, ipo = IPO) in `rlhfkit.core.losses`.
+The reference is a frozen copy of the policy, or, for a PEFT policy, the same network with its
+adapters switched off; its log-probs can also be computed once up front (precompute_ref_log_probs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer
+
+from rlhfkit.core.logprobs import selective_log_softmax
+from rlhfkit.core.losses import dpo_loss
+from rlhfkit.data.collators import DPODataCollatorWithPadding, cat_padded
+from rlhfkit.data.preference import prepare_dpo_dataset
+from rlhfkit.trainers import _setup
+from rlhfkit.trainers._setup import (
+    MetricBuffer,
+    apply_overrides,
+    as_config,
+    frozen_copy,
+    is_peft_model,
+    load_model,
+    prepare_splits,
+    wrap_peft,
+)
+from rlhfkit.trainers.dpo_config import DPOConfig
+
+logger = logging.getLogger(__name__)
+
+
+class DPOTrainer(Trainer):
+    """`transformers.Trainer` for DPO; seed 001's keyword arguments override the matching `args` fields.
+
+    `ref_model=None` means: the policy with adapters disabled when the policy is a PEFT model (or
+    `peft_config` is given), else a frozen copy of the initial policy. With `reference_free` no
+    reference is used at all.
+    """
+
+    # compute_loss returns a per-pair mean, so Trainer must divide by the accumulation steps itself
+    loss_is_scaled_for_ga = False
+
+    def __init__(
+        self,
+        model: nn.Module | str | None = None,
+        ref_model: nn.Module | str | None = None,
+        beta: float | None = None,
+        args: DPOConfig | None = None,
+        data_collator: Callable | None = None,
+        label_pad_token_id: int | None = None,
+        padding_value: int | None = None,
+        truncation_mode: str | None = None,
+        train_dataset: Any = None,
+        eval_dataset: Any = None,
+        processing_class: Any = None,
+        model_init: Callable | None = None,
+        callbacks: list | None = None,
+        optimizers: tuple = (None, None),
+        preprocess_logits_for_metrics: Callable | None = None,
+        max_length: int | None = None,
+        max_prompt_length: int | None = None,
+        peft_config: Any = None,
+        disable_dropout: bool | None = None,
+        compute_metrics: Callable | None = None,
+    ):
+        owner = "DPOTrainer"
+        args = as_config(args, DPOConfig, owner, "dpo_model")
+        args = apply_overrides(
+            args,
+            owner,
+            beta=beta,
+            label_pad_token_id=label_pad_token_id,
+            padding_value=padding_value,
+            truncation_mode=truncation_mode,
+            max_length=max_length,
+            max_prompt_length=max_prompt_length,
+            disable_dropout=disable_dropout,
+        )
+        if model is None and model_init is None:
+            raise ValueError(f"{owner}: pass `model` (a model or a local path) or `model_init`")
+        if isinstance(model, str) and processing_class is None:
+            processing_class = AutoTokenizer.from_pretrained(model)
+        if processing_class is not None and processing_class.pad_token is None:
+            processing_class.pad_token = processing_class.eos_token
+        model = load_model(model, AutoModelForCausalLM, args.model_init_kwargs, owner)
+        if model is not None:
+            model = wrap_peft(model, peft_config, owner)
+        self.ref_model, self.ref_adapter_disabled = self._build_reference(model, ref_model, args)
+        if args.disable_dropout:
+            _setup.disable_dropout(model)
+            _setup.disable_dropout(self.ref_model)
+
+        pad = args.padding_value
+        if pad is None:
+            if processing_class is None:
+                raise ValueError(f"{owner}: give `processing_class` or `padding_value` to pad the batches")
+            pad = processing_class.pad_token_id
+        self.padding_value = int(pad)
+        self.label_pad_token_id = args.label_pad_token_id
+        self.beta = args.beta
+        self.loss_type = args.loss_type
+
+        train_dataset, eval_dataset = prepare_splits(
+            train_dataset, eval_dataset, lambda ds, arg: self._prepare(ds, processing_class, args, arg)
+        )
+        if data_collator is None:
+            data_collator = DPODataCollatorWithPadding(self.padding_value, self.label_pad_token_id)
+        self._metrics = MetricBuffer()
+        self.eval_samples: list[dict[str, str]] = []
+        super().__init__(
+            model=model,
+            args=args,
+            data_collator=data_collator,
+            train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
+            processing_class=processing_class,
+            model_init=model_init,
+            compute_metrics=compute_metrics,
+            callbacks=callbacks,
+            optimizers=optimizers,
+            preprocess_logits_for_metrics=preprocess_logits_for_metrics,
+        )
+        if self.ref_model is not None:
+            self.ref_model = self.accelerator.prepare_model(self.ref_model, evaluation_mode=True)
+
+    @staticmethod
+    def _build_reference(model: Any, ref_model: Any, args: DPOConfig) -> tuple[nn.Module | None, bool]:
+        """(ref_model, adapters_disabled): explicit model > PEFT policy with adapters off > frozen copy."""
+        if ref_model is not None and ref_model is model:
+            raise ValueError(
+                "DPOTrainer: `ref_model` must not be the policy itself; pass None for a frozen copy"
+            )
+        ref_model = load_model(ref_model, AutoModelForCausalLM, args.model_init_kwargs, "DPOTrainer")
+        if ref_model is None and model is not None and not args.reference_free:
+            if is_peft_model(model):
+                return None, True
+            ref_model = frozen_copy(model)
+        if ref_model is not None:
+            ref_model.requires_grad_(False)
+            ref_model.eval()
+        return ref_model, False
+
+    @staticmethod
+    def _prepare(dataset: Any, tokenizer: Any, args: DPOConfig, arg: str) -> Any:
+        if dataset is None or not hasattr(dataset, "column_names"):
+            return dataset
+        return prepare_dpo_dataset(
+            dataset,
+            tokenizer,
+            args.max_length,
+            args.max_prompt_length,
+            args.truncation_mode,
+            args.dataset_num_proc,
+            arg=arg,
+        )
+
+    # --- forward passes -----------------------------------------------------------------------------
+
+    def concatenated_inputs(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Stack chosen (first B rows) and rejected (last B rows), padded to one width."""
+        out = {}
+        for key, pad in (
+            ("input_ids", self.padding_value),
+            ("attention_mask", 0),
+            ("labels", self.label_pad_token_id),
+        ):
+            out[f"concatenated_{key}"] = cat_padded(batch[f"chosen_{key}"], batch[f"rejected_{key}"], pad)
+        return out
+
+    def sequence_logps(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Summed log-probs of the label tokens: logits (N, T, V), labels (N, T) -> (N,).
+
+        The token at t is scored by the logits at t-1; label_pad positions contribute nothing.
+        """
+        labels = labels[:, 1:]
+        logits = logits[:, :-1]
+        response_mask = labels != self.label_pad_token_id
+        logprobs = selective_log_softmax(logits, torch.where(response_mask, labels, 0))
+        return (logprobs * response_mask).sum(-1)
+
+    def concatenated_forward(
+        self, model: nn.Module, batch: dict[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One forward pass over both sides: (chosen_logps, rejected_logps, chosen_logits, rejected_logits).
+
+        The logits returned are the mean logit over each row's response positions, (B,) each.
+        """
+        inputs = self.concatenated_inputs(batch)
+        logits = model(
+            input_ids=inputs["concatenated_input_ids"],
+            attention_mask=inputs["concatenated_attention_mask"],
+            use_cache=False,
+        ).logits
+        labels = inputs["concatenated_labels"]
+        logps = self.sequence_logps(logits, labels)
+        response_mask = (labels[:, 1:] != self.label_pad_token_id).unsqueeze(-1)
+        mean_logits = (logits[:, :-1].detach() * response_mask).sum((1, 2)) / (
+            response_mask.sum((1, 2)) * logits.shape[-1]
+        ).clamp(min=1)
+        n = batch["chosen_input_ids"].shape[0]
+        return logps[:n], logps[n:], mean_logits[:n], mean_logits[n:]
+
+    @contextlib.contextmanager
+    def _reference(self):
+        """Yield the reference network: the ref model, or the policy with adapters disabled."""
+        if self.ref_model is not None:
+            yield self.ref_model
+        elif self.ref_adapter_disabled:
+            model = self.accelerator.unwrap_model(self.model)
+            with model.disable_adapter():
+                yield model
+        else:
+            raise RuntimeError("DPOTrainer: no reference model (reference_free is set)")
+
+    def reference_logps(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(ref_chosen_logps, ref_rejected_logps), (B,) each: precomputed, zeros, or a no-grad forward."""
+        if "reference_chosen_logps" in batch:
+            return batch["reference_chosen_logps"], batch["reference_rejected_logps"]
+        if self.args.reference_free:
+            zeros = torch.zeros(batch["chosen_input_ids"].shape[0], device=batch["chosen_input_ids"].device)
+            return zeros, zeros
+        with torch.no_grad(), self._reference() as ref:
+            chosen, rejected, _, _ = self.concatenated_forward(ref, batch)
+        return chosen, rejected
+
+    # --- loss and metrics ---------------------------------------------------------------------------
+
+    def dpo_loss(
+        self,
+        policy_chosen_logps: torch.Tensor,
+        policy_rejected_logps: torch.Tensor,
+        reference_chosen_logps: torch.Tensor,
+        reference_rejected_logps: torch.Tensor,
+        reference_free: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(losses, chosen_rewards, rejected_rewards), (B,) each, from `rlhfkit.core.losses.dpo_loss`."""
+        return dpo_loss(
+            policy_chosen_logps,
+            policy_rejected_logps,
+            reference_chosen_logps,
+            reference_rejected_logps,
+            beta=self.beta,
+            loss_type=self.loss_type,
+            label_smoothing=self.args.label_smoothing,
+            reference_free=reference_free or self.args.reference_free,
+        )
+
+    def get_batch_metrics(
+        self, model: nn.Module, batch: dict[str, torch.Tensor], train_eval: str = "train"
+    ) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
+        """(mean loss, metrics, per-pair implicit rewards (B, 2) [chosen, rejected]) for one batch."""
+        # 1. policy log-probs of both responses, one forward pass
+        policy_chosen, policy_rejected, logits_chosen, logits_rejected = self.concatenated_forward(
+            model, batch
+        )
+        # 2. reference log-probs (precomputed, or a no-grad forward)
+        ref_chosen, ref_rejected = self.reference_logps(batch)
+        # 3. DPO loss and implicit rewards beta * (log pi - log ref)
+        losses, chosen_rewards, rejected_rewards = self.dpo_loss(
+            policy_chosen, policy_rejected, ref_chosen, ref_rejected
+        )
+        # 4. metrics
+        prefix = "eval_" if train_eval == "eval" else ""
+        metrics = {
+            f"{prefix}rewards/chosen": chosen_rewards.mean().item(),
+            f"{prefix}rewards/rejected": rejected_rewards.mean().item(),
+            f"{prefix}rewards/accuracies": (chosen_rewards > rejected_rewards).float().mean().item(),
+            f"{prefix}rewards/margins": (chosen_rewards - rejected_rewards).mean().item(),
+            f"{prefix}logps/chosen": policy_chosen.detach().mean().item(),
+            f"{prefix}logps/rejected": policy_rejected.detach().mean().item(),
+            f"{prefix}logits/chosen": logits_chosen.mean().item(),
+            f"{prefix}logits/rejected": logits_rejected.mean().item(),
+        }
+        return losses.mean(), metrics, torch.stack([chosen_rewards, rejected_rewards], dim=1)
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        split = "train" if model.training else "eval"
+        loss, metrics, rewards = self.get_batch_metrics(model, inputs, split)
+        self._metrics.add(split, metrics)
+        if return_outputs:
+            return loss, {"rewards": rewards}
+        return loss
+
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
+        inputs = self._prepare_inputs(inputs)
+        with torch.no_grad():
+            loss, metrics, rewards = self.get_batch_metrics(model, inputs, "eval")
+        self._metrics.add("eval", metrics)
+        if prediction_loss_only:
+            return loss.detach(), None, None
+        return loss.detach(), rewards, torch.zeros(rewards.shape[0], device=rewards.device)
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        split = "eval" if any(k.startswith("eval_") for k in logs) else "train"
+        logs.update(self._metrics.pop_means(split))
+        super().log(logs, start_time)
+
+    # --- reference precomputation -------------------------------------------------------------------
+
+    def _with_reference_logps(self, dataset: Any) -> Any:
+        """Add reference_chosen_logps / reference_rejected_logps columns, computed once."""
+        if (
+            dataset is None
+            or not hasattr(dataset, "add_column")
+            or "reference_chosen_logps" in dataset.column_names
+        ):
+            return dataset
+        loader = DataLoader(
+            dataset, batch_size=self.args.per_device_eval_batch_size, collate_fn=self.data_collator
+        )
+        chosen, rejected = [], []
+        for batch in loader:
+            batch = self._prepare_inputs(batch)
+            c, r = self.reference_logps(batch)
+            chosen += c.float().cpu().tolist()
+            rejected += r.float().cpu().tolist()
+        return dataset.add_column("reference_chosen_logps", chosen).add_column(
+            "reference_rejected_logps", rejected
+        )
+
+    def _precompute_all(self) -> None:
+        self.train_dataset = self._with_reference_logps(self.train_dataset)
+        if isinstance(self.eval_dataset, dict):
+            self.eval_dataset = {k: self._with_reference_logps(v) for k, v in self.eval_dataset.items()}
+        else:
+            self.eval_dataset = self._with_reference_logps(self.eval_dataset)
+
+    def get_train_dataloader(self) -> DataLoader:
+        if self.args.precompute_ref_log_probs and not self.args.reference_free:
+            self._precompute_all()
+        return super().get_train_dataloader()
+
+    def get_eval_dataloader(self, eval_dataset: Any = None) -> DataLoader:
+        if self.args.precompute_ref_log_probs and not self.args.reference_free:
+            self._precompute_all()
+            if eval_dataset is not None and not isinstance(eval_dataset, str):
+                eval_dataset = self._with_reference_logps(eval_dataset)
+        return super().get_eval_dataloader(eval_dataset)
+
+    # --- samples --------------------------------------------------------------------------------------
+
+    def get_batch_samples(self, *args: Any, **kwargs: Any):
+        """Seed API `get_batch_samples(model, batch) -> (policy_texts, reference_texts)`.
+
+        transformers.Trainer uses the same name for `(epoch_iterator, num_batches, device)`;
+        calls of that form are passed on to it unchanged.
+        """
+        first = args[0] if args else kwargs.get("model")
+        if not isinstance(first, nn.Module):
+            return super().get_batch_samples(*args, **kwargs)
+        model = first
+        batch = args[1] if len(args) > 1 else kwargs["batch"]
+        return self._generate_samples(model, batch)
+
+    @torch.no_grad()
+    def _generate_samples(
+        self, model: nn.Module, batch: dict[str, torch.Tensor]
+    ) -> tuple[list[str], list[str]]:
+        prompt_ids, prompt_mask = batch["prompt_input_ids"], batch["prompt_attention_mask"]
+        gen = {
+            "attention_mask": prompt_mask,
+            "max_new_tokens": self.args.max_new_tokens_eval,
+            "do_sample": True,
+            "pad_token_id": self.padding_value,
+        }
+        unwrapped = self.accelerator.unwrap_model(model)
+        policy = unwrapped.generate(input_ids=prompt_ids, **gen)
+        if self.args.reference_free:
+            reference = policy
+        else:
+            with self._reference() as ref:
+                reference = self.accelerator.unwrap_model(ref).generate(input_ids=prompt_ids, **gen)
+        width = prompt_ids.shape[1]
+        decode = self.processing_class.batch_decode
+        return (
+            decode(policy[:, width:], skip_special_tokens=True),
+            decode(reference[:, width:], skip_special_tokens=True),
+        )
+
+    def evaluation_loop(self, dataloader, *args: Any, **kwargs: Any):
+        output = super().evaluation_loop(dataloader, *args, **kwargs)
+        if self.args.generate_during_eval and self.processing_class is not None:
+            batch = self._prepare_inputs(next(iter(dataloader)))
+            policy, reference = self._generate_samples(self.model, batch)
+            prompts = self.processing_class.batch_decode(batch["prompt_input_ids"], skip_special_tokens=True)
+            self.eval_samples = [
+                {"prompt": p, "policy": a, "reference": b} for p, a, b in zip(prompts, policy, reference)
+            ]
+            for sample in self.eval_samples[:4]:
+                logger.info("DPO sample | prompt: %r | policy: %r | reference: %r", *sample.values())
+        return output

@@ -1,0 +1,168 @@
+"""SFTTrainer: supervised fine-tuning (next-token cross-entropy) of a causal language model.
+
+Text comes from a column, a formatting function, prompt/completion columns or a chat column
+rendered with the tokenizer's chat template. Examples are either padded one per row, or packed
+into fixed-length blocks (`ConstantLengthDataset`) whose position ids restart at every document
+so that supporting models never attend across documents. With `completion_only_loss` only the
+completion tokens are trained on.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import IterableDataset
+from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer
+
+from rlhfkit.data.collators import SFTDataCollator
+from rlhfkit.data.packing import ConstantLengthDataset
+from rlhfkit.data.preparation import check_not_empty, prepare_sft_dataset
+from rlhfkit.trainers._setup import apply_overrides, as_config, load_model, prepare_splits, wrap_peft
+from rlhfkit.trainers.sft_config import SFTConfig
+
+logger = logging.getLogger(__name__)
+
+
+def packed_collator(features: list[dict]) -> dict[str, torch.Tensor]:
+    """Stack packed blocks. No attention_mask on purpose: restarting position_ids define the documents."""
+    keys = ("input_ids", "position_ids", "labels")
+    return {k: torch.stack([torch.as_tensor(f[k], dtype=torch.long) for f in features]) for k in keys}
+
+
+class SFTTrainer(Trainer):
+    """`transformers.Trainer` for supervised fine-tuning; seed 001's keyword arguments override `args`.
+
+    `model` may be a local path (loaded with AutoModelForCausalLM and `args.model_init_kwargs`);
+    `peft_config` wraps it with LoRA; `formatting_func(example) -> str` builds the text of a row.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module | str | None = None,
+        args: SFTConfig | None = None,
+        data_collator: Callable | None = None,
+        train_dataset: Any = None,
+        eval_dataset: Any = None,
+        processing_class: Any = None,
+        model_init: Callable | None = None,
+        compute_metrics: Callable | None = None,
+        callbacks: list | None = None,
+        optimizers: tuple = (None, None),
+        preprocess_logits_for_metrics: Callable | None = None,
+        peft_config: Any = None,
+        dataset_text_field: str | None = None,
+        packing: bool | None = None,
+        formatting_func: Callable | None = None,
+        max_seq_length: int | None = None,
+        infinite: bool | None = None,
+        num_of_sequences: int | None = None,
+        chars_per_token: float | None = None,
+        dataset_num_proc: int | None = None,
+        dataset_batch_size: int | None = None,
+    ):
+        owner = "SFTTrainer"
+        args = as_config(args, SFTConfig, owner, "sft_model")
+        args = apply_overrides(
+            args,
+            owner,
+            dataset_text_field=dataset_text_field,
+            packing=packing,
+            max_seq_length=max_seq_length,
+            infinite=infinite,
+            num_of_sequences=num_of_sequences,
+            chars_per_token=chars_per_token,
+            dataset_num_proc=dataset_num_proc,
+            dataset_batch_size=dataset_batch_size,
+        )
+        if model is None and model_init is None:
+            raise ValueError(f"{owner}: pass `model` (a model or a local path) or `model_init`")
+        if isinstance(model, str) and processing_class is None:
+            processing_class = AutoTokenizer.from_pretrained(model)
+        if processing_class is None:
+            raise ValueError(f"{owner}: `processing_class` (a tokenizer) is required")
+        if processing_class.pad_token is None:
+            processing_class.pad_token = processing_class.eos_token
+        model = load_model(model, AutoModelForCausalLM, args.model_init_kwargs, owner)
+        if model is not None:
+            model = wrap_peft(model, peft_config, owner)
+        if args.max_seq_length is None:
+            default_length = min(int(getattr(processing_class, "model_max_length", 1024) or 1024), 1024)
+            args = apply_overrides(args, owner, max_seq_length=default_length)
+
+        self.formatting_func = formatting_func
+        train_dataset, eval_dataset = prepare_splits(
+            train_dataset, eval_dataset, lambda ds, arg: self._prepare(ds, processing_class, args, arg)
+        )
+        if data_collator is None:
+            data_collator = (
+                packed_collator if args.packing else SFTDataCollator(processing_class.pad_token_id)
+            )
+        super().__init__(
+            model=model,
+            args=args,
+            data_collator=data_collator,
+            train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
+            processing_class=processing_class,
+            model_init=model_init,
+            compute_metrics=compute_metrics,
+            callbacks=callbacks,
+            optimizers=optimizers,
+            preprocess_logits_for_metrics=preprocess_logits_for_metrics,
+        )
+
+    def _prepare(self, dataset: Any, tokenizer: Any, args: SFTConfig, arg: str) -> Any:
+        if dataset is None or isinstance(dataset, IterableDataset) or not hasattr(dataset, "column_names"):
+            return dataset  # already packed / custom torch dataset: used as given
+        check_not_empty(dataset, "SFTTrainer", arg)
+        if not args.packing:
+            return prepare_sft_dataset(
+                dataset,
+                tokenizer,
+                args.max_seq_length,
+                args.dataset_text_field,
+                self.formatting_func,
+                args.completion_only_loss,
+                num_proc=args.dataset_num_proc,
+                batch_size=args.dataset_batch_size,
+                arg=arg,
+            )
+        packed = ConstantLengthDataset(
+            tokenizer,
+            dataset,
+            dataset_text_field=args.dataset_text_field,
+            formatting_func=self.formatting_func,
+            infinite=args.infinite,
+            seq_length=args.max_seq_length,
+            num_of_sequences=args.num_of_sequences,
+            chars_per_token=args.chars_per_token,
+            append_concat_token=args.append_concat_token,
+            seed=args.seed,
+        )
+        if args.infinite:
+            return packed
+        # a finite packing is materialised, so epochs, lengths and shuffling work as usual
+        import datasets
+
+        blocks = [{k: v.tolist() for k, v in block.items()} for block in packed]
+        if not blocks:
+            raise ValueError(
+                f"SFTTrainer: `{arg}` holds fewer tokens than one packed block of max_seq_length="
+                f"{args.max_seq_length}; lower max_seq_length or add data"
+            )
+        logger.info(
+            "SFTTrainer: packed %s into %d blocks of %d tokens", arg, len(blocks), args.max_seq_length
+        )
+        return datasets.Dataset.from_list(blocks)
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if "position_ids" in inputs and "attention_mask" not in inputs:
+            # packed block: an empty KV cache would hide the document boundaries from the mask builder
+            inputs = {**inputs, "use_cache": False}
+        return super().compute_loss(
+            model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
+        )

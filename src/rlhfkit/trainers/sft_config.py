@@ -1,0 +1,86 @@
+"""SFTConfig: TrainingArguments plus supervised fine-tuning options (seed 001's SFTTrainer keywords)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from transformers import TrainingArguments
+
+
+@dataclass
+class SFTConfig(TrainingArguments):
+    """Configuration for `SFTTrainer`; every `transformers.TrainingArguments` field also applies."""
+
+    dataset_text_field: str = field(
+        default="text",
+        metadata={"help": "Column holding the training text (ignored for formatting_func/chat data)."},
+    )
+    packing: bool = field(
+        default=False,
+        metadata={"help": "Pack documents into fixed max_seq_length blocks (ConstantLengthDataset)."},
+    )
+    max_seq_length: int | None = field(
+        default=None,
+        metadata={
+            "help": "Tokens per example (or per packed block). None: min(tokenizer.model_max_length, 1024)."
+        },
+    )
+    infinite: bool = field(
+        default=False,
+        metadata={"help": "With packing: cycle through the dataset forever (then max_steps must be set)."},
+    )
+    num_of_sequences: int = field(
+        default=1024, metadata={"help": "With packing: documents read into the buffer before tokenising it."}
+    )
+    chars_per_token: float = field(
+        default=3.6,
+        metadata={"help": "With packing: estimated characters per token, sizing the text buffer."},
+    )
+    append_concat_token: bool = field(
+        default=True, metadata={"help": "With packing: put the EOS token between packed documents."}
+    )
+    completion_only_loss: bool = field(
+        default=False,
+        metadata={
+            "help": "Train only on completion tokens: the 'completion' column of prompt/completion data, "
+            "or the "
+            "last assistant message of conversational data. Not available with packing."
+        },
+    )
+    dataset_num_proc: int | None = field(
+        default=None, metadata={"help": "Worker processes for tokenising (unpacked datasets only)."}
+    )
+    dataset_batch_size: int = field(
+        default=1000,
+        metadata={"help": "Examples tokenised per batch; <= 0 tokenises the whole dataset at once."},
+    )
+    model_init_kwargs: dict[str, Any] | None = field(
+        default=None,
+        metadata={"help": "Keyword arguments for from_pretrained when `model` is a path string."},
+    )
+    remove_unused_columns: bool = field(
+        default=False, metadata={"help": "Kept False: the trainer drops the columns it does not use itself."}
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        self.validate()
+
+    def validate(self) -> None:
+        if self.max_seq_length is not None and self.max_seq_length < 2:
+            raise ValueError(f"max_seq_length must be >= 2 or None, got {self.max_seq_length}")
+        if self.num_of_sequences < 1:
+            raise ValueError(f"num_of_sequences must be >= 1, got {self.num_of_sequences}")
+        if self.chars_per_token <= 0:
+            raise ValueError(f"chars_per_token must be > 0, got {self.chars_per_token}")
+        if self.packing and self.completion_only_loss:
+            raise ValueError(
+                "completion_only_loss=True cannot be combined with packing=True: packed blocks mix prompts "
+                "and "
+                "completions of several documents. Turn one of them off."
+            )
+        if self.infinite and not self.packing:
+            raise ValueError("infinite=True only applies with packing=True")
+        if self.infinite and self.max_steps <= 0:
+            raise ValueError("infinite=True makes the dataset endless: set max_steps > 0 to say when to stop")

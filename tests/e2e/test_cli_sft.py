@@ -1,0 +1,94 @@
+"""`rlhfkit sft` end to end: a packed subprocess run, and clear errors for bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from rlhfkit.commands.sft import main
+from rlhfkit.testing import tiny_model_path
+
+DOCS = [
+    "the cat sat on the mat",
+    "a dog ran far away today",
+    "hello there friend of mine",
+    "rain falls on the quiet town",
+    "we like to read long books at night",
+]
+
+
+@pytest.mark.slow
+def test_sft_command_subprocess_packed(tmp_path):
+    data = tmp_path / "docs.jsonl"
+    data.write_text("\n".join(json.dumps({"text": d}) for d in DOCS * 2))
+    out = tmp_path / "sft"
+    cmd = [
+        sys.executable,
+        "-m",
+        "rlhfkit",
+        "sft",
+        "--model_name_or_path",
+        str(tiny_model_path("llama")),
+        "--dataset_name",
+        str(data),
+        "--output_dir",
+        str(out),
+        "--packing",
+        "--max_seq_length",
+        "16",
+        "--max_steps",
+        "2",
+        "--per_device_train_batch_size",
+        "2",
+        "--use_cpu",
+        "--report_to",
+        "none",
+        "--save_strategy",
+        "no",
+        "--disable_tqdm",
+        "true",
+    ]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["train_loss"] > 0
+    assert (out / "config.json").exists() and (out / "model.safetensors").exists()
+    assert (out / "tokenizer.json").exists()
+
+
+def test_sft_command_bad_input(tmp_path, capsys):
+    data = tmp_path / "docs.jsonl"
+    data.write_text(json.dumps({"body": "x"}) + "\n")
+    code = main(
+        [
+            "--model_name_or_path",
+            str(tiny_model_path("llama")),
+            "--dataset_name",
+            str(data),
+            "--output_dir",
+            str(tmp_path / "o"),
+            "--use_cpu",
+            "--report_to",
+            "none",
+        ]
+    )
+    assert code == 2 and "needs the columns" in capsys.readouterr().err
+    code = main(
+        [
+            "--model_name_or_path",
+            str(tmp_path / "no-such-model"),
+            "--dataset_name",
+            str(data),
+            "--output_dir",
+            str(tmp_path / "o"),
+            "--use_cpu",
+        ]
+    )
+    assert code == 2 and "not a local folder" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # argparse: unknown flag
+        main(["--dataset_name", str(data), "--no_such_flag", "1"])
