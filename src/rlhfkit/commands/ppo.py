@@ -1,0 +1,182 @@
+"""`rlhfkit ppo`: the classic generate -> score -> step loop of `PPOTrainer` on a built-in task or local data.
+
+    rlhfkit ppo --dataset_name length --steps 25 --batch_size 32 --output_dir runs/ppo
+    rlhfkit ppo --model_name_or_path ./my-sft --dataset_name prompts.jsonl --reward ./my-reward-model
+
+--model_name_or_path defaults to the offline tiny llama; --dataset_name is a built-in task
+(`rlhfkit.tasks`) or a local dataset with a "query" (or "prompt") column; --reward is "task" (the
+task's reward function) or a local sequence-classification reward model folder. Every PPOConfig field
+is a flag (defaults here suit the tiny models on a CPU); `--config file.yaml` supplies defaults.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rlhfkit.commands._args import parse_args, run_main
+from rlhfkit.trainers.ppo_config import PPOConfig
+
+PROG = "rlhfkit ppo"
+
+
+@dataclass
+class PPOScriptArguments:
+    model_name_or_path: str | None = field(
+        default=None, metadata={"help": "Local causal LM folder (default: the offline tiny llama)."}
+    )
+    dataset_name: str = field(
+        default="length",
+        metadata={"help": "Built-in task name (see rlhfkit.tasks) or a local dataset with a 'query'/'prompt' column."},
+    )
+    dataset_train_split: str = field(default="train", metadata={"help": "Split of a local dataset to use."})
+    reward: str = field(
+        default="task",
+        metadata={"help": "'task' (the built-in task's reward function) or a local reward-model folder."},
+    )
+    output_dir: str = field(default="ppo-output", metadata={"help": "Where the trained model is saved."})
+    max_new_tokens: int = field(default=8, metadata={"help": "Longest response, in tokens."})
+    num_prompts: int | None = field(default=None, metadata={"help": "Use only this many prompts (None: all)."})
+    use_peft: bool = field(default=False, metadata={"help": "Train a LoRA adapter (the reference is the base)."})
+    lora_r: int = field(default=8, metadata={"help": "LoRA rank with --use_peft."})
+    save_steps: int = field(default=0, metadata={"help": "Checkpoint every N steps into output_dir/checkpoint (0: off)."})
+    resume_from_checkpoint: str | None = field(
+        default=None, metadata={"help": "A checkpoint folder written by --save_steps to continue from."}
+    )
+
+
+@dataclass
+class PPOCommandConfig(PPOConfig):
+    """PPOConfig with defaults that finish in a minute or two with the tiny models on a CPU."""
+
+    steps: int = field(default=25, metadata={"help": "Number of PPO steps (batches of prompts)."})
+    batch_size: int = field(default=32, metadata={"help": "Prompts per step."})
+    mini_batch_size: int = field(default=16, metadata={"help": "Samples per forward/backward pass."})
+    learning_rate: float = field(default=1e-3, metadata={"help": "Adam learning rate (high: tiny random models)."})
+    init_kl_coef: float = field(default=0.05, metadata={"help": "Initial KL coefficient."})
+
+
+def load_prompts(args: PPOScriptArguments, tokenizer: Any):
+    """(dataset with 'query' and 'input_ids', reward function or None)."""
+    from rlhfkit.tasks import get_task, task_names
+
+    task = None
+    if args.dataset_name in task_names() and not Path(args.dataset_name).exists():
+        task = get_task(args.dataset_name)
+        dataset = task.prompt_dataset("train")
+    else:
+        from rlhfkit.data.loading import load_local_dataset
+
+        try:
+            splits = load_local_dataset(args.dataset_name)
+        except ValueError as err:
+            raise ValueError(f"--dataset_name: {err}; or use a built-in task: {', '.join(task_names())}") from err
+        if args.dataset_train_split not in splits:
+            raise ValueError(f"--dataset_train_split {args.dataset_train_split!r} not in {sorted(splits)}")
+        dataset = splits[args.dataset_train_split]
+        if "query" not in dataset.column_names:
+            if "prompt" not in dataset.column_names:
+                raise ValueError(f"--dataset_name: needs a 'query' or 'prompt' column, has {dataset.column_names}")
+            dataset = dataset.rename_column("prompt", "query")
+    if args.num_prompts is not None:
+        dataset = dataset.select(range(min(args.num_prompts, len(dataset))))
+    dataset = dataset.map(lambda row: {"input_ids": tokenizer.encode(row["query"])})
+    return dataset, (task.reward_fn if task is not None else None)
+
+
+def reward_function(args: PPOScriptArguments, task_reward: Any, device: Any):
+    """texts -> list of float scores: the task's (on completions) or a local reward model's (on full texts)."""
+    if args.reward == "task":
+        if task_reward is None:
+            raise ValueError("--reward task needs a built-in --dataset_name; for local data pass a reward model folder")
+        return task_reward
+    if not Path(args.reward).is_dir():
+        raise ValueError(f"--reward {args.reward!r} is neither 'task' nor a local reward-model folder")
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from rlhfkit.rollout import reward_model_scores
+
+    model = AutoModelForSequenceClassification.from_pretrained(args.reward, num_labels=1).to(device).eval()
+    tokenizer = AutoTokenizer.from_pretrained(args.reward, padding_side="left")
+
+    def score(texts: list[str]) -> list[float]:
+        enc = tokenizer(texts, return_tensors="pt", padding=True, return_token_type_ids=False).to(device)
+        return reward_model_scores(model, enc["input_ids"], enc["attention_mask"]).tolist()
+
+    return score
+
+
+def _check_paths(args: PPOScriptArguments) -> None:
+    from rlhfkit.tasks import task_names
+
+    if args.model_name_or_path is not None and not Path(args.model_name_or_path).is_dir():
+        raise ValueError(f"--model_name_or_path {args.model_name_or_path!r} is not a local folder; rlhfkit runs offline")
+    if args.dataset_name not in task_names() and not Path(args.dataset_name).exists():
+        raise ValueError(
+            f"--dataset_name {args.dataset_name!r} is neither a built-in task ({', '.join(task_names())}) "
+            "nor a local dataset path"
+        )
+    if args.reward != "task" and not Path(args.reward).is_dir():
+        raise ValueError(f"--reward {args.reward!r} is neither 'task' nor a local reward-model folder")
+
+
+def _body(argv: list[str] | None) -> int:
+    import torch
+    from transformers import AutoTokenizer
+
+    from rlhfkit.models.value_head import AutoModelForCausalLMWithValueHead
+    from rlhfkit.testing import tiny_model_path
+    from rlhfkit.trainers.ppo import PPOTrainer
+
+    args, config = parse_args((PPOScriptArguments, PPOCommandConfig), argv, PROG, "Classic PPO loop.")
+    _check_paths(args)  # before any model is loaded
+    path = args.model_name_or_path or str(tiny_model_path("llama"))
+    tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    dataset, task_reward = load_prompts(args, tokenizer)
+    config.model_name, config.query_dataset = path, args.dataset_name
+    peft_config = None
+    if args.use_peft:
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(task_type="CAUSAL_LM", r=args.lora_r, lora_alpha=2 * args.lora_r)
+    model = AutoModelForCausalLMWithValueHead.from_pretrained(path, peft_config=peft_config)
+    trainer = PPOTrainer(config, model, tokenizer=tokenizer, dataset=dataset)
+    if len(trainer.dataloader) == 0:
+        raise ValueError(f"--dataset_name has {len(dataset)} prompts, fewer than --batch_size {config.batch_size}")
+    reward = reward_function(args, task_reward, trainer.current_device)
+    if args.resume_from_checkpoint:
+        trainer.load_checkpoint(args.resume_from_checkpoint)
+    generation_kwargs = dict(min_length=-1, top_k=0, top_p=1.0, do_sample=True, max_new_tokens=args.max_new_tokens)
+
+    first = last = None
+    while trainer.current_step < config.steps:
+        for batch in trainer.dataloader:
+            queries = batch["input_ids"]
+            responses = trainer.generate(queries, return_prompt=False, batch_size=config.batch_size,
+                                         **generation_kwargs)
+            batch["response"] = tokenizer.batch_decode(responses, skip_special_tokens=True)
+            # a task scores the completion; a reward model reads prompt and completion together
+            texts = batch["response"] if args.reward == "task" else [q + r for q, r in zip(batch["query"], batch["response"])]
+            scores = [torch.tensor(float(s)) for s in reward(texts)]
+            stats = trainer.step(queries, responses, scores)
+            trainer.log_stats(stats, batch, scores)
+            first = stats["ppo/mean_scores"] if first is None else first
+            last = stats["ppo/mean_scores"]
+            print(f"step {trainer.current_step}/{config.steps}: mean score {last:.4f}, "
+                  f"kl {stats['objective/kl']:.4f}, loss {stats['ppo/loss/total']:.4f}", flush=True)
+            if args.save_steps and trainer.current_step % args.save_steps == 0:
+                trainer.save_checkpoint(str(Path(args.output_dir) / "checkpoint"))
+            if trainer.current_step >= config.steps:
+                break
+    trainer.save_pretrained(args.output_dir)
+    print(json.dumps({"output_dir": args.output_dir, "steps": trainer.current_step,
+                      "first_mean_score": first, "last_mean_score": last}))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_main(PROG, _body, argv)

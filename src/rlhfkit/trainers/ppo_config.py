@@ -1,0 +1,194 @@
+"""PPOConfig: every setting of the classic PPO loop (seed 001/002 field names and defaults).
+
+A plain dataclass, not TrainingArguments: `PPOTrainer` owns its loop. Derived batch sizes are
+computed once in `__post_init__` (and again by the trainer once the number of processes is known).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import warnings
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from rlhfkit.trainers.common import exact_div
+
+KL_PENALTIES = ("kl", "abs", "mse", "full", "k3")
+
+
+def _default_exp_name() -> str:
+    script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    return script.removesuffix(".py") or "rlhfkit-ppo"
+
+
+@dataclass
+class PPOConfig:
+    """Configuration for `PPOTrainer`.
+
+    Sizes: each `step()` takes `batch_size` samples (per process); they are split into minibatches of
+    `mini_batch_size`, and `gradient_accumulation_steps` minibatches make one optimizer step
+    (`backward_batch_size`). `batch_size` must be a multiple of `backward_batch_size`.
+    """
+
+    exp_name: str = field(default_factory=_default_exp_name, metadata={"help": "Name of this experiment."})
+    seed: int = field(default=0, metadata={"help": "Seed for python, numpy and torch at trainer construction."})
+    log_with: str | None = field(
+        default=None,
+        metadata={"help": "Tracker for log_stats: 'tensorboard', 'wandb', 'all' or None (no tracker)."},
+    )
+    task_name: str | None = field(default=None, metadata={"help": "Name of the task (recorded in the model card)."})
+    model_name: str | None = field(default=None, metadata={"help": "Name or path of the policy model."})
+    query_dataset: str | None = field(default=None, metadata={"help": "Name of the prompt dataset (for records)."})
+    reward_model: str | None = field(default=None, metadata={"help": "Name of the reward model (for records)."})
+    remove_unused_columns: bool = field(
+        default=True,
+        metadata={"help": "Drop dataset columns the model's forward does not take (query/response/label stay)."},
+    )
+    tracker_kwargs: dict[str, Any] = field(
+        default_factory=dict, metadata={"help": "Keyword arguments for the tracker's init (e.g. wandb run name)."}
+    )
+    accelerator_kwargs: dict[str, Any] = field(
+        default_factory=dict, metadata={"help": "Keyword arguments for accelerate.Accelerator."}
+    )
+    project_kwargs: dict[str, Any] = field(
+        default_factory=dict,
+        metadata={"help": "Keyword arguments for accelerate's ProjectConfiguration (e.g. logging_dir)."},
+    )
+    tracker_project_name: str = field(default="trl", metadata={"help": "Project name given to the tracker."})
+    push_to_hub_if_best_kwargs: dict[str, Any] = field(
+        default_factory=dict, metadata={"help": "Accepted for compatibility and unused: rlhfkit never uploads."}
+    )
+    steps: int = field(default=20000, metadata={"help": "Number of PPO steps a training loop should run."})
+    learning_rate: float = field(default=1e-5, metadata={"help": "Adam learning rate (default optimizer)."})
+    adap_kl_ctrl: bool = field(default=True, metadata={"help": "Adapt the KL coefficient towards `target`."})
+    init_kl_coef: float = field(
+        default=0.2, metadata={"help": "Initial KL coefficient (the fixed one when adap_kl_ctrl is off)."}
+    )
+    kl_penalty: str = field(
+        default="kl",
+        metadata={
+            "help": "Per-token KL estimate in the reward: 'kl' (logp - ref), 'abs', 'mse' (half squared), "
+            "'full' (exact KL over the vocabulary) or 'k3'."
+        },
+    )
+    target: float = field(default=6.0, metadata={"help": "Target KL (summed over a response) of the adaptive controller."})
+    horizon: float = field(default=10000.0, metadata={"help": "Horizon of the adaptive KL controller, in samples."})
+    gamma: float = field(default=1.0, metadata={"help": "Discount factor of GAE."})
+    lam: float = field(default=0.95, metadata={"help": "Lambda of GAE."})
+    cliprange: float = field(default=0.2, metadata={"help": "Clip range of the policy ratio."})
+    cliprange_value: float = field(default=0.2, metadata={"help": "Clip range of the value prediction."})
+    vf_coef: float = field(default=0.1, metadata={"help": "Weight of the value loss in the total loss."})
+    batch_size: int = field(default=256, metadata={"help": "Samples per step() call (per process)."})
+    forward_batch_size: int | None = field(
+        default=None, metadata={"help": "DEPRECATED alias of mini_batch_size; sets it when given."}
+    )
+    mini_batch_size: int = field(
+        default=1, metadata={"help": "Samples per forward/backward pass; also the chunk size of no-grad passes."}
+    )
+    gradient_accumulation_steps: int = field(
+        default=1, metadata={"help": "Minibatches whose gradients are summed before one optimizer step."}
+    )
+    world_size: int | None = field(
+        default=None, metadata={"help": "Number of processes; set by the trainer, do not set by hand."}
+    )
+    ppo_epochs: int = field(default=4, metadata={"help": "Optimisation passes over each batch."})
+    max_grad_norm: float | None = field(default=None, metadata={"help": "Clip gradients to this norm (None: off)."})
+    optimize_cuda_cache: bool | None = field(
+        default=None, metadata={"help": "DEPRECATED alias of optimize_device_cache."}
+    )
+    optimize_device_cache: bool = field(
+        default=False, metadata={"help": "Free cached accelerator memory after every step (slower, leaner)."}
+    )
+    early_stopping: bool = field(
+        default=False, metadata={"help": "Stop the PPO epochs of a step once the policy KL exceeds 1.5 * target_kl."}
+    )
+    target_kl: float = field(default=1.0, metadata={"help": "Policy KL at which early stopping triggers (x1.5)."})
+    compare_steps: int = field(
+        default=1, metadata={"help": "Steps between best-model comparisons (kept for compatibility; unused offline)."}
+    )
+    ratio_threshold: float = field(
+        default=10.0,
+        metadata={"help": "Skip a minibatch (no backward, no optimizer step) whose mean ratio exceeds this."},
+    )
+    use_score_scaling: bool = field(default=False, metadata={"help": "Divide scores by their running std."})
+    use_score_norm: bool = field(
+        default=False, metadata={"help": "With use_score_scaling: also subtract the running mean."}
+    )
+    score_clip: float | None = field(default=None, metadata={"help": "Clip (scaled) scores to [-score_clip, score_clip]."})
+    whiten_rewards: bool = field(default=False, metadata={"help": "Whiten per-token rewards before GAE."})
+    is_encoder_decoder: bool | None = field(default=None, metadata={"help": "Set by the trainer from the model."})
+    is_peft_model: bool | None = field(default=None, metadata={"help": "Set by the trainer from the model."})
+    backward_batch_size: int | None = field(
+        default=None, metadata={"help": "Derived: mini_batch_size * gradient_accumulation_steps."}
+    )
+    global_backward_batch_size: int | None = field(
+        default=None, metadata={"help": "Derived: backward_batch_size * world_size."}
+    )
+    global_batch_size: int | None = field(default=None, metadata={"help": "Derived: batch_size * world_size."})
+
+    def __post_init__(self) -> None:
+        if self.forward_batch_size is not None:
+            warnings.warn(
+                "forward_batch_size is deprecated; use mini_batch_size (set from it now)", FutureWarning, stacklevel=3
+            )
+            self.mini_batch_size = self.forward_batch_size
+        if self.optimize_cuda_cache is not None:
+            warnings.warn(
+                "optimize_cuda_cache is deprecated; use optimize_device_cache", FutureWarning, stacklevel=3
+            )
+            self.optimize_device_cache = bool(self.optimize_cuda_cache)
+        for name in ("tracker_kwargs", "accelerator_kwargs", "project_kwargs", "push_to_hub_if_best_kwargs"):
+            value = getattr(self, name)
+            if isinstance(value, str):  # from a command line or YAML
+                setattr(self, name, json.loads(value) if value.strip() else {})
+            elif value is None:
+                setattr(self, name, {})
+        self.validate()
+
+    def validate(self) -> None:
+        """Check every setting and (re)compute the derived batch sizes; raises ValueError on bad input."""
+        for name in ("batch_size", "mini_batch_size", "gradient_accumulation_steps", "ppo_epochs", "steps"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"PPOConfig.{name} must be a positive integer, got {value!r}")
+        if self.kl_penalty not in KL_PENALTIES:
+            raise ValueError(f"PPOConfig.kl_penalty must be one of {KL_PENALTIES}, got {self.kl_penalty!r}")
+        positive = ("learning_rate", "target", "horizon", "cliprange", "cliprange_value", "target_kl", "ratio_threshold")
+        for name in positive:
+            if not getattr(self, name) > 0:
+                raise ValueError(f"PPOConfig.{name} must be > 0, got {getattr(self, name)!r}")
+        if self.init_kl_coef < 0:
+            raise ValueError(f"PPOConfig.init_kl_coef must be >= 0, got {self.init_kl_coef}")
+        if not 0 <= self.gamma <= 1 or not 0 <= self.lam <= 1:
+            raise ValueError(f"PPOConfig.gamma and lam must lie in [0, 1], got gamma={self.gamma}, lam={self.lam}")
+        if self.vf_coef < 0:
+            raise ValueError(f"PPOConfig.vf_coef must be >= 0, got {self.vf_coef}")
+        if self.max_grad_norm is not None and not self.max_grad_norm > 0:
+            raise ValueError(f"PPOConfig.max_grad_norm must be > 0 or None, got {self.max_grad_norm}")
+        if self.score_clip is not None and not self.score_clip > 0:
+            raise ValueError(f"PPOConfig.score_clip must be > 0 or None, got {self.score_clip}")
+        if self.use_score_norm and not self.use_score_scaling:
+            raise ValueError("PPOConfig.use_score_norm only takes effect with use_score_scaling=True; set both")
+        if "gradient_accumulation_steps" in self.accelerator_kwargs:
+            raise ValueError(
+                "set gradient accumulation with PPOConfig.gradient_accumulation_steps, not in accelerator_kwargs"
+            )
+        self._derive_sizes(self.world_size or 1)
+
+    def _derive_sizes(self, world_size: int) -> None:
+        self.world_size = world_size
+        backward = self.mini_batch_size * self.gradient_accumulation_steps
+        exact_div(
+            self.batch_size,
+            backward,
+            f"batch_size={self.batch_size} must be a multiple of mini_batch_size * gradient_accumulation_steps "
+            f"= {self.mini_batch_size} * {self.gradient_accumulation_steps}",
+        )
+        self.backward_batch_size = backward
+        self.global_backward_batch_size = backward * world_size
+        self.global_batch_size = self.batch_size * world_size
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
