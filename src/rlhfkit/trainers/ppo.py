@@ -422,10 +422,12 @@ class PPOTrainer:
     def _optimizer_step(self) -> None:
         params = [p for p in self.policy.parameters() if p.requires_grad]
         if self.accelerator.num_processes > 1:
-            # forwards bypass the DDP wrapper (see _ppo_epochs), so average the gradients here
-            for p in params:
-                if p.grad is not None:
-                    p.grad = self.accelerator.reduce(p.grad, "mean")
+            # forwards bypass the DDP wrapper (see _ppo_epochs), so average the gradients here, in one
+            # collective over a flat buffer rather than one per parameter
+            grads = [p.grad for p in params if p.grad is not None]
+            flat = self.accelerator.reduce(torch.cat([g.reshape(-1) for g in grads]), "mean")
+            for g, chunk in zip(grads, flat.split([g.numel() for g in grads])):
+                g.copy_(chunk.view_as(g))
         if self.config.max_grad_norm is not None:
             self.accelerator.clip_grad_norm_(params, self.config.max_grad_norm)
         self.optimizer.step()
