@@ -8,8 +8,9 @@ policy. With DDIM (Song et al. 2021, eq. 12 and 16) and noise level eta > 0 that
     mu      = sqrt(a_prev) * x0_hat + sqrt(1 - a_prev - sigma^2) * eps
     x_{t-1} ~ N(mu, sigma^2 I)
 
-and its log-probability is the Gaussian log-density summed over every non-batch dimension (the
-exact density of the whole latent, not a per-pixel mean). The PPO-style clipped surrogate and a
+and its log-probability is the Gaussian log-density averaged over every non-batch dimension (a
+per-element mean, as in the DDPO paper's code: the exact log-density divided by the latent size, which
+keeps importance ratios on the scale that `train_clip_range=1e-4` was tuned for). The PPO-style clipped surrogate and a
 per-prompt reward normaliser are here too. Everything needs only torch; a scheduler is read
 duck-typed (`alphas_cumprod`, `final_alpha_cumprod`, `num_inference_steps`, `config`).
 """
@@ -27,7 +28,7 @@ import torch
 @dataclass
 class DDIMStepOutput:
     prev_sample: torch.Tensor  # (B, C, H, W) the next (less noisy) latent
-    logprobs: torch.Tensor  # (B,) float32 log N(prev_sample; mean, std^2)
+    logprobs: torch.Tensor  # (B,) float32 log N(prev_sample; mean, std^2), mean over latent elements
     mean: torch.Tensor  # (B, C, H, W)
     std: torch.Tensor  # broadcastable to mean
 
@@ -74,10 +75,10 @@ def ddim_posterior(
 
 
 def gaussian_logprob(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
-    """log N(x; mean, std^2) summed over every dimension but the first. Returns (B,) float32."""
+    """log N(x; mean, std^2) averaged over every dimension but the first. Returns (B,) float32."""
     x, mean, std = x.float(), mean.float(), std.float().expand_as(mean)
     logp = -((x - mean) ** 2) / (2 * std**2) - std.log() - 0.5 * math.log(2 * math.pi)
-    return logp.flatten(1).sum(dim=1)
+    return logp.flatten(1).mean(dim=1)
 
 
 def ddim_alphas(scheduler: Any, timestep: torch.Tensor | int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -124,6 +125,12 @@ def ddim_step_with_logprob(
         prev_sample = mean + std * noise
     logprobs = gaussian_logprob(prev_sample, mean, std)
     return DDIMStepOutput(prev_sample.to(sample.dtype), logprobs, mean, std)
+
+
+def classifier_free_guidance(noise_pred: torch.Tensor, guidance_scale: float) -> torch.Tensor:
+    """Guided prediction from a (2B, ...) batch ordered [unconditional; conditional]. Returns (B, ...)."""
+    uncond, cond = noise_pred.chunk(2)
+    return uncond + guidance_scale * (cond - uncond)
 
 
 @dataclass

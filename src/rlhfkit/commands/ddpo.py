@@ -1,0 +1,113 @@
+"""`rlhfkit ddpo`: DDPO fine-tuning of a Stable Diffusion pipeline on a built-in image reward.
+
+    rlhfkit ddpo --reward compressibility --num_epochs 10 --sample_num_steps 20 \
+        [--pretrained_model PATH] [--prompts "a cat,a dog"] [--output_dir out] [--config ddpo.yaml]
+
+Without --pretrained_model the offline tiny pipeline from `rlhfkit.testing` is used. Rewards need
+no model: JPEG size (the DDPO paper's compressibility tasks) or mean brightness.
+"""
+
+from __future__ import annotations
+
+import io
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from rlhfkit.commands._args import parse_args, run_main
+from rlhfkit.trainers.ddpo_config import DDPOConfig
+
+PROG = "rlhfkit ddpo"
+
+
+def jpeg_size_kb(images: torch.Tensor, quality: int = 95) -> torch.Tensor:
+    """JPEG file size in kilobytes of each image in a (B, 3, H, W) batch with values in [0, 1]."""
+    from PIL import Image
+
+    pixels = (images.detach().float().clamp(0, 1) * 255).round().to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
+    sizes = []
+    for array in pixels:
+        buffer = io.BytesIO()
+        Image.fromarray(np.ascontiguousarray(array)).save(buffer, format="JPEG", quality=quality)
+        sizes.append(buffer.tell() / 1000)
+    return torch.tensor(sizes)
+
+
+def compressibility(images: torch.Tensor, prompts: Any, metadata: Any) -> tuple[torch.Tensor, dict]:
+    """Smaller JPEG files score higher (DDPO paper)."""
+    return -jpeg_size_kb(images), {}
+
+
+def incompressibility(images: torch.Tensor, prompts: Any, metadata: Any) -> tuple[torch.Tensor, dict]:
+    """Larger JPEG files score higher (DDPO paper)."""
+    return jpeg_size_kb(images), {}
+
+
+def brightness(images: torch.Tensor, prompts: Any, metadata: Any) -> tuple[torch.Tensor, dict]:
+    """Mean pixel value in [0, 1]."""
+    return images.float().mean(dim=(1, 2, 3)).cpu(), {}
+
+
+REWARDS = {"compressibility": compressibility, "incompressibility": incompressibility, "brightness": brightness}
+DEFAULT_PROMPTS = "a cat,a dog,a horse,a bird,a red flower,a blue sky"
+
+
+@dataclass
+class DDPOScriptArguments:
+    pretrained_model: str | None = field(
+        default=None, metadata={"help": "Stable Diffusion folder or hub id; default: the offline tiny pipeline."}
+    )
+    pretrained_revision: str | None = field(default=None, metadata={"help": "Revision of --pretrained_model."})
+    reward: str = field(default="compressibility", metadata={"help": f"Reward: {' | '.join(REWARDS)}."})
+    prompts: str = field(default=DEFAULT_PROMPTS, metadata={"help": "Comma-separated prompts, drawn at random."})
+    lora_rank: int = field(default=4, metadata={"help": "LoRA rank when --train_use_lora (the default)."})
+    output_dir: str | None = field(
+        default=None, metadata={"help": "Where the trained weights go at the end (LoRA weights or a full pipeline)."}
+    )
+
+    def __post_init__(self) -> None:
+        if self.reward not in REWARDS:
+            raise ValueError(f"--reward must be one of {', '.join(REWARDS)}, got {self.reward!r}")
+        if not [p for p in self.prompts.split(",") if p.strip()]:
+            raise ValueError("--prompts must hold at least one non-empty prompt")
+
+
+def _train(argv: list[str] | None) -> int:
+    from rlhfkit.models.sd_pipeline import DefaultDDPOStableDiffusionPipeline
+    from rlhfkit.trainers.ddpo import DDPOTrainer
+
+    config, args = parse_args((DDPOConfig, DDPOScriptArguments), argv, PROG, __doc__.splitlines()[0])
+    model = args.pretrained_model
+    if model is None:
+        from rlhfkit.testing.diffusion import tiny_sd_pipeline_path
+
+        model = str(tiny_sd_pipeline_path())
+    elif not Path(model).exists():
+        raise FileNotFoundError(f"--pretrained_model {model!r} is not a local folder (rlhfkit runs offline)")
+    pipeline = DefaultDDPOStableDiffusionPipeline(
+        model, pretrained_model_revision=args.pretrained_revision, use_lora=config.train_use_lora,
+        lora_rank=args.lora_rank,
+    )
+    prompts = [p.strip() for p in args.prompts.split(",") if p.strip()]
+    rng = random.Random(config.seed)
+
+    def prompt_fn() -> tuple[str, dict]:
+        return rng.choice(prompts), {}
+
+    trainer = DDPOTrainer(config, REWARDS[args.reward], prompt_fn, pipeline)
+    trainer.train()
+    for entry in trainer.log_history:
+        if "reward_mean" in entry:
+            print(f"epoch {entry['epoch']}: mean {args.reward} reward {entry['reward_mean']:.4f}")
+    if args.output_dir:
+        trainer.save_pretrained(args.output_dir)
+        print(f"saved to {args.output_dir}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_main(PROG, _train, argv)

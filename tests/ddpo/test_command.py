@@ -1,0 +1,56 @@
+"""`rlhfkit ddpo` end to end through a subprocess, with a tiny budget; the example's reward."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from rlhfkit.commands.ddpo import REWARDS, jpeg_size_kb
+
+
+def _run(args, tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    return subprocess.run([sys.executable, "-m", "rlhfkit", "ddpo", *args], capture_output=True, text=True,
+                          env=env, cwd=tmp_path, timeout=120)
+
+
+@pytest.mark.slow
+def test_command_trains_checkpoints_and_saves_lora(tmp_path):
+    out = _run(["--num_epochs", "2", "--sample_num_steps", "2", "--sample_batch_size", "2",
+                "--sample_num_batches_per_epoch", "1",
+                "--train_batch_size", "2", "--mixed_precision", "no", "--reward", "incompressibility",
+                "--logdir", str(tmp_path / "logs"), "--output_dir", str(tmp_path / "out"),
+                "--log_with", "tensorboard"], tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "epoch 0: mean incompressibility reward" in out.stdout and "epoch 1:" in out.stdout
+    assert (tmp_path / "out" / "pytorch_lora_weights.safetensors").is_file()
+    assert sorted(p.name for p in (tmp_path / "logs" / "checkpoints").iterdir()) == ["checkpoint_0", "checkpoint_1"]
+    assert list((tmp_path / "logs" / "trl").rglob("events.out.tfevents*"))  # tensorboard got the scalars
+
+
+def test_command_reports_bad_flags_clearly(capsys):
+    from rlhfkit.commands.ddpo import main
+
+    assert main(["--reward", "sharpness", "--mixed_precision", "no"]) == 2
+    assert "--reward must be one of compressibility" in capsys.readouterr().err
+    # checked while parsing, before any model is loaded
+    assert main(["--sample_batch_size", "3", "--sample_num_batches_per_epoch", "1", "--train_batch_size", "2",
+                 "--mixed_precision", "no"]) == 2
+    assert "not divisible by 2" in capsys.readouterr().err
+    assert main(["--pretrained_model", "/no/such/model", "--mixed_precision", "no"]) == 2
+    assert "is not a local folder" in capsys.readouterr().err
+
+
+def test_jpeg_rewards_rank_flat_images_as_compressible():
+    flat = torch.full((1, 3, 32, 32), 0.5)
+    noisy = torch.rand(1, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    sizes = jpeg_size_kb(torch.cat([flat, noisy]))
+    assert sizes[0] < sizes[1]  # noise does not compress
+    scores, _ = REWARDS["compressibility"](torch.cat([flat, noisy]), ["a", "b"], [{}, {}])
+    assert scores[0] > scores[1]
+    scores, _ = REWARDS["incompressibility"](torch.cat([flat, noisy]), ["a", "b"], [{}, {}])
+    assert scores[1] > scores[0]
