@@ -167,8 +167,6 @@ def _counting_forward(trainer):
         (lambda q, r, s: (q[:3], r[:3], s[:3]), ValueError, "batch_size"),
         (lambda q, r, s: (q, [torch.tensor([], dtype=torch.long)] + r[1:], s), ValueError, r"responses\[0\] is empty"),
         (lambda q, r, s: (q, r, [torch.ones(2, 2)] + s[1:]), ValueError, r"scores\[0\]"),
-        (lambda q, r, s: (q, r, s[:3] + [torch.tensor(float("nan"))]), ValueError, r"scores\[3\].*finite"),
-        (lambda q, r, s: (q, r, s[:3] + [torch.tensor(float("inf"))]), ValueError, r"scores\[3\]"),
         (lambda q, r, s: ([q[0].float()] + q[1:], r, s), TypeError, r"queries\[0\].*integer"),
         (lambda q, r, s: (q, r, [torch.tensor(True)] + s[1:]), TypeError, r"scores\[0\]"),
         (lambda q, r, s: (q, r, ["1.0"] + s[1:]), TypeError, r"scores\[0\]"),
@@ -183,6 +181,20 @@ def test_bad_step_inputs_fail_before_any_forward_pass(base_model, tokenizer, mut
     with pytest.raises(error, match=match):
         trainer.step(*mutate(*fake_rollout()))
     assert calls["n"] == 0
+    assert all(torch.equal(p, before[n]) for n, p in trainer.policy.named_parameters() if p.requires_grad)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_scores_skip_the_step_with_a_warning(base_model, tokenizer, bad):
+    # not an error: the step is skipped and counted (rlhfkit.trainers.guards.NonFiniteGuard)
+    from rlhfkit.trainers.guards import NonFiniteStepWarning
+
+    trainer = make_trainer(base_model, tokenizer)
+    before = trainable_snapshot(trainer.policy)
+    q, r, s = fake_rollout()
+    with pytest.warns(NonFiniteStepWarning, match=r"scores\[3\] is (nan|inf)"):
+        stats = trainer.step(q, r, s[:3] + [torch.tensor(bad)])
+    assert stats["ppo/step_skipped"] == 1.0
     assert all(torch.equal(p, before[n]) for n, p in trainer.policy.named_parameters() if p.requires_grad)
 
 

@@ -7,6 +7,7 @@ import torch
 
 from rlhfkit.rollout import pad_left, pad_right, reward_model_scores
 from rlhfkit.testing import tiny_model, tiny_tokenizer
+from rlhfkit.trainers.guards import NonFiniteStepWarning
 from rlhfkit.trainers.rloo_rewards import RLHF_REWARDS, RewardScorer
 
 
@@ -48,7 +49,6 @@ def test_weighted_reward_functions_and_prompts_keyword(tokenizer):
     "result, match",
     [
         ([1.0], "returned 1 scores for 2 completions"),
-        ([1.0, float("inf")], "non-finite"),
         (["a", "b"], "numbers"),
     ],
 )
@@ -60,6 +60,17 @@ def test_bad_reward_function_output_names_the_function(tokenizer, result, match)
     with pytest.raises(ValueError, match=match) as info:
         scorer(*_batch(tokenizer, ["x", "y"], ["a", "b"]), ["x", "y"], ["a", "b"])
     assert "my_reward" in str(info.value)
+
+
+def test_non_finite_scores_warn_naming_the_function(tokenizer):
+    # not an error: the trainer skips the update (rlhfkit.trainers.guards.NonFiniteGuard)
+    def my_reward(completions):
+        return [1.0, float("inf")]
+
+    scorer = RewardScorer(my_reward, tokenizer)
+    with pytest.warns(NonFiniteStepWarning, match="my_reward.*non-finite"):
+        scores, _ = scorer(*_batch(tokenizer, ["x", "y"], ["a", "b"]), ["x", "y"], ["a", "b"])
+    assert scores[1] == float("inf")
 
 
 def test_weights_must_match_sources(tokenizer):

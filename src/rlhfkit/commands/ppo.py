@@ -153,25 +153,32 @@ def _body(argv: list[str] | None) -> int:
     generation_kwargs = dict(min_length=-1, top_k=0, top_p=1.0, do_sample=True, max_new_tokens=args.max_new_tokens)
 
     first = last = None
-    while trainer.current_step < config.steps:
-        for batch in trainer.dataloader:
-            queries = batch["input_ids"]
-            responses = trainer.generate(queries, return_prompt=False, batch_size=config.batch_size,
-                                         **generation_kwargs)
-            batch["response"] = tokenizer.batch_decode(responses, skip_special_tokens=True)
-            # a task scores the completion; a reward model reads prompt and completion together
-            texts = batch["response"] if args.reward == "task" else [q + r for q, r in zip(batch["query"], batch["response"])]
-            scores = [torch.tensor(float(s)) for s in reward(texts)]
-            stats = trainer.step(queries, responses, scores)
-            trainer.log_stats(stats, batch, scores)
-            first = stats["ppo/mean_scores"] if first is None else first
-            last = stats["ppo/mean_scores"]
-            print(f"step {trainer.current_step}/{config.steps}: mean score {last:.4f}, "
-                  f"kl {stats['objective/kl']:.4f}, loss {stats['ppo/loss/total']:.4f}", flush=True)
-            if args.save_steps and trainer.current_step % args.save_steps == 0:
-                trainer.save_checkpoint(str(Path(args.output_dir) / "checkpoint"))
-            if trainer.current_step >= config.steps:
-                break
+    checkpoint = str(Path(args.output_dir) / "checkpoint")
+    trainer.checkpoint_dir = checkpoint  # where the last good state goes if NaN steps stop the run
+    with trainer.graceful_stop:
+        while trainer.current_step < config.steps:
+            for batch in trainer.dataloader:
+                queries = batch["input_ids"]
+                responses = trainer.generate(queries, return_prompt=False, batch_size=config.batch_size,
+                                             **generation_kwargs)
+                batch["response"] = tokenizer.batch_decode(responses, skip_special_tokens=True)
+                # a task scores the completion; a reward model reads prompt and completion together
+                texts = batch["response"] if args.reward == "task" else [q + r for q, r in zip(batch["query"], batch["response"])]
+                scores = [torch.tensor(float(s)) for s in reward(texts)]
+                stats = trainer.step(queries, responses, scores)
+                trainer.log_stats(stats, batch, scores)
+                first = stats["ppo/mean_scores"] if first is None else first
+                last = stats["ppo/mean_scores"]
+                print(f"step {trainer.current_step}/{config.steps}: mean score {last:.4f}, "
+                      f"kl {stats['objective/kl']:.4f}, loss {stats['ppo/loss/total']:.4f}", flush=True)
+                if args.save_steps and trainer.current_step % args.save_steps == 0:
+                    trainer.save_checkpoint(checkpoint)
+                if trainer.should_stop():  # SIGINT/SIGTERM: save where --resume_from_checkpoint can find it
+                    trainer.save_checkpoint(checkpoint)
+                    print(f"stopped on request; resume with --resume_from_checkpoint {checkpoint}", flush=True)
+                    return 0
+                if trainer.current_step >= config.steps:
+                    break
     trainer.save_pretrained(args.output_dir)
     print(json.dumps({"output_dir": args.output_dir, "steps": trainer.current_step,
                       "first_mean_score": first, "last_mean_score": last}))

@@ -29,8 +29,8 @@ def compute_gae(
         values = values.float()
         rewards = rewards.float()
         advantages = torch.zeros_like(values)
-        last_gae = torch.zeros_like(values[:, 0])
-        next_value = torch.zeros_like(values[:, 0])
+        last_gae = values.new_zeros(values.shape[0])
+        next_value = values.new_zeros(values.shape[0])
         for t in reversed(range(values.size(1))):
             real = mask[:, t]
             delta = rewards[:, t] + gamma * next_value - values[:, t]

@@ -66,6 +66,8 @@ def first_true_indices(bools: torch.Tensor) -> torch.Tensor:
     if bools.dtype != torch.bool:
         raise TypeError(f"first_true_indices expects a bool tensor, got {bools.dtype}")
     length = bools.size(-1)
+    if length == 0:  # no positions at all: every row has "no True", i.e. index T = 0
+        return torch.zeros(bools.shape[:-1], dtype=torch.long, device=bools.device)
     positions = torch.arange(length, device=bools.device)
     # a False position is pushed to >= length, so the row minimum is the first True (or length)
     candidates = positions + length * (~bools).long()

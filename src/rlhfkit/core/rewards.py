@@ -45,6 +45,8 @@ def compute_token_rewards(
         raise ValueError(
             f"response_mask shape {tuple(response_mask.shape)} must equal logprobs {tuple(logprobs.shape)}"
         )
+    if logprobs.dim() != 2 or logprobs.shape[1] == 0:
+        raise ValueError(f"logprobs must be (batch, length) with length >= 1, got {tuple(logprobs.shape)}")
     real = response_mask.bool()
     kl = _kl_penalty(logprobs, ref_logprobs, kl_penalty, logits, ref_logits)
     kl = torch.where(real, kl, 0.0)

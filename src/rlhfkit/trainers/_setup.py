@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import logging
+from pathlib import Path
 from typing import Any
 
 from torch import nn
@@ -42,6 +43,12 @@ def apply_overrides(args: Any, owner: str, **overrides: Any) -> Any:
 def load_model(model: Any, auto_class: type, init_kwargs: dict | None, owner: str) -> nn.Module:
     """A model object passes through; a string is a local folder (or cached name) loaded with `auto_class`."""
     if isinstance(model, str):
+        looks_like_path = model.startswith((".", "~", "/")) or "\\" in model or model.count("/") > 1
+        if looks_like_path and not Path(model).expanduser().exists():
+            raise ValueError(
+                f"{owner}: model {model!r} is not a local folder; rlhfkit runs offline. Pass a folder with "
+                "config.json and weights (e.g. from `rlhfkit tiny-models`) or a loaded model"
+            )
         kwargs = dict(init_kwargs or {})
         kwargs.setdefault("trust_remote_code", False)
         return auto_class.from_pretrained(model, **kwargs)
@@ -129,9 +136,15 @@ class MetricBuffer:
         for key, value in metrics.items():
             self._store[split].setdefault(key, []).append(float(value))
 
-    def pop_means(self, split: str, prefix: str = "") -> dict[str, float]:
-        means = {f"{prefix}{k}": sum(v) / len(v) for k, v in self._store[split].items() if v}
+    def pop_means(self, split: str, prefix: str = "", accelerator: Any = None) -> dict[str, float]:
+        """Means since the last call; with several processes, averaged over all of them (every rank logs)."""
+        means = {f"{prefix}{k}": sum(v) / len(v) for k, v in sorted(self._store[split].items()) if v}
         self._store[split] = {}
+        if means and accelerator is not None and accelerator.num_processes > 1:
+            import torch
+
+            local = torch.tensor(list(means.values()), dtype=torch.float64, device=accelerator.device)
+            means = dict(zip(means, accelerator.reduce(local, reduction="mean").tolist()))
         return means
 
 

@@ -28,8 +28,9 @@ from rlhfkit.core.diffusion import (
     normalize_scores,
 )
 from rlhfkit.models.sd_pipeline import DDPOStableDiffusionPipeline
-from rlhfkit.trainers.common import atomic_directory, rng_state, set_rng_state
+from rlhfkit.trainers.common import atomic_directory, rng_state, set_rng_state, validate_checkpoint
 from rlhfkit.trainers.ddpo_config import DDPOConfig
+from rlhfkit.trainers.guards import GracefulStop, NonFiniteGuard, NonFiniteStepWarning
 
 logger = logging.getLogger(__name__)
 
@@ -123,6 +124,8 @@ class DDPOTrainer:
         self.executor = ThreadPoolExecutor(max_workers=config.max_workers) if config.async_reward_computation else None
         self.first_epoch, self.global_step = 0, 0
         self.log_history: list[dict[str, float]] = []
+        self.nonfinite_guard = NonFiniteGuard(config.max_consecutive_nonfinite_steps)
+        self.graceful_stop = GracefulStop()  # SIGINT/SIGTERM during train(): finish the epoch, save, return
         if resume_dir is not None:
             self._load_checkpoint(resume_dir)
 
@@ -132,11 +135,16 @@ class DDPOTrainer:
     def train(self, epochs: int | None = None) -> None:
         """Run epochs `first_epoch .. epochs - 1` (default `config.num_epochs`), checkpointing as configured."""
         epochs = self.config.num_epochs if epochs is None else epochs
-        for epoch in range(self.first_epoch, epochs):
-            self.global_step = self.step(epoch, self.global_step)
-            self.first_epoch = epoch + 1
-            if (epoch + 1) % self.config.save_freq == 0 and self.accelerator.is_main_process:
-                self.save_checkpoint(epoch)
+        with self.graceful_stop:
+            for epoch in range(self.first_epoch, epochs):
+                self.global_step = self.step(epoch, self.global_step)
+                self.first_epoch = epoch + 1
+                stop = self.graceful_stop.should_stop(self.accelerator)
+                if ((epoch + 1) % self.config.save_freq == 0 or stop) and self.accelerator.is_main_process:
+                    self.save_checkpoint(epoch)
+                if stop:
+                    logger.warning("stopping after epoch %d on request; checkpoint saved", epoch)
+                    break
         self.accelerator.end_training()
 
     def step(self, epoch: int, global_step: int) -> int:
@@ -148,6 +156,11 @@ class DDPOTrainer:
         prompt_image_data, scores = self._collect_rewards(batches)
         # 3. log rewards and hand the images to the hook and trackers
         all_scores = self.accelerator.gather(scores.to(self.accelerator.device)).cpu()
+        if not self.nonfinite_guard.check(
+            step=epoch + 1, accelerator=self.accelerator, scores=all_scores, ends_bad_run=False
+        ):
+            self._fail_if_exhausted(epoch)
+            return global_step  # no update from an epoch with NaN/inf rewards
         self._log({"reward_mean": all_scores.mean().item(), "reward_std": all_scores.std(unbiased=False).item(),
                    "epoch": epoch}, global_step)
         self._log_images(prompt_image_data, global_step)
@@ -271,7 +284,12 @@ class DDPOTrainer:
                     )
                     acc.backward(loss)
                     if acc.sync_gradients:
-                        acc.clip_grad_norm_(self.trainable_params, cfg.train_max_grad_norm)
+                        grads = [p.grad for p in self.trainable_params if p.grad is not None]
+                        if self.nonfinite_guard.check(step=global_step + 1, accelerator=acc, loss=loss, gradients=grads):
+                            acc.clip_grad_norm_(self.trainable_params, cfg.train_max_grad_norm)
+                        else:  # no gradients: the optimizer step below leaves the weights alone
+                            self.optimizer.zero_grad(set_to_none=True)
+                            self._fail_if_exhausted(epoch)
                     self.optimizer.step()
                     self.optimizer.zero_grad()
                 for key, value in zip(info, (loss, approx_kl, clipfrac)):
@@ -282,6 +300,12 @@ class DDPOTrainer:
                     global_step += 1
                     info = {k: [] for k in info}
         return global_step
+
+    def _fail_if_exhausted(self, epoch: int) -> None:
+        """After too many non-finite steps in a row: save the (unchanged) weights, then raise."""
+        if self.nonfinite_guard.exhausted:
+            path = self.save_checkpoint(epoch) if self.accelerator.is_main_process else None
+            self.nonfinite_guard.fail(path)
 
     def _make_optimizer(self, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
         cfg = self.config
@@ -347,6 +371,7 @@ class DDPOTrainer:
     def _load_checkpoint(self, path: Path) -> None:
         from safetensors.torch import load_file
 
+        validate_checkpoint(path)  # a truncated or corrupt file: a clear error before anything is loaded
         self.sd_pipeline.load_trainable_state_dict(load_file(str(path / "trainable.safetensors")))
         self.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True, map_location="cpu"))
         state = json.loads((path / _STATE_FILE).read_text())
@@ -394,8 +419,9 @@ def _parse_reward_output(result: Any, expected: int) -> tuple[torch.Tensor, Any]
         scores = scores[:, 0]
     if scores.shape != (expected,):
         raise ValueError(f"reward_function must return {expected} scores (one per image), got shape {tuple(scores.shape)}")
-    if not torch.isfinite(scores).all():
-        raise ValueError(f"reward_function returned non-finite scores: {scores.tolist()}")
+    if not torch.isfinite(scores).all():  # not an error: DDPOTrainer.step skips the epoch's update
+        warnings.warn(f"reward_function returned non-finite scores: {scores.tolist()}", NonFiniteStepWarning,
+                      stacklevel=3)
     return scores, metadata
 
 

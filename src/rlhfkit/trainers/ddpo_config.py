@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from rlhfkit.trainers.common import exact_div
+from rlhfkit.trainers.common import check_field_types, exact_div
 
 MIXED_PRECISION_CHOICES = ("no", "fp16", "bf16")
 
@@ -32,6 +32,13 @@ class DDPOConfig:
     num_epochs: int = field(default=100, metadata={"help": "Number of epochs (sample, score, train) to run."})
     save_freq: int = field(default=1, metadata={"help": "Save a checkpoint every this many epochs."})
     num_checkpoint_limit: int = field(default=5, metadata={"help": "Keep at most this many checkpoints."})
+    max_consecutive_nonfinite_steps: int = field(
+        default=3,
+        metadata={
+            "help": "An epoch with NaN/inf rewards, or an optimizer step with NaN/inf gradients, is skipped; after "
+            "this many in a row the trainer saves a checkpoint of its last good state and stops."
+        },
+    )
     mixed_precision: str = field(
         default="fp16",
         metadata={"help": "'no', 'fp16' or 'bf16'. fp16 needs a GPU: without one it falls back to 'no' with a warning."},
@@ -84,6 +91,7 @@ class DDPOConfig:
     def __post_init__(self) -> None:
         if self.mixed_precision is None:
             self.mixed_precision = "no"
+        check_field_types(self)
         if self.mixed_precision not in MIXED_PRECISION_CHOICES:
             raise ValueError(f"mixed_precision must be one of {MIXED_PRECISION_CHOICES}, got {self.mixed_precision!r}")
         if self.mixed_precision == "fp16" and not torch.cuda.is_available():
@@ -95,7 +103,7 @@ class DDPOConfig:
         for name in ("num_epochs", "save_freq", "num_checkpoint_limit", "sample_num_steps", "sample_batch_size",
                      "sample_num_batches_per_epoch", "train_batch_size", "train_gradient_accumulation_steps",
                      "train_num_inner_epochs", "max_workers", "per_prompt_stat_tracking_buffer_size",
-                     "per_prompt_stat_tracking_min_count"):
+                     "per_prompt_stat_tracking_min_count", "max_consecutive_nonfinite_steps"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
         for name in ("sample_eta", "train_learning_rate", "train_clip_range", "train_adv_clip_max",

@@ -36,11 +36,12 @@ from rlhfkit.trainers._setup import (
     wrap_peft,
 )
 from rlhfkit.trainers.dpo_config import DPOConfig
+from rlhfkit.trainers.guards import RobustTrainerMixin
 
 logger = logging.getLogger(__name__)
 
 
-class DPOTrainer(Trainer):
+class DPOTrainer(RobustTrainerMixin, Trainer):
     """`transformers.Trainer` for DPO; seed 001's keyword arguments override the matching `args` fields.
 
     `ref_model=None` means: the policy with adapters disabled when the policy is a PEFT model (or
@@ -106,6 +107,11 @@ class DPOTrainer(Trainer):
             if processing_class is None:
                 raise ValueError(f"{owner}: give `processing_class` or `padding_value` to pad the batches")
             pad = processing_class.pad_token_id
+            if pad is None:
+                raise ValueError(
+                    f"{owner}: the tokenizer has neither a pad nor an eos token; set tokenizer.pad_token "
+                    "or pass padding_value"
+                )
         self.padding_value = int(pad)
         self.label_pad_token_id = args.label_pad_token_id
         self.beta = args.beta
@@ -303,7 +309,7 @@ class DPOTrainer(Trainer):
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         split = "eval" if any(k.startswith("eval_") for k in logs) else "train"
-        logs.update(self._metrics.pop_means(split))
+        logs.update(self._metrics.pop_means(split, accelerator=self.accelerator))
         super().log(logs, start_time)
 
     # --- reference precomputation -------------------------------------------------------------------

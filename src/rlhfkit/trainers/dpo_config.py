@@ -7,6 +7,8 @@ from typing import Any
 
 from transformers import TrainingArguments
 
+from rlhfkit.trainers.common import check_field_types
+
 TRUNCATION_MODES = ("keep_end", "keep_start")
 
 
@@ -74,11 +76,19 @@ class DPOConfig(TrainingArguments):
         default=None,
         metadata={"help": "Keyword arguments for from_pretrained when `model` is a path string."},
     )
+    max_consecutive_nonfinite_steps: int = field(
+        default=3,
+        metadata={
+            "help": "Optimizer steps with a NaN/inf loss or gradient are skipped; after this many in a row "
+            "the run saves its last good state and stops with an error."
+        },
+    )
     remove_unused_columns: bool = field(
         default=False, metadata={"help": "Kept False: the pair columns are not arguments of forward()."}
     )
 
     def __post_init__(self):
+        check_field_types(self, skip_fields_of=TrainingArguments)
         super().__post_init__()
         self.validate()
 

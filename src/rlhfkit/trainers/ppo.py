@@ -31,6 +31,8 @@ from rlhfkit.core.masking import masked_whiten
 from rlhfkit.core.rewards import RunningMoments, clip_tensor, compute_token_rewards, scale_scores
 from rlhfkit.rollout import eval_mode, forward_response, generate_responses, pad_left
 from rlhfkit.trainers import ppo_checkpoint, ppo_stats
+from rlhfkit.trainers.common import zero3_generation_context
+from rlhfkit.trainers.guards import GracefulStop, NonFiniteGuard
 from rlhfkit.trainers.ppo_config import PPOConfig
 from rlhfkit.trainers.ppo_inputs import (
     as_token_tensor,
@@ -132,6 +134,11 @@ class PPOTrainer:
         )
         self.running = RunningMoments()
         self.current_step = 0
+        # robustness: NaN/inf steps are skipped; SIGINT/SIGTERM inside `with trainer.graceful_stop:` only
+        # sets a flag that a training loop polls with `trainer.should_stop()`
+        self.nonfinite_guard = NonFiniteGuard(config.max_consecutive_nonfinite_steps)
+        self.graceful_stop = GracefulStop()
+        self.checkpoint_dir: str | None = None  # the last save_checkpoint folder
         self._warned_prompt = False
 
         prepared, self.optimizer, self.dataloader, self.lr_scheduler = self.accelerator.prepare(
@@ -222,18 +229,20 @@ class PPOTrainer:
         config = generation_config_from_kwargs(getattr(self.policy, "generation_config", None), generation_kwargs)
 
         responses, ref_responses = [], []
-        for start in range(0, len(queries), batch_size):
-            chunk = [q.to(self.current_device) for q in queries[start : start + batch_size]]
-            if length_sampler is not None:
-                config.max_new_tokens = int(length_sampler())
-            ids, mask = pad_left(chunk, pad_id)
-            kwargs = dict(pad_token_id=pad_id, stop_token_id=stop_id)
-            out, out_mask = generate_responses(self.policy, ids, mask, config, **kwargs)
-            responses += self._unpad(chunk, out, out_mask, return_prompt)
-            if generate_ref_response:
-                with self._reference() as ref, eval_mode(self.policy):
-                    ref_out, ref_mask = generate_responses(ref, ids, mask, config, **kwargs)
-                ref_responses += self._unpad(chunk, ref_out, ref_mask, return_prompt)
+        # ZeRO-3 shards the weights: gather them once per call rather than once per token
+        with zero3_generation_context(self.accelerator, self.policy, self.config.ds3_gather_for_generation):
+            for start in range(0, len(queries), batch_size):
+                chunk = [q.to(self.current_device) for q in queries[start : start + batch_size]]
+                if length_sampler is not None:
+                    config.max_new_tokens = int(length_sampler())
+                ids, mask = pad_left(chunk, pad_id)
+                kwargs = dict(pad_token_id=pad_id, stop_token_id=stop_id)
+                out, out_mask = generate_responses(self.policy, ids, mask, config, **kwargs)
+                responses += self._unpad(chunk, out, out_mask, return_prompt)
+                if generate_ref_response:
+                    with self._reference() as ref, eval_mode(self.policy):
+                        ref_out, ref_mask = generate_responses(ref, ids, mask, config, **kwargs)
+                    ref_responses += self._unpad(chunk, ref_out, ref_mask, return_prompt)
         if single:
             responses = responses[0].unsqueeze(0)
             ref_responses = ref_responses[0].unsqueeze(0) if generate_ref_response else ref_responses
@@ -428,10 +437,32 @@ class PPOTrainer:
             flat = self.accelerator.reduce(torch.cat([g.reshape(-1) for g in grads]), "mean")
             for g, chunk in zip(grads, flat.split([g.numel() for g in grads])):
                 g.copy_(chunk.view_as(g))
+        grads = [p.grad for p in params if p.grad is not None]
+        if not self.nonfinite_guard.check(step=self.current_step + 1, accelerator=self.accelerator, gradients=grads):
+            self.optimizer.zero_grad()  # skipped: the parameters keep their last good values
+            self._fail_if_exhausted()
+            return
         if self.config.max_grad_norm is not None:
             self.accelerator.clip_grad_norm_(params, self.config.max_grad_norm)
         self.optimizer.step()
         self.optimizer.zero_grad()
+
+    def _fail_if_exhausted(self) -> None:
+        if self.nonfinite_guard.exhausted:
+            if self.checkpoint_dir is not None:
+                self.save_checkpoint(self.checkpoint_dir)
+            self.nonfinite_guard.fail(self.checkpoint_dir)
+
+    def _skipped_step_stats(self) -> dict[str, Any]:
+        """Stats of a skipped step: every statistic reads NaN, plus the skip counters."""
+        self._fail_if_exhausted()
+        stats = ppo_stats.SkippedStepStats()
+        stats.update({"ppo/step_skipped": 1.0, **self.nonfinite_guard.stats(prefix="ppo/")})
+        return stats
+
+    def should_stop(self) -> bool:
+        """True on every process once any of them got SIGINT/SIGTERM inside `with trainer.graceful_stop:`."""
+        return self.graceful_stop.should_stop(self.accelerator)
 
     def _ppo_epochs(self, batch, old_logprobs, values, advantages, returns) -> tuple[list[dict], bool, int]:
         """`ppo_epochs` shuffled passes; one optimizer step per `backward_batch_size` samples.
@@ -496,6 +527,9 @@ class PPOTrainer:
             queries, responses, scores, response_masks, cfg.batch_size, self.current_device
         )
         self._warn_if_prompt_included(queries, responses)
+        step_no = self.current_step + 1
+        if not self.nonfinite_guard.check(step=step_no, accelerator=self.accelerator, scores=scores, ends_bad_run=False):
+            return self._skipped_step_stats()  # NaN scores would also poison the running score moments
         raw_scores = scores
         scores = self._scale_scores(scores)
         batch = self._pad_batch(queries, responses, response_masks)
@@ -541,6 +575,7 @@ class PPOTrainer:
         stats["ppo/skipped_minibatches"] = train_stats["policy/skipped"].sum()
         stats["ppo/early_stopped"] = torch.tensor(float(early_stopped))
         stats["ppo/optimizer_steps"] = torch.tensor(float(optimizer_steps))
+        stats["ppo/skipped_nonfinite_steps"] = torch.tensor(float(self.nonfinite_guard.skipped))
         if cfg.use_score_scaling or cfg.score_clip is not None:
             stats["ppo/mean_scores_scaled"] = scores.mean()
         stats = self.gather_stats(stats)
@@ -629,6 +664,7 @@ class PPOTrainer:
         """Everything a resumed run needs: weights (incl. value head), optimizer, scheduler, KL controller,
         running score moments, RNG state and step counter. Atomic: a crash leaves the old checkpoint."""
         ppo_checkpoint.save(self, checkpoint_dir)
+        self.checkpoint_dir = str(checkpoint_dir)
 
     def load_checkpoint(self, checkpoint_dir: str) -> None:
         """Restore a `save_checkpoint` folder into this trainer (same model architecture and config)."""

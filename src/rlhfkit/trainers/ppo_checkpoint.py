@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlhfkit.trainers.common import atomic_directory, rng_state, set_rng_state
+from rlhfkit.trainers.common import atomic_directory, rng_state, set_rng_state, validate_checkpoint
 
 TRAINER_STATE_FILE = "trainer_state.pt"
 POLICY_WEIGHTS_FILE = "policy.safetensors"
@@ -65,6 +65,7 @@ def load(trainer: Any, checkpoint_dir: str) -> None:
     folder = Path(checkpoint_dir)
     if not (folder / TRAINER_STATE_FILE).is_file() or not (folder / POLICY_WEIGHTS_FILE).is_file():
         raise FileNotFoundError(f"{folder} is not a PPOTrainer checkpoint (no {TRAINER_STATE_FILE})")
+    validate_checkpoint(folder)  # a truncated or corrupt file: a clear error before anything is loaded
     load_model(trainer.policy, str(folder / POLICY_WEIGHTS_FILE), device=str(trainer.current_device))
     state = torch.load(folder / TRAINER_STATE_FILE, map_location="cpu", weights_only=True)
     trainer.optimizer.load_state_dict(state["optimizer"])

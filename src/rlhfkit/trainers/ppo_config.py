@@ -13,7 +13,7 @@ import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from rlhfkit.trainers.common import exact_div
+from rlhfkit.trainers.common import check_field_types, exact_div
 
 KL_PENALTIES = ("kl", "abs", "mse", "full", "k3")
 
@@ -126,9 +126,24 @@ class PPOConfig:
     global_backward_batch_size: int | None = field(
         default=None, metadata={"help": "Derived: backward_batch_size * world_size."}
     )
+    ds3_gather_for_generation: bool = field(
+        default=True,
+        metadata={
+            "help": "DeepSpeed ZeRO-3 only: gather the policy weights once for generation (faster); False lets a "
+            "policy larger than one GPU train, generating more slowly."
+        },
+    )
+    max_consecutive_nonfinite_steps: int = field(
+        default=3,
+        metadata={
+            "help": "A step with NaN/inf scores, or an optimizer step with NaN/inf gradients, is skipped; after "
+            "this many in a row the trainer saves its last good state (to its last checkpoint_dir) and stops."
+        },
+    )
     global_batch_size: int | None = field(default=None, metadata={"help": "Derived: batch_size * world_size."})
 
     def __post_init__(self) -> None:
+        check_field_types(self)
         if self.forward_batch_size is not None:
             warnings.warn(
                 "forward_batch_size is deprecated; use mini_batch_size (set from it now)", FutureWarning, stacklevel=3
@@ -149,7 +164,8 @@ class PPOConfig:
 
     def validate(self) -> None:
         """Check every setting and (re)compute the derived batch sizes; raises ValueError on bad input."""
-        for name in ("batch_size", "mini_batch_size", "gradient_accumulation_steps", "ppo_epochs", "steps"):
+        for name in ("batch_size", "mini_batch_size", "gradient_accumulation_steps", "ppo_epochs", "steps",
+                     "max_consecutive_nonfinite_steps"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"PPOConfig.{name} must be a positive integer, got {value!r}")

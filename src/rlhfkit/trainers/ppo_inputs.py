@@ -6,10 +6,13 @@ these helpers validate them and name the offending argument and index in every e
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import torch
+
+from rlhfkit.trainers.guards import NonFiniteStepWarning
 
 
 def _as_list(value: Any, name: str) -> list:
@@ -63,8 +66,8 @@ def _check_score(score: Any, name: str, device: torch.device) -> torch.Tensor:
     if score.device.type == "meta":
         raise ValueError(f"{name} is on the meta device (it holds no data)")
     value = score.detach().reshape(()).to(device=device, dtype=torch.float32)
-    if not torch.isfinite(value):
-        raise ValueError(f"{name} is {value.item()}; scores must be finite")
+    if not torch.isfinite(value):  # not an error: PPOTrainer.step skips the step (NonFiniteGuard)
+        warnings.warn(f"{name} is {value.item()}; the step will be skipped", NonFiniteStepWarning, stacklevel=4)
     return value
 
 

@@ -226,3 +226,11 @@ from rlhfkit import AutoModelForCausalLMWithValueHead
 model = AutoModelForCausalLMWithValueHead.from_pretrained("{path}")
 ```
 """
+
+
+class SkippedStepStats(dict):
+    """What `PPOTrainer.step` returns for a skipped (non-finite) step: any statistic not set reads NaN,
+    so a training loop that prints `stats["ppo/mean_scores"]` keeps working."""
+
+    def __missing__(self, key: str) -> float:
+        return float("nan")

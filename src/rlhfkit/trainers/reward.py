@@ -30,6 +30,7 @@ from rlhfkit.trainers._setup import (
     prepare_splits,
     wrap_peft,
 )
+from rlhfkit.trainers.guards import RobustTrainerMixin
 from rlhfkit.trainers.reward_config import RewardConfig
 
 logger = logging.getLogger(__name__)
@@ -46,7 +47,7 @@ def compute_accuracy(eval_pred) -> dict[str, float]:
     return {"accuracy": float(wins.mean())}
 
 
-class RewardTrainer(Trainer):
+class RewardTrainer(RobustTrainerMixin, Trainer):
     """`transformers.Trainer` for reward models (AutoModelForSequenceClassification, num_labels=1).
 
     Keyword arguments `max_length` and `peft_config` follow seed 001; `max_length` overrides
@@ -199,5 +200,6 @@ class RewardTrainer(Trainer):
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         split = "eval" if any(k.startswith("eval_") for k in logs) else "train"
-        logs.update(self._metrics.pop_means(split, prefix="eval_" if split == "eval" else ""))
+        prefix = "eval_" if split == "eval" else ""
+        logs.update(self._metrics.pop_means(split, prefix=prefix, accelerator=self.accelerator))
         super().log(logs, start_time)

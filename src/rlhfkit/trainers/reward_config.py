@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 from transformers import TrainingArguments
 
+from rlhfkit.trainers.common import check_field_types
+
 OVERLONG_POLICIES = ("drop", "truncate")
 
 
@@ -37,6 +39,13 @@ class RewardConfig(TrainingArguments):
     disable_dropout: bool = field(
         default=False, metadata={"help": "Set every dropout probability in the model to 0."}
     )
+    max_consecutive_nonfinite_steps: int = field(
+        default=3,
+        metadata={
+            "help": "Optimizer steps with a NaN/inf loss or gradient are skipped; after this many in a row "
+            "the run saves its last good state and stops with an error."
+        },
+    )
     remove_unused_columns: bool = field(
         default=False,
         metadata={
@@ -45,6 +54,7 @@ class RewardConfig(TrainingArguments):
     )
 
     def __post_init__(self):
+        check_field_types(self, skip_fields_of=TrainingArguments)
         super().__post_init__()
         self.validate()
 

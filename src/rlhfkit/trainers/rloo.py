@@ -43,13 +43,15 @@ from rlhfkit.core import (
 from rlhfkit.core.rewards import apply_missing_eos_penalty
 from rlhfkit.rollout import forward_response, generate_responses, pad_left
 from rlhfkit.trainers._setup import disable_dropout
+from rlhfkit.trainers.common import validate_checkpoint
+from rlhfkit.trainers.guards import RobustTrainerMixin
 from rlhfkit.trainers.rloo_config import RLOOConfig
 from rlhfkit.trainers.rloo_data import PromptSchedule, check_prompts, tokenize_prompts
 from rlhfkit.trainers.rloo_rewards import RLHF_REWARDS, RewardScorer
 from rlhfkit.trainers.sample_table import RichProgressCallback, print_sample_table, save_samples
 
 
-class RLOOTrainer(Trainer):
+class RLOOTrainer(RobustTrainerMixin, Trainer):
     """Trains `policy` with RLOO against a frozen `ref_policy`; see `RLOOConfig` for every option.
 
     `reward_model` is a sequence-classification model, a callable `list[str] -> list[float]` on the decoded
@@ -78,6 +80,9 @@ class RLOOTrainer(Trainer):
             raise TypeError(f"config must be an RLOOConfig, got {type(config).__name__}")
         if processing_class is None or getattr(processing_class, "pad_token_id", None) is None:
             raise ValueError("processing_class must be a tokenizer with a pad token (set its pad_token)")
+        for name, model in (("policy", policy), ("ref_policy", ref_policy)):
+            if not isinstance(model, nn.Module):
+                raise TypeError(f"{name} must be a loaded model (nn.Module), got {type(model).__name__}")
         if ref_policy is policy:
             raise ValueError("ref_policy must be a separate frozen copy of the policy, not the policy itself")
         self.stop_token_id = config.stop_token_id
@@ -159,6 +164,7 @@ class RLOOTrainer(Trainer):
                     f"resume_from_checkpoint=True but {args.output_dir} holds no checkpoint-* folder"
                 )
         if resume_from_checkpoint:
+            validate_checkpoint(resume_from_checkpoint)  # a clear error for a missing or corrupt folder
             self._load_from_checkpoint(resume_from_checkpoint)
             self._load_optimizer_and_scheduler(resume_from_checkpoint)
             self.state = TrainerState.load_from_json(
@@ -174,32 +180,33 @@ class RLOOTrainer(Trainer):
         self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
         start_time, start_update, losses = time.time(), self.state.global_step, []
 
-        for update in range(start_update, num_updates):
-            self.control = self.callback_handler.on_step_begin(args, self.state, self.control)
-            rollout, metrics = self._rollout(update)
-            metrics.update(self._optimize(model, rollout))
-            metrics["lr"] = self.lr_scheduler.get_last_lr()[0]
-            self.lr_scheduler.step()
-            self.state.global_step += 1
-            episodes = self.state.global_step * args.batch_size
-            self.state.epoch = episodes / len(self.train_dataset)
-            metrics["eps"] = int(
-                (self.state.global_step - start_update) * args.batch_size / (time.time() - start_time)
-            )
-            metrics["episode"] = episodes
-            losses.append(metrics["loss/policy_avg"])
-            self.control = self.callback_handler.on_step_end(args, self.state, self.control)
-            if self.control.should_log:
-                self.log(metrics)
-                self.control.should_log = False
-            if self.control.should_save:
-                self._save_checkpoint(model, trial=None)
-                self.control = self.callback_handler.on_save(args, self.state, self.control)
-            freq = args.sample_generations_freq
-            if freq and self.state.global_step % freq == 0:
-                self.generate_completions()
-            if self.control.should_training_stop:
-                break
+        with self.graceful_stop:  # SIGINT/SIGTERM: finish the update, save, stop
+            for update in range(start_update, num_updates):
+                self.control = self.callback_handler.on_step_begin(args, self.state, self.control)
+                rollout, metrics = self._rollout(update)
+                metrics.update(self._optimize(model, rollout))
+                metrics["lr"] = self.lr_scheduler.get_last_lr()[0]
+                self.lr_scheduler.step()
+                self.state.global_step += 1
+                episodes = self.state.global_step * args.batch_size
+                self.state.epoch = episodes / len(self.train_dataset)
+                metrics["eps"] = int(
+                    (self.state.global_step - start_update) * args.batch_size / (time.time() - start_time)
+                )
+                metrics["episode"] = episodes
+                losses.append(metrics["loss/policy_avg"])
+                self.control = self.callback_handler.on_step_end(args, self.state, self.control)
+                if self.control.should_log:
+                    self.log(metrics)
+                    self.control.should_log = False
+                if self.control.should_save:
+                    self._save_checkpoint(model, trial=None)
+                    self.control = self.callback_handler.on_save(args, self.state, self.control)
+                freq = args.sample_generations_freq
+                if freq and self.state.global_step % freq == 0:
+                    self.generate_completions()
+                if self.control.should_training_stop:
+                    break
 
         self.control = self.callback_handler.on_train_end(args, self.state, self.control)
         self.is_in_train = False
@@ -294,6 +301,7 @@ class RLOOTrainer(Trainer):
             "response_mask": response_mask,
             "old_logprobs": logprobs,
             "advantages": advantages,
+            "scores": scores,
         }
         return rollout, metrics
 
@@ -317,7 +325,7 @@ class RLOOTrainer(Trainer):
                         stats[key].append(value)
                 if args.max_grad_norm:
                     self.accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-                self.optimizer.step()
+                self.guarded_optimizer_step(model, scores=rollout["scores"])  # skipped if non-finite
                 self.optimizer.zero_grad()
         means = torch.stack([torch.stack(stats[key]).mean() for key in stats])
         means = self.accelerator.reduce(means, reduction="mean")

@@ -13,7 +13,7 @@ from typing import Literal
 
 from transformers import TrainingArguments
 
-from rlhfkit.trainers.common import exact_div
+from rlhfkit.trainers.common import check_field_types, exact_div
 
 
 @dataclass
@@ -81,6 +81,13 @@ class RLOOConfig(TrainingArguments):
         metadata={
             "help": "DeepSpeed ZeRO-3 only: gather the policy weights for generation (faster); False lets a "
             "policy larger than one GPU train, generating more slowly."
+        },
+    )
+    max_consecutive_nonfinite_steps: int = field(
+        default=3,
+        metadata={
+            "help": "Optimizer steps with a NaN/inf score or gradient are skipped; after this many in a row "
+            "the run saves its last good state and stops with an error."
         },
     )
     num_mini_batches: int = field(
@@ -153,6 +160,7 @@ class RLOOConfig(TrainingArguments):
     )
 
     def __post_init__(self):
+        check_field_types(self, skip_fields_of=TrainingArguments)
         super().__post_init__()
         # TrainingArguments exposes world_size as a property; the RLOO field shadows it, so fill it in here
         self.world_size = TrainingArguments.world_size.fget(self)
@@ -166,6 +174,7 @@ class RLOOConfig(TrainingArguments):
             "local_rollout_forward_batch_size": self.local_rollout_forward_batch_size,
             "response_length": self.response_length,
             "num_sample_prompts": self.num_sample_prompts,
+            "max_consecutive_nonfinite_steps": self.max_consecutive_nonfinite_steps,
         }
         for name, value in positive.items():
             if not isinstance(value, int) or value < 1:

@@ -27,6 +27,8 @@ def tokenize_prompts(dataset: Any, tokenizer: Any, num_proc: int | None, what: s
     """
     if dataset is None:
         raise ValueError(f"{what} is required")
+    if not hasattr(dataset, "column_names"):
+        raise TypeError(f"{what} must be a datasets.Dataset with a 'prompt' column, got {type(dataset).__name__}")
     if len(dataset) == 0:
         raise ValueError(f"{what} is empty: RLOO needs at least one prompt")
     columns = list(dataset.column_names)

@@ -8,7 +8,7 @@ tokenizer differs from the policy's gets the decoded text re-encoded with its ow
 from __future__ import annotations
 
 import inspect
-import math
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -17,6 +17,7 @@ from torch import nn
 
 from rlhfkit.core import compute_token_rewards, kl_penalty
 from rlhfkit.rollout import reward_model_scores
+from rlhfkit.trainers.guards import NonFiniteStepWarning
 
 
 def source_name(source: Any) -> str:
@@ -107,8 +108,9 @@ class RewardScorer:
                 values = reward_model_scores(source, ids, mask)
             else:
                 values = self._score_retokenized(source, reward_tokenizer, prompts, completions)
-            if not torch.isfinite(values).all():
-                raise ValueError(f"{source_name(source)} returned non-finite scores: {values.tolist()}")
+            if not torch.isfinite(values).all():  # the trainer's NonFiniteGuard then skips the update
+                message = f"{source_name(source)} returned non-finite scores: {values.tolist()}"
+                warnings.warn(message, NonFiniteStepWarning, stacklevel=2)
             per_source[i] = values.to(per_source)
         weights = torch.tensor(self.weights, device=per_source.device)
         return (weights[:, None] * per_source).sum(0), per_source
@@ -129,8 +131,6 @@ class RewardScorer:
             raise ValueError(
                 f"{source_name(fn)} returned {len(values)} scores for {n} completions; expected one each"
             )
-        if not all(math.isfinite(v) for v in values):
-            raise ValueError(f"{source_name(fn)} returned non-finite scores: {values}")
         return torch.tensor(values, dtype=torch.float32, device=self.device)
 
     def _score_retokenized(

@@ -22,6 +22,7 @@ from rlhfkit.data.collators import SFTDataCollator
 from rlhfkit.data.packing import ConstantLengthDataset
 from rlhfkit.data.preparation import check_not_empty, prepare_sft_dataset
 from rlhfkit.trainers._setup import apply_overrides, as_config, load_model, prepare_splits, wrap_peft
+from rlhfkit.trainers.guards import RobustTrainerMixin
 from rlhfkit.trainers.sft_config import SFTConfig
 
 logger = logging.getLogger(__name__)
@@ -33,7 +34,7 @@ def packed_collator(features: list[dict]) -> dict[str, torch.Tensor]:
     return {k: torch.stack([torch.as_tensor(f[k], dtype=torch.long) for f in features]) for k in keys}
 
 
-class SFTTrainer(Trainer):
+class SFTTrainer(RobustTrainerMixin, Trainer):
     """`transformers.Trainer` for supervised fine-tuning; seed 001's keyword arguments override `args`.
 
     `model` may be a local path (loaded with AutoModelForCausalLM and `args.model_init_kwargs`);

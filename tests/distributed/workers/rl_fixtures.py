@@ -1,0 +1,101 @@
+"""Builders shared by the RL workers and the one-process references in the tests (same seeds, same data)."""
+
+from __future__ import annotations
+
+import torch
+
+from rlhfkit.rollout import forward_response
+from rlhfkit.tasks import KeywordReward, toy_prompt_dataset
+from rlhfkit.testing import tiny_model, tiny_tokenizer
+
+SGD_LR = 0.5
+
+
+def rloo_trainer(out: str, per_device: int, **kw):
+    from rlhfkit.trainers.rloo import RLOOTrainer
+    from rlhfkit.trainers.rloo_config import RLOOConfig
+
+    cfg = dict(
+        output_dir=out, report_to="none", use_cpu=True, per_device_train_batch_size=per_device, rloo_k=2,
+        num_ppo_epochs=1, response_length=4, total_episodes=8, logging_steps=1, save_strategy="no",
+        num_sample_generations=0, disable_tqdm=True, seed=3, max_grad_norm=0.0,
+    )  # fmt: skip
+    cfg.update(kw)
+    policy = tiny_model("llama")
+    sgd = torch.optim.SGD(policy.parameters(), lr=SGD_LR)
+    return RLOOTrainer(
+        RLOOConfig(**cfg),
+        tiny_tokenizer(padding_side="left"),
+        policy,
+        tiny_model("llama"),
+        KeywordReward("e"),
+        toy_prompt_dataset(n=16),
+        optimizers=(sgd, None),
+    )
+
+
+def synthetic_rloo_rollout(model, num_prompts: int = 2, k: int = 2, prompts: list[int] | None = None):
+    """A fixed rollout of k completions for each of `num_prompts` prompts, in RLOO's row layout
+    (completion j of prompt i in row i + j * num_prompts); `prompts` keeps only those prompts (one rank's share).
+    """
+    g = torch.Generator().manual_seed(7)
+    query_ids = torch.randint(5, 200, (num_prompts, 3), generator=g)
+    responses = torch.randint(5, 200, (k * num_prompts, 4), generator=g)
+    advantages = torch.randn(k * num_prompts, generator=g)
+    if prompts is not None:
+        rows = torch.tensor([i + j * num_prompts for j in range(k) for i in prompts])
+        query_ids, responses, advantages = query_ids[prompts], responses[rows], advantages[rows]
+    query_mask = torch.ones_like(query_ids, dtype=torch.bool)
+    response_mask = torch.ones_like(responses, dtype=torch.bool)
+    n = query_ids.shape[0]
+    with torch.no_grad():  # old logprobs = current ones: ratio 1, nothing clipped
+        old = forward_response(model, query_ids[torch.arange(k * n) % n], query_mask[torch.arange(k * n) % n],
+                               responses, response_mask).logprobs  # fmt: skip
+    return {
+        "query_ids": query_ids,
+        "query_mask": query_mask,
+        "responses": responses,
+        "response_mask": response_mask,
+        "old_logprobs": old,
+        "advantages": advantages,
+        "scores": advantages.clone(),
+    }
+
+
+def flat_params(model) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def ppo_trainer(batch_size: int):
+    """PPOTrainer with plain SGD (updates are linear in the gradient, so rank averaging is visible exactly)."""
+    import warnings
+
+    from rlhfkit import AutoModelForCausalLMWithValueHead, PPOConfig, PPOTrainer
+    from rlhfkit.testing import tiny_model_path
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.manual_seed(0)  # the value head is initialised at random: the same on every process
+        model = AutoModelForCausalLMWithValueHead.from_pretrained(tiny_model_path("llama"), summary_dropout_prob=0.0)
+    config = PPOConfig(batch_size=batch_size, mini_batch_size=batch_size, ppo_epochs=1, seed=7, learning_rate=1.0)
+    sgd = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=SGD_LR)
+    return PPOTrainer(config, model, tokenizer=tiny_tokenizer(padding_side="left"), optimizer=sgd)
+
+
+def fixed_ppo_batch(trainer, rows: list[int]):
+    """Rows of a fixed 4-sample rollout (equal lengths, so every rank trains on as many tokens):
+    (queries, responses, old_logprobs, values, advantages, returns) ready for `_ppo_epochs`."""
+    g = torch.Generator().manual_seed(11)
+    queries = torch.randint(5, 200, (4, 3), generator=g)
+    responses = torch.randint(5, 200, (4, 4), generator=g)
+    advantages, returns = torch.randn(4, 4, generator=g), torch.randn(4, 4, generator=g)
+    q = [queries[i] for i in rows]
+    r = [responses[i] for i in rows]
+    batch = trainer._pad_batch(q, r)
+    with torch.no_grad():
+        old_logprobs, _, values, _ = trainer._batched_forward(trainer.policy, batch, False, with_values=True)
+    return batch, old_logprobs, values, advantages[rows], returns[rows]
+
+
+def flat_trainable(model) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters() if p.requires_grad])

@@ -1,0 +1,61 @@
+"""Worker: RLOOTrainer on 2 gloo processes.
+
+A. one optimisation step (step 7) on each rank's half of a fixed rollout, with SGD;
+B. a full `train()` of 2 updates: replicas stay identical, and gathered stats cover both ranks;
+C. SIGINT on rank 0 only: both ranks stop after the same update and one checkpoint is written.
+"""
+
+import os
+import signal
+import sys
+import tempfile
+
+from launch import save_result
+from rl_fixtures import flat_params, rloo_trainer, synthetic_rloo_rollout
+
+out = tempfile.mkdtemp()
+result = {}
+
+# A. the update from half the rollout on each of 2 ranks equals the update from all of it on 1 rank
+trainer = rloo_trainer(out, per_device=2)
+rank = trainer.accelerator.process_index
+trainer.create_optimizer_and_scheduler(num_training_steps=1)
+model, trainer.optimizer = trainer.accelerator.prepare(trainer.model, trainer.optimizer)
+rollout = synthetic_rloo_rollout(trainer.accelerator.unwrap_model(model), prompts=[rank])
+stats = trainer._optimize(model, rollout)
+result["step_params"] = flat_params(trainer.policy).tolist()
+result["step_loss"] = stats["loss/policy_avg"]
+
+# B. full training loop
+trainer = rloo_trainer(out, per_device=2, learning_rate=1e-2)
+trainer.train()
+params = flat_params(trainer.policy)
+everyone = trainer.accelerator.gather(params[None])
+result["max_rank_diff"] = (everyone - everyone[0]).abs().max().item()
+result["moved"] = (params - flat_params(rloo_trainer(out, per_device=2).policy)).abs().max().item()
+# stats of one more rollout: local scores, and the metric that should average over both ranks
+rollout, metrics = trainer._rollout(2)
+result["local_scores"] = rollout["scores"].tolist()
+result["gathered_scores_metric"] = metrics["objective/scores"]
+result["world"] = trainer.accelerator.num_processes
+
+# C. the stop request of one rank is shared by all
+stop_dir = os.environ["RLHFKIT_DIST_OUT"] + "/stop"  # shared by both ranks, like a real output_dir
+trainer = rloo_trainer(stop_dir, per_device=2, total_episodes=16)
+original = trainer._rollout
+
+
+def rollout_then_signal(update):
+    if update == 1 and trainer.accelerator.process_index == 0:
+        os.kill(os.getpid(), signal.SIGINT)
+    return original(update)
+
+
+trainer._rollout = rollout_then_signal
+trainer.train()
+result["stopped_at"] = trainer.state.global_step
+result["stopped_by_signal"] = trainer.stopped_by_signal
+trainer.accelerator.wait_for_everyone()
+result["checkpoints"] = sorted(p for p in os.listdir(stop_dir) if "checkpoint" in p)
+save_result(result)
+sys.exit(0)
