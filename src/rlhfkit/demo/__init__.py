@@ -1,0 +1,18 @@
+"""`rlhfkit demo`: the offline, laptop-scale RLHF pipeline (SFT -> reward model -> RL -> gold judge).
+
+Modules: `config` (DemoConfig and size presets), `cache` (cached stages with done-markers),
+`stages` (base model, SFT, preference pairs, reward model), `rl` (one function per algorithm),
+`evaluation` (win rate and friends), `report` and `plots`, and `pipeline.run_demo` tying them together.
+Heavy libraries load inside the functions that use them.
+"""
+
+from rlhfkit.demo.config import ALGOS, PRESETS, DemoConfig
+
+__all__ = ["ALGOS", "PRESETS", "DemoConfig", "run_demo"]
+
+
+def run_demo(cfg: DemoConfig):
+    """Run the demo pipeline (see `rlhfkit.demo.pipeline`)."""
+    from rlhfkit.demo.pipeline import run_demo as _run
+
+    return _run(cfg)

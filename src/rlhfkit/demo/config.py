@@ -1,0 +1,208 @@
+"""DemoConfig: every knob of `rlhfkit demo`, with size presets.
+
+Size fields default to None and are filled from the `--size` preset, so a flag given on the command
+line always wins over the preset. The "default" preset is the laptop demo (minutes on 2 CPU cores);
+"tiny" is the CI smoke size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+ALGOS = ("rloo", "ppo", "ppo-multi-adapter", "dpo")
+PPO_MINI_BATCHES = 4  # PPO mini-batches per rollout batch (rl_epochs passes over each)
+
+# preset -> values for the size fields left unset on the command line
+PRESETS: dict[str, dict[str, Any]] = {
+    "default": dict(
+        sft_num_reviews=4000,
+        sft_steps=200,
+        sft_batch_size=16,
+        sft_seq_length=128,
+        sft_learning_rate=3e-3,
+        pref_num_prompts=1536,
+        rm_epochs=3,
+        rm_batch_size=16,
+        rm_learning_rate=2e-3,
+        rl_updates=40,
+        rl_batch_size=64,
+        rl_learning_rate=1e-4,
+        rl_epochs=2,
+        dpo_epochs=2,
+        dpo_learning_rate=3e-4,
+        response_length=48,
+        eval_num_prompts=256,
+    ),
+    "tiny": dict(
+        sft_num_reviews=2000,
+        sft_steps=150,
+        sft_batch_size=16,
+        sft_seq_length=128,
+        sft_learning_rate=3e-3,
+        pref_num_prompts=1536,
+        rm_epochs=3,
+        rm_batch_size=16,
+        rm_learning_rate=2e-3,
+        rl_updates=20,
+        rl_batch_size=48,
+        rl_learning_rate=2e-4,
+        rl_epochs=2,
+        dpo_epochs=2,
+        dpo_learning_rate=3e-4,
+        response_length=32,
+        eval_num_prompts=128,
+    ),
+}
+
+
+@dataclass
+class DemoConfig:
+    """Flags of `rlhfkit demo`; sizes left unset come from the `--size` preset."""
+
+    output_dir: str = field(
+        default="outputs/demo", metadata={"help": "Folder for every stage and the report."}
+    )
+    algo: str = field(
+        default="rloo",
+        metadata={
+            "help": f"RL stage: {', '.join(ALGOS)} (ppo-multi-adapter: one base, policy + reward adapters)."
+        },
+    )
+    size: str = field(
+        default="default", metadata={"help": f"Preset for the stage sizes: {', '.join(PRESETS)} (tiny: CI)."}
+    )
+    seed: int = field(default=0, metadata={"help": "Seed of every stage (data order, sampling, init)."})
+    fresh: bool = field(
+        default=False, metadata={"help": "Re-run every stage instead of reusing finished ones."}
+    )
+    model: str = field(
+        default="llama",
+        metadata={
+            "help": "Starting policy: a name from rlhfkit.testing (llama, llama-small, ...) or a local folder."
+        },
+    )
+    num_threads: int = field(
+        default=1,
+        metadata={
+            "help": "torch CPU threads (0: torch's default). The default 1 is fastest for models this small."
+        },
+    )
+    # 1. supervised fine-tuning
+    sft_num_reviews: int | None = field(default=None, metadata={"help": "Reviews in the SFT corpus."})
+    sft_steps: int | None = field(default=None, metadata={"help": "SFT optimizer steps."})
+    sft_batch_size: int | None = field(default=None, metadata={"help": "Packed blocks per SFT step."})
+    sft_seq_length: int | None = field(default=None, metadata={"help": "Tokens per packed SFT block."})
+    sft_learning_rate: float | None = field(
+        default=None, metadata={"help": "SFT peak learning rate (cosine)."}
+    )
+    # 2. preference pairs and reward model
+    pref_num_prompts: int | None = field(
+        default=None,
+        metadata={"help": "Train prompts sampled twice by the SFT policy and labelled by VADER."},
+    )
+    pref_eval_fraction: float = field(
+        default=0.15, metadata={"help": "Share of the preference pairs held out to measure reward accuracy."}
+    )
+    rm_epochs: int | None = field(default=None, metadata={"help": "Reward-model epochs over the pairs."})
+    rm_batch_size: int | None = field(default=None, metadata={"help": "Pairs per reward-model step."})
+    rm_learning_rate: float | None = field(default=None, metadata={"help": "Reward-model learning rate."})
+    # 3. reinforcement learning
+    rl_updates: int | None = field(
+        default=None, metadata={"help": "RL updates (RLOO/PPO); each samples rl_batch_size completions."}
+    )
+    rl_batch_size: int | None = field(default=None, metadata={"help": "Completions per RL update."})
+    rl_learning_rate: float | None = field(default=None, metadata={"help": "RL learning rate."})
+    rl_epochs: int | None = field(
+        default=None, metadata={"help": "Optimisation passes over each batch of rollouts."}
+    )
+    rloo_k: int = field(default=4, metadata={"help": "RLOO: completions per prompt."})
+    kl_coef: float = field(default=0.05, metadata={"help": "Weight of the KL penalty to the SFT policy."})
+    temperature: float = field(
+        default=0.7, metadata={"help": "Sampling temperature for RL, pairs and evaluation."}
+    )
+    response_length: int | None = field(default=None, metadata={"help": "Maximum new tokens per completion."})
+    lora_r: int = field(
+        default=16, metadata={"help": "ppo-multi-adapter: rank of the policy and reward LoRA adapters."}
+    )
+    dpo_epochs: int | None = field(default=None, metadata={"help": "DPO epochs over the preference pairs."})
+    dpo_beta: float = field(default=0.1, metadata={"help": "DPO beta (strength of the implicit KL)."})
+    dpo_learning_rate: float | None = field(default=None, metadata={"help": "DPO learning rate."})
+    # 4. evaluation
+    eval_num_prompts: int | None = field(
+        default=None, metadata={"help": "Held-out prompts judged for the win rate."}
+    )
+    eval_samples_shown: int = field(
+        default=6, metadata={"help": "Side-by-side completions printed and reported."}
+    )
+
+    def __post_init__(self):
+        if self.size not in PRESETS:
+            raise ValueError(f"--size must be one of {', '.join(PRESETS)}, got {self.size!r}")
+        if self.algo not in ALGOS:
+            raise ValueError(f"--algo must be one of {', '.join(ALGOS)}, got {self.algo!r}")
+        for name, value in PRESETS[self.size].items():
+            if getattr(self, name) is None:
+                setattr(self, name, value)
+        self.validate()
+
+    def validate(self) -> None:
+        positive = [
+            "sft_num_reviews",
+            "sft_steps",
+            "sft_batch_size",
+            "pref_num_prompts",
+            "rm_epochs",
+            "rm_batch_size",
+            "rl_updates",
+            "rl_batch_size",
+            "rl_epochs",
+            "dpo_epochs",
+            "response_length",
+            "eval_num_prompts",
+        ]
+        for name in positive:
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"--{name} must be a positive integer, got {value!r}")
+        for name in (
+            "sft_learning_rate",
+            "rm_learning_rate",
+            "rl_learning_rate",
+            "dpo_learning_rate",
+            "temperature",
+            "dpo_beta",
+        ):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"--{name} must be > 0, got {getattr(self, name)!r}")
+        if self.sft_seq_length < 16:
+            raise ValueError(f"--sft_seq_length must be >= 16 tokens, got {self.sft_seq_length}")
+        if not 0.0 < self.pref_eval_fraction < 0.5:
+            raise ValueError(f"--pref_eval_fraction must be in (0, 0.5), got {self.pref_eval_fraction}")
+        if self.rloo_k < 2:
+            raise ValueError(
+                f"--rloo_k must be >= 2 (the baseline averages the other k-1), got {self.rloo_k}"
+            )
+        if self.algo == "rloo" and self.rl_batch_size % self.rloo_k:
+            raise ValueError(
+                f"--rl_batch_size ({self.rl_batch_size}) must be a multiple of --rloo_k ({self.rloo_k})"
+            )
+        if self.algo.startswith("ppo") and self.rl_batch_size % PPO_MINI_BATCHES:
+            raise ValueError(
+                f"--rl_batch_size ({self.rl_batch_size}) must be a multiple of {PPO_MINI_BATCHES} for --algo "
+                f"{self.algo}: each PPO batch is split into {PPO_MINI_BATCHES} mini-batches"
+            )
+        if self.kl_coef < 0:
+            raise ValueError(f"--kl_coef must be >= 0, got {self.kl_coef}")
+        if self.num_threads < 0:
+            raise ValueError(f"--num_threads must be >= 0, got {self.num_threads}")
+        if self.eval_samples_shown < 0:
+            raise ValueError(f"--eval_samples_shown must be >= 0, got {self.eval_samples_shown}")
+
+    def values(self, *names: str) -> dict[str, Any]:
+        """The named fields as a dict (the part of the config a stage depends on)."""
+        known = {f.name for f in fields(self)}
+        unknown = [n for n in names if n not in known]
+        if unknown:  # a typo here would silently drop a field from a stage's cache key
+            raise KeyError(f"DemoConfig has no field(s) {unknown}")
+        return {name: getattr(self, name) for name in names}

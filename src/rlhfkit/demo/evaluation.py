@@ -1,0 +1,149 @@
+"""Evaluation on held-out prompts: the RL policy against the SFT policy, judged by the gold judge.
+
+Both policies sample one completion per test prompt (same temperature and seed). The gold judge
+(VADER) scores each whole review; the win rate counts a win as 1 and a tie as 1/2. Also reported:
+mean gold score, mean learned-reward score, and KL(RL || SFT) of the RL samples, summed over tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlhfkit.demo.cache import StageResult
+from rlhfkit.demo.config import DemoConfig
+from rlhfkit.demo.sampling import Completions, sample_completions
+from rlhfkit.demo.stages import load_policy, load_reward_model, load_tokenizer
+
+
+def win_rate(scores: Sequence[float], baseline_scores: Sequence[float]) -> float:
+    """Share of prompts where `scores` beats `baseline_scores`; a tie counts as half a win."""
+    if len(scores) != len(baseline_scores) or not scores:
+        raise ValueError(
+            f"need two equally long non-empty score lists, got {len(scores)} and {len(baseline_scores)}"
+        )
+    wins = sum(1.0 if a > b else 0.5 if a == b else 0.0 for a, b in zip(scores, baseline_scores))
+    return wins / len(scores)
+
+
+def win_rate_interval(rate: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Normal-approximation 95% interval of a win rate measured on n prompts."""
+    half = z * math.sqrt(max(rate * (1 - rate), 0.0) / n)
+    return max(0.0, rate - half), min(1.0, rate + half)
+
+
+@torch.no_grad()
+def learned_scores(reward_model, samples: Completions) -> list[float]:
+    from rlhfkit.rollout import reward_model_scores
+
+    ids = torch.cat([samples.query_ids, samples.responses], dim=1)
+    mask = torch.cat([samples.query_mask.long(), samples.response_mask.long()], dim=1)
+    device = next(reward_model.parameters()).device
+    return reward_model_scores(reward_model, ids.to(device), mask.to(device)).tolist()
+
+
+@torch.no_grad()
+def kl_to_reference(
+    policy, reference, samples: Completions, temperature: float, chunk: int = 64
+) -> list[float]:
+    """Per sample, sum over its tokens of log pi(y_t) - log pi_ref(y_t): an unbiased KL estimate."""
+    from rlhfkit.rollout import forward_response
+
+    values = []
+    for start in range(0, len(samples.prompts), chunk):
+        rows = slice(start, start + chunk)
+        args = (
+            samples.query_ids[rows],
+            samples.query_mask[rows],
+            samples.responses[rows],
+            samples.response_mask[rows],
+        )
+        logprobs = forward_response(policy, *args, temperature=temperature).logprobs
+        ref_logprobs = forward_response(reference, *args, temperature=temperature).logprobs
+        values += ((logprobs - ref_logprobs) * samples.response_mask[rows]).sum(1).tolist()
+    return values
+
+
+def _mean(values: Sequence[float]) -> float:
+    return float(sum(values) / len(values))
+
+
+def evaluate(
+    cfg: DemoConfig, sft: StageResult, reward: StageResult, rl: StageResult, out: Path
+) -> dict[str, Any]:
+    """Sample both policies on the test prompts and write metrics.json and samples.jsonl into `out`."""
+    from rlhfkit.tasks import SentimentJudge, review_prompts
+
+    tokenizer = load_tokenizer(sft.path)
+    prompts = review_prompts("test", n=cfg.eval_num_prompts, seed=cfg.seed)
+    judge, reward_model = SentimentJudge(), load_reward_model(sft, reward)
+    sft_policy, rl_policy = load_policy(sft.path), load_policy(rl.path)
+    seed = cfg.seed + 1000  # different draws from the ones the preference pairs were built from
+    results = {}
+    for name, policy in (("sft", sft_policy), ("rl", rl_policy)):
+        samples = sample_completions(policy, tokenizer, prompts, cfg.response_length, cfg.temperature, seed)
+        results[name] = {
+            "samples": samples,
+            "gold": judge(samples.reviews()),
+            "learned": learned_scores(reward_model, samples),
+        }
+    kl = kl_to_reference(rl_policy, sft_policy, results["rl"]["samples"], cfg.temperature)
+    rate = win_rate(results["rl"]["gold"], results["sft"]["gold"])
+    low, high = win_rate_interval(rate, len(prompts))
+    metrics = {
+        "algo": cfg.algo,
+        "num_prompts": len(prompts),
+        "win_rate_rl_vs_sft": rate,
+        "win_rate_ci95": [low, high],
+        "ties": sum(a == b for a, b in zip(results["rl"]["gold"], results["sft"]["gold"])),
+        "kl_rl_to_sft": _mean(kl),
+    }
+    for name in ("sft", "rl"):
+        r = results[name]
+        metrics[f"gold_score_{name}"] = _mean(r["gold"])
+        metrics[f"learned_reward_{name}"] = _mean(r["learned"])
+        metrics[f"positive_share_{name}"] = _mean([float(s > 0.05) for s in r["gold"]])
+        metrics[f"mean_tokens_{name}"] = float(r["samples"].response_mask.sum(1).float().mean())
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2), encoding="utf-8")
+    with open(out / "samples.jsonl", "w", encoding="utf-8") as fh:
+        for i, prompt in enumerate(prompts):
+            row = {"prompt": prompt}
+            for name in ("sft", "rl"):
+                r = results[name]
+                row.update(
+                    {
+                        name: r["samples"].texts[i],
+                        f"{name}_gold": r["gold"][i],
+                        f"{name}_learned": r["learned"][i],
+                    }
+                )
+            fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+    return metrics
+
+
+def read_samples(evaluation: StageResult) -> list[dict[str, Any]]:
+    lines = (evaluation.path / "samples.jsonl").read_text(encoding="utf-8").splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def print_samples(samples: Sequence[dict[str, Any]], algo: str, console=None) -> None:
+    """A rich table: the SFT and the RL completion of the same prompt, with their gold scores."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"held-out prompts: SFT vs {algo} (gold VADER score)", show_lines=True)
+    table.add_column("prompt", max_width=24)
+    table.add_column("SFT completion", max_width=44)
+    table.add_column("gold", justify="right")
+    table.add_column(f"{algo} completion", max_width=44)
+    table.add_column("gold", justify="right")
+    for row in samples:
+        table.add_row(
+            row["prompt"], row["sft"], f"{row['sft_gold']:+.3f}", row["rl"], f"{row['rl_gold']:+.3f}"
+        )
+    (console or Console()).print(table)

@@ -1,0 +1,149 @@
+"""`run_demo`: the whole SFT -> reward model -> RL -> judge pipeline as a chain of cached stages.
+
+Stage folders under `output_dir`:
+  base/                the tokenizer and the untrained policy
+  sft/                 the SFT policy (SFTTrainer, packed reviews)
+  preferences/         train.jsonl / eval.jsonl pairs of SFT samples labelled by VADER
+  reward_model/        the learned reward model (reward_adapter/ for ppo-multi-adapter)
+  rl-<algo>/           the RL policy, curves.json
+  evaluation-<algo>/   metrics.json, samples.jsonl
+and at the top: report.md, metrics.json, plots/.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from rlhfkit.demo import evaluation, rl, stages
+from rlhfkit.demo.cache import Stage, StageResult, run_stage
+from rlhfkit.demo.config import DemoConfig
+from rlhfkit.demo.report import write_report
+
+# the DemoConfig fields each stage depends on: changing one re-runs that stage and those after it
+STAGE_FIELDS = {
+    "sft": ("seed", "sft_num_reviews", "sft_steps", "sft_batch_size", "sft_seq_length", "sft_learning_rate"),
+    "preferences": ("seed", "pref_num_prompts", "pref_eval_fraction", "response_length", "temperature"),
+    "reward": ("seed", "rm_epochs", "rm_batch_size", "rm_learning_rate"),
+    "evaluation": ("seed", "eval_num_prompts", "temperature", "response_length"),
+}
+_ONLINE = (
+    "rl_updates",
+    "rl_batch_size",
+    "rl_learning_rate",
+    "rl_epochs",
+    "kl_coef",
+    "temperature",
+    "response_length",
+)
+RL_FIELDS = {
+    "rloo": _ONLINE + ("rloo_k",),
+    "ppo": _ONLINE,
+    "ppo-multi-adapter": _ONLINE + ("lora_r",),
+    "dpo": ("dpo_epochs", "dpo_beta", "dpo_learning_rate"),
+}
+
+
+def _console():
+    from rich.console import Console
+
+    return Console()
+
+
+def _print_summary(console, stage: Stage, result: StageResult) -> None:
+    from rich.table import Table
+
+    table = Table(
+        title=f"{stage.title}: {'reused' if result.reused else f'{result.seconds:.1f} s'}",
+        show_header=False,
+        title_justify="left",
+    )
+    for key, value in result.summary.items():
+        table.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value))
+    console.print(table)
+
+
+def run_demo(cfg: DemoConfig) -> dict[str, Any]:
+    """Run (or reuse) every stage, write the report; returns the metrics written to metrics.json."""
+    import torch
+    from transformers import set_seed
+    from transformers.utils import logging as hf_logging
+
+    if cfg.num_threads:
+        torch.set_num_threads(cfg.num_threads)
+    hf_logging.set_verbosity_error()  # keep the console for progress bars and summaries
+    hf_logging.disable_progress_bar()  # no per-file "Loading weights" bars; training bars stay
+    console = _console()
+    root = Path(cfg.output_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    results: dict[str, StageResult] = {}
+
+    def run(key: str, stage: Stage) -> StageResult:
+        set_seed(cfg.seed)  # each stage starts from the same RNG state, reused or not
+        result = run_stage(stage, root, fresh=cfg.fresh, announce=console.print)
+        _print_summary(console, stage, result)
+        results[key] = result
+        return result
+
+    base = run(
+        "base", Stage("base", "1/6 base model", cfg.values("model"), lambda out: stages.build_base(cfg, out))
+    )
+    sft = run(
+        "sft",
+        Stage(
+            "sft", "2/6 supervised fine-tuning", cfg.values(*STAGE_FIELDS["sft"]),
+            lambda out: stages.train_sft(cfg, base, out), [base],
+        ),
+    )  # fmt: skip
+    prefs = run(
+        "preferences",
+        Stage(
+            "preferences", "3/6 preference pairs (SFT samples, VADER labels)",
+            cfg.values(*STAGE_FIELDS["preferences"]), lambda out: stages.make_preferences(cfg, sft, out), [sft],
+        ),
+    )  # fmt: skip
+    adapter = stages.reward_uses_adapter(cfg)
+    rm_params = {
+        **cfg.values(*STAGE_FIELDS["reward"]),
+        "adapter": adapter,
+        "center_rewards_coefficient": stages.CENTER_REWARDS_COEFFICIENT,
+    }
+    if adapter:
+        rm_params["lora_r"] = cfg.lora_r
+    reward = run(
+        "reward",
+        Stage(
+            "reward_adapter" if adapter else "reward_model", "4/6 reward model", rm_params,
+            lambda out: stages.train_reward(cfg, sft, prefs, out), [sft, prefs],
+        ),
+    )  # fmt: skip
+    train = rl.RL_ALGOS[cfg.algo]
+    title = (
+        "DPO on the preference pairs" if cfg.algo == "dpo" else f"RL: {cfg.algo} against the learned reward"
+    )
+    policy = run(
+        "rl",
+        Stage(
+            f"rl-{cfg.algo}", f"5/6 {title}", cfg.values("seed", *RL_FIELDS[cfg.algo]),
+            lambda out: train(cfg, sft, reward, prefs, out), [sft, reward, prefs],
+        ),
+    )  # fmt: skip
+    evaluated = run(
+        "evaluation",
+        Stage(
+            f"evaluation-{cfg.algo}", "6/6 evaluation (gold judge)", cfg.values(*STAGE_FIELDS["evaluation"]),
+            lambda out: evaluation.evaluate(cfg, sft, reward, policy, out), [sft, reward, policy],
+        ),
+    )  # fmt: skip
+    samples = evaluation.read_samples(evaluated)
+    evaluation.print_samples(samples[: cfg.eval_samples_shown], cfg.algo, console)
+    metrics = write_report(cfg, root, results, samples, time.perf_counter() - start)
+    ev = metrics["evaluation"]
+    console.print(
+        f"[bold]win rate of {cfg.algo} over SFT (gold judge): {100 * ev['win_rate_rl_vs_sft']:.1f}%[/]  "
+        f"gold score {ev['gold_score_sft']:.3f} -> {ev['gold_score_rl']:.3f}, KL {ev['kl_rl_to_sft']:.2f}; "
+        f"report: {root / 'report.md'}"
+    )
+    return metrics

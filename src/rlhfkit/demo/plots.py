@@ -1,0 +1,54 @@
+"""PNG plots of the demo (matplotlib, Agg backend: no display needed)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def line_plot(
+    path: Path, x: Sequence[float], series: dict[str, Sequence[float]], title: str, xlabel: str, ylabel: str
+) -> Path:
+    """One figure, one line per entry of `series` (entries with no values are skipped)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 3.6), dpi=100)
+    for label, values in series.items():
+        points = [(a, b) for a, b in zip(x, values) if b is not None]
+        if points:
+            ax.plot([a for a, _ in points], [b for _, b in points], marker="o", markersize=2.5, label=label)
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    if len(series) > 1:
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def score_histogram(path: Path, scores: dict[str, Sequence[float]], title: str) -> Path:
+    """Overlaid histograms of gold scores in [-1, 1], one per policy."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 3.6), dpi=100)
+    bins = [i / 10 for i in range(-10, 11)]
+    for label, values in scores.items():
+        ax.hist(values, bins=bins, alpha=0.55, label=label)
+    ax.set_title(title)
+    ax.set_xlabel("gold score (VADER compound)")
+    ax.set_ylabel("completions")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
