@@ -56,14 +56,21 @@ def non_finite_names(**named: Any) -> list[str]:
         if value is None:
             continue
         parts = value if isinstance(value, (list, tuple)) else [value]
-        for part in parts:
-            if part is None:
-                continue
-            t = part if isinstance(part, torch.Tensor) else torch.as_tensor(part, dtype=torch.float64)
-            if t.is_floating_point() and not bool(torch.isfinite(t.detach()).all()):
-                bad.append(name)
-                break
+        tensors = [p if isinstance(p, torch.Tensor) else torch.as_tensor(p, dtype=torch.float64) for p in parts if p is not None]
+        tensors = [t.detach() for t in tensors if t.is_floating_point() and t.numel() > 0]
+        if tensors and not _all_finite(tensors):
+            bad.append(name)
     return bad
+
+
+def _all_finite(tensors: list[torch.Tensor]) -> bool:
+    """One fused pass and one host sync for many tensors (e.g. every gradient of a model).
+
+    The infinity norm is max|x|: it cannot overflow for finite values, and a NaN or infinity anywhere in a
+    tensor makes it non-finite.
+    """
+    norms = torch._foreach_norm(tensors, ord=float("inf"))
+    return bool(torch.isfinite(torch.stack([n.float().to(norms[0].device) for n in norms])).all())
 
 
 class NonFiniteGuard:
