@@ -64,13 +64,16 @@ def non_finite_names(**named: Any) -> list[str]:
 
 
 def _all_finite(tensors: list[torch.Tensor]) -> bool:
-    """One fused pass and one host sync for many tensors (e.g. every gradient of a model).
+    """Whether every element of many tensors (e.g. every gradient of a model) is finite.
 
-    The infinity norm is max|x|: it cannot overflow for finite values, and a NaN or infinity anywhere in a
-    tensor makes it non-finite.
+    Fast path: one fused 2-norm per tensor and one host sync (about 100x faster on CPU than a per-tensor
+    isfinite). A NaN or infinity makes its norm non-finite; only then is the exact element-wise check run,
+    because a norm can also overflow for huge but finite values.
     """
-    norms = torch._foreach_norm(tensors, ord=float("inf"))
-    return bool(torch.isfinite(torch.stack([n.float().to(norms[0].device) for n in norms])).all())
+    norms = torch._foreach_norm(tensors)
+    if bool(torch.isfinite(torch.stack([n.float().to(norms[0].device) for n in norms])).all()):
+        return True
+    return all(bool(torch.isfinite(t).all()) for t in tensors)
 
 
 class NonFiniteGuard:
