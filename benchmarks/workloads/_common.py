@@ -1,0 +1,160 @@
+"""Plumbing shared by every workload script, for the rlhfkit venv and the TRL venvs alike.
+
+Only the standard library is imported at module level: the same file runs under transformers 4.46 and 5.x.
+A workload script parses `workload_args()`, builds its trainer, calls `StepClock.tick()` after every training
+step (directly, or through `step_callback()` for `transformers.Trainer` loops) and ends with `emit(...)`,
+which prints one line `BENCH_RESULT {json}` that benchmarks/run.py picks up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import sys
+import time
+from pathlib import Path
+
+RESULT_PREFIX = "BENCH_RESULT "
+
+
+def limit_threads(n: int) -> None:
+    """Pin intra-op parallelism to `n` threads (call before the first heavy import)."""
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ[var] = str(n)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # Idle OpenMP workers sleep instead of spinning: on a shared machine a spinning worker that loses its
+    # core makes every parallel region wait for the scheduler (measured 80x slower matmuls at load 9).
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    import torch
+
+    torch.set_num_threads(n)
+    if torch.get_num_interop_threads() != 1:
+        try:
+            torch.set_num_interop_threads(1)
+        except RuntimeError:  # already set by an earlier parallel region
+            pass
+
+
+def workload_args(description: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--work-dir", required=True, help="benchmarks/.work (models/ and data/ inside)")
+    parser.add_argument("--model", default="tiny", choices=["tiny", "small"], help="model size")
+    parser.add_argument("--steps", type=int, default=5, help="timed steps after warmup")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed steps first")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--eos", action="store_true", help="realistic setting: stop at eos instead of fixed length")
+    args = parser.parse_args()
+    if args.steps < 1 or args.warmup < 0:
+        parser.error(f"--steps must be >= 1 and --warmup >= 0, got {args.steps} and {args.warmup}")
+    limit_threads(args.threads)
+    args.work_dir = Path(args.work_dir)
+    return args
+
+
+def model_dir(args: argparse.Namespace, kind: str = "policy") -> str:
+    """Folder of the policy ("policy") or the reward model ("reward") of the chosen size."""
+    return str(args.work_dir / "models" / f"{args.model}-{kind}")
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    with open(path, encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def meta(args: argparse.Namespace) -> dict:
+    return json.loads((args.work_dir / "data" / "meta.json").read_text())
+
+
+class StepClock:
+    """Wall-clock time of each step: tick() once at the start and after every step."""
+
+    def __init__(self) -> None:
+        self.marks: list[float] = []
+        self.cpu_marks: list[float] = []
+
+    def tick(self) -> None:
+        self.marks.append(time.perf_counter())
+        self.cpu_marks.append(time.process_time())  # CPU time of all threads: less sensitive to a busy machine
+
+    def step_times(self, warmup: int) -> list[float]:
+        gaps = [b - a for a, b in zip(self.marks, self.marks[1:])]
+        return gaps[warmup:]
+
+    def cpu_times(self, warmup: int) -> list[float]:
+        gaps = [b - a for a, b in zip(self.cpu_marks, self.cpu_marks[1:])]
+        return gaps[warmup:]
+
+
+def step_callback(clock: StepClock):
+    """A transformers TrainerCallback that ticks `clock` at train begin and at every step end."""
+    from transformers import TrainerCallback
+
+    class _Tick(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            clock.tick()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            clock.tick()
+
+    return _Tick()
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set size of this process, from the OS (max of ru_maxrss and VmHWM), in MiB."""
+    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                peak_kb = max(peak_kb, int(line.split()[1]))
+    except OSError:
+        pass
+    return peak_kb / 1024.0
+
+
+def trainer_args_common(output_dir: str, max_steps: int, seed: int) -> dict:
+    """TrainingArguments settings both libraries share: no logging, saving or evaluation in the loop.
+
+    float32 without gradient checkpointing everywhere: the newest TRL defaults to bf16 autocast and
+    checkpointing, which would make the two sides do different work.
+    """
+    return dict(
+        output_dir=output_dir, max_steps=max_steps, seed=seed, report_to=[], save_strategy="no",
+        logging_steps=10_000, disable_tqdm=True, use_cpu=True, dataloader_num_workers=0,
+        learning_rate=1e-5, lr_scheduler_type="constant", warmup_steps=0,
+        bf16=False, fp16=False, gradient_checkpointing=False,
+    )
+
+
+def emit(args: argparse.Namespace, library: str, workload: str, step_times: list[float], *,
+         episodes_per_step: float, tokens_per_step: float, cpu_times: list[float] | None = None, **extra) -> dict:
+    """Print the result line; every rate is over the timed steps only."""
+    if len(step_times) < 1:
+        raise RuntimeError(f"{library}/{workload}: no timed steps were recorded (did the loop run?)")
+    import torch
+
+    total = sum(step_times)
+    result = {
+        "library": library,
+        "workload": workload,
+        "model": args.model,
+        "eos": bool(args.eos),
+        "steps": len(step_times),
+        "seconds_per_step": total / len(step_times),
+        "median_step_seconds": statistics.median(step_times),
+        "episodes_per_second": episodes_per_step * len(step_times) / total,
+        "tokens_per_second": tokens_per_step * len(step_times) / total,
+        "episodes_per_step": episodes_per_step,
+        "tokens_per_step": tokens_per_step,
+        "cpu_seconds_per_step": sum(cpu_times) / len(cpu_times) if cpu_times else None,
+        "peak_rss_mb": peak_rss_mb(),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": sys.version.split()[0],
+        **extra,
+    }
+    print("\n" + RESULT_PREFIX + json.dumps(result), flush=True)
+    return result

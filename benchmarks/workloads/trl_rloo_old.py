@@ -1,0 +1,10 @@
+"""TRL 0.11.4: the old RLOOTrainer, 4 PPO epochs per update (see _rloo_loop.py)."""
+
+from _common import workload_args
+
+if __name__ == "__main__":
+    args = workload_args(__doc__)
+    from _rloo_loop import run
+    from trl import RLOOConfig, RLOOTrainer
+
+    run(args, "trl", "rloo-old", 4, RLOOConfig, RLOOTrainer)
