@@ -6,8 +6,9 @@ import pytest
 import torch
 from model_helpers import batch, policy_lora
 
+from rlhfkit.core.masking import last_true_indices
 from rlhfkit.models import adapters
-from rlhfkit.models.adapters import last_token_indices, use_adapter
+from rlhfkit.models.adapters import use_adapter
 from rlhfkit.models.value_head import AutoModelForCausalLMWithValueHead
 
 pytestmark = pytest.mark.filterwarnings("ignore:no value head found")
@@ -32,10 +33,10 @@ def reward_model(reward_adapter_dir):
     return PeftModel.from_pretrained(base, reward_adapter_dir).eval()
 
 
-def test_last_token_indices():
+def test_last_real_token_index_for_both_padding_sides():
     # left padding: last real token is the last column; right padding: one before the first pad
     mask = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 0], [1, 0, 0, 0]])
-    assert last_token_indices(mask).tolist() == [3, 2, 0]
+    assert last_true_indices(mask).tolist() == [3, 2, 0]
 
 
 @pytest.mark.parametrize("left_pad", [True, False])

@@ -9,6 +9,7 @@ from transformers import AutoModelForCausalLM, AutoModelForSequenceClassificatio
 from rlhfkit.core.logprobs import selective_log_softmax
 from rlhfkit.rollout import (
     LengthSampler,
+    eval_mode,
     forward_response,
     generate_responses,
     last_true_indices,
@@ -139,3 +140,13 @@ def test_reward_scores_reject_empty_rows(tokenizer):
     ids = torch.tensor([[5, 6], [7, 8]])
     with pytest.raises(ValueError, match="no real token"):
         reward_model_scores(model, ids, torch.tensor([[1, 1], [0, 0]]))
+
+
+def test_eval_mode_restores_each_submodules_own_mode():
+    model = torch.nn.Sequential(torch.nn.Dropout(0.5), torch.nn.Dropout(0.5))
+    model.train()
+    model[1].eval()  # e.g. a frozen head deliberately kept in eval
+    with eval_mode(model):
+        assert not any(m.training for m in model.modules())
+    assert model.training and model[0].training
+    assert not model[1].training, "a submodule that was in eval must stay in eval"

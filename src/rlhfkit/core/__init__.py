@@ -14,6 +14,7 @@ from rlhfkit.core.losses import (
 )
 from rlhfkit.core.masking import (
     first_true_indices,
+    last_true_indices,
     masked_mean,
     masked_var,
     masked_whiten,
@@ -26,7 +27,6 @@ from rlhfkit.core.rewards import (
     clip_tensor,
     combine_moments,
     compute_token_rewards,
-    last_true_indices,
     normalize_rewards,
     scale_scores,
 )

@@ -74,6 +74,12 @@ def first_true_indices(bools: torch.Tensor) -> torch.Tensor:
     return candidates.min(dim=-1).values
 
 
+def last_true_indices(mask: torch.Tensor) -> torch.Tensor:
+    """Index of the last True per row: (B, T) -> (B,) long; -1 for a row without any."""
+    length = mask.size(-1)
+    return length - 1 - first_true_indices(mask.bool().flip(-1))
+
+
 def truncate_at_stop(
     responses: torch.Tensor, stop_token_id: int | None, pad_token_id: int
 ) -> tuple[torch.Tensor, torch.Tensor]:

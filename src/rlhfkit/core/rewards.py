@@ -13,13 +13,7 @@ from typing import Any
 import torch
 
 from rlhfkit.core.kl import kl_penalty as _kl_penalty
-from rlhfkit.core.masking import first_true_indices
-
-
-def last_true_indices(mask: torch.Tensor) -> torch.Tensor:
-    """Index of the last True per row: (B, T) -> (B,) long; -1 for a row without any."""
-    length = mask.size(-1)
-    return length - 1 - first_true_indices(mask.bool().flip(-1))
+from rlhfkit.core.masking import last_true_indices
 
 
 def compute_token_rewards(

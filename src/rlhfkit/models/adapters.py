@@ -21,6 +21,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from rlhfkit.core.masking import last_true_indices
+from rlhfkit.rollout.generation import eval_mode
+
 REFERENCE_ADAPTER_NAME = "reference"
 _ADAPTER_CONFIG = "adapter_config.json"
 _ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
@@ -51,17 +54,6 @@ def _keep_trainable_flags(module: nn.Module) -> Iterator[None]:
     finally:
         for p, flag in flags:
             p.requires_grad_(flag)
-
-
-@contextlib.contextmanager
-def _eval_mode(module: nn.Module) -> Iterator[None]:
-    modes = [(m, m.training) for m in module.modules()]
-    module.eval()
-    try:
-        yield
-    finally:
-        for m, mode in modes:
-            m.training = mode
 
 
 @contextlib.contextmanager
@@ -237,12 +229,6 @@ def _backbone(peft_model: Any) -> nn.Module:
     return peft_model.get_base_model().base_model
 
 
-def last_token_indices(attention_mask: torch.Tensor) -> torch.Tensor:
-    """(B,) index of the last real token of each row; works for left and right padding."""
-    positions = torch.arange(attention_mask.shape[1], device=attention_mask.device).expand_as(attention_mask)
-    return torch.where(attention_mask.bool(), positions, -1).max(dim=1).values
-
-
 def score_with_adapter(
     model: nn.Module,
     score_head: nn.Linear,
@@ -273,9 +259,9 @@ def score_with_adapter(
     _require_adapter(peft_model, reward_adapter_name, "reward_adapter_name")
     if ppo_adapter_name is not None:
         _require_adapter(peft_model, ppo_adapter_name, "ppo_adapter_name")
-    with torch.no_grad(), _eval_mode(peft_model), use_adapter(peft_model, reward_adapter_name, ppo_adapter_name):
+    with torch.no_grad(), eval_mode(peft_model), use_adapter(peft_model, reward_adapter_name, ppo_adapter_name):
         hidden = _backbone(peft_model)(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        last = last_token_indices(attention_mask)
+        last = last_true_indices(attention_mask)
         pooled = hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
         scores = score_head(pooled.to(score_head.weight.dtype)).float()
     return scores.squeeze(-1) if scores.shape[-1] == 1 else scores

@@ -59,13 +59,18 @@ def pad_right(sequences: Sequence[torch.Tensor], pad_token_id: int) -> tuple[tor
 
 @contextlib.contextmanager
 def eval_mode(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
-    """Temporarily switch off dropout; restore the previous train/eval mode afterwards."""
-    was_training = model.training
+    """Temporarily switch off dropout; afterwards restore every submodule's own train/eval mode.
+
+    Restoring per submodule (not `model.train(was_training)`) keeps parts that were deliberately in eval,
+    such as a frozen reference or reward head, in eval.
+    """
+    modes = [(module, module.training) for module in model.modules()]
     model.eval()
     try:
         yield model
     finally:
-        model.train(was_training)
+        for module, mode in modes:
+            module.training = mode
 
 
 def is_encoder_decoder(model: torch.nn.Module) -> bool:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from rlhfkit.core.logprobs import entropy_from_logits, selective_log_softmax
-from rlhfkit.core.masking import first_true_indices
+from rlhfkit.core.masking import last_true_indices
 from rlhfkit.rollout.generation import is_encoder_decoder
 
 
@@ -20,12 +20,6 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     """(B, T) positions counting only real tokens; padding gets position 0."""
     positions = attention_mask.long().cumsum(-1) - 1
     return positions.clamp_(min=0)
-
-
-def last_true_indices(mask: torch.Tensor) -> torch.Tensor:
-    """(B,) index of the last True in each row of a (B, T) mask (-1 where none)."""
-    flipped = first_true_indices(mask.bool().flip(1))
-    return mask.shape[1] - 1 - flipped
 
 
 @dataclass
