@@ -83,9 +83,19 @@ def launch(
 
 
 def save_result(obj: Any) -> None:
-    """Called inside a worker: store this rank's result where `launch` will look for it."""
+    """A worker's last call: store this rank's result where `launch` will look for it, then shut down.
+
+    Every rank waits for the others and destroys the process group before exiting: a rank that exits
+    while another still works leaves gloo threads behind, and the C++ runtime may abort it (SIGABRT,
+    "terminate called without an active exception"), failing an otherwise good run at random.
+    """
     rank = int(os.environ.get("RANK", "0"))
     out = Path(os.environ[_OUT_ENV])
     tmp = out / f".rank{rank}.json.tmp"
     tmp.write_text(json.dumps(obj))
     os.replace(tmp, out / f"rank{rank}.json")
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
