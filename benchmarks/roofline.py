@@ -6,6 +6,8 @@ hidden -> vocab) and a generation step (16 rows). `model_flops_per_step` estimat
 FLOPs per step with the usual rule: 2 * params * tokens for a forward pass or a generated token, 6 * params *
 tokens for a forward + backward pass. Dividing by the measured seconds per step gives the model FLOP/s a
 step achieves; the gap to the matmul line is the overhead (Python, small kernels, generation loops).
+`floor_seconds` turns the same estimate into a lower bound on a step's time, hence an upper bound on the
+speed ratio over TRL that any implementation could reach here.
 """
 
 from __future__ import annotations
@@ -23,25 +25,53 @@ SFT_TOKENS = 128
 PAIR_TOKENS = 64  # 32 prompt + 32 answer tokens per preference sequence
 
 
-def model_flops_per_step(workload: str, model: str, meta: dict) -> float | None:
-    """Estimated model FLOPs of one step of `workload` (None where no estimate is made, e.g. DDPO)."""
+def flops_breakdown(workload: str, model: str, meta: dict) -> dict[str, float] | None:
+    """Model FLOPs one step of `workload` needs, split by matmul shape: `decode` (one token per row, 16
+    rows) and `dense` (whole sequences: prefill, scoring forwards, training). None where no estimate is made.
+
+    Only the work the algorithm needs is counted: PPO's old logprobs and values come with generation (a
+    second policy pass is optional work, which rlhfkit skips and TRL 0.11 does), so they are not counted.
+    """
     info = meta.get("models", {}).get(model)
     if not info:
         return None
     p, r = info["policy_params"], info["reward_params"]
     rl_tokens = RL_BATCH * (PROMPT_TOKENS + RESPONSE_TOKENS)
-    if workload == "ppo":  # generate, reward forward, policy + reference forward, 4 epochs of training
-        return 2 * p * rl_tokens + 2 * r * rl_tokens + 2 * 2 * p * rl_tokens + 4 * 6 * p * rl_tokens
+    decode = 2 * p * RL_BATCH * RESPONSE_TOKENS
+    prefill = 2 * p * RL_BATCH * PROMPT_TOKENS
+    if workload == "ppo":  # generate, reward forward, reference forward, 4 epochs of training
+        return {"decode": decode, "dense": prefill + 2 * r * rl_tokens + 2 * p * rl_tokens + 4 * 6 * p * rl_tokens}
     if workload in ("rloo-old", "rloo"):  # generate, reward + reference forward, epochs of training
         epochs = 4 if workload == "rloo-old" else 1
-        return 2 * p * rl_tokens + 2 * r * rl_tokens + 2 * p * rl_tokens + epochs * 6 * p * rl_tokens
+        return {"decode": decode, "dense": prefill + 2 * r * rl_tokens + 2 * p * rl_tokens + epochs * 6 * p * rl_tokens}
     if workload == "sft":
-        return 6 * p * 16 * SFT_TOKENS
+        return {"decode": 0.0, "dense": 6 * p * 16 * SFT_TOKENS}
     if workload == "reward":  # chosen and rejected sequences through the reward model
-        return 6 * r * 2 * 16 * PAIR_TOKENS
+        return {"decode": 0.0, "dense": 6 * r * 2 * 16 * PAIR_TOKENS}
     if workload == "dpo":  # policy forward + backward, reference forward, chosen + rejected
-        return (6 + 2) * p * 2 * 16 * PAIR_TOKENS
+        return {"decode": 0.0, "dense": (6 + 2) * p * 2 * 16 * PAIR_TOKENS}
     return None
+
+
+def model_flops_per_step(workload: str, model: str, meta: dict) -> float | None:
+    """Estimated model FLOPs of one step of `workload` (None where no estimate is made, e.g. DDPO)."""
+    parts = flops_breakdown(workload, model, meta)
+    return None if parts is None else parts["decode"] + parts["dense"]
+
+
+def floor_seconds(workload: str, model: str, meta: dict, roof: dict) -> float | None:
+    """Seconds a step would take if every model FLOP ran at this CPU's measured matmul rate for its shape.
+
+    No implementation can beat it (it ignores attention, norms, softmax, the optimizer and all overhead), so
+    TRL's seconds per step divided by it bounds the speed ratio any library could reach on this machine.
+    """
+    parts = flops_breakdown(workload, model, meta)
+    rates = roof.get("matmul", {}).get(model)
+    if parts is None or not rates:
+        return None
+    dense_rate = max(g for name, g in rates.items() if name.startswith("train")) * 1e9
+    decode_rate = max(g for name, g in rates.items() if name.startswith("decode")) * 1e9
+    return parts["decode"] / decode_rate + parts["dense"] / dense_rate
 
 
 def _gflops(rows: int, inner: int, outer: int, min_seconds: float, windows: int = 5) -> float:

@@ -211,7 +211,7 @@ def import_baselines(args: argparse.Namespace, workloads: list[Workload]) -> dic
 # ---------------------------------------------------------------------------------------------- summary
 def summarize(runs: list[dict], meta: dict, roof: dict, baselines: dict[str, float] | None = None) -> list[dict]:
     """Median over repeats per (workload, model, library), with rlhfkit/TRL ratios and FLOP/s estimates."""
-    from roofline import model_flops_per_step
+    from roofline import floor_seconds, model_flops_per_step
 
     rows = []
     keys = sorted({(r["workload"], r["model"]) for r in runs}, key=lambda k: (list(WORKLOADS).index(k[0]), k[1]))
@@ -243,6 +243,11 @@ def summarize(runs: list[dict], meta: dict, roof: dict, baselines: dict[str, flo
             if flops:
                 med["model_gflops_per_second"] = flops / med["seconds_per_step"] / 1e9
             row[library] = med
+        floor = floor_seconds(workload_name, model, meta, roof)
+        if floor:
+            row["floor_seconds"] = floor
+            if "trl" in row:  # no library can beat the floor: TRL's time over it bounds the reachable ratio
+                row["max_speed_ratio"] = row["trl"]["seconds_per_step"] / floor
         if "rlhfkit" in row and "trl" in row:
             workload = WORKLOADS[workload_name]
             row["speed_ratio"] = row["rlhfkit"][workload.metric] / row["trl"][workload.metric]
@@ -331,17 +336,26 @@ def markdown(rows: list[dict], info: dict, roof: dict) -> str:
     out += ["", "## Roofline", "",
             "Matmul throughput of this CPU at the models' shapes (GFLOP/s, measured by roofline.py) next to the "
             "model FLOP/s each training step achieves (estimated: 6 * params * tokens for training, "
-            "2 * params * tokens for forward passes and generation; see roofline.py).", ""]
+            "2 * params * tokens for forward passes and generation; see roofline.py). The floor is the time a "
+            "step would take if every model FLOP ran at the best measured matmul rate for its shape (decode "
+            "rows at the decode rate): no implementation can beat it, so TRL's seconds per step over the floor "
+            "is the largest speed ratio any library could reach on this machine.", ""]
     for model, shapes in roof.get("matmul", {}).items():
         listing = ", ".join(f"{name} {g:.1f}" for name, g in shapes.items())
         out.append(f"- {model}: {listing}")
-    out += ["", "| workload | model | rlhfkit model GFLOP/s | TRL model GFLOP/s | best matmul GFLOP/s |",
-            "|---|---|---|---|---|"]
+    out += ["", "| workload | model | rlhfkit model GFLOP/s | TRL model GFLOP/s | best matmul GFLOP/s | "
+            "floor s/step | rlhfkit s/step | TRL s/step | largest reachable ratio (target) |",
+            "|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         best = max(roof.get("matmul", {}).get(row["model"], {"-": 0}).values() or [0])
         k, t = row.get("rlhfkit", {}), row.get("trl", {})
+        target = row.get("speed_target")
+        bound = _fmt(row.get("max_speed_ratio"), ".2f") + "x" if row.get("max_speed_ratio") else "-"
+        bound += f" ({target}x)" if target else ""
         out.append(f"| {row['workload']} | {row['model']} | {_fmt(k.get('model_gflops_per_second'), '.2f')} | "
-                   f"{_fmt(t.get('model_gflops_per_second'), '.2f')} | {best:.1f} |")
+                   f"{_fmt(t.get('model_gflops_per_second'), '.2f')} | {best:.1f} | "
+                   f"{_fmt(row.get('floor_seconds'), '.3f')} | {_fmt(k.get('seconds_per_step'), '.3f')} | "
+                   f"{_fmt(t.get('seconds_per_step'), '.3f')} | {bound} |")
     findings = HERE / "FINDINGS.md"
     if findings.is_file():  # hand-written analysis of the latest full run (profiles, missed targets)
         out += ["", findings.read_text().strip()]

@@ -89,6 +89,8 @@ def generate_responses(
     stop_token_id: int | None = None,
     chunk_size: int | None = None,
     with_logprobs: bool = False,
+    logprob_temperature: float | None = None,
+    value_head: torch.nn.Module | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """Sample one response per left-padded query.
 
@@ -101,10 +103,15 @@ def generate_responses(
         with_logprobs: also return the (B, R) float32 log-probabilities of the sampled tokens under
             softmax(logits / temperature), read from the logits generation computed anyway, so no second
             forward pass is needed (equal to `forward_response` up to float rounding; junk where masked).
+        logprob_temperature: divide the logits by this instead of the sampling temperature (PPO scores
+            with the raw model, 1.0, whatever temperature sampled).
+        value_head: also return (B, R) float32 values, this head applied to the final hidden state that
+            predicted each token: the input of the LM head, captured by a hook, so again no second pass
+            (decoder-only models).
 
     Returns:
         responses (B, R) right-padded with `pad_token_id`, and response_mask (B, R) bool
-        (and logprobs (B, R) when `with_logprobs`).
+        (then logprobs (B, R) when `with_logprobs`, then values (B, R) when `value_head` is given).
     """
     if query_ids.shape != query_mask.shape or query_ids.dim() != 2:
         raise ValueError(
@@ -118,16 +125,21 @@ def generate_responses(
     config.pad_token_id = pad_token_id
     if stop_token_id is not None:
         config.eos_token_id = stop_token_id
+    encoder_decoder = is_encoder_decoder(model)
+    if value_head is not None and encoder_decoder:
+        raise ValueError("value_head is supported for decoder-only models only")
     if with_logprobs:
         config.output_logits, config.return_dict_in_generate = True, True
     temperature = float(config.temperature or 1.0) if config.do_sample else 1.0
+    if logprob_temperature is not None:
+        temperature = float(logprob_temperature)
     chunk = chunk_size or query_ids.shape[0]
-    encoder_decoder = is_encoder_decoder(model)
-    pieces, logprob_pieces = [], []
-    with eval_mode(model):
+    pieces, logprob_pieces, value_pieces = [], [], []
+    with eval_mode(model), _lm_head_inputs(model, value_head is not None) as hidden:
         for start in range(0, query_ids.shape[0], chunk):
             ids = query_ids[start : start + chunk]
             mask = query_mask[start : start + chunk]
+            hidden.clear()
             out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
             sequences = out.sequences if with_logprobs else out
             # decoder outputs start with the decoder start token; causal outputs repeat the query
@@ -139,13 +151,20 @@ def generate_responses(
                     for step, token in zip(out.logits, piece.T)
                 ]
                 logprob_pieces.append(torch.cat(steps, dim=1))
+            if value_head is not None:  # one LM-head input per step; the prefill's last position first
+                states = torch.stack([h[:, -1] for h in hidden[: piece.shape[1]]], dim=1)
+                value_pieces.append(value_head(states).float())
     responses = torch.full((query_ids.shape[0], max_new), pad_token_id, dtype=torch.long, device=query_ids.device)
     logprobs = torch.zeros(responses.shape, dtype=torch.float32, device=query_ids.device)
+    values = torch.zeros(responses.shape, dtype=torch.float32, device=query_ids.device)
     row = 0
     for i, piece in enumerate(pieces):
-        responses[row : row + piece.shape[0], : piece.shape[1]] = piece[:, :max_new]
+        rows, cols = slice(row, row + piece.shape[0]), slice(0, min(piece.shape[1], max_new))
+        responses[rows, cols] = piece[:, :max_new]
         if with_logprobs:
-            logprobs[row : row + piece.shape[0], : piece.shape[1]] = logprob_pieces[i][:, :max_new]
+            logprobs[rows, cols] = logprob_pieces[i][:, :max_new]
+        if value_head is not None:
+            values[rows, cols] = value_pieces[i][:, :max_new]
         row += piece.shape[0]
     if stop_token_id is None:
         # no stop token: every generated position up to the first pad is real
@@ -153,4 +172,22 @@ def generate_responses(
         result = (responses, response_mask)
     else:
         result = truncate_at_stop(responses, stop_token_id, pad_token_id)
-    return (*result, logprobs) if with_logprobs else result
+    result += (logprobs,) if with_logprobs else ()
+    return result + (values,) if value_head is not None else result
+
+
+@contextlib.contextmanager
+def _lm_head_inputs(model: torch.nn.Module, active: bool) -> Iterator[list[torch.Tensor]]:
+    """Collect the input of the model's LM head at every call (the final, normed hidden states)."""
+    captured: list[torch.Tensor] = []
+    if not active:
+        yield captured
+        return
+    head = model.get_output_embeddings()
+    if head is None:
+        raise ValueError(f"{type(model).__name__} has no output embeddings to read hidden states from")
+    handle = head.register_forward_pre_hook(lambda module, args: captured.append(args[0]))
+    try:
+        yield captured
+    finally:
+        handle.remove()

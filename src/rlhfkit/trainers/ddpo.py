@@ -28,7 +28,13 @@ from rlhfkit.core.diffusion import (
     normalize_scores,
 )
 from rlhfkit.models.sd_pipeline import DDPOStableDiffusionPipeline
-from rlhfkit.trainers.common import atomic_directory, rng_state, set_rng_state, validate_checkpoint
+from rlhfkit.trainers.common import (
+    atomic_directory,
+    fused_optimizer_kwargs,
+    rng_state,
+    set_rng_state,
+    validate_checkpoint,
+)
 from rlhfkit.trainers.ddpo_config import DDPOConfig
 from rlhfkit.trainers.guards import GracefulStop, NonFiniteGuard, NonFiniteStepWarning
 
@@ -312,12 +318,12 @@ class DDPOTrainer:
         if cfg.train_use_8bit_adam:
             import bitsandbytes as bnb
 
-            optimizer_cls = bnb.optim.AdamW8bit
+            optimizer_cls, extra = bnb.optim.AdamW8bit, {}
         else:
-            optimizer_cls = torch.optim.AdamW
+            optimizer_cls, extra = torch.optim.AdamW, fused_optimizer_kwargs(params)
         return optimizer_cls(
             params, lr=cfg.train_learning_rate, betas=(cfg.train_adam_beta1, cfg.train_adam_beta2),
-            weight_decay=cfg.train_adam_weight_decay, eps=cfg.train_adam_epsilon,
+            weight_decay=cfg.train_adam_weight_decay, eps=cfg.train_adam_epsilon, **extra,
         )
 
     # --------------------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ from rlhfkit.core.masking import masked_whiten
 from rlhfkit.core.rewards import RunningMoments, clip_tensor, compute_token_rewards, scale_scores
 from rlhfkit.rollout import eval_mode, forward_response, generate_responses, pad_left
 from rlhfkit.trainers import ppo_checkpoint, ppo_stats
-from rlhfkit.trainers.common import zero3_generation_context
+from rlhfkit.trainers.common import fused_optimizer_kwargs, zero3_generation_context
 from rlhfkit.trainers.guards import GracefulStop, NonFiniteGuard
 from rlhfkit.trainers.ppo_config import PPOConfig
 from rlhfkit.trainers.ppo_inputs import (
@@ -43,6 +43,7 @@ from rlhfkit.trainers.ppo_inputs import (
     ppo_collator,
     responses_repeat_queries,
 )
+from rlhfkit.trainers.ppo_rollouts import RolloutRecord
 
 logger = logging.getLogger(__name__)
 
@@ -126,7 +127,7 @@ class PPOTrainer:
             trainable = [p for p in model.parameters() if p.requires_grad]
             if not trainable:
                 raise ValueError("the model has no trainable parameters (requires_grad=True)")
-            optimizer = torch.optim.Adam(trainable, lr=config.learning_rate)
+            optimizer = torch.optim.Adam(trainable, lr=config.learning_rate, **fused_optimizer_kwargs(trainable))
         self.kl_ctl = (
             AdaptiveKLController(config.init_kl_coef, config.target, config.horizon)
             if config.adap_kl_ctrl
@@ -140,6 +141,9 @@ class PPOTrainer:
         self.graceful_stop = GracefulStop()
         self.checkpoint_dir: str | None = None  # the last save_checkpoint folder
         self._warned_prompt = False
+        # old logprobs and values computed while sampling, reused by step() (config.reuse_generation_outputs)
+        self.rollouts = RolloutRecord(capacity=4 * config.batch_size)
+        self.policy_version = 0  # bumped by every optimizer step: recorded rollouts of older weights miss
 
         prepared, self.optimizer, self.dataloader, self.lr_scheduler = self.accelerator.prepare(
             model, optimizer, self.dataloader, lr_scheduler
@@ -169,8 +173,8 @@ class PPOTrainer:
 
     @property
     def policy(self) -> nn.Module:
-        """The value-head model itself (outside any distributed wrapper)."""
-        return self.accelerator.unwrap_model(self.model)
+        """The value-head model itself (outside any distributed wrapper; `self.model` is kept unwrapped)."""
+        return self.model
 
     def _reference(self):
         """Context yielding the module that gives reference logprobs (no gradient)."""
@@ -227,6 +231,7 @@ class PPOTrainer:
         if pad_id is None:
             raise ValueError("the tokenizer has neither a pad nor an eos token; pass pad_token_id=")
         config = generation_config_from_kwargs(getattr(self.policy, "generation_config", None), generation_kwargs)
+        record = self._records_rollouts()
 
         responses, ref_responses = [], []
         # ZeRO-3 shards the weights: gather them once per call rather than once per token
@@ -237,7 +242,15 @@ class PPOTrainer:
                     config.max_new_tokens = int(length_sampler())
                 ids, mask = pad_left(chunk, pad_id)
                 kwargs = dict(pad_token_id=pad_id, stop_token_id=stop_id)
-                out, out_mask = generate_responses(self.policy, ids, mask, config, **kwargs)
+                if record:  # the raw policy's logprobs (temperature 1, as step() scores) and values
+                    out, out_mask, logprobs, values = generate_responses(
+                        self.policy, ids, mask, config, **kwargs,
+                        with_logprobs=True, logprob_temperature=1.0, value_head=self.policy.v_head,
+                    )
+                    new = self._unpad(chunk, out, out_mask, return_prompt=False)
+                    self.rollouts.add(chunk, new, logprobs, values, self.policy_version)
+                else:
+                    out, out_mask = generate_responses(self.policy, ids, mask, config, **kwargs)
                 responses += self._unpad(chunk, out, out_mask, return_prompt)
                 if generate_ref_response:
                     with self._reference() as ref, eval_mode(self.policy):
@@ -247,6 +260,11 @@ class PPOTrainer:
             responses = responses[0].unsqueeze(0)
             ref_responses = ref_responses[0].unsqueeze(0) if generate_ref_response else ref_responses
         return (responses, ref_responses) if generate_ref_response else responses
+
+    def _records_rollouts(self) -> bool:
+        """Whether generate() keeps logprobs and values for step(): decoder-only, and no full-logit KL."""
+        cfg = self.config
+        return cfg.reuse_generation_outputs and not self.is_encoder_decoder and cfg.kl_penalty != "full"
 
     def _unpad(self, queries, responses, response_mask, return_prompt) -> list[torch.Tensor]:
         rows = [r[m] for r, m in zip(responses, response_mask)]
@@ -446,6 +464,7 @@ class PPOTrainer:
             self.accelerator.clip_grad_norm_(params, self.config.max_grad_norm)
         self.optimizer.step()
         self.optimizer.zero_grad()
+        self.policy_version += 1
 
     def _fail_if_exhausted(self) -> None:
         if self.nonfinite_guard.exhausted:
@@ -538,7 +557,11 @@ class PPOTrainer:
         # 1. forward: old logprobs and values of the policy, logprobs of the reference
         t = time.perf_counter()
         full_kl = cfg.kl_penalty == "full"
-        old_logprobs, logits, values, _ = self._batched_forward(self.policy, batch, full_kl, with_values=True)
+        recorded = self._recorded_rollouts(queries, responses, batch)
+        if recorded is not None:  # every pair was sampled by these weights: no second policy pass
+            (old_logprobs, values), logits = recorded, None
+        else:
+            old_logprobs, logits, values, _ = self._batched_forward(self.policy, batch, full_kl, with_values=True)
         with self._reference() as ref:
             ref_logprobs, ref_logits, _, _ = self._batched_forward(ref, batch, full_kl)
         timing["time/ppo/forward_pass"] = time.perf_counter() - t
@@ -576,6 +599,7 @@ class PPOTrainer:
         stats["ppo/early_stopped"] = torch.tensor(float(early_stopped))
         stats["ppo/optimizer_steps"] = torch.tensor(float(optimizer_steps))
         stats["ppo/skipped_nonfinite_steps"] = torch.tensor(float(self.nonfinite_guard.skipped))
+        stats["ppo/reused_generation_outputs"] = torch.tensor(float(recorded is not None))
         if cfg.use_score_scaling or cfg.score_clip is not None:
             stats["ppo/mean_scores_scaled"] = scores.mean()
         stats = self.gather_stats(stats)
@@ -592,6 +616,17 @@ class PPOTrainer:
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
         return ppo_stats.stats_to_python(stats)
+
+    def _recorded_rollouts(self, queries, responses, batch) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Masked (B, R) old logprobs and values from generate(), if it sampled all of these pairs."""
+        if not self._records_rollouts():
+            return None
+        found = self.rollouts.lookup(queries, responses, batch["mask"].shape[1], self.policy_version)
+        self.rollouts.clear()  # the policy is about to change: nothing recorded so far stays valid
+        if found is None:
+            return None
+        logprobs, values = found
+        return logprobs.to(batch["mask"].device) * batch["mask"], values.to(batch["mask"].device) * batch["mask"]
 
     def _warn_if_prompt_included(self, queries, responses) -> None:
         if not self.is_encoder_decoder and not self._warned_prompt and responses_repeat_queries(queries, responses):
@@ -669,3 +704,4 @@ class PPOTrainer:
     def load_checkpoint(self, checkpoint_dir: str) -> None:
         """Restore a `save_checkpoint` folder into this trainer (same model architecture and config)."""
         ppo_checkpoint.load(self, checkpoint_dir)
+        self.policy_version += 1

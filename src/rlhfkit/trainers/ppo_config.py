@@ -140,6 +140,15 @@ class PPOConfig:
             "this many in a row the trainer saves its last good state (to its last checkpoint_dir) and stops."
         },
     )
+    reuse_generation_outputs: bool = field(
+        default=True,
+        metadata={
+            "help": "step() takes the old logprobs and values that generate() computed while sampling the same "
+            "(query, response) pairs, instead of a second forward pass of the policy (equal up to float rounding). "
+            "It falls back to the forward pass for responses generate() did not sample, or sampled before an "
+            "optimizer step. Set False if you change the policy's weights yourself between generate() and step()."
+        },
+    )
     global_batch_size: int | None = field(default=None, metadata={"help": "Derived: batch_size * world_size."})
 
     def __post_init__(self) -> None:
