@@ -36,7 +36,7 @@ from rlhfkit.trainers.common import (
     validate_checkpoint,
 )
 from rlhfkit.trainers.ddpo_config import DDPOConfig
-from rlhfkit.trainers.guards import GracefulStop, NonFiniteGuard, NonFiniteStepWarning
+from rlhfkit.trainers.guards import GracefulStop, NonFiniteGuard, NonFiniteStepWarning, loss_scaler_active
 
 logger = logging.getLogger(__name__)
 
@@ -290,12 +290,18 @@ class DDPOTrainer:
                     )
                     acc.backward(loss)
                     if acc.sync_gradients:
-                        grads = [p.grad for p in self.trainable_params if p.grad is not None]
-                        if self.nonfinite_guard.check(step=global_step + 1, accelerator=acc, loss=loss, gradients=grads):
+                        # fp16 (DDPO's GPU default): the GradScaler checks the gradients and skips overflows
+                        scaled = loss_scaler_active(acc)
+                        grads = [] if scaled else [p.grad for p in self.trainable_params if p.grad is not None]
+                        finite = self.nonfinite_guard.check(
+                            step=global_step + 1, accelerator=acc, loss=loss, gradients=grads
+                        )
+                        if not finite:
+                            self._fail_if_exhausted(epoch)
+                        if finite or scaled:
                             acc.clip_grad_norm_(self.trainable_params, cfg.train_max_grad_norm)
                         else:  # no gradients: the optimizer step below leaves the weights alone
                             self.optimizer.zero_grad(set_to_none=True)
-                            self._fail_if_exhausted(epoch)
                     self.optimizer.step()
                     self.optimizer.zero_grad()
                 for key, value in zip(info, (loss, approx_kl, clipfrac)):

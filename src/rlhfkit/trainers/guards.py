@@ -76,6 +76,15 @@ def _all_finite(tensors: list[torch.Tensor]) -> bool:
     return all(bool(torch.isfinite(t).all()) for t in tensors)
 
 
+def loss_scaler_active(accelerator: Any) -> bool:
+    """True under fp16 loss scaling, where overflowing gradients are expected and handled by GradScaler.
+
+    The scaler skips such an update and lowers its scale; it must see those gradients, and its early
+    overflows (the scale starts high on purpose) are not bad steps, so the guards leave gradients to it.
+    """
+    return getattr(accelerator, "scaler", None) is not None
+
+
 class NonFiniteGuard:
     """Counts skipped steps and stops the run after `max_consecutive` of them in a row (None: never)."""
 
@@ -193,7 +202,7 @@ def _trainer_callback_class() -> type:
         def on_pre_optimizer_step(self, args, state, control, **kwargs):
             tr = self.trainer
             loss, tr._nonfinite_loss = tr._nonfinite_loss, None
-            if not tr.check_step_is_finite(tr.model, loss=loss):
+            if not tr.check_step_is_finite(tr.model, loss=loss) and not loss_scaler_active(tr.accelerator):
                 tr.model.zero_grad(set_to_none=True)  # no grads: the optimizer leaves every parameter alone
 
         def on_step_end(self, args, state, control, **kwargs):
@@ -253,9 +262,11 @@ class RobustTrainerMixin:
         """Before an optimizer step: are the gradients (and `named` values) finite on every rank?
 
         When not, the step is counted and warned about; after too many in a row the last good state is
-        saved as a checkpoint and NonFiniteError is raised.
+        saved as a checkpoint and NonFiniteError is raised. Under fp16 loss scaling the gradients are the
+        GradScaler's to check (see `loss_scaler_active`).
         """
-        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        scaled = loss_scaler_active(self.accelerator)
+        grads = [] if scaled else [p.grad for p in model.parameters() if p.grad is not None]
         step = self.state.global_step + 1
         if self.nonfinite_guard.check(step=step, accelerator=self.accelerator, **named, gradients=grads):
             return True
@@ -268,8 +279,11 @@ class RobustTrainerMixin:
         return False
 
     def guarded_optimizer_step(self, model: Any, **named: Any) -> bool:
-        """`optimizer.step()` for hand-written loops, skipped when `check_step_is_finite` says no."""
-        if self.check_step_is_finite(model, **named):
+        """`optimizer.step()` for hand-written loops, skipped when `check_step_is_finite` says no.
+
+        Under fp16 loss scaling the step always reaches the GradScaler, which skips a non-finite update itself.
+        """
+        if self.check_step_is_finite(model, **named) or loss_scaler_active(self.accelerator):
             self.optimizer.step()
             return True
         return False

@@ -32,7 +32,7 @@ from rlhfkit.core.rewards import RunningMoments, clip_tensor, compute_token_rewa
 from rlhfkit.rollout import eval_mode, forward_response, generate_responses, pad_left
 from rlhfkit.trainers import ppo_checkpoint, ppo_stats
 from rlhfkit.trainers.common import fused_optimizer_kwargs, zero3_generation_context
-from rlhfkit.trainers.guards import GracefulStop, NonFiniteGuard
+from rlhfkit.trainers.guards import GracefulStop, NonFiniteGuard, loss_scaler_active
 from rlhfkit.trainers.ppo_config import PPOConfig
 from rlhfkit.trainers.ppo_inputs import (
     as_token_tensor,
@@ -455,7 +455,8 @@ class PPOTrainer:
             flat = self.accelerator.reduce(torch.cat([g.reshape(-1) for g in grads]), "mean")
             for g, chunk in zip(grads, flat.split([g.numel() for g in grads])):
                 g.copy_(chunk.view_as(g))
-        grads = [p.grad for p in params if p.grad is not None]
+        # fp16: the GradScaler checks the (still scaled) gradients and skips an overflowing update itself
+        grads = [] if loss_scaler_active(self.accelerator) else [p.grad for p in params if p.grad is not None]
         if not self.nonfinite_guard.check(step=self.current_step + 1, accelerator=self.accelerator, gradients=grads):
             self.optimizer.zero_grad()  # skipped: the parameters keep their last good values
             self._fail_if_exhausted()

@@ -358,7 +358,7 @@ class RLOOTrainer(RobustTrainerMixin, Trainer):
                 "policy/approxkl_avg": loss.approxkl,
                 "policy/clipfrac_avg": loss.clipfrac,
                 "loss/policy_avg": loss.loss.detach(),
-                "val/clipfrac_avg": torch.zeros(()),  # RLOO has no value function; kept for dashboards
+                "val/clipfrac_avg": loss.loss.new_zeros(()),  # RLOO has no value function; kept for dashboards
                 "policy/entropy_avg": masked_mean(entropy_from_logits(out.logits.detach()), response_mask),
                 "val/ratio": masked_mean(token_ratio, response_mask),
                 "val/ratio_var": masked_var(token_ratio, response_mask, unbiased=False),
