@@ -128,6 +128,18 @@ def test_outputs_are_reused_only_for_pairs_sampled_by_the_current_weights(base_m
     assert len(trainer.rollouts) == 0
 
 
+def test_low_precision_policies_recompute(base_model, tokenizer):
+    """bf16 rounds the cached decoding path and a full forward differently: step() takes the forward pass."""
+    trainer = PPOTrainer(PPOConfig(batch_size=4, mini_batch_size=2, ppo_epochs=1, learning_rate=1e-3, seed=0),
+                         copy.deepcopy(base_model).to(torch.bfloat16), tokenizer=tokenizer)
+    queries = queries_of(tokenizer, TEXTS)
+    torch.manual_seed(0)
+    responses = trainer.generate(queries, batch_size=4, return_prompt=False, **GEN)
+    assert len(trainer.rollouts) == 0
+    stats = trainer.step(queries, responses, [torch.tensor(1.0)] * 4)
+    assert stats["ppo/reused_generation_outputs"] == 0.0
+
+
 def test_rollout_record_pads_evicts_and_checks_the_version():
     record = RolloutRecord(capacity=2)
     q = [torch.tensor([5, 6]), torch.tensor([7])]

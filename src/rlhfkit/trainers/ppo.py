@@ -262,9 +262,16 @@ class PPOTrainer:
         return (responses, ref_responses) if generate_ref_response else responses
 
     def _records_rollouts(self) -> bool:
-        """Whether generate() keeps logprobs and values for step(): decoder-only, and no full-logit KL."""
+        """Whether generate() keeps logprobs and values for step(): decoder-only, no full-logit KL, float32.
+
+        In bf16/fp16 the cached decoding path and a full forward round differently (and generation runs
+        outside accelerate's autocast), so the PPO ratio would start away from 1: recompute there instead.
+        """
         cfg = self.config
-        return cfg.reuse_generation_outputs and not self.is_encoder_decoder and cfg.kl_penalty != "full"
+        float32 = self.accelerator.mixed_precision == "no" and all(
+            p.dtype == torch.float32 for p in self.policy.parameters() if p.is_floating_point()
+        )
+        return cfg.reuse_generation_outputs and not self.is_encoder_decoder and cfg.kl_penalty != "full" and float32
 
     def _unpad(self, queries, responses, response_mask, return_prompt) -> list[torch.Tensor]:
         rows = [r[m] for r, m in zip(responses, response_mask)]

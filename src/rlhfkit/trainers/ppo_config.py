@@ -146,7 +146,8 @@ class PPOConfig:
             "help": "step() takes the old logprobs and values that generate() computed while sampling the same "
             "(query, response) pairs, instead of a second forward pass of the policy (equal up to float rounding). "
             "It falls back to the forward pass for responses generate() did not sample, or sampled before an "
-            "optimizer step. Set False if you change the policy's weights yourself between generate() and step()."
+            "optimizer step, and for bf16/fp16 policies (whose cached decoding rounds differently). Set False "
+            "if you change the policy's weights yourself between generate() and step()."
         },
     )
     global_batch_size: int | None = field(default=None, metadata={"help": "Derived: batch_size * world_size."})
