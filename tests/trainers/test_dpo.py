@@ -88,14 +88,18 @@ def test_concatenated_forward_matches_naive_loop(tmp_path, tok):
     trainer = DPOTrainer(model=model, args=_config(tmp_path), train_dataset=ds, processing_class=tok)
     batch = trainer.data_collator([trainer.train_dataset[i] for i in range(2)])
     with torch.no_grad():
-        chosen, rejected, _, _ = trainer.concatenated_forward(model, batch)
+        chosen, rejected, mean_chosen, mean_rejected = trainer.concatenated_forward(model, batch)
         for i, row in enumerate(trainer.train_dataset):
-            for side, got in (("chosen", chosen[i]), ("rejected", rejected[i])):
+            for side, got, got_mean in (("chosen", chosen[i], mean_chosen[i]), ("rejected", rejected[i], mean_rejected[i])):
                 prompt, response = row["prompt_input_ids"], row[f"{side}_input_ids"]
                 ids = torch.tensor([prompt + response])
-                logp = F.log_softmax(model(input_ids=ids).logits[0], -1)
+                logits = model(input_ids=ids).logits[0]
+                logp = F.log_softmax(logits, -1)
                 naive = sum(logp[len(prompt) + j - 1, t].item() for j, t in enumerate(response))
                 assert got.item() == pytest.approx(naive, abs=1e-4)
+                # the logged mean logit: over the vocabulary at the positions that predict the response
+                scoring = logits[len(prompt) - 1 : len(prompt) + len(response) - 1]
+                assert got_mean.item() == pytest.approx(scoring.mean().item(), abs=1e-4)
 
 
 def test_full_model_moves_and_reference_stays_frozen(tmp_path, tok):

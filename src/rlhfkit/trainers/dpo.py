@@ -210,10 +210,10 @@ class DPOTrainer(RobustTrainerMixin, Trainer):
         ).logits
         labels = inputs["concatenated_labels"]
         logps = self.sequence_logps(logits, labels)
-        response_mask = (labels[:, 1:] != self.label_pad_token_id).unsqueeze(-1)
-        mean_logits = (logits[:, :-1].detach() * response_mask).sum((1, 2)) / (
-            response_mask.sum((1, 2)) * logits.shape[-1]
-        ).clamp(min=1)
+        response_mask = labels[:, 1:] != self.label_pad_token_id
+        # sum over the vocabulary first: no (N, T, V) temporary just for a logged statistic
+        row_sums = logits[:, :-1].detach().sum(-1)
+        mean_logits = (row_sums * response_mask).sum(1) / (response_mask.sum(1) * logits.shape[-1]).clamp(min=1)
         n = batch["chosen_input_ids"].shape[0]
         return logps[:n], logps[n:], mean_logits[:n], mean_logits[n:]
 
