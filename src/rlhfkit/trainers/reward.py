@@ -155,7 +155,7 @@ class RewardTrainer(RobustTrainerMixin, Trainer):
         n = inputs["input_ids_chosen"].shape[0]
         ids = cat_padded(inputs["input_ids_chosen"], inputs["input_ids_rejected"], pad)
         mask = cat_padded(inputs["attention_mask_chosen"], inputs["attention_mask_rejected"], 0)
-        scores = model(input_ids=ids, attention_mask=mask).logits
+        scores = model(input_ids=ids, attention_mask=mask, use_cache=False).logits  # no KV cache to keep
         if scores.dim() != 2 or scores.shape[-1] != 1:
             raise ValueError(
                 f"RewardTrainer: the model must output one score per sequence (logits (B, 1)); got "

@@ -161,9 +161,9 @@ class SFTTrainer(RobustTrainerMixin, Trainer):
         return datasets.Dataset.from_list(blocks)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        if "position_ids" in inputs and "attention_mask" not in inputs:
-            # packed block: an empty KV cache would hide the document boundaries from the mask builder
-            inputs = {**inputs, "use_cache": False}
+        # a training forward needs no KV cache (building one costs memory); for a packed block an empty
+        # cache would also hide the document boundaries from the mask builder
+        inputs = {**inputs, "use_cache": False}
         return super().compute_loss(
             model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
         )
