@@ -4,6 +4,10 @@ Only the standard library is imported at module level: the same file runs under 
 A workload script parses `workload_args()`, builds its trainer, calls `StepClock.tick()` after every training
 step (directly, or through `step_callback()` for `transformers.Trainer` loops) and ends with `emit(...)`,
 which prints one line `BENCH_RESULT {json}` that benchmarks/run.py picks up.
+
+`--device cuda` (benchmarks/gpu/run_gpu.py) runs the same workload on a GPU: `trainer_args_common` then
+leaves `use_cpu` off, `StepClock.tick` waits for queued GPU work before reading the clock, and `emit` adds
+the peak GPU memory. The default, `cpu`, changes nothing.
 """
 
 from __future__ import annotations
@@ -18,6 +22,15 @@ import time
 from pathlib import Path
 
 RESULT_PREFIX = "BENCH_RESULT "
+DEVICE = "cpu"  # set by workload_args(--device); read by trainer_args_common, StepClock and emit
+
+
+def sync() -> None:
+    """Wait for queued GPU work, so a wall-clock reading covers it (no-op on CPU)."""
+    if DEVICE == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
 
 
 def limit_threads(n: int) -> None:
@@ -47,10 +60,19 @@ def workload_args(description: str) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--eos", action="store_true", help="realistic setting: stop at eos instead of fixed length")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                        help="cpu (the benchmark's setting) or cuda (benchmarks/gpu/run_gpu.py)")
     args = parser.parse_args()
     if args.steps < 1 or args.warmup < 0:
         parser.error(f"--steps must be >= 1 and --warmup >= 0, got {args.steps} and {args.warmup}")
     limit_threads(args.threads)
+    global DEVICE
+    DEVICE = args.device
+    if DEVICE == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            parser.error("--device cuda: torch sees no CUDA device")
     args.work_dir = Path(args.work_dir)
     return args
 
@@ -77,6 +99,7 @@ class StepClock:
         self.cpu_marks: list[float] = []
 
     def tick(self) -> None:
+        sync()
         self.marks.append(time.perf_counter())
         self.cpu_marks.append(time.process_time())  # CPU time of all threads: less sensitive to a busy machine
 
@@ -119,11 +142,11 @@ def trainer_args_common(output_dir: str, max_steps: int, seed: int) -> dict:
     """TrainingArguments settings both libraries share: no logging, saving or evaluation in the loop.
 
     float32 without gradient checkpointing everywhere: the newest TRL defaults to bf16 autocast and
-    checkpointing, which would make the two sides do different work.
+    checkpointing, which would make the two sides do different work. `use_cpu` follows --device.
     """
     return dict(
         output_dir=output_dir, max_steps=max_steps, seed=seed, report_to=[], save_strategy="no",
-        logging_steps=10_000, disable_tqdm=True, use_cpu=True, dataloader_num_workers=0,
+        logging_steps=10_000, disable_tqdm=True, use_cpu=DEVICE == "cpu", dataloader_num_workers=0,
         learning_rate=1e-5, lr_scheduler_type="constant", warmup_steps=0,
         bf16=False, fp16=False, gradient_checkpointing=False,
     )
@@ -156,5 +179,9 @@ def emit(args: argparse.Namespace, library: str, workload: str, step_times: list
         "python": sys.version.split()[0],
         **extra,
     }
+    if DEVICE == "cuda":
+        result.update(device="cuda", gpu=torch.cuda.get_device_name(),
+                      gpu_peak_allocated_mb=torch.cuda.max_memory_allocated() / 2**20,
+                      gpu_peak_reserved_mb=torch.cuda.max_memory_reserved() / 2**20)
     print("\n" + RESULT_PREFIX + json.dumps(result), flush=True)
     return result

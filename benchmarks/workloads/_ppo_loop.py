@@ -3,6 +3,8 @@
 Per step: take `BATCH` prompts, `trainer.generate` the responses (fixed length unless --eos), score
 prompt + response with the reward model, `trainer.step`. Equal work on both sides: the same prompts, the
 same number of generated tokens and 4 PPO epochs x (16 / 4) minibatches = 16 optimizer steps per step.
+With --device cuda the trainer's accelerator picks the GPU and the prompts and the reward model follow it;
+with the default cpu it is told to stay on the CPU even where a GPU exists.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ def run(args, library: str, PPOConfig, PPOTrainer, ValueHeadModel) -> None:  # n
     import time
 
     import torch
-    from _common import StepClock, emit, model_dir, read_jsonl
+    from _common import StepClock, emit, model_dir, read_jsonl, sync
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     torch.manual_seed(args.seed)
@@ -28,9 +30,14 @@ def run(args, library: str, PPOConfig, PPOTrainer, ValueHeadModel) -> None:  # n
     config = PPOConfig(
         batch_size=BATCH, mini_batch_size=MINI_BATCH, gradient_accumulation_steps=1, ppo_epochs=PPO_EPOCHS,
         learning_rate=1e-5, seed=args.seed, log_with=None,
+        # only where it matters (a CPU run on a GPU machine), so the CPU runs' config is unchanged elsewhere
+        **({"accelerator_kwargs": {"cpu": True}} if args.device == "cpu" and torch.cuda.is_available() else {}),
     )
     trainer = PPOTrainer(config=config, model=model, ref_model=None, tokenizer=tokenizer)
-    prompts = [torch.tensor(row["input_ids"]) for row in read_jsonl(args.work_dir / "data" / "prompts.jsonl")]
+    device = trainer.accelerator.device
+    reward = reward.to(device)
+    prompts = [torch.tensor(row["input_ids"], device=device)
+               for row in read_jsonl(args.work_dir / "data" / "prompts.jsonl")]
     gen = dict(do_sample=True, top_k=0, top_p=1.0, max_new_tokens=RESPONSE_LENGTH,
                pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
     if not args.eos:
@@ -42,16 +49,18 @@ def run(args, library: str, PPOConfig, PPOTrainer, ValueHeadModel) -> None:  # n
         queries = prompts[start : start + BATCH]
         t0 = time.perf_counter()
         responses = trainer.generate(queries, batch_size=BATCH, return_prompt=False, **gen)
+        sync()
         t1 = time.perf_counter()
         generated.append(sum(len(r) for r in responses))
         full = [torch.cat([q, r]) for q, r in zip(queries, responses)]
         width = max(len(x) for x in full)
-        ids = torch.full((len(full), width), tokenizer.pad_token_id)
-        mask = torch.zeros((len(full), width), dtype=torch.long)
+        ids = torch.full((len(full), width), tokenizer.pad_token_id, device=device)
+        mask = torch.zeros((len(full), width), dtype=torch.long, device=device)
         for i, x in enumerate(full):
             ids[i, width - len(x):], mask[i, width - len(x):] = x, 1
         with torch.no_grad():
             scores = reward(input_ids=ids, attention_mask=mask).logits[:, 0]
+        sync()
         t2 = time.perf_counter()
         stats = trainer.step(queries, responses, list(scores))
         clock.tick()
