@@ -69,8 +69,9 @@ def test_model_flops_follow_the_6nd_rule():
     roofline = _load("roofline")
     meta = {"models": {"tiny": {"policy_params": 1000, "reward_params": 100}}}
     tokens = 16 * (16 + 48)  # 16 episodes of 16 prompt + 48 response tokens
-    # PPO: generation 2PT + reward 2RT + policy/reference forward 4PT + 4 epochs of training 24PT
-    assert roofline.model_flops_per_step("ppo", "tiny", meta) == 30 * 1000 * tokens + 2 * 100 * tokens
+    # PPO: generation 2PT + reward 2RT + reference forward 2PT + 4 epochs of training 24PT (old logprobs
+    # and values come with generation, so a second policy pass is not needed work)
+    assert roofline.model_flops_per_step("ppo", "tiny", meta) == 28 * 1000 * tokens + 2 * 100 * tokens
     # RLOO (1 epoch): generation 2PT + reference 2PT + reward 2RT + training 6PT
     assert roofline.model_flops_per_step("rloo", "tiny", meta) == 10 * 1000 * tokens + 2 * 100 * tokens
     assert roofline.model_flops_per_step("sft", "tiny", meta) == 6 * 1000 * 16 * 128
@@ -99,3 +100,23 @@ def test_quick_run_of_the_rlhfkit_side(tmp_path):
     assert run["episodes_per_second"] > 0 and run["tokens_per_step"] == 16 * 128
     assert run["os_peak_rss_mb"] > 50  # from wait4: a Python process with torch loaded
     assert "| sft | tiny |" in (out / "RESULTS.md").read_text()
+
+
+def test_floor_puts_decode_flops_at_the_decode_rate_and_bounds_the_ratio():
+    roofline = _load("roofline")
+    meta = {"models": {"tiny": {"policy_params": 1000, "reward_params": 100}}}
+    roof = {"matmul": {"tiny": {"train a": 50.0, "train b": 100.0, "decode c": 10.0}}}
+    decode = 2 * 1000 * 16 * 48  # 16 rows x 48 generated tokens, one token per row per matmul
+    dense = 2 * 1000 * 16 * 16 + 2 * 100 * 16 * 64 + 2 * 1000 * 16 * 64 + 6 * 1000 * 16 * 64  # rloo
+    floor = roofline.floor_seconds("rloo", "tiny", meta, roof)
+    assert floor == pytest.approx(decode / 10e9 + dense / 100e9)
+    assert roofline.model_flops_per_step("rloo", "tiny", meta) == decode + dense
+    assert roofline.floor_seconds("ddpo", "tiny", meta, roof) is None
+    assert roofline.floor_seconds("rloo", "tiny", meta, {}) is None
+    run_module = _load("run")
+    runs = [dict(workload="rloo", model="tiny", library=lib, seconds_per_step=s, episodes_per_second=16 / s,
+                 tokens_per_second=1.0, peak_rss_mb=1.0, os_peak_rss_mb=1.0, process_cpu_seconds=1.0)
+            for lib, s in (("rlhfkit", 2 * floor), ("trl", 3 * floor))]
+    (row,) = run_module.summarize(runs, meta, roof)
+    assert row["max_speed_ratio"] == pytest.approx(3.0)  # TRL's time over the floor
+    assert row["speed_ratio"] == pytest.approx(1.5)
