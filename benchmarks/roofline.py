@@ -74,7 +74,7 @@ def floor_seconds(workload: str, model: str, meta: dict, roof: dict) -> float | 
     return parts["decode"] / decode_rate + parts["dense"] / dense_rate
 
 
-def _gflops(rows: int, inner: int, outer: int, min_seconds: float, windows: int = 5) -> float:
+def _gflops(rows: int, inner: int, outer: int, min_seconds: float, windows: int = 10) -> float:
     """Best of `windows` timing windows: the roofline is what the CPU can do, so a window in which another
     process took the core says nothing about it."""
     import torch
@@ -101,7 +101,7 @@ def measure(work: Path, models: list[str], threads: int, quick: bool) -> dict:
 
     torch.set_num_threads(threads)
     meta = json.loads((work / "data" / "meta.json").read_text())
-    min_seconds = 0.1 if quick else 0.5
+    min_seconds = 0.1 if quick else 2.0
     result = {"threads": threads, "matmul": {}}
     train_rows = RL_BATCH * (PROMPT_TOKENS + RESPONSE_TOKENS)
     for model in models:
@@ -113,6 +113,19 @@ def measure(work: Path, models: list[str], threads: int, quick: bool) -> dict:
             f"decode {RL_BATCH}x{h}->{i}": _gflops(RL_BATCH, h, i, min_seconds),
         }
     return result
+
+
+def merge(*measurements: dict) -> dict:
+    """Per shape, the best rate of several measurements: the roofline is what the machine can do, and a
+    measurement taken while another process held a core only says less (one full run measured half the rate
+    of another an hour earlier). run.py measures before and after its runs."""
+    merged = {"threads": measurements[0].get("threads"), "matmul": {}}
+    for measurement in measurements:
+        for model, shapes in measurement.get("matmul", {}).items():
+            best = merged["matmul"].setdefault(model, {})
+            for shape, rate in shapes.items():
+                best[shape] = max(rate, best.get(shape, 0.0))
+    return merged
 
 
 def main() -> None:

@@ -429,7 +429,7 @@ class PPOTrainer:
         returns: torch.Tensor,
         *,
         entropy: torch.Tensor | None = None,
-        loss_weight: float = 1.0,
+        loss_weight: float | torch.Tensor = 1.0,
         optimizer_step: bool = True,
     ) -> dict[str, torch.Tensor]:
         """Backward of one minibatch's loss (scaled by `loss_weight`); optionally one optimizer step.
@@ -517,12 +517,12 @@ class PPOTrainer:
                     stats = self.train_minibatch(
                         mb_old_logprobs, mb_values, out.logprobs, out.logits, out.values, mb_mask,
                         mb_advantages, mb_returns,
-                        loss_weight=float(mask[idx].sum() / group_tokens), optimizer_step=False,
+                        loss_weight=mask[idx].sum() / group_tokens, optimizer_step=False,
                     )
                     all_stats.append(stats)
-                    contributed = contributed or not bool(stats["policy/skipped"])
-                    kl_high = bool(stats["policy/policykl"] > 1.5 * cfg.target_kl)
-                    if cfg.early_stopping and self._any_process(kl_high):
+                    contributed = contributed or not stats["policy/skipped"].item()
+                    # host syncs only where a decision needs one (they stall a GPU's queue)
+                    if cfg.early_stopping and self._any_process(bool(stats["policy/policykl"] > 1.5 * cfg.target_kl)):
                         early_stopped = True  # the drifted update is dropped, not applied
                         break
                 if early_stopped:
