@@ -87,6 +87,9 @@ def test_concatenated_forward_matches_naive_loop(tmp_path, tok):
     )
     trainer = DPOTrainer(model=model, args=_config(tmp_path), train_dataset=ds, processing_class=tok)
     batch = trainer.data_collator([trainer.train_dataset[i] for i in range(2)])
+    labels = trainer.concatenated_inputs(batch)["concatenated_labels"]
+    first = min(int((row != -100).nonzero()[0]) for row in labels)  # the earliest scored position
+    assert trainer._logits_to_keep(model, labels) == labels.shape[1] - (first - 1)  # only prompt columns dropped
     with torch.no_grad():
         chosen, rejected, mean_chosen, mean_rejected = trainer.concatenated_forward(model, batch)
         for i, row in enumerate(trainer.train_dataset):

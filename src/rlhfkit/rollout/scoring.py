@@ -32,7 +32,8 @@ class ForwardOutput:
     logits: torch.Tensor | None = None
 
 
-def _accepts(model: torch.nn.Module, name: str) -> bool:
+def forward_accepts(model: torch.nn.Module, name: str) -> bool:
+    """Whether `model.forward` names argument `name` (e.g. `logits_to_keep`; a PEFT wrapper's *args does not)."""
     try:
         return name in inspect.signature(model.forward).parameters
     except (TypeError, ValueError):
@@ -86,7 +87,7 @@ def forward_response(
         input_ids = torch.cat([query_ids, responses], dim=1)
         attention_mask = torch.cat([query_mask.long(), response_mask.long()], dim=1)
         kwargs = {}
-        if not with_values and _accepts(model, "logits_to_keep"):
+        if not with_values and forward_accepts(model, "logits_to_keep"):
             kwargs["logits_to_keep"] = length_r + 1  # skip the vocabulary projection over the query
         output = model(
             input_ids=input_ids,

@@ -24,6 +24,7 @@ from rlhfkit.core.logprobs import selective_log_softmax
 from rlhfkit.core.losses import dpo_loss
 from rlhfkit.data.collators import DPODataCollatorWithPadding, cat_padded
 from rlhfkit.data.preference import prepare_dpo_dataset
+from rlhfkit.rollout.scoring import forward_accepts
 from rlhfkit.trainers import _setup
 from rlhfkit.trainers._setup import (
     MetricBuffer,
@@ -203,12 +204,18 @@ class DPOTrainer(RobustTrainerMixin, Trainer):
         The logits returned are the mean logit over each row's response positions, (B,) each.
         """
         inputs = self.concatenated_inputs(batch)
+        labels = inputs["concatenated_labels"]
+        kwargs = {}
+        keep = self._logits_to_keep(model, labels)
+        if keep is not None:  # the prompt-only head of the batch needs no vocabulary projection
+            kwargs["logits_to_keep"] = keep
+            labels = labels[:, -keep:]
         logits = model(
             input_ids=inputs["concatenated_input_ids"],
             attention_mask=inputs["concatenated_attention_mask"],
             use_cache=False,
+            **kwargs,
         ).logits
-        labels = inputs["concatenated_labels"]
         logps = self.sequence_logps(logits, labels)
         response_mask = labels[:, 1:] != self.label_pad_token_id
         # sum over the vocabulary first: no (N, T, V) temporary just for a logged statistic
@@ -216,6 +223,22 @@ class DPOTrainer(RobustTrainerMixin, Trainer):
         mean_logits = (row_sums * response_mask).sum(1) / (response_mask.sum(1) * logits.shape[-1]).clamp(min=1)
         n = batch["chosen_input_ids"].shape[0]
         return logps[:n], logps[n:], mean_logits[:n], mean_logits[n:]
+
+    def _logits_to_keep(self, model: nn.Module, labels: torch.Tensor) -> int | None:
+        """How many final positions need logits: from the one before the earliest label on (None: all).
+
+        Saves the vocabulary projection, its backward and the softmax over prompt positions that are never
+        scored. Exact: the LM head is applied per position, so the kept logits equal a full forward's.
+        """
+        if not forward_accepts(model, "logits_to_keep"):
+            return None
+        labelled = labels != self.label_pad_token_id
+        rows = labelled.any(1)
+        if not bool(rows.any()):
+            return None
+        first = int(labelled.float().argmax(1)[rows].min())
+        keep = labels.shape[1] - max(first - 1, 0)
+        return keep if keep < labels.shape[1] else None
 
     @contextlib.contextmanager
     def _reference(self):
