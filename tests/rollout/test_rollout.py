@@ -150,3 +150,24 @@ def test_eval_mode_restores_each_submodules_own_mode():
         assert not any(m.training for m in model.modules())
     assert model.training and model[0].training
     assert not model[1].training, "a submodule that was in eval must stay in eval"
+
+
+def test_forward_accepts_looks_through_peft_but_not_the_value_head():
+    """PEFT passes keywords on, so a PEFT policy and its base take the same logits_to_keep path; the value-head
+    wrapper needs every position's hidden state, so it is not looked through. (DDP: tests/distributed.)"""
+    import warnings
+
+    from peft import LoraConfig, get_peft_model
+
+    from rlhfkit import AutoModelForCausalLMWithValueHead
+    from rlhfkit.rollout.scoring import forward_accepts
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_path("llama"))
+    peft_model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_path("llama")),
+                                LoraConfig(r=2, target_modules=["q_proj"]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        wrapped = AutoModelForCausalLMWithValueHead(peft_model)
+    assert forward_accepts(base, "logits_to_keep") and forward_accepts(peft_model, "logits_to_keep")
+    assert not forward_accepts(wrapped, "logits_to_keep")
+    assert not forward_accepts(base, "no_such_argument")

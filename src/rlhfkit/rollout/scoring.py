@@ -33,7 +33,18 @@ class ForwardOutput:
 
 
 def forward_accepts(model: torch.nn.Module, name: str) -> bool:
-    """Whether `model.forward` names argument `name` (e.g. `logits_to_keep`; a PEFT wrapper's *args does not)."""
+    """Whether the model's forward takes keyword `name` (e.g. `logits_to_keep`).
+
+    Looks through the wrappers that pass keyword arguments on unchanged (DDP, FSDP, DeepSpeed's engine,
+    PEFT), so a wrapped policy and its unwrapped reference take the same path and round alike.
+    """
+    for _ in range(8):  # a few nested wrappers at most
+        if type(model).__name__ in ("DistributedDataParallel", "FullyShardedDataParallel", "DeepSpeedEngine"):
+            model = model.module
+        elif any(cls.__name__ == "PeftModel" for cls in type(model).__mro__):
+            model = model.get_base_model()
+        else:
+            break
     try:
         return name in inspect.signature(model.forward).parameters
     except (TypeError, ValueError):
