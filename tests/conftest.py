@@ -18,6 +18,16 @@ torch.set_num_threads(1)
 
 
 @pytest.fixture(autouse=True)
+def _one_thread():
+    """One thread per test, restored afterwards: code under test may change the count (the benchmark
+    harness pins 2), and on shared CI cores a second thread mostly waits on the first at these sizes."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture(autouse=True)
 def _seed_everything():
     torch.manual_seed(0)
     yield

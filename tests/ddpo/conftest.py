@@ -5,19 +5,8 @@ from __future__ import annotations
 import itertools
 
 import pytest
-import torch
 
 from rlhfkit.testing.diffusion import tiny_sd_pipeline_path
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # the tiny UNet's ops are far too small to gain from threads; on a busy machine extra threads
-    # mostly spin and slow every step down by an order of magnitude
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,6 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
 from rlhfkit.commands.rloo import main
 from rlhfkit.testing import tiny_model_path
@@ -35,15 +34,6 @@ TINY_RUN = [
     "--disable_tqdm",
     "true",
 ]
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # tiny models: a second thread only adds contention on shared CI cores
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.mark.slow

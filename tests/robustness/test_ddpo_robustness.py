@@ -14,14 +14,6 @@ import torch
 from rlhfkit.trainers.guards import NonFiniteError, NonFiniteStepWarning
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _prompts():
     it = itertools.cycle(["a cat", "a dog"])
     return lambda: (next(it), {})

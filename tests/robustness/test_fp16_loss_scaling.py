@@ -36,14 +36,6 @@ def install_scaler(accelerator, optimizer: AcceleratedOptimizer, scaler) -> Acce
     return AcceleratedOptimizer(optimizer.optimizer, device_placement=False, scaler=scaler)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def test_loss_scaler_active_reads_the_accelerator():
     class Acc:
         scaler = None

@@ -22,14 +22,6 @@ from rlhfkit.trainers.guards import NonFiniteError, NonFiniteStepWarning
 QUERY_TEXTS = ["the film was", "a story about", "we saw it", "the cast"]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 def _trainer(**kw):
     tok = tiny_tokenizer()
     with warnings.catch_warnings():

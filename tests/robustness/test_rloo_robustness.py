@@ -18,14 +18,6 @@ from rlhfkit.trainers.rloo import RLOOTrainer
 from rlhfkit.trainers.rloo_config import RLOOConfig
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _trainer(out, reward=None, callbacks=None, **kw):
     cfg = dict(
         output_dir=str(out), report_to="none", use_cpu=True, per_device_train_batch_size=2, rloo_k=2,

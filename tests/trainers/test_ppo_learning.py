@@ -17,14 +17,6 @@ from rlhfkit.testing import tiny_model_path, tiny_tokenizer
 README = Path(__file__).resolve().parents[2] / "README.md"
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 def test_readme_quickstart_runs_as_written(capsys):
     text = README.read_text(encoding="utf-8")
     section = text.split("## Quickstart: the classic PPO loop", 1)[1]

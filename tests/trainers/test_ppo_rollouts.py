@@ -165,11 +165,3 @@ def test_default_optimizer_is_fused_where_torch_has_the_kernel(base_model, token
     assert fused_optimizer_kwargs([torch.nn.Parameter(torch.zeros(2))]) == {"fused": True}
     assert fused_optimizer_kwargs([]) == {}
     assert fused_optimizer_kwargs([torch.zeros(2, dtype=torch.long)]) == {}
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)

@@ -451,12 +451,3 @@ def test_save_pretrained_writes_a_loadable_model_with_card(base_model, tokenizer
     trainer.create_model_card(str(tmp_path), model_name="my-model")
     card = (tmp_path / "README.md").read_text()
     assert "# my-model" in card and "steps: 1" in card
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models run fastest on one thread; two threads on shared, busy cores mostly wait on each other."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)

@@ -35,15 +35,6 @@ METRICS = (
 )
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # tiny models: a second thread only adds contention on shared CI cores
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def tokenizer():
     return tiny_tokenizer(padding_side="left")
