@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from rlhfkit import core
-from rlhfkit.testing import tiny_model, tiny_tokenizer
+from rlhfkit.testing import tiny_model, tiny_tokenizer, tiny_value_head_model
 from rlhfkit.trainers.common import exact_div, latest_checkpoint, validate_checkpoint
 
 
@@ -274,18 +274,14 @@ def test_command_config_file_errors(tmp_path):
 
 
 def test_ppo_and_ddpo_refuse_corrupt_checkpoints(tmp_path):
-    import warnings
 
-    from rlhfkit import AutoModelForCausalLMWithValueHead, PPOConfig, PPOTrainer
-    from rlhfkit.testing import tiny_model_path
+    from rlhfkit import PPOConfig, PPOTrainer
 
     ppo_ckpt = tmp_path / "ppo"
     ppo_ckpt.mkdir()
     (ppo_ckpt / "policy.safetensors").write_bytes(b"\x10\x00")
     (ppo_ckpt / "trainer_state.pt").write_bytes(b"PK\x03\x04")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = AutoModelForCausalLMWithValueHead.from_pretrained(tiny_model_path("llama"))
+    model = tiny_value_head_model("llama")
     trainer = PPOTrainer(PPOConfig(batch_size=2, mini_batch_size=2), model, tokenizer=tiny_tokenizer())
     with pytest.raises(ValueError, match="policy.safetensors' is corrupt"):
         trainer.load_checkpoint(str(ppo_ckpt))

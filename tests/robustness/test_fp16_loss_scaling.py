@@ -19,8 +19,8 @@ import torch
 from accelerate.optimizer import AcceleratedOptimizer
 from workers.hf_fixtures import build, flat_params
 
-from rlhfkit import AutoModelForCausalLMWithValueHead, PPOConfig, PPOTrainer
-from rlhfkit.testing import tiny_model_path, tiny_tokenizer
+from rlhfkit import PPOConfig, PPOTrainer
+from rlhfkit.testing import tiny_tokenizer, tiny_value_head_model
 from rlhfkit.trainers.guards import NonFiniteStepWarning, loss_scaler_active
 
 HUGE = 2.0**127
@@ -48,9 +48,7 @@ def test_loss_scaler_active_reads_the_accelerator():
 
 def test_ppo_leaves_overflows_to_the_scaler():
     tokenizer = tiny_tokenizer()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # "no value head found"
-        model = AutoModelForCausalLMWithValueHead.from_pretrained(tiny_model_path("llama"), summary_dropout_prob=0.0)
+    model = tiny_value_head_model("llama", summary_dropout_prob=0.0)
     config = PPOConfig(batch_size=4, mini_batch_size=2, ppo_epochs=2, learning_rate=1e-3, seed=0,
                        max_consecutive_nonfinite_steps=1)
     trainer = PPOTrainer(config, copy.deepcopy(model), tokenizer=tokenizer)

@@ -14,8 +14,8 @@ import warnings
 import pytest
 import torch
 
-from rlhfkit import AutoModelForCausalLMWithValueHead, PPOConfig, PPOTrainer
-from rlhfkit.testing import tiny_model_path, tiny_tokenizer
+from rlhfkit import PPOConfig, PPOTrainer
+from rlhfkit.testing import tiny_tokenizer, tiny_value_head_model
 from rlhfkit.trainers.common import validate_checkpoint
 from rlhfkit.trainers.guards import NonFiniteError, NonFiniteStepWarning
 
@@ -24,9 +24,7 @@ QUERY_TEXTS = ["the film was", "a story about", "we saw it", "the cast"]
 
 def _trainer(**kw):
     tok = tiny_tokenizer()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = AutoModelForCausalLMWithValueHead.from_pretrained(tiny_model_path("llama"))
+    model = tiny_value_head_model("llama")
     cfg = dict(batch_size=4, mini_batch_size=2, ppo_epochs=1, learning_rate=1e-3, seed=7, use_score_scaling=True)
     cfg.update(kw)
     return PPOTrainer(PPOConfig(**cfg), model, tokenizer=tok), tok

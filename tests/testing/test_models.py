@@ -11,7 +11,7 @@ from transformers import (
     AutoTokenizer,
 )
 
-from rlhfkit.testing import TINY_MODEL_NAMES, tiny_model, tiny_model_path
+from rlhfkit.testing import TINY_MODEL_NAMES, tiny_model, tiny_model_path, tiny_value_head_model
 
 AUTO_CLASS = {
     "gpt2": AutoModelForCausalLM,
@@ -107,3 +107,18 @@ def test_unknown_name_lists_valid_ones(tmp_path):
     assert not any(tmp_path.iterdir())  # rejected before anything was built
     with pytest.raises(ValueError, match="valid names"):
         tiny_model("bert")
+
+
+def test_tiny_value_head_model_silences_only_the_expected_warning():
+    import warnings
+
+    from rlhfkit import AutoModelForCausalLMWithValueHead
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = tiny_value_head_model("gpt2", summary_dropout_prob=0.0)
+    assert isinstance(model, AutoModelForCausalLMWithValueHead)
+    assert isinstance(model.v_head.dropout, torch.nn.Identity)  # from_pretrained kwargs reach the wrapper
+    assert not [w for w in caught if "no value head found" in str(w.message)]
+    with pytest.warns(UserWarning, match="no value head found"):  # the wrapper itself still warns
+        AutoModelForCausalLMWithValueHead.from_pretrained(tiny_model_path("gpt2"))

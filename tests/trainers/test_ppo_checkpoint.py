@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import copy
-import warnings
 
 import pytest
 import torch
 
-from rlhfkit import AutoModelForCausalLMWithValueHead, PPOConfig, PPOTrainer
-from rlhfkit.testing import tiny_model_path, tiny_tokenizer
+from rlhfkit import PPOConfig, PPOTrainer
+from rlhfkit.testing import tiny_tokenizer, tiny_value_head_model
 
 
 @pytest.fixture(scope="module")
@@ -19,10 +18,8 @@ def tokenizer():
 
 @pytest.fixture(scope="module")
 def base_model():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        # value-head dropout on: the resumed run must also replay the dropout masks (RNG state)
-        return AutoModelForCausalLMWithValueHead.from_pretrained(tiny_model_path("llama"), summary_dropout_prob=0.1)
+    # value-head dropout on: the resumed run must also replay the dropout masks (RNG state)
+    return tiny_value_head_model("llama", summary_dropout_prob=0.1)
 
 
 QUERY_TEXTS = ["the film was", "a story about", "we saw it", "the cast"]
@@ -100,9 +97,7 @@ def test_lora_policy_checkpoint_round_trip(tokenizer, tmp_path):
                       target_modules=["q_proj", "v_proj"])
 
     def lora_trainer():
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            model = AutoModelForCausalLMWithValueHead.from_pretrained(tiny_model_path("llama"), peft_config=lora)
+        model = tiny_value_head_model("llama", peft_config=lora)
         return PPOTrainer(PPOConfig(batch_size=4, mini_batch_size=2, ppo_epochs=1, learning_rate=1e-2), model,
                           tokenizer=tokenizer)
 

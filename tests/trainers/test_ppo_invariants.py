@@ -11,7 +11,7 @@ from peft import LoraConfig, TaskType
 from transformers import AutoModelForCausalLM
 
 from rlhfkit import AutoModelForCausalLMWithValueHead, PPOConfig, PPOTrainer
-from rlhfkit.testing import tiny_model_path, tiny_tokenizer
+from rlhfkit.testing import tiny_model_path, tiny_tokenizer, tiny_value_head_model
 
 
 @pytest.fixture(scope="module")
@@ -21,9 +21,7 @@ def tokenizer():
 
 @pytest.fixture(scope="module")
 def base_model():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return AutoModelForCausalLMWithValueHead.from_pretrained(tiny_model_path("llama"), summary_dropout_prob=0.0)
+    return tiny_value_head_model("llama", summary_dropout_prob=0.0)
 
 
 def rollout(n=8, seed=0):

@@ -12,7 +12,7 @@ import torch
 from rlhfkit import AutoModelForCausalLMWithValueHead, PPOConfig, PPOTrainer
 from rlhfkit.rollout import pad_left, pad_right
 from rlhfkit.tasks import KeywordReward, toy_prompts
-from rlhfkit.testing import tiny_model_path, tiny_tokenizer
+from rlhfkit.testing import tiny_model_path, tiny_tokenizer, tiny_value_head_model
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -84,9 +84,7 @@ def test_mean_score_rises_on_a_learnable_task():
     The tiny random model gives them ~3% of its probability; PPO must concentrate the policy on them.
     """
     tokenizer = tiny_tokenizer()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = AutoModelForCausalLMWithValueHead.from_pretrained(tiny_model_path("llama"), summary_dropout_prob=0.0)
+    model = tiny_value_head_model("llama", summary_dropout_prob=0.0)
     config = PPOConfig(batch_size=32, mini_batch_size=16, ppo_epochs=4, learning_rate=1e-3, init_kl_coef=0.05,
                        seed=0)
     trainer = PPOTrainer(config, model, tokenizer=tokenizer)

@@ -7,7 +7,6 @@ itself, and the fused optimizer the trainer builds by default.
 from __future__ import annotations
 
 import copy
-import warnings
 
 import pytest
 import torch
@@ -15,7 +14,7 @@ from transformers import GenerationConfig
 
 from rlhfkit import AutoModelForCausalLMWithValueHead, PPOConfig, PPOTrainer
 from rlhfkit.rollout import forward_response, generate_responses, pad_left
-from rlhfkit.testing import tiny_model_path, tiny_tokenizer
+from rlhfkit.testing import tiny_model_path, tiny_tokenizer, tiny_value_head_model
 from rlhfkit.trainers.common import fused_optimizer_kwargs
 from rlhfkit.trainers.ppo_rollouts import RolloutRecord
 
@@ -26,9 +25,7 @@ def tokenizer():
 
 
 def value_head_model(arch: str) -> AutoModelForCausalLMWithValueHead:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # "no value head found": expected for a plain LM
-        return AutoModelForCausalLMWithValueHead.from_pretrained(tiny_model_path(arch), summary_dropout_prob=0.0)
+    return tiny_value_head_model(arch, summary_dropout_prob=0.0)
 
 
 @pytest.fixture(scope="module")

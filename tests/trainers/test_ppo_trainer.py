@@ -17,7 +17,7 @@ from rlhfkit import (
 )
 from rlhfkit.core.losses import ppo_policy_loss, ppo_value_loss
 from rlhfkit.rollout import LengthSampler
-from rlhfkit.testing import tiny_model_path, tiny_tokenizer
+from rlhfkit.testing import tiny_model_path, tiny_tokenizer, tiny_value_head_model
 
 DOCUMENTED_KEYS = [
     "objective/kl", "objective/kl_dist", "objective/kl_coef", "objective/entropy", "objective/logprobs",
@@ -42,9 +42,7 @@ def tokenizer():
 
 @pytest.fixture(scope="module")
 def base_model():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # "no value head found": expected for a plain LM
-        return AutoModelForCausalLMWithValueHead.from_pretrained(tiny_model_path("llama"), summary_dropout_prob=0.0)
+    return tiny_value_head_model("llama", summary_dropout_prob=0.0)
 
 
 def make_trainer(base_model, tokenizer, **config_kwargs):

@@ -6,7 +6,7 @@ and cached on disk: `tiny_model_path("llama")` returns a folder that plain
 """
 
 from rlhfkit.testing.cache import FORMAT_VERSION, cache_root
-from rlhfkit.testing.models import TINY_MODEL_NAMES, tiny_model, tiny_model_path
+from rlhfkit.testing.models import TINY_MODEL_NAMES, tiny_model, tiny_model_path, tiny_value_head_model
 from rlhfkit.testing.tokenizer import tiny_tokenizer, tiny_tokenizer_path
 
 __all__ = [
@@ -17,4 +17,5 @@ __all__ = [
     "tiny_model_path",
     "tiny_tokenizer",
     "tiny_tokenizer_path",
+    "tiny_value_head_model",
 ]

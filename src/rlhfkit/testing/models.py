@@ -168,6 +168,20 @@ def tiny_model_path(name: str, cache_dir: str | os.PathLike | None = None) -> Pa
     )
 
 
+def tiny_value_head_model(name: str = "llama", cache_dir: str | os.PathLike | None = None, **from_pretrained_kwargs: Any):
+    """Tiny causal model `name` inside `AutoModelForCausalLMWithValueHead`; kwargs go to `from_pretrained`.
+
+    The tiny models are plain LMs, so the wrapper's "no value head found" warning is expected and silenced.
+    """
+    import warnings
+
+    from rlhfkit.models.value_head import AutoModelForCausalLMWithValueHead
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="no value head found", category=UserWarning)
+        return AutoModelForCausalLMWithValueHead.from_pretrained(tiny_model_path(name, cache_dir), **from_pretrained_kwargs)
+
+
 def tiny_model(name: str, cache_dir: str | os.PathLike | None = None, **from_pretrained_kwargs: Any):
     """Load tiny model `name` with its transformers Auto class; kwargs go to `from_pretrained`."""
     import transformers

@@ -6,7 +6,7 @@ import torch
 
 from rlhfkit.rollout import forward_response
 from rlhfkit.tasks import KeywordReward, toy_prompt_dataset
-from rlhfkit.testing import tiny_model, tiny_tokenizer
+from rlhfkit.testing import tiny_model, tiny_tokenizer, tiny_value_head_model
 
 SGD_LR = 0.5
 
@@ -68,15 +68,11 @@ def flat_params(model) -> torch.Tensor:
 
 def ppo_trainer(batch_size: int):
     """PPOTrainer with plain SGD (updates are linear in the gradient, so rank averaging is visible exactly)."""
-    import warnings
 
-    from rlhfkit import AutoModelForCausalLMWithValueHead, PPOConfig, PPOTrainer
-    from rlhfkit.testing import tiny_model_path
+    from rlhfkit import PPOConfig, PPOTrainer
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.manual_seed(0)  # the value head is initialised at random: the same on every process
-        model = AutoModelForCausalLMWithValueHead.from_pretrained(tiny_model_path("llama"), summary_dropout_prob=0.0)
+    torch.manual_seed(0)  # the value head is initialised at random: the same on every process
+    model = tiny_value_head_model("llama", summary_dropout_prob=0.0)
     config = PPOConfig(batch_size=batch_size, mini_batch_size=batch_size, ppo_epochs=1, seed=7, learning_rate=1.0)
     sgd = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=SGD_LR)
     return PPOTrainer(config, model, tokenizer=tiny_tokenizer(padding_side="left"), optimizer=sgd)
