@@ -380,3 +380,18 @@ def test_dpo_model_learns_with_plain_training_arguments(tmp_path, tok):
     after = trainer.evaluate()
     assert after["eval_rewards/accuracies"] >= 0.9, after
     assert after["eval_rewards/margins"] > 0 and after["eval_loss"] < math.log(2)
+
+
+def test_dpo_model_init_needs_a_reference(tmp_path, tok):
+    def build(**kw):
+        return DPOTrainer(
+            model_init=lambda *_: tiny_model("llama"),
+            args=_training_args(tmp_path),
+            train_dataset=_dpo_pairs(4),
+            tokenizer=tok,
+            **kw,
+        )
+
+    with pytest.raises(ValueError, match="`model_init` and no `model`, pass `ref_model`"):
+        build()
+    build(ref_model=tiny_model("llama")).train()

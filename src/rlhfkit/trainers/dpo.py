@@ -95,6 +95,11 @@ class DPOTrainer(RobustTrainerMixin, Trainer):
         )
         if model is None and model_init is None:
             raise ValueError(f"{owner}: pass `model` (a model or a local path) or `model_init`")
+        if model is None and ref_model is None and not args.reference_free:
+            # the default reference is a copy of `model`, which model_init only builds later
+            raise ValueError(
+                f"{owner}: with `model_init` and no `model`, pass `ref_model` or reference_free=True"
+            )
         if isinstance(model, str) and processing_class is None:
             processing_class = AutoTokenizer.from_pretrained(model)
         if processing_class is not None and processing_class.pad_token is None:
