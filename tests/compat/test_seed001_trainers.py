@@ -395,3 +395,17 @@ def test_dpo_model_init_needs_a_reference(tmp_path, tok):
     with pytest.raises(ValueError, match="`model_init` and no `model`, pass `ref_model`"):
         build()
     build(ref_model=tiny_model("llama")).train()
+
+
+def test_dpo_training_calls_an_overridden_get_batch_metrics(tmp_path, tok):
+    """TRL 0.7 code subclasses DPOTrainer and overrides get_batch_metrics; training must use it."""
+
+    class Tagged(DPOTrainer):
+        def get_batch_metrics(self, model, batch, train_eval="train"):
+            loss, metrics = super().get_batch_metrics(model, batch, train_eval)
+            return loss, {**metrics, "custom/pairs": float(batch["chosen_input_ids"].shape[0])}
+
+    args = _training_args(tmp_path, max_steps=1)
+    trainer = Tagged(tiny_model("llama"), args=args, train_dataset=_dpo_pairs(4), tokenizer=tok)
+    trainer.train()
+    assert [h["custom/pairs"] for h in trainer.state.log_history if "custom/pairs" in h] == [4.0]

@@ -333,7 +333,7 @@ class DPOTrainer(RobustTrainerMixin, Trainer):
         )
         # 4. metrics
         n = policy_chosen.shape[0]
-        labels = self.concatenated_inputs(batch)["concatenated_labels"]
+        labels = cat_padded(batch["chosen_labels"], batch["rejected_labels"], self.label_pad_token_id)
         logits_chosen = self._mean_response_logit(logits_chosen, labels[:n])
         logits_rejected = self._mean_response_logit(logits_rejected, labels[n:])
         prefix = "eval_" if train_eval == "eval" else ""
