@@ -89,20 +89,28 @@ def test_concatenated_forward_matches_naive_loop(tmp_path, tok):
     batch = trainer.data_collator([trainer.train_dataset[i] for i in range(2)])
     labels = trainer.concatenated_inputs(batch)["concatenated_labels"]
     first = min(int((row != -100).nonzero()[0]) for row in labels)  # the earliest scored position
-    assert trainer._logits_to_keep(model, labels) == labels.shape[1] - (first - 1)  # only prompt columns dropped
+    keep = labels.shape[1] - (first - 1)
+    assert trainer._logits_to_keep(model, labels) == keep  # only prompt columns dropped
     with torch.no_grad():
-        chosen, rejected, mean_chosen, mean_rejected = trainer.concatenated_forward(model, batch)
+        chosen, rejected, logits_chosen, logits_rejected = trainer.concatenated_forward(model, batch)
+        assert logits_chosen.shape == (2, keep, model.config.vocab_size) == logits_rejected.shape
+        mean_chosen = trainer._mean_response_logit(logits_chosen, labels[:2])
+        mean_rejected = trainer._mean_response_logit(logits_rejected, labels[2:])
+        sides = (("chosen", chosen, logits_chosen, mean_chosen), ("rejected", rejected, logits_rejected, mean_rejected))
         for i, row in enumerate(trainer.train_dataset):
-            for side, got, got_mean in (("chosen", chosen[i], mean_chosen[i]), ("rejected", rejected[i], mean_rejected[i])):
+            for side, got, got_logits, got_mean in sides:
                 prompt, response = row["prompt_input_ids"], row[f"{side}_input_ids"]
                 ids = torch.tensor([prompt + response])
                 logits = model(input_ids=ids).logits[0]
                 logp = F.log_softmax(logits, -1)
                 naive = sum(logp[len(prompt) + j - 1, t].item() for j, t in enumerate(response))
-                assert got.item() == pytest.approx(naive, abs=1e-4)
-                # the logged mean logit: over the vocabulary at the positions that predict the response
+                assert got[i].item() == pytest.approx(naive, abs=1e-4)
+                # per-token logits (right padding): column c of the kept block is position first - 1 + c
                 scoring = logits[len(prompt) - 1 : len(prompt) + len(response) - 1]
-                assert got_mean.item() == pytest.approx(scoring.mean().item(), abs=1e-4)
+                start = len(prompt) - 1 - (first - 1)
+                torch.testing.assert_close(got_logits[i, start : start + len(response)], scoring, atol=1e-4, rtol=1e-4)
+                # the logged mean logit: over the vocabulary at the positions that predict the response
+                assert got_mean[i].item() == pytest.approx(scoring.mean().item(), abs=1e-4)
 
 
 def test_full_model_moves_and_reference_stays_frozen(tmp_path, tok):

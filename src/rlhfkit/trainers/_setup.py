@@ -40,6 +40,18 @@ def apply_overrides(args: Any, owner: str, **overrides: Any) -> Any:
     return args
 
 
+def processing_class_or_tokenizer(processing_class: Any, tokenizer: Any, owner: str) -> Any:
+    """Seed 001 passes the tokenizer as `tokenizer=`, transformers 5 as `processing_class=`; take either."""
+    if tokenizer is None:
+        return processing_class
+    if processing_class is not None and processing_class is not tokenizer:
+        raise ValueError(
+            f"{owner}: `tokenizer` and `processing_class` are two names for one argument, and two different "
+            "objects were given; pass only one of them"
+        )
+    return tokenizer
+
+
 def load_model(model: Any, auto_class: type, init_kwargs: dict | None, owner: str) -> nn.Module:
     """A model object passes through; a string is a local folder (or cached name) loaded with `auto_class`."""
     if isinstance(model, str):
@@ -118,8 +130,18 @@ def as_config(args: Any, config_cls: type, owner: str, default_output_dir: str) 
     if isinstance(args, config_cls):
         return args
     if isinstance(args, TrainingArguments):
-        names = {f.name for f in dataclasses.fields(TrainingArguments) if f.init}
-        values = {n: getattr(args, n) for n in names if hasattr(args, n)}
+        # A field the trainer's config gives another default (remove_unused_columns=False: the pair
+        # columns are not forward() arguments) keeps that default unless the caller changed it from
+        # the TrainingArguments default. The caller's object is only read.
+        own_defaults = {f.name: f.default for f in dataclasses.fields(config_cls) if f.init}
+        values = {}
+        for f in dataclasses.fields(TrainingArguments):
+            if not f.init or not hasattr(args, f.name):
+                continue
+            value = getattr(args, f.name)
+            if own_defaults.get(f.name, f.default) != f.default and value == f.default:
+                continue
+            values[f.name] = copy.deepcopy(value)
         return config_cls(**values)
     raise TypeError(
         f"{owner}: `args` must be a {config_cls.__name__} or TrainingArguments, got {type(args).__name__}"

@@ -34,6 +34,7 @@ from rlhfkit.trainers._setup import (
     is_peft_model,
     load_model,
     prepare_splits,
+    processing_class_or_tokenizer,
     wrap_peft,
 )
 from rlhfkit.trainers.dpo_config import DPOConfig
@@ -47,7 +48,7 @@ class DPOTrainer(RobustTrainerMixin, Trainer):
 
     `ref_model=None` means: the policy with adapters disabled when the policy is a PEFT model (or
     `peft_config` is given), else a frozen copy of the initial policy. With `reference_free` no
-    reference is used at all.
+    reference is used at all. Seed 001's `tokenizer=` is another name for `processing_class=`.
     """
 
     # compute_loss returns a per-pair mean, so Trainer must divide by the accumulation steps itself
@@ -75,8 +76,11 @@ class DPOTrainer(RobustTrainerMixin, Trainer):
         peft_config: Any = None,
         disable_dropout: bool | None = None,
         compute_metrics: Callable | None = None,
+        *,
+        tokenizer: Any = None,
     ):
         owner = "DPOTrainer"
+        processing_class = processing_class_or_tokenizer(processing_class, tokenizer, owner)
         args = as_config(args, DPOConfig, owner, "dpo_model")
         args = apply_overrides(
             args,
@@ -91,6 +95,11 @@ class DPOTrainer(RobustTrainerMixin, Trainer):
         )
         if model is None and model_init is None:
             raise ValueError(f"{owner}: pass `model` (a model or a local path) or `model_init`")
+        if model is None and ref_model is None and not args.reference_free:
+            # the default reference is a copy of `model`, which model_init only builds later
+            raise ValueError(
+                f"{owner}: with `model_init` and no `model`, pass `ref_model` or reference_free=True"
+            )
         if isinstance(model, str) and processing_class is None:
             processing_class = AutoTokenizer.from_pretrained(model)
         if processing_class is not None and processing_class.pad_token is None:
@@ -106,7 +115,9 @@ class DPOTrainer(RobustTrainerMixin, Trainer):
         pad = args.padding_value
         if pad is None:
             if processing_class is None:
-                raise ValueError(f"{owner}: give `processing_class` or `padding_value` to pad the batches")
+                raise ValueError(
+                    f"{owner}: give `processing_class` (or `tokenizer`) or `padding_value` to pad the batches"
+                )
             pad = processing_class.pad_token_id
             if pad is None:
                 raise ValueError(
@@ -201,7 +212,10 @@ class DPOTrainer(RobustTrainerMixin, Trainer):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """One forward pass over both sides: (chosen_logps, rejected_logps, chosen_logits, rejected_logits).
 
-        The logits returned are the mean logit over each row's response positions, (B,) each.
+        Log-probs are summed over each response, (B,) each. The logits are per token, (B, T', V) each,
+        as seed 001's API returns them: T' is the padded width of the concatenated batch, or, for a model
+        whose forward takes `logits_to_keep`, its last positions from the one before the earliest
+        response token on (the prompt-only head of the batch is never scored).
         """
         inputs = self.concatenated_inputs(batch)
         labels = inputs["concatenated_labels"]
@@ -217,12 +231,20 @@ class DPOTrainer(RobustTrainerMixin, Trainer):
             **kwargs,
         ).logits
         logps = self.sequence_logps(logits, labels)
-        response_mask = labels[:, 1:] != self.label_pad_token_id
-        # sum over the vocabulary first: no (N, T, V) temporary just for a logged statistic
-        row_sums = logits[:, :-1].detach().sum(-1)
-        mean_logits = (row_sums * response_mask).sum(1) / (response_mask.sum(1) * logits.shape[-1]).clamp(min=1)
         n = batch["chosen_input_ids"].shape[0]
-        return logps[:n], logps[n:], mean_logits[:n], mean_logits[n:]
+        return logps[:n], logps[n:], logits[:n], logits[n:]
+
+    def _mean_response_logit(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Mean logit over the vocabulary at the positions that predict response tokens: (N, T', V) -> (N,).
+
+        `labels` (N, T) are the concatenated labels of the same rows; their last T' columns line up with
+        the logits.
+        """
+        response_mask = labels[:, -logits.shape[1] :][:, 1:] != self.label_pad_token_id
+        # sum over the vocabulary first: no (N, T', V) temporary just for a logged statistic
+        row_sums = logits[:, :-1].detach().sum(-1)
+        counts = (response_mask.sum(1) * logits.shape[-1]).clamp(min=1)
+        return (row_sums * response_mask).sum(1) / counts
 
     def _logits_to_keep(self, model: nn.Module, labels: torch.Tensor) -> int | None:
         """How many final positions need logits: from the one before the earliest label on (None: all).
@@ -287,8 +309,18 @@ class DPOTrainer(RobustTrainerMixin, Trainer):
 
     def get_batch_metrics(
         self, model: nn.Module, batch: dict[str, torch.Tensor], train_eval: str = "train"
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """(mean loss, metrics) for one batch, as in seed 001; metric names get `eval_` for "eval".
+
+        Training steps call this method, so a subclass may override it.
+        """
+        loss, metrics, _ = self._loss_metrics_rewards(model, batch, train_eval)
+        return loss, metrics
+
+    def _loss_metrics_rewards(
+        self, model: nn.Module, batch: dict[str, torch.Tensor], train_eval: str
     ) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
-        """(mean loss, metrics, per-pair implicit rewards (B, 2) [chosen, rejected]) for one batch."""
+        """`get_batch_metrics` plus the per-pair implicit rewards (B, 2) [chosen, rejected]."""
         # 1. policy log-probs of both responses, one forward pass
         policy_chosen, policy_rejected, logits_chosen, logits_rejected = self.concatenated_forward(
             model, batch
@@ -300,6 +332,10 @@ class DPOTrainer(RobustTrainerMixin, Trainer):
             policy_chosen, policy_rejected, ref_chosen, ref_rejected
         )
         # 4. metrics
+        n = policy_chosen.shape[0]
+        labels = cat_padded(batch["chosen_labels"], batch["rejected_labels"], self.label_pad_token_id)
+        logits_chosen = self._mean_response_logit(logits_chosen, labels[:n])
+        logits_rejected = self._mean_response_logit(logits_rejected, labels[n:])
         prefix = "eval_" if train_eval == "eval" else ""
         metrics = {
             f"{prefix}rewards/chosen": chosen_rewards.mean().item(),
@@ -315,16 +351,18 @@ class DPOTrainer(RobustTrainerMixin, Trainer):
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         split = "train" if model.training else "eval"
-        loss, metrics, rewards = self.get_batch_metrics(model, inputs, split)
+        if not return_outputs:
+            loss, metrics = self.get_batch_metrics(model, inputs, split)
+            self._metrics.add(split, metrics)
+            return loss
+        loss, metrics, rewards = self._loss_metrics_rewards(model, inputs, split)
         self._metrics.add(split, metrics)
-        if return_outputs:
-            return loss, {"rewards": rewards}
-        return loss
+        return loss, {"rewards": rewards}
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
         inputs = self._prepare_inputs(inputs)
         with torch.no_grad():
-            loss, metrics, rewards = self.get_batch_metrics(model, inputs, "eval")
+            loss, metrics, rewards = self._loss_metrics_rewards(model, inputs, "eval")
         self._metrics.add("eval", metrics)
         if prediction_loss_only:
             return loss.detach(), None, None

@@ -28,6 +28,7 @@ from rlhfkit.trainers._setup import (
     disable_dropout,
     load_model,
     prepare_splits,
+    processing_class_or_tokenizer,
     wrap_peft,
 )
 from rlhfkit.trainers.guards import RobustTrainerMixin
@@ -51,7 +52,8 @@ class RewardTrainer(RobustTrainerMixin, Trainer):
     """`transformers.Trainer` for reward models (AutoModelForSequenceClassification, num_labels=1).
 
     Keyword arguments `max_length` and `peft_config` follow seed 001; `max_length` overrides
-    `args.max_length`. Datasets may be tokenised already (input_ids_chosen, attention_mask_chosen,
+    `args.max_length`, and seed 001's `tokenizer=` is another name for `processing_class=`. Datasets
+    may be tokenised already (input_ids_chosen, attention_mask_chosen,
     input_ids_rejected, attention_mask_rejected) or raw `chosen` / `rejected` text (optionally with
     `prompt`) or chats, which are tokenised here with `processing_class`. An optional `margin`
     column is subtracted from the score gap inside the loss.
@@ -75,8 +77,11 @@ class RewardTrainer(RobustTrainerMixin, Trainer):
         preprocess_logits_for_metrics: Callable | None = None,
         max_length: int | None = None,
         peft_config: Any = None,
+        *,
+        tokenizer: Any = None,
     ):
         owner = "RewardTrainer"
+        processing_class = processing_class_or_tokenizer(processing_class, tokenizer, owner)
         args = as_config(args, RewardConfig, owner, "reward_model")
         args = apply_overrides(args, owner, max_length=max_length)
         if model is None and model_init is None:
@@ -97,7 +102,8 @@ class RewardTrainer(RobustTrainerMixin, Trainer):
         if data_collator is None:
             if processing_class is None:
                 raise ValueError(
-                    f"{owner}: the default RewardDataCollatorWithPadding needs `processing_class`"
+                    f"{owner}: the default RewardDataCollatorWithPadding needs `processing_class` "
+                    "(or `tokenizer`)"
                 )
             data_collator = RewardDataCollatorWithPadding(processing_class)
         self._metrics = MetricBuffer()

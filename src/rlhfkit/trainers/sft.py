@@ -21,7 +21,14 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer
 from rlhfkit.data.collators import SFTDataCollator
 from rlhfkit.data.packing import ConstantLengthDataset
 from rlhfkit.data.preparation import check_not_empty, prepare_sft_dataset
-from rlhfkit.trainers._setup import apply_overrides, as_config, load_model, prepare_splits, wrap_peft
+from rlhfkit.trainers._setup import (
+    apply_overrides,
+    as_config,
+    load_model,
+    prepare_splits,
+    processing_class_or_tokenizer,
+    wrap_peft,
+)
 from rlhfkit.trainers.guards import RobustTrainerMixin
 from rlhfkit.trainers.sft_config import SFTConfig
 
@@ -39,6 +46,7 @@ class SFTTrainer(RobustTrainerMixin, Trainer):
 
     `model` may be a local path (loaded with AutoModelForCausalLM and `args.model_init_kwargs`);
     `peft_config` wraps it with LoRA; `formatting_func(example) -> str` builds the text of a row.
+    Seed 001's `tokenizer=` is another name for `processing_class=`.
     """
 
     def __init__(
@@ -64,8 +72,11 @@ class SFTTrainer(RobustTrainerMixin, Trainer):
         chars_per_token: float | None = None,
         dataset_num_proc: int | None = None,
         dataset_batch_size: int | None = None,
+        *,
+        tokenizer: Any = None,
     ):
         owner = "SFTTrainer"
+        processing_class = processing_class_or_tokenizer(processing_class, tokenizer, owner)
         args = as_config(args, SFTConfig, owner, "sft_model")
         args = apply_overrides(
             args,
@@ -84,7 +95,7 @@ class SFTTrainer(RobustTrainerMixin, Trainer):
         if isinstance(model, str) and processing_class is None:
             processing_class = AutoTokenizer.from_pretrained(model)
         if processing_class is None:
-            raise ValueError(f"{owner}: `processing_class` (a tokenizer) is required")
+            raise ValueError(f"{owner}: `processing_class` (or `tokenizer`) is required")
         if processing_class.pad_token is None:
             processing_class.pad_token = processing_class.eos_token
         model = load_model(model, AutoModelForCausalLM, args.model_init_kwargs, owner)
