@@ -130,6 +130,26 @@ def test_documented_signatures_are_accepted():
         assert signature[: len(params)] == params, method
 
 
+def test_seed001_ppo_config_signature_is_accepted():
+    # seed 001 documents an older PPOConfig: every field is accepted; backward_batch_size is derived
+    # (mini_batch_size * gradient_accumulation_steps) whatever is passed
+    from rlhfkit import PPOConfig
+
+    seed001 = dict(
+        task_name=None, model_name=None, steps=20000, learning_rate=1e-05, adap_kl_ctrl=True, init_kl_coef=0.2,
+        kl_penalty="kl", target=6, horizon=10000, gamma=1, lam=0.95, cliprange=0.2, cliprange_value=0.2,
+        vf_coef=0.1, batch_size=256, forward_batch_size=None, mini_batch_size=1, backward_batch_size=1,
+        gradient_accumulation_steps=1, ppo_epochs=4, remove_unused_columns=True, log_with=None, tracker_kwargs={},
+        accelerator_kwargs={}, project_kwargs={}, tracker_project_name="trl", max_grad_norm=None, seed=0,
+        optimize_cuda_cache=False, early_stopping=False, target_kl=0.1, push_to_hub_if_best_kwargs={},
+        compare_steps=1, ratio_threshold=10.0, use_score_scaling=False, use_score_norm=False, score_clip=None,
+    )
+    with pytest.warns(FutureWarning, match="optimize_cuda_cache"):
+        config = PPOConfig(**seed001)
+    assert config.target_kl == 0.1 and config.backward_batch_size == 1 and config.optimize_device_cache is False
+    assert PPOConfig(mini_batch_size=2, gradient_accumulation_steps=2, backward_batch_size=1).backward_batch_size == 4
+
+
 def _seed_setup(gpt2_path):
     """The seed's set-up blocks in order, `gpt2` replaced by the tiny GPT-2 folder, sizes shrunk."""
     from transformers import AutoTokenizer
