@@ -42,11 +42,17 @@ def test_last_real_token_index_for_both_padding_sides():
 @pytest.mark.parametrize("left_pad", [True, False])
 def test_scores_match_the_standalone_reward_model(model, reward_model, left_pad):
     input_ids, mask = batch(3, 9, left_pad=left_pad)
-    scores = model.compute_reward_score(input_ids, attention_mask=mask)
-    assert scores.shape == (3,) and scores.dtype == torch.float32 and not scores.requires_grad
+    per_token = model.compute_reward_score(input_ids, attention_mask=mask)
+    assert per_token.shape == (3, 9, 1) and per_token.dtype == torch.float32 and not per_token.requires_grad
+    scores = model.sequence_reward_score(input_ids, attention_mask=mask)
+    assert scores.shape == (3,)
     with torch.no_grad():
         expected = reward_model(input_ids=input_ids, attention_mask=mask).logits.squeeze(-1)
     torch.testing.assert_close(scores, expected, atol=1e-5, rtol=1e-5)
+    # the sequence score is the per-token score at the last real token (the last column when left-padded)
+    torch.testing.assert_close(scores, per_token[torch.arange(3), last_true_indices(mask), 0])
+    if left_pad:
+        torch.testing.assert_close(per_token[:, -1, 0], expected, atol=1e-5, rtol=1e-5)
 
 
 def test_reward_adapter_is_frozen_and_policy_stays_trainable(model):

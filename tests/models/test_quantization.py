@@ -46,5 +46,5 @@ def test_quantized_base_with_float32_adapters(llama_path, reward_adapter_dir, fl
     assert values.dtype == torch.float32 and torch.isfinite(logits).all()
     values.mean().backward()  # gradients reach the float32 adapters through the quantised base
     assert any(p.grad is not None for n, p in model.named_parameters() if "lora_" in n and ".default." in n)
-    scores = model.compute_reward_score(input_ids, attention_mask=mask)
+    scores = model.sequence_reward_score(input_ids, attention_mask=mask)
     assert scores.shape == (3,) and torch.isfinite(scores).all()

@@ -44,7 +44,6 @@ def test_derived_batch_sizes():
         (dict(cliprange=0.0), "cliprange"),
         (dict(gamma=1.5), "gamma"),
         (dict(score_clip=-1.0), "score_clip"),
-        (dict(use_score_norm=True), "use_score_scaling"),
         (dict(max_grad_norm=0.0), "max_grad_norm"),
         (dict(accelerator_kwargs={"gradient_accumulation_steps": 2}), "gradient_accumulation_steps"),
     ],
@@ -52,6 +51,14 @@ def test_derived_batch_sizes():
 def test_invalid_settings_raise_at_construction(kwargs, match):
     with pytest.raises(ValueError, match=match):
         PPOConfig(**kwargs)
+
+
+def test_score_norm_without_score_scaling_is_ignored_with_a_note(caplog):
+    # TRL applies use_score_norm only inside use_score_scaling; alone it is accepted and has no effect
+    with caplog.at_level("INFO", logger="rlhfkit.trainers.ppo_config"):
+        config = PPOConfig(use_score_norm=True)
+    assert config.use_score_norm and not config.use_score_scaling
+    assert any("use_score_norm has no effect" in r.getMessage() for r in caplog.records)
 
 
 @pytest.mark.parametrize("kind", ["kl", "abs", "mse", "full", "k3"])

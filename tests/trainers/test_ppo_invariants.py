@@ -165,11 +165,11 @@ def test_multi_adapter_rl_reward_adapter_scores_and_stays_frozen(tokenizer, tmp_
     q, r, _ = rollout(n=4)
     before = {n: p.detach().clone() for n, p in trainer.policy.named_parameters()}
     ids, mask = pad_left([torch.cat([a, b]) for a, b in zip(q, r)], tokenizer.pad_token_id)
-    scores = trainer.model.compute_reward_score(input_ids=ids, attention_mask=mask)
+    scores = trainer.model.sequence_reward_score(input_ids=ids, attention_mask=mask)
     assert scores.shape == (4,)
     trainer.step(q, r, list(scores))
     changed = {n for n, p in trainer.policy.named_parameters() if not torch.equal(p, before[n])}
     assert changed and not any("reward_adapter" in n for n in changed)
     assert all(".default." in n or n.startswith("v_head") for n in changed), changed
     # scoring again gives the same scores: the reward adapter did not move
-    torch.testing.assert_close(trainer.model.compute_reward_score(input_ids=ids, attention_mask=mask), scores)
+    torch.testing.assert_close(trainer.model.sequence_reward_score(input_ids=ids, attention_mask=mask), scores)

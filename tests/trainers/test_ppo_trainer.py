@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import math
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -24,6 +25,7 @@ DOCUMENTED_KEYS = [
     "objective/ref_logprobs", "ppo/mean_scores", "ppo/std_scores", "ppo/mean_non_score_reward",
     "ppo/loss/policy", "ppo/loss/value", "ppo/loss/total", "ppo/policy/entropy", "ppo/policy/approxkl",
     "ppo/policy/policykl", "ppo/policy/clipfrac", "ppo/policy/advantages", "ppo/policy/advantages_mean",
+    "ppo/policy/ratio",
     "ppo/returns/mean", "ppo/returns/var", "ppo/val/vpred", "ppo/val/error", "ppo/val/clipfrac", "ppo/val/mean",
     "ppo/val/var", "ppo/val/var_explained", "ppo/learning_rate", "tokens/queries_len_mean",
     "tokens/queries_len_std", "tokens/queries_dist", "tokens/responses_len_mean", "tokens/responses_len_std",
@@ -235,6 +237,31 @@ def test_step_updates_the_policy_and_reports_documented_stats(base_model, tokeni
     assert stats["objective/kl"] != 0.0
 
 
+def test_policy_ratio_holds_every_trained_token_of_every_minibatch(base_model, tokenizer):
+    trainer = make_trainer(base_model, tokenizer, ppo_epochs=2)
+    q, r, s = fake_rollout()
+    stats = trainer.step(q, r, s)
+    ratio = stats["ppo/policy/ratio"]
+    # one value per real response token, in each of the 2 epochs
+    assert ratio.shape == (2 * sum(len(x) for x in r),)
+    # first minibatch: the policy has not moved yet (no dropout), so its ratios are exactly 1
+    first = trainer.config.mini_batch_size
+    assert (ratio > 0).all() and abs(float(ratio.mean()) - stats["ppo/policy/ratio_mean"]) < 0.5
+    assert ratio[:first].tolist() == pytest.approx([1.0] * first, abs=1e-5)
+
+
+def test_learning_rate_logged_is_the_one_the_step_used(base_model, tokenizer):
+    model = copy.deepcopy(base_model)
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.01)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.5**step)
+    trainer = PPOTrainer(PPOConfig(batch_size=4, mini_batch_size=2, ppo_epochs=1), model, tokenizer=tokenizer,
+                         optimizer=optimizer, lr_scheduler=scheduler)
+    logged = [trainer.step(*fake_rollout())["ppo/learning_rate"] for _ in range(3)]
+    # step k trains at 0.01 * 0.5**k; the scheduler moves on only after the step
+    assert logged == pytest.approx([0.01, 0.005, 0.0025])
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.00125)
+
+
 def test_adaptive_kl_coefficient_is_updated_each_step(base_model, tokenizer):
     trainer = make_trainer(base_model, tokenizer, init_kl_coef=0.5, target=6, horizon=100)
     trainer.step(*fake_rollout())
@@ -287,6 +314,12 @@ def test_score_scaling_normalisation_and_clipping(base_model, tokenizer):
     clipped = [min(max(v, -0.5), 0.5) for v in normed]
     assert stats["ppo/mean_scores_scaled"] == pytest.approx(sum(clipped) / 4, abs=1e-6)
     assert stats["ppo/mean_scores"] == pytest.approx(4.0)  # raw scores are reported
+
+
+def test_score_norm_alone_leaves_scores_unchanged(base_model, tokenizer):
+    trainer = make_trainer(base_model, tokenizer, use_score_norm=True)  # no use_score_scaling: ignored
+    scores = torch.tensor([1.0, 2.0, 3.0, 10.0])
+    assert torch.equal(trainer._scale_scores(scores), scores) and trainer.running.count == 0
 
 
 # ---------------------------------------------------------------------------------------- maths hooks
@@ -449,3 +482,37 @@ def test_save_pretrained_writes_a_loadable_model_with_card(base_model, tokenizer
     trainer.create_model_card(str(tmp_path), model_name="my-model")
     card = (tmp_path / "README.md").read_text()
     assert "# my-model" in card and "steps: 1" in card
+
+
+def test_push_to_hub_offline_fails_clearly_before_writing(base_model, tokenizer, monkeypatch):
+    from huggingface_hub import HfApi, constants
+
+    trainer = make_trainer(base_model, tokenizer)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(HfApi, "create_repo", lambda *a, **k: pytest.fail("no network call offline"))
+    with pytest.raises(RuntimeError, match="HF_HUB_OFFLINE.*save_pretrained"):
+        trainer.push_to_hub("me/ppo-model")
+    with pytest.raises(ValueError, match="repo_id"):
+        trainer.push_to_hub("")
+
+
+def test_push_to_hub_uploads_what_save_pretrained_writes(base_model, tokenizer, monkeypatch):
+    from huggingface_hub import HfApi, constants
+
+    calls = {}
+
+    def upload_folder(self, *, repo_id, folder_path, commit_message, revision, create_pr):
+        calls["files"] = sorted(p.name for p in Path(folder_path).iterdir())
+        calls["upload"] = (repo_id, commit_message, revision, create_pr)
+        return "commit-info"
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(HfApi, "create_repo", lambda self, repo_id, **k: calls.setdefault("repo", (repo_id, k)))
+    monkeypatch.setattr(HfApi, "upload_folder", upload_folder)
+    trainer = make_trainer(base_model, tokenizer)
+    assert trainer.push_to_hub("me/ppo-model", private=True, branch="dev") == "commit-info"
+    assert calls["repo"] == ("me/ppo-model", {"private": True, "exist_ok": True})
+    assert calls["upload"][0] == "me/ppo-model" and calls["upload"][2:] == ("dev", False)
+    assert {"README.md", "config.json", "model.safetensors", "value_head.safetensors", "tokenizer.json"} <= set(
+        calls["files"]
+    )

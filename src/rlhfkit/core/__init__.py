@@ -1,4 +1,11 @@
-"""Pure tensor maths for RLHF: no trainer state, no I/O. Needs only torch."""
+"""Pure tensor maths for RLHF: no trainer state, no I/O. Needs only torch.
+
+Two TRL `trl.core` helpers that need transformers, `respond_to_batch` and `LengthSampler`, are also
+importable from here; they load on first use, so `import rlhfkit.core` itself stays torch-only.
+"""
+
+import importlib
+from typing import Any
 
 from rlhfkit.core.advantages import compute_gae, normalize_advantages, rloo_advantages
 from rlhfkit.core.kl import KL_ESTIMATORS, AdaptiveKLController, FixedKLController, kl_penalty
@@ -31,6 +38,23 @@ from rlhfkit.core.rewards import (
     scale_scores,
 )
 
+# TRL's `trl.core` names that live outside core (they need transformers): loaded on first access
+_LAZY = {
+    "LengthSampler": "rlhfkit.rollout.generation",
+    "respond_to_batch": "rlhfkit.rollout.respond",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _LAZY.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'rlhfkit.core' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module_name), name)
+    globals()[name] = value
+    return value
+
+
+# the lazy names stay out of __all__, so `from rlhfkit.core import *` does not load transformers
 __all__ = [
     "DPO_LOSSES",
     "KL_ESTIMATORS",

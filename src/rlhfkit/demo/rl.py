@@ -214,7 +214,7 @@ def train_ppo_multi_adapter(
     def score(queries, responses):
         ids, mask = _pad_pairs(queries, responses, tokenizer.pad_token_id)
         device = trainer.policy.device
-        return trainer.policy.compute_reward_score(
+        return trainer.policy.sequence_reward_score(
             input_ids=ids.to(device), attention_mask=mask.to(device)
         ).cpu()
 

@@ -21,7 +21,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from rlhfkit.core.masking import last_true_indices
 from rlhfkit.rollout.generation import eval_mode
 
 REFERENCE_ADAPTER_NAME = "reference"
@@ -237,11 +236,11 @@ def score_with_adapter(
     attention_mask: torch.Tensor | None = None,
     ppo_adapter_name: str | None = None,
 ) -> torch.Tensor:
-    """Reward scores, one per sequence: (B,) for a one-output head, else (B, num_labels).
+    """Per-token reward scores (B, T, num_labels), float32: the score head on every final hidden state.
 
-    The score head reads the final hidden state of the last real token (by `attention_mask`), as
-    sequence classifiers do. Runs without gradient and in eval mode, with the reward adapter active, then
-    activates `ppo_adapter_name` (default: the adapter active before the call).
+    A sequence classifier's score is the row at the last real token. Runs without gradient and in eval
+    mode, with the reward adapter active, then activates `ppo_adapter_name` (default: the adapter active
+    before the call).
     """
     peft_model = peft_model_of(model)
     if peft_model is None:
@@ -261,10 +260,7 @@ def score_with_adapter(
         _require_adapter(peft_model, ppo_adapter_name, "ppo_adapter_name")
     with torch.no_grad(), eval_mode(peft_model), use_adapter(peft_model, reward_adapter_name, ppo_adapter_name):
         hidden = _backbone(peft_model)(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        last = last_true_indices(attention_mask)
-        pooled = hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
-        scores = score_head(pooled.to(score_head.weight.dtype)).float()
-    return scores.squeeze(-1) if scores.shape[-1] == 1 else scores
+        return score_head(hidden.to(score_head.weight.dtype)).float()
 
 
 def read_adapter_layout(save_directory: str | os.PathLike) -> dict[str, Any] | None:

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rlhfkit.core.masking import last_true_indices
 from rlhfkit.models import adapters
 from rlhfkit.models.quantization import bnb_quantization_config, is_quantized
 
@@ -193,12 +194,12 @@ class PreTrainedModelWrapper(nn.Module):
         ppo_adapter_name: str = "default",
         **kwargs: Any,
     ) -> torch.Tensor:
-        """Score whole sequences with the reward adapter: returns `scores` of shape (B,), float32.
+        """Per-token scores of the reward adapter: (B, T, num_labels), float32, as TRL returns them.
 
-        Each score is the reward head applied to the final hidden state of the *last real token* of the
-        row (found from `attention_mask`, so left and right padding both work), i.e. what the reward
-        model's sequence classifier outputs. No gradient; eval mode; afterwards `ppo_adapter_name` is the
-        active adapter again, also when scoring raises. A head with k > 1 outputs returns (B, k).
+        Position t holds the reward head applied to the final hidden state of token t, so a sequence's
+        score is the row at its last real token: `scores[:, -1]` for unpadded or left-padded input, and
+        `sequence_reward_score` for any padding. No gradient; eval mode; afterwards `ppo_adapter_name` is
+        the active adapter again, also when scoring raises.
         """
         if self.score is None or self.reward_adapter_name is None:
             raise ValueError("no reward adapter loaded: pass reward_adapter= to from_pretrained")
@@ -208,6 +209,25 @@ class PreTrainedModelWrapper(nn.Module):
         return adapters.score_with_adapter(
             self, self.score, self.reward_adapter_name, input_ids, attention_mask, ppo_adapter_name
         )
+
+    def sequence_reward_score(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        ppo_adapter_name: str = "default",
+        **kwargs: Any,
+    ) -> torch.Tensor:
+        """One reward per sequence: `compute_reward_score` read at each row's last real token.
+
+        The last real token comes from `attention_mask`, so left and right padding give the same scores
+        (what the reward model's sequence classifier outputs). Returns (B,) for a one-output head, else
+        (B, num_labels).
+        """
+        per_token = self.compute_reward_score(input_ids, attention_mask, ppo_adapter_name, **kwargs)
+        mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
+        rows = torch.arange(per_token.shape[0], device=per_token.device)
+        scores = per_token[rows, last_true_indices(mask).to(per_token.device)]
+        return scores.squeeze(-1) if scores.shape[-1] == 1 else scores
 
     # ----------------------------------------------------------------- state dict
     def state_dict(self, *args: Any, destination: Any = None, prefix: str = "", keep_vars: bool = False) -> Any:

@@ -612,9 +612,10 @@ class PPOTrainer:
             stats["ppo/mean_scores_scaled"] = scores.mean()
         stats = self.gather_stats(stats)
         self.kl_ctl.update(float(stats["objective/kl"]), cfg.batch_size * self.accelerator.num_processes)
+        # the rate this step's updates used, read before the scheduler moves it on
+        stats["ppo/learning_rate"] = torch.tensor(float(self.optimizer.param_groups[0]["lr"]))
         if self.lr_scheduler is not None:
             self.lr_scheduler.step()
-        stats["ppo/learning_rate"] = torch.tensor(float(self.optimizer.param_groups[0]["lr"]))
         timing["time/ppo/calc_stats"] = time.perf_counter() - t
         timing["time/ppo/total"] = time.perf_counter() - t_start
         stats.update({k: torch.tensor(v) for k, v in timing.items()})
@@ -687,12 +688,52 @@ class PPOTrainer:
         """
         self.accelerator.wait_for_everyone()
         if self.accelerator.is_main_process:
-            Path(save_directory).mkdir(parents=True, exist_ok=True)
-            self.policy.save_pretrained(save_directory)
-            self.tokenizer.save_pretrained(save_directory)
-            self.create_model_card(save_directory)
+            self._write_pretrained(save_directory)
 
     save_model = save_pretrained
+
+    def _write_pretrained(self, save_directory: str) -> None:
+        Path(save_directory).mkdir(parents=True, exist_ok=True)
+        self.policy.save_pretrained(save_directory)
+        self.tokenizer.save_pretrained(save_directory)
+        self.create_model_card(save_directory)
+
+    def push_to_hub(
+        self,
+        repo_id: str,
+        *,
+        commit_message: str = "Upload model trained with rlhfkit PPOTrainer",
+        private: bool | None = None,
+        token: str | None = None,
+        branch: str | None = None,
+        create_pr: bool = False,
+    ) -> Any:
+        """Upload what `save_pretrained` writes (policy with value head, tokenizer, model card) to the Hub
+        repo `repo_id` in one commit, creating the repo if needed. Needs network access: offline
+        (`HF_HUB_OFFLINE=1`) it raises before writing anything; `save_pretrained(folder)` is the offline way.
+        Returns the commit info on the main process, None elsewhere."""
+        import tempfile
+
+        from huggingface_hub import HfApi, constants
+
+        if not isinstance(repo_id, str) or not repo_id.strip():
+            raise ValueError(f"repo_id must be a Hub repository name such as 'user/model', got {repo_id!r}")
+        if constants.HF_HUB_OFFLINE:
+            raise RuntimeError(
+                f"push_to_hub({repo_id!r}) needs network access but HF_HUB_OFFLINE is set; save locally with "
+                "trainer.save_pretrained(folder) and upload that folder later"
+            )
+        self.accelerator.wait_for_everyone()
+        if not self.accelerator.is_main_process:
+            return None
+        api = HfApi(token=token)
+        api.create_repo(repo_id, private=private, exist_ok=True)
+        with tempfile.TemporaryDirectory() as folder:
+            self._write_pretrained(folder)
+            return api.upload_folder(
+                repo_id=repo_id, folder_path=folder, commit_message=commit_message, revision=branch,
+                create_pr=create_pr,
+            )
 
     def create_model_card(self, path: str, model_name: str | None = "rlhfkit Model") -> None:
         """Write README.md into `path`: what was trained, on what, and how to load it."""

@@ -7,6 +7,7 @@ computed once in `__post_init__` (and again by the trainer once the number of pr
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import warnings
@@ -14,6 +15,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from rlhfkit.trainers.common import check_field_types, exact_div
+
+logger = logging.getLogger(__name__)
 
 KL_PENALTIES = ("kl", "abs", "mse", "full", "k3")
 
@@ -114,7 +117,8 @@ class PPOConfig:
     )
     use_score_scaling: bool = field(default=False, metadata={"help": "Divide scores by their running std."})
     use_score_norm: bool = field(
-        default=False, metadata={"help": "With use_score_scaling: also subtract the running mean."}
+        default=False,
+        metadata={"help": "With use_score_scaling: also subtract the running mean (ignored without it)."},
     )
     score_clip: float | None = field(default=None, metadata={"help": "Clip (scaled) scores to [-score_clip, score_clip]."})
     whiten_rewards: bool = field(default=False, metadata={"help": "Whiten per-token rewards before GAE."})
@@ -170,6 +174,9 @@ class PPOConfig:
                 setattr(self, name, json.loads(value) if value.strip() else {})
             elif value is None:
                 setattr(self, name, {})
+        if self.use_score_norm and not self.use_score_scaling:
+            # TRL ignores it too; say so once rather than fail configs written for TRL
+            logger.info("PPOConfig.use_score_norm has no effect without use_score_scaling=True; ignoring it")
         self.validate()
 
     def validate(self) -> None:
@@ -195,8 +202,6 @@ class PPOConfig:
             raise ValueError(f"PPOConfig.max_grad_norm must be > 0 or None, got {self.max_grad_norm}")
         if self.score_clip is not None and not self.score_clip > 0:
             raise ValueError(f"PPOConfig.score_clip must be > 0 or None, got {self.score_clip}")
-        if self.use_score_norm and not self.use_score_scaling:
-            raise ValueError("PPOConfig.use_score_norm only takes effect with use_score_scaling=True; set both")
         if "gradient_accumulation_steps" in self.accelerator_kwargs:
             raise ValueError(
                 "set gradient accumulation with PPOConfig.gradient_accumulation_steps, not in accelerator_kwargs"

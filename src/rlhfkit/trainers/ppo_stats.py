@@ -14,6 +14,10 @@ import torch
 
 from rlhfkit.core.masking import masked_mean, masked_var
 
+# per-minibatch statistics that are distributions (1-D, one value per real token), not scalars:
+# concatenated across minibatches and logged whole, as TRL logs them
+DISTRIBUTION_STATS = frozenset({"policy/ratio"})
+
 
 def _masked_values(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return x.detach()[mask.bool()].float()
@@ -67,7 +71,7 @@ def summarize_step(
         "tokens/responses_dist": response_lens,
     }
     for key, value in train_stats.items():
-        stats[f"ppo/{key}"] = value.float().mean()
+        stats[f"ppo/{key}"] = value.float() if key in DISTRIBUTION_STATS else value.float().mean()
     return stats
 
 
@@ -88,7 +92,8 @@ def minibatch_loss_stats(
 ) -> dict[str, torch.Tensor]:
     """Detached per-minibatch statistics of the PPO loss (keys without the 'ppo/' prefix).
 
-    `vf_loss` is the unweighted value loss; the total is pg_loss + vf_coef * vf_loss.
+    `vf_loss` is the unweighted value loss; the total is pg_loss + vf_coef * vf_loss. `policy/ratio`
+    holds the probability ratio exp(logprobs - old_logprobs) of every real token.
     """
     with torch.no_grad():
         stats = {
@@ -101,6 +106,7 @@ def minibatch_loss_stats(
             "policy/advantages_mean": masked_mean(advantages, mask),
             "policy/ratio_mean": policy.ratio_mean,
             "policy/ratio_var": policy.ratio_var,
+            "policy/ratio": _masked_values(torch.exp(logprobs.detach().float() - old_logprobs.float()), mask),
             "returns/mean": masked_mean(returns, mask),
             "returns/var": masked_var(returns, mask, unbiased=False),
             "val/vpred": masked_mean(vpreds.detach(), mask),
@@ -115,9 +121,18 @@ def minibatch_loss_stats(
 
 
 def stack_stats(per_minibatch: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """[{key: scalar}] -> {key: (n,) tensor}; keys missing from some minibatches are skipped there."""
+    """[{key: scalar}] -> {key: (n,) tensor}; keys missing from some minibatches are skipped there.
+
+    Distributions (`DISTRIBUTION_STATS`) are concatenated instead.
+    """
     keys = {k for stats in per_minibatch for k in stats}
-    return {k: torch.stack([s[k].float().reshape(()) for s in per_minibatch if k in s]) for k in sorted(keys)}
+    stacked = {}
+    for k in sorted(keys):
+        values = [s[k].float() for s in per_minibatch if k in s]
+        stacked[k] = torch.cat([v.reshape(-1) for v in values]) if k in DISTRIBUTION_STATS else torch.stack(
+            [v.reshape(()) for v in values]
+        )
+    return stacked
 
 
 def stats_to_python(stats: dict[str, Any]) -> dict[str, Any]:
