@@ -102,18 +102,18 @@ REMOVED_TRAINING_ARGS: dict[str, tuple[Any, str, Callable[[Any, Any], None] | No
     ),
     "save_safetensors": (True, "weights are always saved as safetensors", None),
     "use_mps_device": (False, "an MPS device is used automatically (use_cpu=True opts out)", None),
-    "jit_mode_eval": (False, "TorchScript evaluation was removed", None),
-    "use_ipex": (False, "Intel extension support was removed", None),
-    "fp16_opt_level": ("O1", "apex AMP was removed; fp16/bf16 use torch.amp", None),
-    "half_precision_backend": ("auto", "fp16/bf16 always use torch.amp", None),
-    "fp16_backend": ("auto", "fp16/bf16 always use torch.amp", None),
-    "tpu_num_cores": (None, "the launcher sets the TPU cores", None),
+    "jit_mode_eval": (False, "no transformers 5 equivalent", None),
+    "use_ipex": (False, "no transformers 5 equivalent", None),
+    "fp16_opt_level": ("O1", "no transformers 5 equivalent; fp16/bf16 use torch.amp", None),
+    "half_precision_backend": ("auto", "no transformers 5 equivalent; fp16/bf16 use torch.amp", None),
+    "fp16_backend": ("auto", "no transformers 5 equivalent; fp16/bf16 use torch.amp", None),
+    "tpu_num_cores": (None, "no transformers 5 equivalent", None),
     "tpu_metrics_debug": (False, "debug='tpu_metrics_debug'", _flag("debug", "tpu_metrics_debug")),
-    "past_index": (-1, "models no longer return past states to the Trainer", None),
+    "past_index": (-1, "no transformers 5 equivalent", None),
     "tp_size": (0, "use parallelism_config (accelerate ParallelismConfig)", None),
-    "use_legacy_prediction_loop": (False, "the legacy prediction loop was removed", None),
-    "mp_parameters": ("", "SageMaker model-parallel support was removed", None),
-    "ray_scope": ("last", "hyperparameter_search's Ray backend picks the checkpoint itself", None),
+    "use_legacy_prediction_loop": (False, "no transformers 5 equivalent", None),
+    "mp_parameters": ("", "no transformers 5 equivalent", None),
+    "ray_scope": ("last", "no transformers 5 equivalent", None),
     "include_tokens_per_second": (False, "use include_num_input_tokens_seen", None),
 }
 
@@ -121,7 +121,9 @@ _warned: set[str] = set()
 
 
 def _help(name: str) -> str:
-    return f"Removed in transformers 5, accepted for TRL compatibility; use {REMOVED_TRAINING_ARGS[name][1]}."
+    _, replacement, move = REMOVED_TRAINING_ARGS[name]
+    action = "mapped to" if move is not None else "ignored:"
+    return f"Removed in transformers 5, accepted for TRL compatibility and {action} {replacement}."
 
 
 def _legacy(name: str) -> Any:
