@@ -11,6 +11,7 @@ reset, so a saved config reloads without re-applying it. Each old name warns onc
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -183,7 +184,19 @@ def apply_removed_training_args(args: Any) -> None:
             warnings.warn(
                 f"{type(args).__name__}: `{name}` was removed in transformers 5; {action} {replacement}",
                 RemovedTrainingArgumentWarning,
-                stacklevel=4,
+                stacklevel=_constructor_caller_level(),
             )
         if move is not None:
             move(args, value)
+
+
+def _constructor_caller_level() -> int:
+    """Stack level, seen from `apply_removed_training_args`, of the code that built the config.
+
+    The `__post_init__` chain is as deep as the config's inheritance, so the warning walks up to the
+    dataclass `__init__` and points one frame above it, at the user's line.
+    """
+    frame, level = sys._getframe(2), 2
+    while frame is not None and frame.f_code.co_name != "__init__":
+        frame, level = frame.f_back, level + 1
+    return level + 1 if frame is not None else 2
