@@ -258,3 +258,37 @@ def test_score_rises_on_a_learnable_task(tmp_path, tokenizer):
     before, after = sum(scores[:5]) / 5, sum(scores[-5:]) / 5
     print(f"keyword score: first 5 updates {before:.2f}, last 5 updates {after:.2f}")
     assert after > before + 1.5, scores
+
+
+def test_metrics_are_logged_every_update_by_default_and_each_named_eval_set_gets_samples(tmp_path, tokenizer):
+    config = RLOOConfig(  # no logging_steps: seed 000's RLOO logs every update
+        output_dir=str(tmp_path / "out"),
+        report_to="none",
+        use_cpu=True,
+        per_device_train_batch_size=4,
+        rloo_k=2,
+        num_ppo_epochs=1,
+        response_length=3,
+        total_episodes=12,
+        save_strategy="no",
+        num_sample_generations=1,
+        num_sample_prompts=2,
+        disable_tqdm=True,
+    )
+    evals = {"short": toy_prompt_dataset("test", n=2), "other": toy_prompt_dataset("test", n=3)}
+    trainer = RLOOTrainer(
+        config, tokenizer, tiny_model("llama"), tiny_model("llama"), KeywordReward("e"),
+        toy_prompt_dataset(n=8), eval_dataset=evals,
+    )
+    trainer.train()
+    logs = [h for h in trainer.state.log_history if "objective/scores" in h]
+    assert [entry["episode"] for entry in logs] == [4, 8, 12]
+    assert all(set(METRICS) <= set(entry) for entry in logs)
+    for name in evals:  # one sample table per named set, at the last update
+        rows = [json.loads(r) for r in (tmp_path / "out" / f"samples-{name}" / "samples.jsonl").open()]
+        assert [r["step"] for r in rows] == [3, 3]
+    samples = trainer.generate_completions()
+    assert set(samples) == {"short", "other"} and len(samples["other"]["score"]) == 2
+    with pytest.raises(ValueError, match="eval_dataset"):
+        RLOOTrainer(config, tokenizer, tiny_model("llama"), tiny_model("llama"), KeywordReward("e"),
+                    toy_prompt_dataset(n=8), eval_dataset={})

@@ -8,7 +8,7 @@ import torch
 from rlhfkit.rollout import pad_left, pad_right, reward_model_scores
 from rlhfkit.testing import tiny_model, tiny_tokenizer
 from rlhfkit.trainers.guards import NonFiniteStepWarning
-from rlhfkit.trainers.rloo_rewards import RLHF_REWARDS, RewardScorer
+from rlhfkit.trainers.rloo_rewards import RLHF_REWARDS, RewardScorer, compute_rlhf_reward
 
 
 @pytest.fixture(scope="module")
@@ -108,3 +108,22 @@ def test_token_and_sequence_level_kl_give_the_same_total_reward():
     # by hand: score - 0.1 * sum over real tokens of (logprob - ref_logprob)
     expected = scores - 0.1 * ((logprobs - ref_logprobs) * response_mask).sum(1)
     torch.testing.assert_close(seq[0], expected)
+
+
+@pytest.mark.parametrize("token_level_kl", [False, True])
+def test_normalize_reward_standardises_and_clips_the_raw_scores_before_the_kl_term(token_level_kl):
+    scores = torch.tensor([1.0, 3.0, 5.0, 7.0])
+    logprobs = torch.tensor([[-0.5], [-1.0], [-1.0], [-1.0]])
+    ref_logprobs = torch.tensor([[-1.0], [-1.0], [-1.0], [-1.0]])  # KL 0.5 on the first completion only
+    response_mask = torch.ones(4, 1, dtype=torch.bool)
+    reward, non_score, _ = compute_rlhf_reward(
+        scores, logprobs, ref_logprobs, response_mask, 0.1, token_level_kl, normalize_clip_range=1.0
+    )
+    # by hand: mean 4, sample std sqrt((9 + 1 + 1 + 9) / 3) = 2.5820 -> z = [-1.1619, -0.3873, 0.3873, 1.1619],
+    # clipped to +-1 -> [-1, -0.3873, 0.3873, 1]; then the KL term -0.1 * 0.5 = -0.05 on the first
+    z = 1.0 / (20.0 / 3.0) ** 0.5
+    torch.testing.assert_close(non_score, torch.tensor([-0.05, 0.0, 0.0, 0.0]))
+    torch.testing.assert_close(reward, torch.tensor([-1.05, -z, z, 1.0]))
+    # without normalisation the raw score minus the same KL term
+    raw, _, _ = compute_rlhf_reward(scores, logprobs, ref_logprobs, response_mask, 0.1, token_level_kl)
+    torch.testing.assert_close(raw, torch.tensor([0.95, 3.0, 5.0, 7.0]))

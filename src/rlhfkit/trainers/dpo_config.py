@@ -8,12 +8,13 @@ from typing import Any
 from transformers import TrainingArguments
 
 from rlhfkit.trainers.common import check_field_types
+from rlhfkit.trainers.legacy_training_args import LegacyTrainingArguments
 
 TRUNCATION_MODES = ("keep_end", "keep_start")
 
 
 @dataclass
-class DPOConfig(TrainingArguments):
+class DPOConfig(LegacyTrainingArguments):
     """Configuration for `DPOTrainer`; every `transformers.TrainingArguments` field also applies."""
 
     beta: float = field(

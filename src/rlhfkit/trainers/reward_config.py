@@ -7,12 +7,13 @@ from dataclasses import dataclass, field
 from transformers import TrainingArguments
 
 from rlhfkit.trainers.common import check_field_types
+from rlhfkit.trainers.legacy_training_args import LegacyTrainingArguments
 
 OVERLONG_POLICIES = ("drop", "truncate")
 
 
 @dataclass
-class RewardConfig(TrainingArguments):
+class RewardConfig(LegacyTrainingArguments):
     """Configuration for `RewardTrainer`; every `transformers.TrainingArguments` field also applies."""
 
     max_length: int | None = field(

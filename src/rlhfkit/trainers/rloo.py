@@ -7,7 +7,7 @@ One update:
   2. reference logprobs, and scores from the reward model(s) / function(s);
   3. the missing-eos penalty;
   4. the RLHF reward: score - kl_coef * KL to the reference (per sequence or per token);
-  5. optional Reinforce++ reward whitening / normalisation and clipping;
+  5. optional reward whitening (Reinforce++ normalize_reward acts on the scores, before step 4);
   6. advantages: leave-one-out baseline over the k completions of each prompt (optionally normalised);
   7. num_ppo_epochs x num_mini_batches clipped sequence-level policy-gradient steps, with gradient
      accumulation over micro-batches of per_device_train_batch_size.
@@ -30,13 +30,11 @@ from transformers import GenerationConfig, ProgressCallback, Trainer, TrainerSta
 from transformers.trainer_utils import TrainOutput, get_last_checkpoint
 
 from rlhfkit.core import (
-    clip_tensor,
     entropy_from_logits,
     masked_mean,
     masked_var,
     masked_whiten,
     normalize_advantages,
-    normalize_rewards,
     ppo_policy_loss,
     rloo_advantages,
 )
@@ -47,7 +45,7 @@ from rlhfkit.trainers.common import validate_checkpoint
 from rlhfkit.trainers.guards import RobustTrainerMixin
 from rlhfkit.trainers.rloo_config import RLOOConfig
 from rlhfkit.trainers.rloo_data import PromptSchedule, check_prompts, tokenize_prompts
-from rlhfkit.trainers.rloo_rewards import RLHF_REWARDS, RewardScorer
+from rlhfkit.trainers.rloo_rewards import RewardScorer, compute_rlhf_reward
 from rlhfkit.trainers.sample_table import RichProgressCallback, print_sample_table, save_samples
 
 
@@ -95,14 +93,25 @@ class RLOOTrainer(RobustTrainerMixin, Trainer):
                 disable_dropout(model)
         num_proc = config.dataset_num_proc
         train_dataset = tokenize_prompts(train_dataset, processing_class, num_proc, "train_dataset")
-        if eval_dataset is not None:
+        if isinstance(eval_dataset, dict):  # named evaluation sets: one sample table each
+            if not eval_dataset:
+                raise ValueError("eval_dataset is an empty dict; give at least one named dataset, or None")
+            eval_dataset = {
+                name: tokenize_prompts(ds, processing_class, num_proc, f"eval_dataset[{name!r}]")
+                for name, ds in eval_dataset.items()
+            }
+        elif eval_dataset is not None:
             eval_dataset = tokenize_prompts(eval_dataset, processing_class, num_proc, "eval_dataset")
         models = {"policy": policy, "ref_policy": ref_policy}
         if reward_processing_class is None:  # reward models then read the policy's token ids
             models.update({f"reward model {i}": r for i, r in enumerate(rewards) if isinstance(r, nn.Module)})
-        for dataset, what in ((train_dataset, "train_dataset"), (eval_dataset, "eval_dataset")):
-            if dataset is not None:
-                check_prompts(dataset, what, config.response_length, models)
+        to_check = {"train_dataset": train_dataset}
+        if isinstance(eval_dataset, dict):
+            to_check.update({f"eval_dataset[{name!r}]": ds for name, ds in eval_dataset.items()})
+        elif eval_dataset is not None:
+            to_check["eval_dataset"] = eval_dataset
+        for what, dataset in to_check.items():
+            check_prompts(dataset, what, config.response_length, models)
 
         super().__init__(
             model=policy,
@@ -268,18 +277,23 @@ class RLOOTrainer(RobustTrainerMixin, Trainer):
         has_eos = ((responses == self.processing_class.eos_token_id) & response_mask).any(1)
         if args.missing_eos_penalty is not None:
             scores = apply_missing_eos_penalty(scores, has_eos, args.missing_eos_penalty)
-        # 4. RLHF reward = score - kl_coef * KL(policy || reference)
-        rlhf_reward, non_score_reward, kl = RLHF_REWARDS[args.token_level_kl](
-            scores, logprobs, batch["ref_logprobs"], response_mask, args.kl_coef
+        # 4. RLHF reward = score - kl_coef * KL(policy || reference); Reinforce++'s normalize_reward
+        # standardises and clips the scores themselves, before the KL term is added
+        rlhf_reward, non_score_reward, kl = compute_rlhf_reward(
+            scores,
+            logprobs,
+            batch["ref_logprobs"],
+            response_mask,
+            args.kl_coef,
+            args.token_level_kl,
+            args.reward_clip_range if args.normalize_reward else None,
         )
-        # 5. Reinforce++ scaling of the rewards
+        # 5. optional whitening of the rewards
         scaled_reward = rlhf_reward
         if args.whiten_rewards:
             scaled_reward = masked_whiten(
                 scaled_reward, torch.ones_like(scaled_reward, dtype=torch.bool), shift_mean=False
             )
-        if args.normalize_reward:
-            scaled_reward = clip_tensor(normalize_rewards(scaled_reward), args.reward_clip_range)
         # 6. leave-one-out advantages
         advantages = rloo_advantages(scaled_reward, args.rloo_k)
         if args.normalize_advantage:
@@ -383,10 +397,24 @@ class RLOOTrainer(RobustTrainerMixin, Trainer):
         return prompts, completions
 
     @torch.no_grad()
-    def generate_completions(self) -> dict[str, list]:
-        """Greedy completions of the first `num_sample_prompts` evaluation prompts: printed and saved."""
-        args = self.args
+    def generate_completions(self) -> dict[str, list] | dict[str, dict[str, list]]:
+        """Greedy completions of the first `num_sample_prompts` evaluation prompts: printed and saved.
+
+        With a dict of evaluation datasets, one table per dataset, saved under `output_dir/samples-<name>`,
+        and the samples are returned by name.
+        """
+        if isinstance(self.eval_dataset, dict):
+            return {
+                name: self._sample_completions(
+                    dataset, f" ({name})", os.path.join(self.args.output_dir, f"samples-{name}")
+                )
+                for name, dataset in self.eval_dataset.items()
+            }
         dataset = self.eval_dataset if self.eval_dataset is not None else self.train_dataset
+        return self._sample_completions(dataset, "", self.args.output_dir)
+
+    def _sample_completions(self, dataset: Any, label: str, folder: str) -> dict[str, list]:
+        args = self.args
         rows = dataset.select(range(min(args.num_sample_prompts, len(dataset))))["input_ids"]
         pad_id = self.processing_class.pad_token_id
         queries, masks = (
@@ -408,9 +436,9 @@ class RLOOTrainer(RobustTrainerMixin, Trainer):
         if self.is_world_process_zero():
             step = self.state.global_step
             print_sample_table(
-                prompts, completions, samples["score"], title=f"sample completions, update {step}"
+                prompts, completions, samples["score"], title=f"sample completions{label}, update {step}"
             )
-            save_samples(args.output_dir, step, prompts, completions, samples["score"])
+            save_samples(folder, step, prompts, completions, samples["score"])
         return samples
 
     def create_model_card(

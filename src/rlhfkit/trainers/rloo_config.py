@@ -14,10 +14,11 @@ from typing import Literal
 from transformers import TrainingArguments
 
 from rlhfkit.trainers.common import check_field_types, exact_div
+from rlhfkit.trainers.legacy_training_args import LegacyTrainingArguments
 
 
 @dataclass
-class RLOOConfig(TrainingArguments):
+class RLOOConfig(LegacyTrainingArguments):
     """Configuration for `RLOOTrainer`; every `transformers.TrainingArguments` field also applies."""
 
     exp_name: str = field(
@@ -58,12 +59,12 @@ class RLOOConfig(TrainingArguments):
     normalize_reward: bool = field(
         default=False,
         metadata={
-            "help": "Reinforce++: standardise the RLHF rewards of a batch to mean 0, std 1, then clip "
-            "them to [-reward_clip_range, reward_clip_range]."
+            "help": "Reinforce++: standardise the raw scores of a batch to mean 0, std 1 and clip them to "
+            "[-reward_clip_range, reward_clip_range], before the KL penalty is added."
         },
     )
     reward_clip_range: float = field(
-        default=10.0, metadata={"help": "Clip range for the normalised rewards (used with normalize_reward)."}
+        default=10.0, metadata={"help": "Clip range for the normalised scores (used with normalize_reward)."}
     )
     normalize_advantage: bool = field(
         default=False,
@@ -88,6 +89,13 @@ class RLOOConfig(TrainingArguments):
         metadata={
             "help": "Optimizer steps with a NaN/inf score or gradient are skipped; after this many in a row "
             "the run saves its last good state and stops with an error."
+        },
+    )
+    logging_steps: float = field(
+        default=1,
+        metadata={
+            "help": "Log the metrics every this many updates. Default 1: every update, as seed 000's RLOO "
+            "does (TrainingArguments' own default is 500)."
         },
     )
     num_mini_batches: int = field(

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from rlhfkit.core import compute_token_rewards, kl_penalty
+from rlhfkit.core import clip_tensor, compute_token_rewards, kl_penalty, normalize_rewards
 from rlhfkit.rollout import reward_model_scores
 from rlhfkit.trainers.guards import NonFiniteStepWarning
 
@@ -143,6 +143,14 @@ class RewardScorer:
         )
 
 
+def normalize_scores(scores: torch.Tensor, clip_range: float) -> torch.Tensor:
+    """Reinforce++ `normalize_reward`: standardise the raw scores (N,) of a batch, then clip to ±clip_range.
+
+    Applied to the scores before the KL term is added, so the KL penalty keeps its kl_coef scale.
+    """
+    return clip_tensor(normalize_rewards(scores), clip_range)
+
+
 def sequence_level_rlhf_reward(
     scores: torch.Tensor,
     logprobs: torch.Tensor,
@@ -178,3 +186,22 @@ RLHF_REWARDS: dict[bool, Callable[..., tuple[torch.Tensor, torch.Tensor, torch.T
     False: sequence_level_rlhf_reward,
     True: token_level_rlhf_reward,
 }
+
+
+def compute_rlhf_reward(
+    scores: torch.Tensor,
+    logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    response_mask: torch.Tensor,
+    kl_coef: float,
+    token_level_kl: bool = False,
+    normalize_clip_range: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """RLOO's reward per completion: score - kl_coef * KL, the score first normalised when asked.
+
+    `normalize_clip_range` set (Reinforce++ `normalize_reward`) standardises and clips the raw scores (N,)
+    before the KL term is added. Returns (rlhf_reward (N,), non_score_reward (N,), kl (N, T)).
+    """
+    if normalize_clip_range is not None:
+        scores = normalize_scores(scores, normalize_clip_range)
+    return RLHF_REWARDS[token_level_kl](scores, logprobs, ref_logprobs, response_mask, kl_coef)

@@ -8,10 +8,11 @@ from typing import Any
 from transformers import TrainingArguments
 
 from rlhfkit.trainers.common import check_field_types
+from rlhfkit.trainers.legacy_training_args import LegacyTrainingArguments
 
 
 @dataclass
-class SFTConfig(TrainingArguments):
+class SFTConfig(LegacyTrainingArguments):
     """Configuration for `SFTTrainer`; every `transformers.TrainingArguments` field also applies."""
 
     dataset_text_field: str = field(
