@@ -67,16 +67,17 @@ def test_sigterm_saves_checkpoint_and_resume_matches_uninterrupted_run(tmp_path)
 
 
 class _NaNOnCalls:
-    """Keyword reward, but NaN for every completion on the given (1-based) calls."""
+    """Distinct scores 0, 1, 2, ... (so every completion has a non-zero leave-one-out advantage and a
+    healthy update always moves the weights), but NaN for every completion on the given (1-based) calls."""
 
     def __init__(self, bad_calls):
-        self.bad_calls, self.calls, self.inner = set(bad_calls), 0, KeywordReward("e")
+        self.bad_calls, self.calls = set(bad_calls), 0
 
     def __call__(self, completions):
         self.calls += 1
         if self.calls in self.bad_calls:
             return [float("nan")] * len(completions)
-        return self.inner(completions)
+        return [float(i) for i in range(len(completions))]
 
 
 def test_nan_scores_skip_the_update_and_are_counted(tmp_path):
