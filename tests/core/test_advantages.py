@@ -3,7 +3,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlhfkit.core import compute_gae, normalize_advantages, rloo_advantages
+from rlhfkit.core import compute_gae, rloo_advantages
 
 
 def test_rloo_reward():
@@ -129,8 +129,3 @@ def test_gae_shape_mismatch():
     with pytest.raises(ValueError, match="same"):
         compute_gae(torch.zeros(2, 3), torch.zeros(2, 4), torch.ones(2, 3, dtype=torch.bool), 1.0, 1.0)
 
-
-def test_normalize_advantages():
-    # mean 2, sample std 1 -> (-1, 0, 1)
-    out = normalize_advantages(torch.tensor([1.0, 2.0, 3.0]))
-    torch.testing.assert_close(out, torch.tensor([-1.0, 0.0, 1.0]))

@@ -44,6 +44,13 @@ def test_masked_whiten_hand_values():
     torch.testing.assert_close(out[:2], torch.tensor([2 - 0.5**0.5, 2 + 0.5**0.5]), rtol=1e-5, atol=1e-5)
 
 
+def test_masked_whiten_without_mask_uses_every_entry():
+    # mean 3, sample std 2 -> (-1, 0, 1): the batch standardisation of RLOO and DDPO
+    torch.testing.assert_close(masked_whiten(torch.tensor([1.0, 3.0, 5.0]), None), torch.tensor([-1.0, 0.0, 1.0]))
+    with pytest.raises(ValueError, match="at least 2"):
+        masked_whiten(torch.tensor([1.0]), None)
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     st.lists(st.floats(-100, 100), min_size=3, max_size=30).filter(lambda xs: max(xs) - min(xs) > 1e-2),

@@ -1,4 +1,4 @@
-"""rlhfkit.core.diffusion: the DDIM step's log-probability, the clipped loss, reward normalisation."""
+"""rlhfkit.core.diffusion: the DDIM step's log-probability, per-prompt reward normalisation; DDPO's clipped loss."""
 
 from __future__ import annotations
 
@@ -8,13 +8,9 @@ import pytest
 import torch
 from diffusers import DDIMScheduler
 
-from rlhfkit.core.diffusion import (
-    PerPromptStatTracker,
-    classifier_free_guidance,
-    ddim_step_with_logprob,
-    ddpo_policy_loss,
-    normalize_scores,
-)
+from rlhfkit.core.diffusion import PerPromptStatTracker, classifier_free_guidance, ddim_step_with_logprob
+from rlhfkit.core.losses import ppo_policy_loss
+from rlhfkit.core.rewards import clip_tensor
 
 
 def _scheduler(steps=10, **kwargs):
@@ -88,20 +84,24 @@ def test_deterministic_steps_are_refused():
         ddim_step_with_logprob(unset, sample, 500, sample)
 
 
-def test_ddpo_policy_loss_by_hand():
-    logprobs = torch.tensor([0.0, math.log(1.5), math.log(0.5)])
-    old = torch.zeros(3)
-    advantages = torch.tensor([2.0, -10.0, 1.0])
-    out = ddpo_policy_loss(logprobs, old, advantages, clip_range=0.2, adv_clip_max=5.0)
+def test_ddpo_surrogate_by_hand():
+    # DDPO's loss is PPO's surrogate on one denoising step, sequence-level (mask=None), advantages clamped
+    logprobs = torch.tensor([0.0, math.log(1.5), math.log(0.5), math.log(1.5)])
+    old = torch.zeros(4)
+    advantages = clip_tensor(torch.tensor([2.0, -10.0, 1.0, 1.0]), 5.0)
+    out = ppo_policy_loss(logprobs, old, advantages, None, cliprange=0.2)
     # sample 0: ratio 1, A=2 -> max(-2, -2) = -2
-    # sample 1: ratio 1.5, A clipped to -5 -> max(5 * 1.5, 5 * 1.2) = 7.5
-    # sample 2: ratio 0.5, A=1 -> max(-0.5, -0.8) = -0.5
-    assert out.loss.item() == pytest.approx((-2 + 7.5 - 0.5) / 3)
-    assert out.clipfrac.item() == pytest.approx(2 / 3)
-    assert out.approx_kl.item() == pytest.approx(0.5 * (math.log(1.5) ** 2 + math.log(0.5) ** 2) / 3)
+    # sample 1: ratio 1.5, A clipped to -5 -> max(5 * 1.5, 5 * 1.2) = 7.5 (the unclipped term)
+    # sample 2: ratio 0.5, A=1 -> max(-0.5, -0.8) = -0.5 (the unclipped term)
+    # sample 3: ratio 1.5, A=1 -> max(-1.5, -1.2) = -1.2 (the clipped term)
+    assert out.loss.item() == pytest.approx((-2 + 7.5 - 0.5 - 1.2) / 4)
+    # clipfrac counts where the clipped term set the loss: sample 3 only (three ratios left [0.8, 1.2])
+    assert out.clipfrac.item() == pytest.approx(1 / 4)
+    assert out.approxkl.item() == pytest.approx(0.5 * (2 * math.log(1.5) ** 2 + math.log(0.5) ** 2) / 4)
     # on-policy (ratio 1) the loss is minus the mean clipped advantage, and its gradient is -A / B
+    advantages = advantages[:3]
     lp = torch.zeros(3, requires_grad=True)
-    loss = ddpo_policy_loss(lp, torch.zeros(3), advantages, 0.2, 5.0).loss
+    loss = ppo_policy_loss(lp, torch.zeros(3), advantages, None, 0.2).loss
     loss.backward()
     assert loss.item() == pytest.approx(-(2 - 5 + 1) / 3)
     torch.testing.assert_close(lp.grad, -torch.tensor([2.0, -5.0, 1.0]) / 3)
@@ -113,21 +113,16 @@ def test_classifier_free_guidance_by_hand():
     torch.testing.assert_close(classifier_free_guidance(noise, 2.0), torch.tensor([[5.0], [2.0]]))
 
 
-def test_normalize_scores():
-    adv = normalize_scores(torch.tensor([1.0, 2.0, 3.0, 6.0]))
-    assert adv.mean().abs() < 1e-6 and adv.std(unbiased=False).sub(1).abs() < 1e-6
-
-
 def test_per_prompt_stat_tracker_by_hand():
     tracker = PerPromptStatTracker(buffer_size=3, min_count=2, eps=0.0)
     adv = tracker.update(["a", "a", "b"], torch.tensor([1.0, 3.0, 10.0]))
-    # "a" has two rewards (>= min_count): mean 2, std 1 -> (-1, 1)
-    # "b" has one: the batch's mean 14/3 and population std sqrt(((1-14/3)^2+(3-14/3)^2+(10-14/3)^2)/3)
-    batch_std = math.sqrt(((1 - 14 / 3) ** 2 + (3 - 14 / 3) ** 2 + (10 - 14 / 3) ** 2) / 3)
-    torch.testing.assert_close(adv, torch.tensor([-1.0, 1.0, (10 - 14 / 3) / batch_std]))
-    # the buffer keeps the last 3 rewards of "a": [3, 5, 7] -> mean 5, std sqrt(8/3)
+    # "a" has two rewards (>= min_count): mean 2, sample std sqrt(2) -> (-1, 1) / sqrt(2)
+    # "b" has one: the batch's mean 14/3 and sample std sqrt(((1-14/3)^2+(3-14/3)^2+(10-14/3)^2)/2)
+    batch_std = math.sqrt(((1 - 14 / 3) ** 2 + (3 - 14 / 3) ** 2 + (10 - 14 / 3) ** 2) / 2)
+    torch.testing.assert_close(adv, torch.tensor([-(0.5**0.5), 0.5**0.5, (10 - 14 / 3) / batch_std]))
+    # the buffer keeps the last 3 rewards of "a": [3, 5, 7] -> mean 5, sample std sqrt(8/2) = 2
     adv = tracker.update(["a", "a"], torch.tensor([5.0, 7.0]))
-    torch.testing.assert_close(adv, (torch.tensor([5.0, 7.0]) - 5) / math.sqrt(8 / 3))
+    torch.testing.assert_close(adv, (torch.tensor([5.0, 7.0]) - 5) / 2)
     assert tracker.get_stats()["a"]["count"] == 3
     clone = PerPromptStatTracker(3, 2)
     clone.load_state_dict(tracker.state_dict())

@@ -70,13 +70,13 @@ def test_first_loss_is_minus_the_mean_clipped_advantage(fast_config, make_pipeli
     samples, _ = trainer._generate_samples(1, 2)
     embeds = torch.cat([samples["negative_prompt_embeds"], samples["prompt_embeds"]])
     advantages = torch.tensor([7.0, -1.0])
-    loss, approx_kl, clipfrac = trainer.calculate_loss(
+    loss, approxkl, clipfrac = trainer.calculate_loss(
         samples["latents"][:, 1], samples["timesteps"][:, 1], samples["next_latents"][:, 1],
-        samples["log_probs"][:, 1], advantages, embeds,
+        samples["logprobs"][:, 1], advantages, embeds,
     )
     # unchanged weights: ratio 1, so loss = -mean(clamp(A, -5, 5)) = -(5 - 1) / 2 = -2
     assert loss.item() == pytest.approx(-2.0, abs=1e-2)
-    assert approx_kl.item() < 1e-3 and clipfrac.item() == 0.0
+    assert approxkl.item() < 1e-3 and clipfrac.item() == 0.0
     loss.backward()
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in trainer.trainable_params)
 

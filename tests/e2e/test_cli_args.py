@@ -33,3 +33,39 @@ def test_yaml_mistakes_are_named(tmp_path):
         parse_args((ScriptArguments, DPOConfig), ["--config", str(tmp_path / "none.yaml")], "test", "")
     with pytest.raises(ValueError, match="dtype"):
         ModelArguments(dtype="float8")
+
+
+def test_load_prompts_takes_a_task_or_a_local_dataset(tmp_path):
+    from rlhfkit.commands._args import load_prompts
+    from rlhfkit.tasks import task_names
+
+    train, evaluation, task = load_prompts(task_names()[0], num_eval_prompts=3)
+    assert task is not None and len(train) > 0 and len(evaluation) == 3
+    data = tmp_path / "prompts.jsonl"
+    data.write_text('{"prompt": "a"}\n{"prompt": "b"}\n')
+    train, evaluation, task = load_prompts(str(data), "train", "test")
+    assert task is None and evaluation is None and train["prompt"] == ["a", "b"]
+    with pytest.raises(ValueError, match="runs offline.*or use a built-in task"):
+        load_prompts("org/hub-dataset")
+    with pytest.raises(ValueError, match="--dataset_name is required"):
+        load_prompts(None)
+
+
+def test_every_command_names_the_flag_of_a_missing_local_folder(tmp_path):
+    from rlhfkit.commands._args import local_folder
+
+    assert local_folder(str(tmp_path), "--model_name_or_path") == str(tmp_path)
+    with pytest.raises(ValueError, match=r"--sft_model_path 'org/model' is not a local folder; rlhfkit runs offline"):
+        local_folder("org/model", "--sft_model_path")
+    with pytest.raises(ValueError, match="--model_name_or_path is required"):
+        local_folder(None, "--model_name_or_path")
+
+
+def test_ppo_shares_the_model_and_lora_flags(tmp_path):
+    from rlhfkit.commands.ppo import PPOCommandConfig, PPOScriptArguments
+
+    _, _, model = parse_args(
+        (PPOScriptArguments, PPOCommandConfig, ModelArguments), ["--use_peft", "--lora_r", "4"], "test", ""
+    )
+    lora = peft_config_from(model, "CAUSAL_LM")
+    assert (lora.r, lora.lora_alpha) == (4, ModelArguments().lora_alpha)  # one default alpha for every command

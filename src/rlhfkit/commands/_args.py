@@ -2,28 +2,26 @@
 
 Values from the YAML file become parser defaults, so flags given on the command line still win.
 `ScriptArguments` says where the data is, `ModelArguments` which model to load and whether to wrap
-it in LoRA. A command is a few lines:
-
-    def _run(argv):
-        script_args, config, model_args = parse_args((ScriptArguments, MyConfig, ModelArguments), argv, ...)
-        train, evaluation = load_data(script_args)        # local files only; hub names get a clear error
-        tokenizer = load_tokenizer(model_args)
-        model = load_model(model_args, AutoModelForCausalLM)
-        ...
-
-    def main(argv=None):
-        return run_main(PROG, _run, argv)                   # ValueError -> one line on stderr, exit code 2
+it in LoRA. A Trainer-style command (sft, dpo, reward) is a `TrainerCommand` spec: which trainer,
+config and model class, and what to print at the end; `run_trainer_command` does the rest (parse,
+load data, tokenizer and model, train, save, evaluate, print a JSON summary). The online commands
+(ppo, rloo) use the same `ModelArguments`, `load_tokenizer` and `peft_config_from`. User errors
+(ValueError) become one line on stderr and exit code 2 (`run_main`).
 
 Set RLHFKIT_DEBUG=1 to get the full traceback instead of the one-line error.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from rlhfkit.data.loading import offline_error
 
 
 @dataclass
@@ -129,15 +127,20 @@ def require(value: Any, flag: str) -> Any:
     return value
 
 
+def local_folder(path: str | None, flag: str) -> str:
+    """`path` when it exists on disk; otherwise the offline error naming `flag` (hub names are not fetched)."""
+    if not Path(require(path, flag)).exists():
+        raise offline_error(flag, path)
+    return path
+
+
 def load_tokenizer(model_args: ModelArguments, padding_side: str = "right"):
     from transformers import AutoTokenizer
 
-    path = model_args.tokenizer_name_or_path or require(model_args.model_name_or_path, "--model_name_or_path")
-    if not Path(path).exists():
-        raise ValueError(
-            f"model {path!r} is not a local folder; rlhfkit runs offline. Build tiny models with "
-            "`rlhfkit tiny-models` or pass a folder containing config.json and weights"
-        )
+    if model_args.tokenizer_name_or_path:
+        path = local_folder(model_args.tokenizer_name_or_path, "--tokenizer_name_or_path")
+    else:
+        path = local_folder(model_args.model_name_or_path, "--model_name_or_path")
     tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=model_args.trust_remote_code)
     tokenizer.padding_side = padding_side
     if tokenizer.pad_token is None:
@@ -153,12 +156,7 @@ def model_init_kwargs(model_args: ModelArguments) -> dict[str, Any]:
 
 
 def load_model(model_args: ModelArguments, auto_class: type, **extra: Any):
-    path = require(model_args.model_name_or_path, "--model_name_or_path")
-    if not Path(path).exists():
-        raise ValueError(
-            f"model {path!r} is not a local folder; rlhfkit runs offline. Build tiny models with "
-            "`rlhfkit tiny-models` or pass a folder containing config.json and weights"
-        )
+    path = local_folder(model_args.model_name_or_path, "--model_name_or_path")
     return auto_class.from_pretrained(path, **model_init_kwargs(model_args), **extra)
 
 
@@ -186,6 +184,32 @@ def load_data(script_args: ScriptArguments):
     return load_splits(name, script_args.dataset_train_split, script_args.dataset_test_split)
 
 
+def load_prompts(
+    name: str | None, train_split: str = "train", test_split: str | None = None, num_eval_prompts: int = 16
+):
+    """(train, eval or None, task or None) for the online commands: a built-in task name or a local dataset.
+
+    A task gives its own train prompts and `num_eval_prompts` test prompts; a local dataset its splits.
+    """
+    from rlhfkit.data.loading import load_splits
+    from rlhfkit.tasks import get_task, task_names
+
+    if name is None:
+        raise ValueError(
+            f"--dataset_name is required: a local dataset path or a built-in task ({', '.join(task_names())})"
+        )
+    if name in task_names() and not Path(name).exists():
+        task = get_task(name)
+        return task.prompt_dataset("train"), task.prompt_dataset("test", n=num_eval_prompts), task
+    try:
+        train, evaluation = load_splits(name, train_split, test_split)
+    except ValueError as err:
+        if Path(name).exists():
+            raise
+        raise ValueError(f"{err}; or use a built-in task: {', '.join(task_names())}") from err
+    return train, evaluation, None
+
+
 def run_main(prog: str, body, argv: list[str] | None) -> int:
     """Run a command body; user errors print one clear line and exit code 2 instead of a traceback."""
     try:
@@ -195,3 +219,60 @@ def run_main(prog: str, body, argv: list[str] | None) -> int:
             raise
         print(f"{prog}: error: {err}", file=sys.stderr)
         return 2
+
+
+@dataclass(frozen=True)
+class TrainerCommand:
+    """What one Trainer-style command adds to the shared run: its trainer, config and model class.
+
+    `trainer` and `config` are "module:Name" strings so that `rlhfkit <command> --help` imports no
+    trainer; `summary(trainer)` gives the command's own fields of the final JSON line.
+    """
+
+    prog: str
+    description: str
+    trainer: str
+    config: str
+    auto_model: str  # a transformers Auto* class name
+    peft_task_type: str  # LoraConfig task_type for --use_peft
+    summary: Callable[[Any], dict[str, Any]]
+    model_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def main(self, argv: list[str] | None = None) -> int:
+        return run_main(self.prog, lambda args: run_trainer_command(self, args), argv)
+
+
+def _import(target: str) -> Any:
+    module, name = target.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def run_trainer_command(command: TrainerCommand, argv: list[str] | None) -> int:
+    """Parse, load data, tokenizer and model, train, save, evaluate, and print one JSON summary line."""
+    import json
+
+    import transformers
+
+    config_class, trainer_class = _import(command.config), _import(command.trainer)
+    script_args, config, model_args = parse_args(
+        (ScriptArguments, config_class, ModelArguments), argv, command.prog, command.description
+    )
+    train_dataset, eval_dataset = load_data(script_args)
+    tokenizer = load_tokenizer(model_args)
+    model = load_model(model_args, getattr(transformers, command.auto_model), **command.model_kwargs)
+    trainer = trainer_class(
+        model=model,
+        args=config,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+        processing_class=tokenizer,
+        peft_config=peft_config_from(model_args, command.peft_task_type),
+    )
+    trainer.train()
+    trainer.save_model(config.output_dir)
+    tokenizer.save_pretrained(config.output_dir)
+    summary = {"output_dir": config.output_dir, **command.summary(trainer)}
+    if eval_dataset is not None:
+        summary["eval"] = trainer.evaluate()
+    print(json.dumps(summary, default=float))
+    return 0

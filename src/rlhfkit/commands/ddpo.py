@@ -12,13 +12,12 @@ from __future__ import annotations
 import io
 import random
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from rlhfkit.commands._args import parse_args, run_main
+from rlhfkit.commands._args import local_folder, parse_args, run_main
 from rlhfkit.trainers.ddpo_config import DDPOConfig
 
 PROG = "rlhfkit ddpo"
@@ -86,8 +85,8 @@ def _train(argv: list[str] | None) -> int:
         from rlhfkit.testing.diffusion import tiny_sd_pipeline_path
 
         model = str(tiny_sd_pipeline_path())
-    elif not Path(model).exists():
-        raise FileNotFoundError(f"--pretrained_model {model!r} is not a local folder (rlhfkit runs offline)")
+    else:
+        local_folder(model, "--pretrained_model")
     pipeline = DefaultDDPOStableDiffusionPipeline(
         model, pretrained_model_revision=args.pretrained_revision, use_lora=config.train_use_lora,
         lora_rank=args.lora_rank,

@@ -6,52 +6,19 @@
 
 from __future__ import annotations
 
-import json
+from typing import Any
 
-from rlhfkit.commands._args import (
-    ModelArguments,
-    ScriptArguments,
-    load_data,
-    load_model,
-    load_tokenizer,
-    parse_args,
-    peft_config_from,
-    run_main,
-)
-
-PROG = "rlhfkit dpo"
+from rlhfkit.commands._args import TrainerCommand
 
 
-def _run(argv: list[str] | None) -> int:
-    from transformers import AutoModelForCausalLM
-
-    from rlhfkit.trainers.dpo import DPOTrainer
-    from rlhfkit.trainers.dpo_config import DPOConfig
-
-    script_args, config, model_args = parse_args(
-        (ScriptArguments, DPOConfig, ModelArguments), argv, PROG, "Direct preference optimisation."
-    )
-    train_dataset, eval_dataset = load_data(script_args)
-    tokenizer = load_tokenizer(model_args)
-    model = load_model(model_args, AutoModelForCausalLM)
-    trainer = DPOTrainer(
-        model=model,
-        args=config,
-        train_dataset=train_dataset,
-        eval_dataset=eval_dataset,
-        processing_class=tokenizer,
-        peft_config=peft_config_from(model_args, "CAUSAL_LM"),
-    )
-    trainer.train()
-    trainer.save_model(config.output_dir)
-    tokenizer.save_pretrained(config.output_dir)
+def _last_log(trainer: Any) -> dict[str, Any]:
     logged = [h for h in trainer.state.log_history if "rewards/accuracies" in h]
-    summary = {"output_dir": config.output_dir, "last_log": logged[-1] if logged else None}
-    if eval_dataset is not None:
-        summary["eval"] = trainer.evaluate()
-    print(json.dumps(summary, default=float))
-    return 0
+    return {"last_log": logged[-1] if logged else None}
 
 
-def main(argv: list[str] | None = None) -> int:
-    return run_main(PROG, _run, argv)
+COMMAND = TrainerCommand(
+    "rlhfkit dpo", "Direct preference optimisation.",
+    trainer="rlhfkit.trainers.dpo:DPOTrainer", config="rlhfkit.trainers.dpo_config:DPOConfig",
+    auto_model="AutoModelForCausalLM", peft_task_type="CAUSAL_LM", summary=_last_log,
+)
+main = COMMAND.main

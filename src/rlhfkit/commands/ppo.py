@@ -16,7 +16,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlhfkit.commands._args import parse_args, run_main
+from rlhfkit.commands._args import (
+    ModelArguments,
+    load_prompts,
+    load_tokenizer,
+    local_folder,
+    model_init_kwargs,
+    parse_args,
+    peft_config_from,
+    run_main,
+)
 from rlhfkit.trainers.ppo_config import PPOConfig
 
 PROG = "rlhfkit ppo"
@@ -24,9 +33,8 @@ PROG = "rlhfkit ppo"
 
 @dataclass
 class PPOScriptArguments:
-    model_name_or_path: str | None = field(
-        default=None, metadata={"help": "Local causal LM folder (default: the offline tiny llama)."}
-    )
+    """Data, reward and run flags; the model and LoRA flags are the shared `ModelArguments`."""
+
     dataset_name: str = field(
         default="length",
         metadata={"help": "Built-in task name (see rlhfkit.tasks) or a local dataset with a 'query'/'prompt' column."},
@@ -39,8 +47,6 @@ class PPOScriptArguments:
     output_dir: str = field(default="ppo-output", metadata={"help": "Where the trained model is saved."})
     max_new_tokens: int = field(default=8, metadata={"help": "Longest response, in tokens."})
     num_prompts: int | None = field(default=None, metadata={"help": "Use only this many prompts (None: all)."})
-    use_peft: bool = field(default=False, metadata={"help": "Train a LoRA adapter (the reference is the base)."})
-    lora_r: int = field(default=8, metadata={"help": "LoRA rank with --use_peft."})
     save_steps: int = field(default=0, metadata={"help": "Checkpoint every N steps into output_dir/checkpoint (0: off)."})
     resume_from_checkpoint: str | None = field(
         default=None, metadata={"help": "A checkpoint folder written by --save_steps to continue from."}
@@ -58,28 +64,13 @@ class PPOCommandConfig(PPOConfig):
     init_kl_coef: float = field(default=0.05, metadata={"help": "Initial KL coefficient."})
 
 
-def load_prompts(args: PPOScriptArguments, tokenizer: Any):
-    """(dataset with 'query' and 'input_ids', reward function or None)."""
-    from rlhfkit.tasks import get_task, task_names
-
-    task = None
-    if args.dataset_name in task_names() and not Path(args.dataset_name).exists():
-        task = get_task(args.dataset_name)
-        dataset = task.prompt_dataset("train")
-    else:
-        from rlhfkit.data.loading import load_local_dataset
-
-        try:
-            splits = load_local_dataset(args.dataset_name)
-        except ValueError as err:
-            raise ValueError(f"--dataset_name: {err}; or use a built-in task: {', '.join(task_names())}") from err
-        if args.dataset_train_split not in splits:
-            raise ValueError(f"--dataset_train_split {args.dataset_train_split!r} not in {sorted(splits)}")
-        dataset = splits[args.dataset_train_split]
-        if "query" not in dataset.column_names:
-            if "prompt" not in dataset.column_names:
-                raise ValueError(f"--dataset_name: needs a 'query' or 'prompt' column, has {dataset.column_names}")
-            dataset = dataset.rename_column("prompt", "query")
+def prompt_dataset(args: PPOScriptArguments, tokenizer: Any):
+    """(dataset with 'query' and 'input_ids', the task's reward function or None)."""
+    dataset, _, task = load_prompts(args.dataset_name, args.dataset_train_split)
+    if "query" not in dataset.column_names:
+        if "prompt" not in dataset.column_names:
+            raise ValueError(f"--dataset_name: needs a 'query' or 'prompt' column, has {dataset.column_names}")
+        dataset = dataset.rename_column("prompt", "query")
     if args.num_prompts is not None:
         dataset = dataset.select(range(min(args.num_prompts, len(dataset))))
     dataset = dataset.map(lambda row: {"input_ids": tokenizer.encode(row["query"])})
@@ -108,11 +99,11 @@ def reward_function(args: PPOScriptArguments, task_reward: Any, device: Any):
     return score
 
 
-def _check_paths(args: PPOScriptArguments) -> None:
+def _check_paths(args: PPOScriptArguments, model_args: ModelArguments) -> None:
     from rlhfkit.tasks import task_names
 
-    if args.model_name_or_path is not None and not Path(args.model_name_or_path).is_dir():
-        raise ValueError(f"--model_name_or_path {args.model_name_or_path!r} is not a local folder; rlhfkit runs offline")
+    if model_args.model_name_or_path is not None:
+        local_folder(model_args.model_name_or_path, "--model_name_or_path")
     if args.dataset_name not in task_names() and not Path(args.dataset_name).exists():
         raise ValueError(
             f"--dataset_name {args.dataset_name!r} is neither a built-in task ({', '.join(task_names())}) "
@@ -124,26 +115,24 @@ def _check_paths(args: PPOScriptArguments) -> None:
 
 def _body(argv: list[str] | None) -> int:
     import torch
-    from transformers import AutoTokenizer
 
     from rlhfkit.models.value_head import AutoModelForCausalLMWithValueHead
     from rlhfkit.testing import tiny_model_path
     from rlhfkit.trainers.ppo import PPOTrainer
 
-    args, config = parse_args((PPOScriptArguments, PPOCommandConfig), argv, PROG, "Classic PPO loop.")
-    _check_paths(args)  # before any model is loaded
-    path = args.model_name_or_path or str(tiny_model_path("llama"))
-    tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    dataset, task_reward = load_prompts(args, tokenizer)
+    args, config, model_args = parse_args(
+        (PPOScriptArguments, PPOCommandConfig, ModelArguments), argv, PROG, "Classic PPO loop."
+    )
+    _check_paths(args, model_args)  # before any model is loaded
+    if model_args.model_name_or_path is None:
+        model_args.model_name_or_path = str(tiny_model_path("llama"))
+    path = model_args.model_name_or_path
+    tokenizer = load_tokenizer(model_args, padding_side="left")
+    dataset, task_reward = prompt_dataset(args, tokenizer)
     config.model_name, config.query_dataset = path, args.dataset_name
-    peft_config = None
-    if args.use_peft:
-        from peft import LoraConfig
-
-        peft_config = LoraConfig(task_type="CAUSAL_LM", r=args.lora_r, lora_alpha=2 * args.lora_r)
-    model = AutoModelForCausalLMWithValueHead.from_pretrained(path, peft_config=peft_config)
+    model = AutoModelForCausalLMWithValueHead.from_pretrained(
+        path, peft_config=peft_config_from(model_args, "CAUSAL_LM"), **model_init_kwargs(model_args)
+    )
     trainer = PPOTrainer(config, model, tokenizer=tokenizer, dataset=dataset)
     if len(trainer.dataloader) == 0:
         raise ValueError(f"--dataset_name has {len(dataset)} prompts, fewer than --batch_size {config.batch_size}")

@@ -6,51 +6,12 @@
 
 from __future__ import annotations
 
-import json
+from rlhfkit.commands._args import TrainerCommand
 
-from rlhfkit.commands._args import (
-    ModelArguments,
-    ScriptArguments,
-    load_data,
-    load_model,
-    load_tokenizer,
-    parse_args,
-    peft_config_from,
-    run_main,
+COMMAND = TrainerCommand(
+    "rlhfkit reward", "Train a reward model (Bradley-Terry).",
+    trainer="rlhfkit.trainers.reward:RewardTrainer", config="rlhfkit.trainers.reward_config:RewardConfig",
+    auto_model="AutoModelForSequenceClassification", peft_task_type="SEQ_CLS", model_kwargs={"num_labels": 1},
+    summary=lambda trainer: {"overlong": trainer.overlong_counts},
 )
-
-PROG = "rlhfkit reward"
-
-
-def _run(argv: list[str] | None) -> int:
-    from transformers import AutoModelForSequenceClassification
-
-    from rlhfkit.trainers.reward import RewardTrainer
-    from rlhfkit.trainers.reward_config import RewardConfig
-
-    script_args, config, model_args = parse_args(
-        (ScriptArguments, RewardConfig, ModelArguments), argv, PROG, "Train a reward model (Bradley-Terry)."
-    )
-    train_dataset, eval_dataset = load_data(script_args)
-    tokenizer = load_tokenizer(model_args)
-    model = load_model(model_args, AutoModelForSequenceClassification, num_labels=1)
-    trainer = RewardTrainer(
-        model=model,
-        args=config,
-        train_dataset=train_dataset,
-        eval_dataset=eval_dataset,
-        processing_class=tokenizer,
-        peft_config=peft_config_from(model_args, "SEQ_CLS"),
-    )
-    trainer.train()
-    trainer.save_model(config.output_dir)
-    tokenizer.save_pretrained(config.output_dir)
-    summary = {"output_dir": config.output_dir, "overlong": trainer.overlong_counts}
-    if eval_dataset is not None:
-        summary["eval"] = trainer.evaluate()
-    print(json.dumps(summary, default=float))
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    return run_main(PROG, _run, argv)
+main = COMMAND.main

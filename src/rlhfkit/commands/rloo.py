@@ -14,7 +14,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from rlhfkit.commands._args import ModelArguments, ScriptArguments, load_tokenizer, parse_args, run_main
+from rlhfkit.commands._args import (
+    ModelArguments,
+    ScriptArguments,
+    load_prompts,
+    load_tokenizer,
+    local_folder,
+    parse_args,
+    run_main,
+)
+from rlhfkit.data.loading import offline_error
 
 PROG = "rlhfkit rloo"
 
@@ -32,35 +41,6 @@ def _default(name: str) -> str:
     return next(f.default for f in fields(RLOOConfig) if f.name == name)
 
 
-def _offline_model_error(flag: str, value: str) -> ValueError:
-    return ValueError(
-        f"{flag} {value!r} is not a local folder; rlhfkit runs offline and downloads nothing. "
-        "Pass a folder with config.json and weights (build tiny ones with `rlhfkit tiny-models`)"
-    )
-
-
-def load_prompts(script_args: RLOOScriptArguments):
-    """(train, eval, task or None): a built-in task name, or a local dataset path."""
-    from rlhfkit.commands._args import load_data
-    from rlhfkit.tasks import get_task, task_names
-
-    name = script_args.dataset_name
-    if name is None:
-        raise ValueError(
-            f"--dataset_name is required: a local dataset path or a built-in task ({', '.join(task_names())})"
-        )
-    if name in task_names() and not Path(name).exists():
-        task = get_task(name)
-        return task.prompt_dataset("train"), task.prompt_dataset("test", n=script_args.num_eval_prompts), task
-    try:
-        train, evaluation = load_data(script_args)
-    except ValueError as err:
-        if Path(name).exists():
-            raise
-        raise ValueError(f"{err}; or use a built-in task: {', '.join(task_names())}") from err
-    return train, evaluation, None
-
-
 def _body(argv: list[str] | None) -> int:
     import torch  # noqa: F401  (fail early if the environment is broken)
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
@@ -71,7 +51,10 @@ def _body(argv: list[str] | None) -> int:
     script_args, config, model_args = parse_args(
         (RLOOScriptArguments, RLOOConfig, ModelArguments), argv, PROG, "REINFORCE leave-one-out training"
     )
-    train_dataset, eval_dataset, task = load_prompts(script_args)
+    train_dataset, eval_dataset, task = load_prompts(
+        script_args.dataset_name, script_args.dataset_train_split, script_args.dataset_test_split,
+        script_args.num_eval_prompts,
+    )
     from rlhfkit.trainers.rloo import RLOOTrainer
 
     sft_path = config.sft_model_path
@@ -79,8 +62,7 @@ def _body(argv: list[str] | None) -> int:
         sft_path = model_args.model_name_or_path
     if sft_path is None:
         raise ValueError("--model_name_or_path (or --sft_model_path) is required: a local model folder")
-    if not Path(sft_path).exists():
-        raise _offline_model_error("--sft_model_path", sft_path)
+    local_folder(sft_path, "--sft_model_path")
     if model_args.model_name_or_path is None:
         model_args.model_name_or_path = sft_path
 
@@ -92,7 +74,7 @@ def _body(argv: list[str] | None) -> int:
     elif task is not None and reward_path in (_default("reward_model_path"), "task"):
         reward = task.reward_fn
     else:
-        raise _offline_model_error("--reward_model_path", reward_path)
+        raise offline_error("--reward_model_path", reward_path)
 
     tokenizer = load_tokenizer(model_args, padding_side="left")
     policy = AutoModelForCausalLM.from_pretrained(sft_path, **model_init_kwargs(model_args))

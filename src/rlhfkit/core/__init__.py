@@ -7,7 +7,7 @@ importable from here; they load on first use, so `import rlhfkit.core` itself st
 import importlib
 from typing import Any
 
-from rlhfkit.core.advantages import compute_gae, normalize_advantages, rloo_advantages
+from rlhfkit.core.advantages import compute_gae, rloo_advantages
 from rlhfkit.core.kl import KL_ESTIMATORS, AdaptiveKLController, FixedKLController, kl_penalty
 from rlhfkit.core.logprobs import entropy_from_logits, full_kl_from_logits, selective_log_softmax
 from rlhfkit.core.losses import (
@@ -34,7 +34,6 @@ from rlhfkit.core.rewards import (
     clip_tensor,
     combine_moments,
     compute_token_rewards,
-    normalize_rewards,
     scale_scores,
 )
 
@@ -78,8 +77,6 @@ __all__ = [
     "masked_mean",
     "masked_var",
     "masked_whiten",
-    "normalize_advantages",
-    "normalize_rewards",
     "pairwise_reward_loss",
     "ppo_policy_loss",
     "ppo_value_loss",

@@ -59,9 +59,3 @@ def rloo_advantages(rlhf_reward: torch.Tensor, rloo_k: int) -> torch.Tensor:
     baseline = (grouped.sum(0, keepdim=True) - grouped) / (rloo_k - 1)
     return (grouped - baseline).flatten()
 
-
-def normalize_advantages(advantages: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-    """(a - mean) / (std + eps) over the whole tensor (Reinforce++ advantage normalisation)."""
-    if advantages.numel() < 2:
-        raise ValueError("normalize_advantages needs at least 2 values")
-    return (advantages - advantages.mean()) / (advantages.std() + eps)

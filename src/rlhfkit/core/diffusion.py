@@ -10,8 +10,8 @@ policy. With DDIM (Song et al. 2021, eq. 12 and 16) and noise level eta > 0 that
 
 and its log-probability is the Gaussian log-density averaged over every non-batch dimension (a
 per-element mean, as in the DDPO paper's code: the exact log-density divided by the latent size, which
-keeps importance ratios on the scale that `train_clip_range=1e-4` was tuned for). The PPO-style clipped surrogate and a
-per-prompt reward normaliser are here too. Everything needs only torch; a scheduler is read
+keeps importance ratios on the scale that `train_clip_range=1e-4` was tuned for). A per-prompt reward
+normaliser is here too; the clipped surrogate is PPO's (`core.losses.ppo_policy_loss`). Everything needs only torch; a scheduler is read
 duck-typed (`alphas_cumprod`, `final_alpha_cumprod`, `num_inference_steps`, `config`).
 """
 
@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from rlhfkit.core.masking import masked_whiten
 
 
 @dataclass
@@ -133,48 +135,12 @@ def classifier_free_guidance(noise_pred: torch.Tensor, guidance_scale: float) ->
     return uncond + guidance_scale * (cond - uncond)
 
 
-@dataclass
-class DDPOLossOutput:
-    loss: torch.Tensor  # scalar
-    approx_kl: torch.Tensor  # scalar, 0.5 * mean((logprobs - old_logprobs)^2)
-    clipfrac: torch.Tensor  # scalar, fraction of samples whose ratio left [1 - clip, 1 + clip]
-
-
-def ddpo_policy_loss(
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    clip_range: float,
-    adv_clip_max: float,
-) -> DDPOLossOutput:
-    """PPO clipped surrogate for one denoising step of a batch of trajectories.
-
-    logprobs, old_logprobs, advantages: (B,). Advantages are first clamped to +-adv_clip_max;
-    loss = mean(max(-A * r, -A * clamp(r, 1 - clip_range, 1 + clip_range))), r = exp(logprobs - old).
-    """
-    advantages = advantages.clamp(-adv_clip_max, adv_clip_max)
-    log_ratio = logprobs - old_logprobs
-    ratio = torch.exp(log_ratio)
-    unclipped = -advantages * ratio
-    clipped = -advantages * ratio.clamp(1.0 - clip_range, 1.0 + clip_range)
-    loss = torch.maximum(unclipped, clipped).mean()
-    with torch.no_grad():
-        approx_kl = 0.5 * (log_ratio**2).mean()
-        clipfrac = ((ratio - 1.0).abs() > clip_range).float().mean()
-    return DDPOLossOutput(loss, approx_kl, clipfrac)
-
-
-def normalize_scores(scores: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-    """(scores - mean) / (std + eps) over the whole batch: the advantage without per-prompt tracking."""
-    scores = scores.float()
-    return (scores - scores.mean()) / (scores.std(unbiased=False) + eps)
-
-
 class PerPromptStatTracker:
     """Normalises each prompt's rewards by that prompt's recent reward history.
 
-    Every prompt keeps its last `buffer_size` rewards. Until it has `min_count` of them the whole
-    batch's mean and std are used instead, so rare prompts do not get noisy baselines.
+    Every prompt keeps its last `buffer_size` rewards. Until it has `min_count` of them (and at least
+    two, for an unbiased std) the whole batch is standardised instead (`masked_whiten`), so rare prompts
+    do not get noisy baselines.
     """
 
     def __init__(self, buffer_size: int, min_count: int, eps: float = 1e-6):
@@ -189,23 +155,24 @@ class PerPromptStatTracker:
         if len(prompts) != scores.numel():
             raise ValueError(f"got {len(prompts)} prompts but {scores.numel()} scores")
         advantages = torch.empty_like(scores)
-        batch_mean, batch_std = scores.mean(), scores.std(unbiased=False)
+        whole_batch = None  # standardised only if some prompt lacks a history (needs >= 2 scores)
         for prompt in dict.fromkeys(prompts):  # unique, in first-seen order
             idx = torch.tensor([i for i, p in enumerate(prompts) if p == prompt])
             buffer = self.buffers.setdefault(prompt, deque(maxlen=self.buffer_size))
             buffer.extend(scores[idx].tolist())
-            if len(buffer) < self.min_count:
-                mean, std = batch_mean, batch_std
-            else:
-                history = torch.tensor(list(buffer))
-                mean, std = history.mean(), history.std(unbiased=False)
-            advantages[idx] = (scores[idx] - mean) / (std + self.eps)
+            if len(buffer) < max(self.min_count, 2):
+                whole_batch = masked_whiten(scores, None) if whole_batch is None else whole_batch
+                advantages[idx] = whole_batch[idx]
+                continue
+            history = torch.tensor(list(buffer))
+            advantages[idx] = (scores[idx] - history.mean()) / (history.std() + self.eps)
         return advantages
 
     def get_stats(self) -> dict[str, dict[str, float]]:
+        """Per prompt: mean, sample std (0 with a single reward) and count of the buffered rewards."""
         return {
-            p: {"mean": float(torch.tensor(list(b)).mean()), "std": float(torch.tensor(list(b)).std(unbiased=False)),
-                "count": len(b)}
+            p: {"mean": float(torch.tensor(list(b)).mean()),
+                "std": float(torch.tensor(list(b)).std()) if len(b) > 1 else 0.0, "count": len(b)}
             for p, b in self.buffers.items()
         }
 

@@ -44,12 +44,16 @@ def masked_var(values: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) 
     return var
 
 
-def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) -> torch.Tensor:
+def masked_whiten(values: torch.Tensor, mask: torch.Tensor | None, shift_mean: bool = True) -> torch.Tensor:
     """(values - mean) / std with statistics over real tokens; same shape as `values`.
 
-    shift_mean=False adds the mean back (only the scale changes): used for rewards, whose sign
-    carries meaning.
+    The one batch standardisation of the library (PPO advantages, RLOO rewards and advantages, DDPO
+    scores): mask=None uses every entry. The std is the unbiased one, so at least two real entries
+    are needed. shift_mean=False adds the mean back (only the scale changes): used for rewards, whose
+    sign carries meaning.
     """
+    if mask is None:
+        mask = torch.ones_like(values, dtype=torch.bool)
     mean = masked_mean(values, mask)
     var = masked_var(values, mask)
     whitened = (values - mean) * torch.rsqrt(var + 1e-8)

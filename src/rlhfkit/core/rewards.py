@@ -69,13 +69,6 @@ def clip_tensor(x: torch.Tensor, clip_range: float) -> torch.Tensor:
     return x.clamp(-clip_range, clip_range)
 
 
-def normalize_rewards(x: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-    """(x - mean) / (std + eps) over the batch (Reinforce++ reward normalisation)."""
-    if x.numel() < 2:
-        raise ValueError("normalize_rewards needs at least 2 values")
-    return (x - x.mean()) / (x.std() + eps)
-
-
 def batch_moments(x: torch.Tensor) -> tuple[float, float, int]:
     """(mean, population variance, count) of all entries: the per-rank stats to all-gather."""
     x = x.detach().double()
@@ -131,11 +124,6 @@ class RunningMoments:
         self.update_from_moments(mean, var, count)
         batch_std = (var * count / (count - 1)) ** 0.5 if count > 1 else 0.0
         return mean, batch_std
-
-    def merge(self, other: RunningMoments) -> RunningMoments:
-        """Absorb another instance's statistics in place (e.g. from another rank); returns self."""
-        self.update_from_moments(other.mean, other.var, other.count)
-        return self
 
     def state_dict(self) -> dict[str, Any]:
         return {"mean": self.mean, "var": self.var, "count": self.count}

@@ -11,13 +11,16 @@ from pathlib import Path
 _FORMATS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 
 
-def _offline_error(name: str) -> ValueError:
-    return ValueError(
-        f"dataset {name!r} is not a local path. rlhfkit runs offline and does not download datasets: "
-        "pass a local "
-        "file (.json, .jsonl, .csv, .parquet), a folder of such files, or a folder written by "
-        "datasets' save_to_disk, e.g. --dataset_name ./data/pairs.jsonl"
-    )
+MODEL_HINT = "Pass a folder with config.json and weights (build tiny ones with `rlhfkit tiny-models`)"
+DATASET_HINT = (
+    "Pass a local file (.json, .jsonl, .csv, .parquet), a folder of such files, or a folder written by "
+    "datasets' save_to_disk, e.g. --dataset_name ./data/pairs.jsonl"
+)
+
+
+def offline_error(what: str, value: str, hint: str = MODEL_HINT, kind: str = "folder") -> ValueError:
+    """The one error for a name that is not on disk: every loader refuses hub names the same way."""
+    return ValueError(f"{what} {value!r} is not a local {kind}; rlhfkit runs offline and downloads nothing. {hint}")
 
 
 def load_local_dataset(name_or_path: str):
@@ -26,7 +29,7 @@ def load_local_dataset(name_or_path: str):
 
     path = Path(name_or_path).expanduser()
     if not path.exists():
-        raise _offline_error(name_or_path)
+        raise offline_error("dataset", name_or_path, DATASET_HINT, kind="path")
     if path.is_dir():
         if (path / "dataset_dict.json").exists() or (path / "dataset_info.json").exists():
             loaded = datasets.load_from_disk(str(path))

@@ -106,9 +106,3 @@ def tiny_sd_pipeline_path(cache_dir: str | os.PathLike | None = None) -> Path:
     """Folder of the tiny Stable Diffusion pipeline; built once, then cached."""
     return publish_once(cache_root(cache_dir) / TINY_SD_NAME, "model_index.json", _build_pipeline)
 
-
-def tiny_sd_pipeline(cache_dir: str | os.PathLike | None = None, **from_pretrained_kwargs: Any):
-    """Load the tiny pipeline with `StableDiffusionPipeline.from_pretrained`."""
-    from diffusers import StableDiffusionPipeline
-
-    return StableDiffusionPipeline.from_pretrained(tiny_sd_pipeline_path(cache_dir), **from_pretrained_kwargs)

@@ -57,10 +57,9 @@ def load_model(model: Any, auto_class: type, init_kwargs: dict | None, owner: st
     if isinstance(model, str):
         looks_like_path = model.startswith((".", "~", "/")) or "\\" in model or model.count("/") > 1
         if looks_like_path and not Path(model).expanduser().exists():
-            raise ValueError(
-                f"{owner}: model {model!r} is not a local folder; rlhfkit runs offline. Pass a folder with "
-                "config.json and weights (e.g. from `rlhfkit tiny-models`) or a loaded model"
-            )
+            from rlhfkit.data.loading import MODEL_HINT, offline_error
+
+            raise offline_error(f"{owner}: model", model, f"{MODEL_HINT}, or a loaded model")
         kwargs = dict(init_kwargs or {})
         kwargs.setdefault("trust_remote_code", False)
         return auto_class.from_pretrained(model, **kwargs)

@@ -21,12 +21,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlhfkit.core.diffusion import (
-    PerPromptStatTracker,
-    classifier_free_guidance,
-    ddpo_policy_loss,
-    normalize_scores,
-)
+from rlhfkit.core.diffusion import PerPromptStatTracker, classifier_free_guidance
+from rlhfkit.core.losses import ppo_policy_loss
+from rlhfkit.core.masking import masked_whiten
+from rlhfkit.core.rewards import clip_tensor
 from rlhfkit.models.sd_pipeline import DDPOStableDiffusionPipeline
 from rlhfkit.trainers.common import (
     atomic_directory,
@@ -40,7 +38,7 @@ from rlhfkit.trainers.guards import GracefulStop, NonFiniteGuard, NonFiniteStepW
 
 logger = logging.getLogger(__name__)
 
-_TRAJECTORY_KEYS = ("timesteps", "latents", "next_latents", "log_probs")
+_TRAJECTORY_KEYS = ("timesteps", "latents", "next_latents", "logprobs")
 _STATE_FILE = "trainer_state.json"
 
 
@@ -175,7 +173,7 @@ class DDPOTrainer:
         if self.stat_tracker is not None:
             advantages = self.stat_tracker.update(prompts, scores)
         else:
-            advantages = normalize_scores(all_scores)
+            advantages = masked_whiten(all_scores, None)
             rank = self.accelerator.process_index
             advantages = advantages[rank * len(scores) : (rank + 1) * len(scores)]
         samples["advantages"] = advantages.to(self.accelerator.device)
@@ -197,7 +195,8 @@ class DDPOTrainer:
 
         latents, next_latents: (B, C, h, w); timesteps, log_probs (old), advantages: (B,);
         embeds: (2B, L, D) [negative; prompt] when config.train_cfg, else (B, L, D).
-        Returns (loss, approx_kl, clipfrac).
+        Returns (loss, approxkl, clipfrac): PPO's surrogate on clamped advantages, so clipfrac is the
+        fraction of samples where the clipped term set the loss.
         """
         cfg = self.config
         with self.accelerator.autocast():
@@ -211,8 +210,9 @@ class DDPOTrainer:
                 noise_pred = self.unet(model_input, timesteps, encoder_hidden_states=embeds).sample
         step = self.sd_pipeline.scheduler_step(noise_pred.float(), timesteps, latents, cfg.sample_eta,
                                                prev_sample=next_latents)
-        out = ddpo_policy_loss(step.logprobs, log_probs, advantages, cfg.train_clip_range, cfg.train_adv_clip_max)
-        return out.loss, out.approx_kl, out.clipfrac
+        advantages = clip_tensor(advantages, cfg.train_adv_clip_max)
+        out = ppo_policy_loss(step.logprobs, log_probs, advantages, None, cfg.train_clip_range)
+        return out.loss, out.approxkl, out.clipfrac
 
     # --------------------------------------------------------------------------------------------
     # the pieces of a step
@@ -235,7 +235,7 @@ class DDPOTrainer:
                 "prompt_embeds": embeds, "negative_prompt_embeds": neg,
                 "timesteps": pipe.scheduler.timesteps.repeat(batch_size, 1),  # (B, T)
                 "latents": latents[:, :-1], "next_latents": latents[:, 1:],
-                "log_probs": torch.stack(out.log_probs, dim=1),  # (B, T)
+                "logprobs": torch.stack(out.log_probs, dim=1),  # (B, T)
             })
             images = out.images.float().cpu()
             if self.executor is not None:
@@ -275,7 +275,7 @@ class DDPOTrainer:
             samples[key] = samples[key][rows, time_perm.to(samples[key].device)]
 
         self.unet.train()
-        info: dict[str, list[torch.Tensor]] = {"loss": [], "approx_kl": [], "clipfrac": []}
+        info: dict[str, list[torch.Tensor]] = {"loss": [], "approxkl": [], "clipfrac": []}
         for start in range(0, n, cfg.train_batch_size):
             batch = {k: v[start : start + cfg.train_batch_size] for k, v in samples.items()}
             if cfg.train_cfg:
@@ -284,9 +284,9 @@ class DDPOTrainer:
                 embeds = batch["prompt_embeds"]
             for j in range(cfg.num_train_timesteps):
                 with acc.accumulate(self.unet):
-                    loss, approx_kl, clipfrac = self.calculate_loss(
+                    loss, approxkl, clipfrac = self.calculate_loss(
                         batch["latents"][:, j], batch["timesteps"][:, j], batch["next_latents"][:, j],
-                        batch["log_probs"][:, j], batch["advantages"], embeds,
+                        batch["logprobs"][:, j], batch["advantages"], embeds,
                     )
                     acc.backward(loss)
                     if acc.sync_gradients:
@@ -304,7 +304,7 @@ class DDPOTrainer:
                             self.optimizer.zero_grad(set_to_none=True)
                     self.optimizer.step()
                     self.optimizer.zero_grad()
-                for key, value in zip(info, (loss, approx_kl, clipfrac)):
+                for key, value in zip(info, (loss, approxkl, clipfrac)):
                     info[key].append(value.detach())
                 if acc.sync_gradients:
                     logs = {k: acc.reduce(torch.stack(v).mean(), reduction="mean").item() for k, v in info.items()}
@@ -315,9 +315,9 @@ class DDPOTrainer:
 
     def _fail_if_exhausted(self, epoch: int) -> None:
         """After too many non-finite steps in a row: save the (unchanged) weights, then raise."""
-        if self.nonfinite_guard.exhausted:
-            path = self.save_checkpoint(epoch) if self.accelerator.is_main_process else None
-            self.nonfinite_guard.fail(path)
+        self.nonfinite_guard.fail_if_exhausted(
+            lambda: self.save_checkpoint(epoch) if self.accelerator.is_main_process else None
+        )
 
     def _make_optimizer(self, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
         cfg = self.config

@@ -16,6 +16,7 @@ import shutil
 import signal
 import threading
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +42,7 @@ class NonFiniteError(RuntimeError):
     """Too many non-finite steps in a row: the run stops (after saving its last good state)."""
 
 
-def _any_across_ranks(flag: bool, accelerator: Any = None) -> bool:
+def any_across_ranks(flag: bool, accelerator: Any = None) -> bool:
     """True when `flag` is True on any process, so all ranks take the same branch (and no collective hangs)."""
     if accelerator is None or getattr(accelerator, "num_processes", 1) <= 1:
         return flag
@@ -109,7 +110,7 @@ class NonFiniteGuard:
         bad steps: pass `ends_bad_run=False` for it.
         """
         bad = non_finite_names(**named)
-        if not _any_across_ranks(bool(bad), accelerator):
+        if not any_across_ranks(bool(bad), accelerator):
             if ends_bad_run:
                 self.consecutive = 0
             return True
@@ -125,6 +126,14 @@ class NonFiniteGuard:
             stacklevel=2,
         )
         return False
+
+    def fail_if_exhausted(self, save_last_good: Callable[[], str | Path | None]) -> None:
+        """After `max_consecutive` bad steps in a row: save the last good state, then raise NonFiniteError.
+
+        `save_last_good()` writes the checkpoint and returns where (None: nothing was saved).
+        """
+        if self.exhausted:
+            self.fail(save_last_good())
 
     def fail(self, checkpoint: str | Path | None = None) -> None:
         saved = f"; the last good state was saved to {checkpoint}" if checkpoint else ""
@@ -181,7 +190,7 @@ class GracefulStop:
         self._previous = {}
 
     def should_stop(self, accelerator: Any = None) -> bool:
-        return _any_across_ranks(self.requested, accelerator)
+        return any_across_ranks(self.requested, accelerator)
 
     def __enter__(self) -> GracefulStop:
         return self.install()
@@ -270,12 +279,13 @@ class RobustTrainerMixin:
         step = self.state.global_step + 1
         if self.nonfinite_guard.check(step=step, accelerator=self.accelerator, **named, gradients=grads):
             return True
-        if self.nonfinite_guard.exhausted:
+
+        def save_last_good() -> Path:
             model.zero_grad(set_to_none=True)
             self._save_checkpoint(model, trial=None)
-            self.nonfinite_guard.fail(
-                Path(self._get_output_dir(trial=None)) / f"checkpoint-{self.state.global_step}"
-            )
+            return Path(self._get_output_dir(trial=None)) / f"checkpoint-{self.state.global_step}"
+
+        self.nonfinite_guard.fail_if_exhausted(save_last_good)
         return False
 
     def guarded_optimizer_step(self, model: Any, **named: Any) -> bool:

@@ -32,7 +32,7 @@ from rlhfkit.core.rewards import RunningMoments, clip_tensor, compute_token_rewa
 from rlhfkit.rollout import eval_mode, forward_response, generate_responses, pad_left
 from rlhfkit.trainers import ppo_checkpoint, ppo_stats
 from rlhfkit.trainers.common import fused_optimizer_kwargs, zero3_generation_context
-from rlhfkit.trainers.guards import GracefulStop, NonFiniteGuard, loss_scaler_active
+from rlhfkit.trainers.guards import GracefulStop, NonFiniteGuard, any_across_ranks, loss_scaler_active
 from rlhfkit.trainers.ppo_config import PPOConfig
 from rlhfkit.trainers.ppo_inputs import (
     as_token_tensor,
@@ -412,10 +412,7 @@ class PPOTrainer:
 
     def _any_process(self, flag: bool) -> bool:
         """True if `flag` holds on any process (so every process takes the same branch)."""
-        if self.accelerator.num_processes == 1:
-            return flag
-        total = self.accelerator.reduce(torch.tensor(float(flag), device=self.current_device), "sum")
-        return bool(total.item() > 0)
+        return any_across_ranks(flag, self.accelerator)
 
     def train_minibatch(
         self,
@@ -475,10 +472,12 @@ class PPOTrainer:
         self.policy_version += 1
 
     def _fail_if_exhausted(self) -> None:
-        if self.nonfinite_guard.exhausted:
+        def save_last_good() -> str | None:
             if self.checkpoint_dir is not None:
                 self.save_checkpoint(self.checkpoint_dir)
-            self.nonfinite_guard.fail(self.checkpoint_dir)
+            return self.checkpoint_dir
+
+        self.nonfinite_guard.fail_if_exhausted(save_last_good)
 
     def _skipped_step_stats(self) -> dict[str, Any]:
         """Stats of a skipped step: every statistic reads NaN, plus the skip counters."""

@@ -34,7 +34,6 @@ from rlhfkit.core import (
     masked_mean,
     masked_var,
     masked_whiten,
-    normalize_advantages,
     ppo_policy_loss,
     rloo_advantages,
 )
@@ -291,13 +290,11 @@ class RLOOTrainer(RobustTrainerMixin, Trainer):
         # 5. optional whitening of the rewards
         scaled_reward = rlhf_reward
         if args.whiten_rewards:
-            scaled_reward = masked_whiten(
-                scaled_reward, torch.ones_like(scaled_reward, dtype=torch.bool), shift_mean=False
-            )
+            scaled_reward = masked_whiten(scaled_reward, None, shift_mean=False)
         # 6. leave-one-out advantages
         advantages = rloo_advantages(scaled_reward, args.rloo_k)
         if args.normalize_advantage:
-            advantages = normalize_advantages(advantages)
+            advantages = masked_whiten(advantages, None)
 
         gather = self.accelerator.gather_for_metrics
         metrics = {

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from rlhfkit.core import clip_tensor, compute_token_rewards, kl_penalty, normalize_rewards
+from rlhfkit.core import clip_tensor, compute_token_rewards, kl_penalty, masked_whiten
 from rlhfkit.rollout import reward_model_scores
 from rlhfkit.trainers.guards import NonFiniteStepWarning
 
@@ -148,7 +148,7 @@ def normalize_scores(scores: torch.Tensor, clip_range: float) -> torch.Tensor:
 
     Applied to the scores before the KL term is added, so the KL penalty keeps its kl_coef scale.
     """
-    return clip_tensor(normalize_rewards(scores), clip_range)
+    return clip_tensor(masked_whiten(scores, None), clip_range)
 
 
 def sequence_level_rlhf_reward(
