@@ -28,7 +28,7 @@ def test_command_trains_checkpoints_and_saves_lora(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     assert "epoch 0: mean incompressibility reward" in out.stdout and "epoch 1:" in out.stdout
     assert (tmp_path / "out" / "pytorch_lora_weights.safetensors").is_file()
-    assert sorted(p.name for p in (tmp_path / "logs" / "checkpoints").iterdir()) == ["checkpoint_0", "checkpoint_1"]
+    assert sorted(p.name for p in (tmp_path / "logs" / "checkpoints").glob("checkpoint*")) == ["checkpoint-1", "checkpoint-2"]
     assert list((tmp_path / "logs" / "trl").rglob("events.out.tfevents*"))  # tensorboard got the scalars
 
 

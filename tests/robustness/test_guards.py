@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
-from rlhfkit.trainers.common import latest_checkpoint
+from rlhfkit.trainers.checkpointing import latest_checkpoint
 from rlhfkit.trainers.guards import (
     GracefulStop,
     NonFiniteError,

@@ -11,7 +11,7 @@ import torch
 from transformers import TrainerCallback
 from workers.hf_fixtures import build, flat_params
 
-from rlhfkit.trainers.common import latest_checkpoint
+from rlhfkit.trainers.checkpointing import latest_checkpoint
 from rlhfkit.trainers.guards import NonFiniteStepWarning
 
 NAMES = ["reward", "sft", "dpo"]
