@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "distributed"))
+sys.path.insert(0, str(Path(__file__).parents[1] / "distributed" / "workers"))
 torch.set_num_threads(1)
 
 STEPS, SAVE_EVERY, KILL_IN = 4, 2, 3
