@@ -442,33 +442,34 @@ STATE_NAME = "trainer_state"  # trainer_state.json + trainer_state.safetensors
 
 def save_training_checkpoint(
     checkpoint_dir: str | os.PathLike, step: int, weights: torch.nn.Module | dict[str, torch.Tensor],
-    state: dict[str, Any], generators: dict[str, torch.Generator] | None = None,
+    parts: dict[str, Any], extra: dict[str, Any] | None = None, generators: dict[str, torch.Generator] | None = None,
 ) -> Path:
-    """Write weights (a module, or a dict of tensors), `state` and the RNG of every generator, atomically.
+    """Write weights (a module, or a dict of tensors), the `state_dict()` of each of `parts` (optimizer,
+    scheduler, ...; None is skipped), `extra` counters and the RNG of every generator, atomically.
 
     Takes the parent folder's lock, so two runs cannot write into the same place.
     """
     from safetensors.torch import save_file, save_model
 
     lock_output_dir(Path(checkpoint_dir).parent)
-    full_state = {**state, "step": int(step), "rng": rng_state(generators)}
+    state = {name: part.state_dict() if part is not None else None for name, part in parts.items()}
+    state.update(extra or {}, step=int(step), rng=rng_state(generators))
 
     def write(folder: Path) -> None:
         if isinstance(weights, torch.nn.Module):
             save_model(weights, str(folder / WEIGHTS_FILE))  # handles tied weights
         else:
             save_file({k: v.detach().contiguous().cpu() for k, v in weights.items()}, str(folder / WEIGHTS_FILE))
-        save_state(folder, STATE_NAME, full_state)
+        save_state(folder, STATE_NAME, state)
 
     return write_checkpoint(checkpoint_dir, write, step)
 
 
 def load_training_checkpoint(
-    path: str | os.PathLike, generators: dict[str, torch.Generator] | None = None
+    path: str | os.PathLike, parts: dict[str, Any], generators: dict[str, torch.Generator] | None = None
 ) -> tuple[Path, dict[str, Any]]:
-    """Verify a `save_training_checkpoint` folder (or the latest intact one under `path`), restore the RNG.
-
-    Returns the folder (weights are in `folder / WEIGHTS_FILE`, for the caller to load) and the state.
+    """Verify a `save_training_checkpoint` folder (or the latest intact one under `path`), load each of
+    `parts` and restore the RNG. Returns the folder (the caller loads `folder / WEIGHTS_FILE`) and the state.
     """
     folder = resolve_checkpoint(path)
     if not (folder / f"{STATE_NAME}.json").is_file() or not (folder / WEIGHTS_FILE).is_file():
@@ -477,5 +478,8 @@ def load_training_checkpoint(
             "checkpoints of rlhfkit before this format no longer load (see CHANGELOG.md)"
         )
     state = load_state(folder, STATE_NAME)
-    set_rng_state(state.pop("rng"), generators)
+    for name, part in parts.items():
+        if part is not None and state.get(name) is not None:
+            part.load_state_dict(state[name])
+    set_rng_state(state["rng"], generators)
     return folder, state

@@ -360,23 +360,23 @@ class DDPOTrainer:
     def save_checkpoint(self, epoch: int) -> Path:
         """Write `checkpoint-<epochs done>` (trained weights, optimiser, RNG, counters), keep the newest
         `num_checkpoint_limit`. Format, checksums and lock: `rlhfkit.trainers.checkpointing`."""
-        weights = self.sd_pipeline.trainable_state_dict()
-        state = {"epoch": epoch, "global_step": self.global_step, "optimizer": self.optimizer.state_dict(),
-                 "stat_tracker": self.stat_tracker.state_dict() if self.stat_tracker else None}
-        final = save_training_checkpoint(self.checkpoint_dir / f"checkpoint-{epoch + 1}", epoch + 1, weights, state)
+        final = save_training_checkpoint(
+            self.checkpoint_dir / f"checkpoint-{epoch + 1}", epoch + 1, self.sd_pipeline.trainable_state_dict(),
+            self._checkpoint_parts(), extra={"epoch": epoch, "global_step": self.global_step},
+        )
         prune_checkpoints(self.checkpoint_dir, self.config.num_checkpoint_limit, protect=(str(final),))
         return final
 
     def _load_checkpoint(self, path: Path) -> None:
         from safetensors.torch import load_file
 
-        path, state = load_training_checkpoint(path)
+        path, state = load_training_checkpoint(path, self._checkpoint_parts())
         self.sd_pipeline.load_trainable_state_dict(load_file(str(path / WEIGHTS_FILE)))
-        self.optimizer.load_state_dict(state["optimizer"])
-        if self.stat_tracker is not None and state.get("stat_tracker"):
-            self.stat_tracker.load_state_dict(state["stat_tracker"])
         self.first_epoch, self.global_step = state["epoch"] + 1, state["global_step"]
         logger.info("resumed from %s at epoch %d, global step %d", path, self.first_epoch, self.global_step)
+
+    def _checkpoint_parts(self) -> dict[str, Any]:
+        return {"optimizer": self.optimizer, "stat_tracker": self.stat_tracker}
 
 
 def _parse_reward_output(result: Any, expected: int) -> tuple[torch.Tensor, Any]:

@@ -709,22 +709,18 @@ class PPOTrainer:
         running score moments, RNG state and step counter. Atomic, with checksums (`checkpointing`)."""
         self.accelerator.wait_for_everyone()
         if self.accelerator.is_main_process:
-            scheduler = self.lr_scheduler.state_dict() if self.lr_scheduler is not None else None
-            state = {"kl_ctl": self.kl_ctl.state_dict(), "running": self.running.state_dict(),
-                     "optimizer": self.optimizer.state_dict(), "lr_scheduler": scheduler}
-            save_training_checkpoint(checkpoint_dir, self.current_step, self.policy, state)
+            save_training_checkpoint(checkpoint_dir, self.current_step, self.policy, self._checkpoint_parts())
         self.checkpoint_dir = str(checkpoint_dir)
 
     def load_checkpoint(self, checkpoint_dir: str) -> None:
-        """Restore a `save_checkpoint` folder into this trainer (same model architecture and config)."""
+        """Restore a `save_checkpoint` folder (or the newest intact `checkpoint-<step>` in a folder)."""
         from safetensors.torch import load_model
 
-        folder, state = load_training_checkpoint(checkpoint_dir)
+        folder, state = load_training_checkpoint(checkpoint_dir, self._checkpoint_parts())
         load_model(self.policy, str(folder / WEIGHTS_FILE), device=str(self.current_device))
-        self.optimizer.load_state_dict(state["optimizer"])
-        if self.lr_scheduler is not None and state["lr_scheduler"] is not None:
-            self.lr_scheduler.load_state_dict(state["lr_scheduler"])
-        self.kl_ctl.load_state_dict(state["kl_ctl"])
-        self.running.load_state_dict(state["running"])
         self.current_step = int(state["step"])
         self.policy_version += 1
+
+    def _checkpoint_parts(self) -> dict[str, Any]:
+        return {"optimizer": self.optimizer, "lr_scheduler": self.lr_scheduler, "kl_ctl": self.kl_ctl,
+                "running": self.running}
