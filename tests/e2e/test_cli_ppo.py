@@ -39,7 +39,7 @@ def test_cli_trains_saves_checkpoints_and_resumes(tmp_path):
     assert summary(first)["steps"] == 2
     assert "step 2/2: mean score" in first.stdout
     assert (out / "value_head.safetensors").is_file() and (out / "README.md").is_file()
-    assert (out / "checkpoint" / "trainer_state.pt").is_file()
+    assert (out / "checkpoint" / "trainer_state.json").is_file()
 
     # second run: the built-in task and its reward, continuing from the checkpoint
     resumed = run_cli("--steps", "3", "--resume_from_checkpoint", str(out / "checkpoint"),

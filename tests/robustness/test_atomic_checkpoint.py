@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from rlhfkit.trainers.common import atomic_directory, latest_checkpoint, publish_directory
+from rlhfkit.trainers.checkpointing import atomic_directory, latest_checkpoint, publish_directory
 
 # Child process: replaces `final` with a ~40 MB checkpoint, announces it is half-way, then waits to be killed.
 _SLOW_SAVER = textwrap.dedent(
@@ -23,7 +23,7 @@ _SLOW_SAVER = textwrap.dedent(
     from pathlib import Path
     import torch
     from safetensors.torch import save_file
-    from rlhfkit.trainers.common import atomic_directory
+    from rlhfkit.trainers.checkpointing import atomic_directory
 
     final, started = Path(sys.argv[1]), Path(sys.argv[2])
     with atomic_directory(final) as tmp:
@@ -106,6 +106,7 @@ def test_latest_checkpoint_orders_by_step_not_by_name(tmp_path):
     assert latest_checkpoint(tmp_path) is None
     for step in (2, 10, 9):
         (tmp_path / f"checkpoint-{step}").mkdir()
+        (tmp_path / f"checkpoint-{step}" / "step.txt").write_text(str(step))
     (tmp_path / ".checkpoint-11.tmp-abc").mkdir()  # unfinished save: ignored
     (tmp_path / "checkpoint-final").mkdir()  # not a step folder: ignored
     assert latest_checkpoint(tmp_path) == tmp_path / "checkpoint-10"

@@ -12,7 +12,8 @@ import torch
 
 from rlhfkit import core
 from rlhfkit.testing import tiny_model, tiny_tokenizer, tiny_value_head_model
-from rlhfkit.trainers.common import exact_div, latest_checkpoint, validate_checkpoint
+from rlhfkit.trainers.checkpointing import latest_checkpoint, validate_checkpoint
+from rlhfkit.trainers.common import exact_div
 
 
 @pytest.fixture(scope="module")
@@ -223,7 +224,8 @@ def test_missing_empty_and_corrupt_checkpoints(tmp_path):
     (good / "trainer_state.json").write_text(json.dumps({"global_step": 3}))
     torch.save({"x": torch.zeros(2)}, good / "optimizer.pt")
     assert validate_checkpoint(good) == good
-    assert latest_checkpoint(tmp_path) == tmp_path / "checkpoint-1"
+    with pytest.warns(UserWarning, match="skipping damaged checkpoint .*checkpoint-1"):
+        assert latest_checkpoint(tmp_path) is None  # the only checkpoint-* folder is empty
 
 
 def test_trainers_refuse_corrupt_checkpoint_before_loading(tok, tmp_path):
@@ -235,7 +237,7 @@ def test_trainers_refuse_corrupt_checkpoint_before_loading(tok, tmp_path):
     trainer = _reward(tiny_tokenizer(padding_side="right"), tmp_path / "out2")
     with pytest.raises(ValueError, match="model.safetensors' is corrupt"):
         trainer.train(resume_from_checkpoint=str(ckpt))
-    with pytest.raises(ValueError, match="holds no checkpoint"):
+    with pytest.raises(ValueError, match="holds no intact checkpoint"):
         trainer.train(resume_from_checkpoint=True)
 
 
@@ -279,11 +281,11 @@ def test_ppo_and_ddpo_refuse_corrupt_checkpoints(tmp_path):
 
     ppo_ckpt = tmp_path / "ppo"
     ppo_ckpt.mkdir()
-    (ppo_ckpt / "policy.safetensors").write_bytes(b"\x10\x00")
-    (ppo_ckpt / "trainer_state.pt").write_bytes(b"PK\x03\x04")
+    (ppo_ckpt / "model.safetensors").write_bytes(b"\x10\x00")
+    (ppo_ckpt / "trainer_state.json").write_bytes(b"{")
     model = tiny_value_head_model("llama")
     trainer = PPOTrainer(PPOConfig(batch_size=2, mini_batch_size=2), model, tokenizer=tiny_tokenizer())
-    with pytest.raises(ValueError, match="policy.safetensors' is corrupt"):
+    with pytest.raises(ValueError, match="model.safetensors' is corrupt"):
         trainer.load_checkpoint(str(ppo_ckpt))
 
     from rlhfkit.models.sd_pipeline import DefaultDDPOStableDiffusionPipeline
@@ -291,7 +293,7 @@ def test_ppo_and_ddpo_refuse_corrupt_checkpoints(tmp_path):
     from rlhfkit.trainers.ddpo import DDPOTrainer
     from rlhfkit.trainers.ddpo_config import DDPOConfig
 
-    ddpo_ckpt = tmp_path / "ddpo" / "checkpoint_0"
+    ddpo_ckpt = tmp_path / "ddpo" / "checkpoint-1"
     ddpo_ckpt.mkdir(parents=True)
     (ddpo_ckpt / "trainer_state.json").write_text('{"epoch": 0')
     config = DDPOConfig(mixed_precision="no", logdir=str(tmp_path / "logs"), resume_from=str(tmp_path / "ddpo"),

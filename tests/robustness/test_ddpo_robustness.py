@@ -57,7 +57,7 @@ def test_sigterm_saves_and_resume_matches_uninterrupted(tmp_path):
     cut = _trainer(tmp_path / "cut", reward=reward_then_signal)
     cut.train()  # returns normally after finishing epoch 1
     assert cut.first_epoch == 2
-    assert [p.name for p in cut.checkpoint_dir.iterdir()] == ["checkpoint_1"]
+    assert [p.name for p in cut.checkpoint_dir.glob("checkpoint*")] == ["checkpoint-2"]
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
     resumed = _trainer(tmp_path / "resumed", resume_from=str(cut.checkpoint_dir))
     resumed.train()
@@ -95,9 +95,9 @@ def test_nan_gradients_skip_steps_then_stop_with_checkpoint(tmp_path):
         with pytest.raises(NonFiniteError, match="non-finite loss, gradients|non-finite gradients"):
             trainer.train()
     assert torch.equal(_params(trainer), start)
-    saved = list(trainer.checkpoint_dir.iterdir())
+    saved = [p for p in trainer.checkpoint_dir.iterdir() if not p.name.startswith(".")]
     assert len(saved) == 1
     from safetensors.torch import load_file
 
-    weights = load_file(str(saved[0] / "trainable.safetensors"))
+    weights = load_file(str(saved[0] / "model.safetensors"))
     assert all(torch.isfinite(w).all() for w in weights.values())

@@ -213,7 +213,7 @@ def test_core_functions_reject_non_tensors_clearly(bad):
 @given(content=st.binary(max_size=64), suffix=st.sampled_from([".json", ".safetensors", ".pt", ".bin", ".txt"]))
 def test_validate_checkpoint_on_random_bytes(tmp_path, content, suffix):
     # any garbage in a checkpoint file is either accepted (plain text, valid JSON) or a ValueError naming it
-    from rlhfkit.trainers.common import validate_checkpoint
+    from rlhfkit.trainers.checkpointing import validate_checkpoint
 
     folder = tmp_path / "checkpoint-1"
     folder.mkdir(exist_ok=True)

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
-from rlhfkit.trainers.common import latest_checkpoint
+from rlhfkit.trainers.checkpointing import LOCK_FILE, latest_checkpoint
 from rlhfkit.trainers.guards import (
     GracefulStop,
     NonFiniteError,
@@ -191,7 +191,7 @@ def test_sigint_saves_checkpoint_and_resume_continues_exactly(tmp_path):
     assert tr.stopped_by_signal and tr.state.global_step == 4
     ckpt = latest_checkpoint(cut_dir)
     assert ckpt == cut_dir / "checkpoint-4"
-    assert not [p for p in cut_dir.iterdir() if p.name.startswith(".")]  # no staging leftovers
+    assert not [p for p in cut_dir.iterdir() if p.name.startswith(".") and p.name != LOCK_FILE]  # no staging leftovers
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     _, resumed = _train(cut_dir, _Rows(), resume=str(ckpt))
     torch.testing.assert_close(cut.params[-1], full.params[3], rtol=0, atol=0)
@@ -202,6 +202,6 @@ def test_atomic_trainer_saves_rotate_and_leave_no_staging(tmp_path):
     tr, _ = _train(
         tmp_path, _Rows(), args_kw={"save_strategy": "steps", "save_steps": 2, "save_total_limit": 2}
     )
-    names = sorted(p.name for p in tmp_path.iterdir())
+    names = sorted(p.name for p in tmp_path.glob("checkpoint*"))
     assert names == ["checkpoint-6", "checkpoint-8"]
     assert (tmp_path / "checkpoint-8" / "trainer_state.json").exists()

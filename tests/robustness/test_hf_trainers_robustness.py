@@ -11,7 +11,7 @@ import torch
 from transformers import TrainerCallback
 from workers.hf_fixtures import build, flat_params
 
-from rlhfkit.trainers.common import latest_checkpoint
+from rlhfkit.trainers.checkpointing import latest_checkpoint
 from rlhfkit.trainers.guards import NonFiniteStepWarning
 
 NAMES = ["reward", "sft", "dpo"]
@@ -74,3 +74,54 @@ def test_nan_loss_skips_the_step(name, tmp_path):
     assert moved == [True, False, True]
     assert trainer.nonfinite_guard.skipped == 1
     assert torch.isfinite(snapshots[-1]).all()
+
+
+def test_checkpoint_failures_through_the_trainer(tmp_path, monkeypatch):
+    """A damaged newest checkpoint is skipped on resume; a full disk keeps the last one; a live lock refuses."""
+    import errno
+    import json
+    import socket
+    import subprocess
+    import sys
+
+    from transformers import Trainer
+
+    from rlhfkit.trainers.checkpointing import LOCK_FILE, CheckpointLockError, CheckpointWriteError
+
+    kw = dict(per_device=2, max_steps=4, save_strategy="steps", save_steps=2)
+    full = build("sft", str(tmp_path / "full"), **kw)
+    full.train()
+    weights = tmp_path / "full" / "checkpoint-4" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    resumed = build("sft", str(tmp_path / "full"), **kw)
+    with pytest.warns(UserWarning, match="skipping damaged checkpoint .*checkpoint-4"):
+        resumed.train(resume_from_checkpoint=True)  # from checkpoint-2: steps 3 and 4 again
+    assert torch.equal(flat_params(resumed.model), flat_params(full.model))
+
+    original, calls = Trainer._save_rng_state, []
+
+    def full_disk_on_second_save(self, output_dir):
+        calls.append(output_dir)
+        if len(calls) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return original(self, output_dir)
+
+    monkeypatch.setattr(Trainer, "_save_rng_state", full_disk_on_second_save)
+    cut = build("sft", str(tmp_path / "cut"), **kw)
+    with pytest.raises(CheckpointWriteError, match="no space left .*checkpoint-4.*previous checkpoint is intact"):
+        cut.train()
+    monkeypatch.undo()
+    assert sorted(p.name for p in (tmp_path / "cut").iterdir()) == [LOCK_FILE, "checkpoint-2"]  # no staging left
+    assert latest_checkpoint(tmp_path / "cut") == tmp_path / "cut" / "checkpoint-2"
+
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (tmp_path / "locked").mkdir()
+        (tmp_path / "locked" / LOCK_FILE).write_text(json.dumps({"pid": sleeper.pid, "host": socket.gethostname()}))
+        with pytest.raises(CheckpointLockError, match=f"pid {sleeper.pid}"):
+            build("sft", str(tmp_path / "locked"), **kw).train()
+    finally:
+        sleeper.kill()
+        sleeper.wait()

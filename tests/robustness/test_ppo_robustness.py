@@ -16,7 +16,7 @@ import torch
 
 from rlhfkit import PPOConfig, PPOTrainer
 from rlhfkit.testing import tiny_tokenizer, tiny_value_head_model
-from rlhfkit.trainers.common import validate_checkpoint
+from rlhfkit.trainers.checkpointing import validate_checkpoint
 from rlhfkit.trainers.guards import NonFiniteError, NonFiniteStepWarning
 
 QUERY_TEXTS = ["the film was", "a story about", "we saw it", "the cast"]
@@ -110,4 +110,4 @@ def test_ppo_command_saves_and_exits_cleanly_on_sigint(tmp_path):
     assert proc.returncode == 0, output[-3000:]
     assert "stopped on request" in output
     validate_checkpoint(out / "checkpoint")
-    assert (out / "checkpoint" / "trainer_state.pt").exists()
+    assert (out / "checkpoint" / "trainer_state.json").exists()

@@ -12,7 +12,7 @@ from transformers import TrainerCallback
 
 from rlhfkit.tasks import KeywordReward, toy_prompt_dataset
 from rlhfkit.testing import tiny_model, tiny_tokenizer
-from rlhfkit.trainers.common import latest_checkpoint
+from rlhfkit.trainers.checkpointing import latest_checkpoint
 from rlhfkit.trainers.guards import NonFiniteError, NonFiniteStepWarning
 from rlhfkit.trainers.rloo import RLOOTrainer
 from rlhfkit.trainers.rloo_config import RLOOConfig

@@ -9,6 +9,7 @@ import torch
 
 from rlhfkit import PPOConfig, PPOTrainer
 from rlhfkit.testing import tiny_tokenizer, tiny_value_head_model
+from rlhfkit.trainers.checkpointing import LOCK_FILE, load_state
 
 
 @pytest.fixture(scope="module")
@@ -82,12 +83,15 @@ def test_checkpoint_folder_is_replaced_atomically_and_validated(base_model, toke
     trainer.save_checkpoint(str(target))
     run_steps(trainer, tokenizer, 1)
     trainer.save_checkpoint(str(target))  # overwriting an existing checkpoint
-    assert sorted(p.name for p in target.iterdir()) == ["policy.safetensors", "trainer_state.pt"]
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp folders left behind
-    state = torch.load(target / "trainer_state.pt", weights_only=True)
+    assert sorted(p.name for p in target.iterdir()) == [
+        "manifest.json", "model.safetensors", "trainer_state.json", "trainer_state.safetensors"]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".") and p.name != LOCK_FILE]  # no temp folders
+    state = load_state(target, "trainer_state")
     assert state["step"] == 1 and set(state) >= {"optimizer", "kl_ctl", "running", "rng", "lr_scheduler"}
-    with pytest.raises(FileNotFoundError, match="not a PPOTrainer checkpoint"):
-        trainer.load_checkpoint(str(tmp_path))
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.json").write_text("{}")
+    with pytest.raises(FileNotFoundError, match="not an rlhfkit checkpoint"):
+        trainer.load_checkpoint(str(tmp_path / "other"))
 
 
 def test_lora_policy_checkpoint_round_trip(tokenizer, tmp_path):

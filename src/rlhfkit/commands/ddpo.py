@@ -76,6 +76,8 @@ class DDPOScriptArguments:
 
 
 def _train(argv: list[str] | None) -> int:
+    from accelerate.utils import set_seed
+
     from rlhfkit.models.sd_pipeline import DefaultDDPOStableDiffusionPipeline
     from rlhfkit.trainers.ddpo import DDPOTrainer
 
@@ -87,6 +89,9 @@ def _train(argv: list[str] | None) -> int:
         model = str(tiny_sd_pipeline_path())
     else:
         local_folder(model, "--pretrained_model")
+    # The LoRA weights are drawn when the pipeline is built, before DDPOTrainer seeds: seed first, or two
+    # runs with the same --seed start from different LoRA A matrices (B is zero, so epoch 0 still agrees).
+    set_seed(config.seed)
     pipeline = DefaultDDPOStableDiffusionPipeline(
         model, pretrained_model_revision=args.pretrained_revision, use_lora=config.train_use_lora,
         lora_rank=args.lora_rank,

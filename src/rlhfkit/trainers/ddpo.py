@@ -8,10 +8,7 @@ each recorded denoising step under the current model. The maths lives in `rlhfki
 
 from __future__ import annotations
 
-import json
 import logging
-import re
-import shutil
 import warnings
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -26,20 +23,20 @@ from rlhfkit.core.losses import ppo_policy_loss
 from rlhfkit.core.masking import masked_whiten
 from rlhfkit.core.rewards import clip_tensor
 from rlhfkit.models.sd_pipeline import DDPOStableDiffusionPipeline
-from rlhfkit.trainers.common import (
-    atomic_directory,
-    fused_optimizer_kwargs,
-    rng_state,
-    set_rng_state,
-    validate_checkpoint,
+from rlhfkit.trainers.checkpointing import (
+    WEIGHTS_FILE,
+    load_training_checkpoint,
+    prune_checkpoints,
+    resolve_checkpoint,
+    save_training_checkpoint,
 )
+from rlhfkit.trainers.common import fused_optimizer_kwargs
 from rlhfkit.trainers.ddpo_config import DDPOConfig
 from rlhfkit.trainers.guards import GracefulStop, NonFiniteGuard, NonFiniteStepWarning, loss_scaler_active
 
 logger = logging.getLogger(__name__)
 
 _TRAJECTORY_KEYS = ("timesteps", "latents", "next_latents", "logprobs")
-_STATE_FILE = "trainer_state.json"
 
 
 class DDPOTrainer:
@@ -83,7 +80,10 @@ class DDPOTrainer:
         self.sd_pipeline = sd_pipeline
         self.image_samples_callback = image_samples_hook
         self.checkpoint_dir = Path(config.logdir) / config.run_name / "checkpoints"
-        resume_dir = self._resolve_resume(config.resume_from) if config.resume_from else None
+        if config.resume_from and not Path(config.resume_from).expanduser().exists():
+            raise FileNotFoundError(f"resume_from={config.resume_from!r} is neither a checkpoint folder nor a folder "
+                                    "of checkpoint-<epochs> folders")
+        resume_dir = resolve_checkpoint(config.resume_from) if config.resume_from else None
 
         # One optimiser step covers train_gradient_accumulation_steps batches x all trained timesteps.
         project_config = ProjectConfiguration(**{"project_dir": config.logdir, **config.project_kwargs})
@@ -358,61 +358,25 @@ class DDPOTrainer:
         self.sd_pipeline.save_pretrained(save_directory)
 
     def save_checkpoint(self, epoch: int) -> Path:
-        """Write `checkpoint_<epoch>` atomically (weights, optimiser, RNG, counters) and prune old ones."""
-        from safetensors.torch import save_file
-
-        final = self.checkpoint_dir / f"checkpoint_{epoch}"
-        with atomic_directory(final) as tmp:
-            weights = {k: v.detach().contiguous().cpu() for k, v in self.sd_pipeline.trainable_state_dict().items()}
-            save_file(weights, str(tmp / "trainable.safetensors"))
-            torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
-            rng = rng_state()
-            save_file({"torch": rng["torch"]} | {f"cuda_{i}": s for i, s in enumerate(rng.get("cuda", []))},
-                      str(tmp / "rng.safetensors"))
-            state = {
-                "epoch": epoch, "global_step": self.global_step,
-                "python_rng": _jsonable(rng["python"]), "numpy_rng": _jsonable(rng["numpy"]),
-                "stat_tracker": self.stat_tracker.state_dict() if self.stat_tracker else None,
-            }
-            (tmp / _STATE_FILE).write_text(json.dumps(state))
-        checkpoints = _list_checkpoints(self.checkpoint_dir)
-        for old in checkpoints[: max(0, len(checkpoints) - self.config.num_checkpoint_limit)]:
-            shutil.rmtree(old, ignore_errors=True)
+        """Write `checkpoint-<epochs done>` (trained weights, optimiser, RNG, counters), keep the newest
+        `num_checkpoint_limit`. Format, checksums and lock: `rlhfkit.trainers.checkpointing`."""
+        final = save_training_checkpoint(
+            self.checkpoint_dir / f"checkpoint-{epoch + 1}", epoch + 1, self.sd_pipeline.trainable_state_dict(),
+            self._checkpoint_parts(), extra={"epoch": epoch, "global_step": self.global_step},
+        )
+        prune_checkpoints(self.checkpoint_dir, self.config.num_checkpoint_limit, protect=(str(final),))
         return final
 
     def _load_checkpoint(self, path: Path) -> None:
         from safetensors.torch import load_file
 
-        validate_checkpoint(path)  # a truncated or corrupt file: a clear error before anything is loaded
-        self.sd_pipeline.load_trainable_state_dict(load_file(str(path / "trainable.safetensors")))
-        self.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True, map_location="cpu"))
-        state = json.loads((path / _STATE_FILE).read_text())
-        rng_tensors = load_file(str(path / "rng.safetensors"))
-        cuda = [rng_tensors[k] for k in sorted(rng_tensors) if k.startswith("cuda_")]
-        python_state = state["python_rng"]
-        numpy_state = state["numpy_rng"]
-        set_rng_state({
-            "python": (python_state[0], tuple(python_state[1]), python_state[2]),
-            "numpy": (numpy_state[0], np.asarray(numpy_state[1], dtype=np.uint32), *numpy_state[2:]),
-            "torch": rng_tensors["torch"],
-            **({"cuda": cuda} if cuda else {}),
-        })
-        if self.stat_tracker is not None and state.get("stat_tracker"):
-            self.stat_tracker.load_state_dict(state["stat_tracker"])
+        path, state = load_training_checkpoint(path, self._checkpoint_parts())
+        self.sd_pipeline.load_trainable_state_dict(load_file(str(path / WEIGHTS_FILE)))
         self.first_epoch, self.global_step = state["epoch"] + 1, state["global_step"]
         logger.info("resumed from %s at epoch %d, global step %d", path, self.first_epoch, self.global_step)
 
-    def _resolve_resume(self, resume_from: str) -> Path:
-        path = Path(resume_from).expanduser()
-        if (path / _STATE_FILE).is_file():
-            return path
-        checkpoints = _list_checkpoints(path) if path.is_dir() else []
-        if checkpoints:
-            return checkpoints[-1]
-        raise FileNotFoundError(
-            f"resume_from={resume_from!r} is neither a checkpoint folder (with {_STATE_FILE}) nor a folder "
-            "of checkpoint_<epoch> folders"
-        )
+    def _checkpoint_parts(self) -> dict[str, Any]:
+        return {"optimizer": self.optimizer, "stat_tracker": self.stat_tracker}
 
 
 def _parse_reward_output(result: Any, expected: int) -> tuple[torch.Tensor, Any]:
@@ -435,19 +399,3 @@ def _parse_reward_output(result: Any, expected: int) -> tuple[torch.Tensor, Any]
         warnings.warn(f"reward_function returned non-finite scores: {scores.tolist()}", NonFiniteStepWarning,
                       stacklevel=3)
     return scores, metadata
-
-
-def _list_checkpoints(folder: Path) -> list[Path]:
-    """checkpoint_<epoch> folders in `folder`, oldest first."""
-    if not folder.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := re.fullmatch(r"checkpoint_(\d+)", p.name))]
-    return [p for _, p in sorted(found)]
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    if isinstance(value, tuple | list):
-        return [_jsonable(v) for v in value]
-    return value

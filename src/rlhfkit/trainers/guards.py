@@ -5,8 +5,8 @@
   `max_consecutive` bad steps in a row the caller saves the last good state and `fail()` raises.
 * `GracefulStop` turns the first SIGINT/SIGTERM into a request to stop at the next step boundary
   (the trainer then saves a resumable checkpoint and returns); a second signal interrupts at once.
-* `RobustTrainerMixin` wires both into a `transformers.Trainer` subclass and makes its
-  `checkpoint-<step>` folders appear atomically (written to a dot-named staging folder, then renamed).
+* `RobustTrainerMixin` wires both into a `transformers.Trainer` subclass and gives its `checkpoint-<step>`
+  folders the `checkpointing` format: staged, a manifest of checksums, renamed into place, an output lock.
 """
 
 from __future__ import annotations
@@ -22,12 +22,17 @@ from typing import Any
 
 import torch
 
-from rlhfkit.trainers.common import (
-    check_training_sizes,
+from rlhfkit.trainers.checkpointing import (
+    CHECKPOINT_PREFIX,
+    as_write_error,
+    discard_staging,
+    finish_checkpoint,
     latest_checkpoint,
-    publish_directory,
-    validate_checkpoint,
+    lock_output_dir,
+    prune_checkpoints,
+    verify_checkpoint,
 )
+from rlhfkit.trainers.common import check_training_sizes
 
 logger = logging.getLogger(__name__)
 
@@ -250,14 +255,16 @@ class RobustTrainerMixin:
         self.add_callback(_trainer_callback_class()(self))
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any):
+        if self.args.should_save:
+            lock_output_dir(self.args.output_dir)  # a second run on this output_dir stops here, by name
         if resume_from_checkpoint is True:
-            resume_from_checkpoint = latest_checkpoint(self.args.output_dir)
+            resume_from_checkpoint = latest_checkpoint(self.args.output_dir)  # the newest intact one
             if resume_from_checkpoint is None:
                 raise ValueError(
-                    f"resume_from_checkpoint=True but {self.args.output_dir} holds no checkpoint-* folder"
+                    f"resume_from_checkpoint=True but {self.args.output_dir} holds no intact checkpoint-* folder"
                 )
         if resume_from_checkpoint:
-            resume_from_checkpoint = str(validate_checkpoint(resume_from_checkpoint))
+            resume_from_checkpoint = str(verify_checkpoint(resume_from_checkpoint))
         with self.graceful_stop:
             return super().train(resume_from_checkpoint, *args, **kwargs)
 
@@ -304,34 +311,34 @@ class RobustTrainerMixin:
         super().log(logs, *args, **kwargs)
 
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
-        """Let Trainer write `checkpoint-<step>` into a staging folder, then rename it into place."""
+        """Let Trainer write `checkpoint-<step>` into a staging folder, then add the manifest and publish it.
+
+        Trainer's own files stay as they are (optimizer.pt, scheduler.pt and rng_state.pth are torch.save
+        files that transformers reads back with weights_only=True). Retention is `args.save_total_limit`.
+        """
         run_dir = Path(self._get_output_dir(trial=trial))
-        stage = run_dir / f".staging-checkpoint-{self.state.global_step}"
+        final = run_dir / f"{CHECKPOINT_PREFIX}{self.state.global_step}"
+        staged = run_dir / f".{final.name}.tmp-trainer" / final.name  # the same path on every rank
         if self.args.should_save:
-            for stale in run_dir.glob(".staging-checkpoint-*"):  # left by a run killed mid-save
+            lock_output_dir(run_dir)
+            for stale in run_dir.glob(f".{CHECKPOINT_PREFIX}*.tmp-*"):  # left by a run killed mid-save
                 shutil.rmtree(stale, ignore_errors=True)
-            stage.mkdir(parents=True)
+            staged.parent.mkdir(parents=True)
         self.accelerator.wait_for_everyone()
         original = self.args.output_dir
-        self.args.output_dir = str(stage)  # Trainer derives the checkpoint folder from output_dir
+        self.args.output_dir = str(staged.parent)  # Trainer derives the checkpoint folder from output_dir
         try:
             super()._save_checkpoint(model, trial)
+        except OSError as err:
+            discard_staging(staged)
+            raise as_write_error(err, final) from err
         finally:
             self.args.output_dir = original
         self.accelerator.wait_for_everyone()
         if self.args.should_save:
-            for child in list(stage.iterdir()):
-                publish_directory(child, run_dir / child.name)
-            shutil.rmtree(stage, ignore_errors=True)
+            finish_checkpoint(staged, final, self.state.global_step)
             best = self.state.best_model_checkpoint
-            if best and str(stage) in best:
-                self.state.best_model_checkpoint = best.replace(str(stage), str(run_dir))
-            from transformers.trainer_utils import rotate_checkpoints
-
-            rotate_checkpoints(
-                output_dir=str(run_dir),
-                save_total_limit=self.args.save_total_limit,
-                best_model_checkpoint=self.state.best_model_checkpoint,
-                use_mtime=False,
-            )
+            if best and str(staged.parent) in best:
+                self.state.best_model_checkpoint = best = best.replace(str(staged.parent), str(run_dir))
+            prune_checkpoints(run_dir, self.args.save_total_limit, protect=(str(final), best or ""))
         self.accelerator.wait_for_everyone()

@@ -30,7 +30,8 @@ from rlhfkit.core.losses import ppo_policy_loss, ppo_value_loss
 from rlhfkit.core.masking import masked_whiten
 from rlhfkit.core.rewards import RunningMoments, clip_tensor, compute_token_rewards, scale_scores
 from rlhfkit.rollout import eval_mode, forward_response, generate_responses, pad_left
-from rlhfkit.trainers import ppo_checkpoint, ppo_stats
+from rlhfkit.trainers import ppo_stats
+from rlhfkit.trainers.checkpointing import WEIGHTS_FILE, load_training_checkpoint, save_training_checkpoint
 from rlhfkit.trainers.common import fused_optimizer_kwargs, zero3_generation_context
 from rlhfkit.trainers.guards import GracefulStop, NonFiniteGuard, any_across_ranks, loss_scaler_active
 from rlhfkit.trainers.ppo_config import PPOConfig
@@ -745,11 +746,21 @@ class PPOTrainer:
 
     def save_checkpoint(self, checkpoint_dir: str) -> None:
         """Everything a resumed run needs: weights (incl. value head), optimizer, scheduler, KL controller,
-        running score moments, RNG state and step counter. Atomic: a crash leaves the old checkpoint."""
-        ppo_checkpoint.save(self, checkpoint_dir)
+        running score moments, RNG state and step counter. Atomic, with checksums (`checkpointing`)."""
+        self.accelerator.wait_for_everyone()
+        if self.accelerator.is_main_process:
+            save_training_checkpoint(checkpoint_dir, self.current_step, self.policy, self._checkpoint_parts())
         self.checkpoint_dir = str(checkpoint_dir)
 
     def load_checkpoint(self, checkpoint_dir: str) -> None:
-        """Restore a `save_checkpoint` folder into this trainer (same model architecture and config)."""
-        ppo_checkpoint.load(self, checkpoint_dir)
+        """Restore a `save_checkpoint` folder (or the newest intact `checkpoint-<step>` in a folder)."""
+        from safetensors.torch import load_model
+
+        folder, state = load_training_checkpoint(checkpoint_dir, self._checkpoint_parts())
+        load_model(self.policy, str(folder / WEIGHTS_FILE), device=str(self.current_device))
+        self.current_step = int(state["step"])
         self.policy_version += 1
+
+    def _checkpoint_parts(self) -> dict[str, Any]:
+        return {"optimizer": self.optimizer, "lr_scheduler": self.lr_scheduler, "kl_ctl": self.kl_ctl,
+                "running": self.running}

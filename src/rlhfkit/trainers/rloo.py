@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 from transformers import GenerationConfig, ProgressCallback, Trainer, TrainerState
-from transformers.trainer_utils import TrainOutput, get_last_checkpoint
+from transformers.trainer_utils import TrainOutput
 
 from rlhfkit.core import (
     entropy_from_logits,
@@ -40,7 +40,7 @@ from rlhfkit.core import (
 from rlhfkit.core.rewards import apply_missing_eos_penalty
 from rlhfkit.rollout import forward_response, generate_responses, pad_left
 from rlhfkit.trainers._setup import disable_dropout
-from rlhfkit.trainers.common import validate_checkpoint
+from rlhfkit.trainers.checkpointing import latest_checkpoint, verify_checkpoint
 from rlhfkit.trainers.guards import RobustTrainerMixin
 from rlhfkit.trainers.rloo_config import RLOOConfig
 from rlhfkit.trainers.rloo_data import PromptSchedule, check_prompts, tokenize_prompts
@@ -166,13 +166,13 @@ class RLOOTrainer(RobustTrainerMixin, Trainer):
             stateful_callbacks=dict(self.state.stateful_callbacks),
         )
         if resume_from_checkpoint is True:
-            resume_from_checkpoint = get_last_checkpoint(args.output_dir)
+            resume_from_checkpoint = latest_checkpoint(args.output_dir)  # the newest intact one
             if resume_from_checkpoint is None:
                 raise ValueError(
-                    f"resume_from_checkpoint=True but {args.output_dir} holds no checkpoint-* folder"
+                    f"resume_from_checkpoint=True but {args.output_dir} holds no intact checkpoint-* folder"
                 )
         if resume_from_checkpoint:
-            validate_checkpoint(resume_from_checkpoint)  # a clear error for a missing or corrupt folder
+            verify_checkpoint(resume_from_checkpoint)  # a clear error naming a missing, corrupt or altered file
             self._load_from_checkpoint(resume_from_checkpoint)
             self._load_optimizer_and_scheduler(resume_from_checkpoint)
             self.state = TrainerState.load_from_json(
