@@ -66,14 +66,9 @@ def _print_summary(console, stage: Stage, result: StageResult) -> None:
 
 def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     """Run (or reuse) every stage, write the report; returns the metrics written to metrics.json."""
-    import torch
     from transformers import set_seed
-    from transformers.utils import logging as hf_logging
 
-    if cfg.num_threads:
-        torch.set_num_threads(cfg.num_threads)
-    hf_logging.set_verbosity_error()  # keep the console for progress bars and summaries
-    hf_logging.disable_progress_bar()  # no per-file "Loading weights" bars; training bars stay
+    _quiet_runtime(cfg)
     console = _console()
     root = Path(cfg.output_dir)
     root.mkdir(parents=True, exist_ok=True)
@@ -140,10 +135,24 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     samples = evaluation.read_samples(evaluated)
     evaluation.print_samples(samples[: cfg.eval_samples_shown], cfg.algo, console)
     metrics = write_report(cfg, root, results, samples, time.perf_counter() - start)
-    ev = metrics["evaluation"]
+    _print_outcome(console, cfg.algo, metrics["evaluation"], root)
+    return metrics
+
+
+def _quiet_runtime(cfg: DemoConfig) -> None:
+    """Thread count from the config; transformers logs only errors, so the console keeps the summaries."""
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    if cfg.num_threads:
+        torch.set_num_threads(cfg.num_threads)
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()  # no per-file "Loading weights" bars; training bars stay
+
+
+def _print_outcome(console: Any, algo: str, ev: dict[str, Any], root: Path) -> None:
     console.print(
-        f"[bold]win rate of {cfg.algo} over SFT (gold judge): {100 * ev['win_rate_rl_vs_sft']:.1f}%[/]  "
+        f"[bold]win rate of {algo} over SFT (gold judge): {100 * ev['win_rate_rl_vs_sft']:.1f}%[/]  "
         f"gold score {ev['gold_score_sft']:.3f} -> {ev['gold_score_rl']:.3f}, KL {ev['kl_rl_to_sft']:.2f}; "
         f"report: {root / 'report.md'}"
     )
-    return metrics

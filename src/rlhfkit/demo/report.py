@@ -116,12 +116,21 @@ def write_report(
     }
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2, default=str), encoding="utf-8")
     made = make_plots(out, stages, samples)
+    lines = _result_lines(cfg, stages) + _stage_lines(stages, total_seconds)
+    lines += ["## Plots", ""] + [f"![{p.stem}](plots/{p.name})" for p in made]
+    lines += _sample_lines(cfg, samples)
+    lines += ["", "Reproduce: `rlhfkit demo " + " ".join(_flags(cfg)) + "`", ""]
+    (out / "report.md").write_text("\n".join(lines), encoding="utf-8")
+    return metrics
 
+
+def _result_lines(cfg: DemoConfig, stages: dict[str, StageResult]) -> list[str]:
+    evaluation = stages["evaluation"].summary
     algo = ALGO_NAMES[cfg.algo]
     low, high = evaluation["win_rate_ci95"]
     rm = stages["reward"].summary
     base = stages["base"].summary
-    lines = [
+    return [
         "# rlhfkit demo report",
         "",
         f"SFT -> reward model -> {algo}, on synthetic movie reviews; gold judge: VADER sentiment. "
@@ -145,11 +154,11 @@ def write_report(
         f"Reward model ({rm['kind']}): held-out pairwise accuracy **{_fmt(rm['heldout_accuracy'])}** "
         f"on {stages['preferences'].summary['pairs_eval']} pairs labelled by the gold judge.",
         "",
-        "## Stages",
-        "",
-        "| stage | seconds | reused | summary |",
-        "|---|---|---|---|",
     ]
+
+
+def _stage_lines(stages: dict[str, StageResult], total_seconds: float) -> list[str]:
+    lines = ["## Stages", "", "| stage | seconds | reused | summary |", "|---|---|---|---|"]
     for name, stage in stages.items():
         summary = ", ".join(
             f"{k}={_fmt(v)}" for k, v in stage.summary.items() if not isinstance(v, list | dict)
@@ -157,9 +166,11 @@ def write_report(
         lines.append(
             f"| {name} | {stage.seconds:.1f} | {'yes' if stage.reused else 'no'} | {_md_cell(summary)} |"
         )
-    lines += ["", f"Total wall time of this run: {total_seconds:.1f} s.", "", "## Plots", ""]
-    lines += [f"![{p.stem}](plots/{p.name})" for p in made]
-    lines += [
+    return lines + ["", f"Total wall time of this run: {total_seconds:.1f} s.", ""]
+
+
+def _sample_lines(cfg: DemoConfig, samples: list[dict[str, Any]]) -> list[str]:
+    lines = [
         "",
         "## Sample completions (held-out prompts)",
         "",
@@ -171,9 +182,7 @@ def write_report(
             f"| {_md_cell(row['prompt'])} | {_md_cell(row['sft'])} | {row['sft_gold']:+.3f} | "
             f"{_md_cell(row['rl'])} | {row['rl_gold']:+.3f} |"
         )
-    lines += ["", "Reproduce: `rlhfkit demo " + " ".join(_flags(cfg)) + "`", ""]
-    (out / "report.md").write_text("\n".join(lines), encoding="utf-8")
-    return metrics
+    return lines
 
 
 def _flags(cfg: DemoConfig) -> list[str]:
