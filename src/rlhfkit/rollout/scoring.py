@@ -13,6 +13,7 @@ import torch
 
 from rlhfkit.core.logprobs import entropy_from_logits, selective_log_softmax
 from rlhfkit.core.masking import last_true_indices
+from rlhfkit.models.peft_detection import peft_model_of, without_peft
 from rlhfkit.rollout.generation import is_encoder_decoder
 
 
@@ -41,8 +42,8 @@ def forward_accepts(model: torch.nn.Module, name: str) -> bool:
     for _ in range(8):  # a few nested wrappers at most
         if type(model).__name__ in ("DistributedDataParallel", "FullyShardedDataParallel", "DeepSpeedEngine"):
             model = model.module
-        elif any(cls.__name__ == "PeftModel" for cls in type(model).__mro__):
-            model = model.get_base_model()
+        elif peft_model_of(model) is model:
+            model = without_peft(model)
         else:
             break
     try:
@@ -126,11 +127,6 @@ def forward_response(
     return result
 
 
-def _unwrap_peft(model: torch.nn.Module) -> torch.nn.Module:
-    get_base = getattr(model, "get_base_model", None)
-    return get_base() if callable(get_base) else model
-
-
 @torch.no_grad()
 def reward_model_scores(
     reward_model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
@@ -144,7 +140,7 @@ def reward_model_scores(
         raise ValueError(
             f"input_ids {tuple(input_ids.shape)} and attention_mask {tuple(attention_mask.shape)} differ in shape"
         )
-    model = _unwrap_peft(reward_model)
+    model = without_peft(reward_model)
     head = getattr(model, "score", None)
     backbone = getattr(model, getattr(model, "base_model_prefix", ""), None)
     position_ids = position_ids_from_mask(attention_mask)
