@@ -21,9 +21,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from rlhfkit.core.masking import last_true_indices
 from rlhfkit.models.peft_detection import peft_model_of
 from rlhfkit.rollout.generation import eval_mode
+from rlhfkit.rollout.scoring import last_token_scores
 
 REFERENCE_ADAPTER_NAME = "reference"
 _ADAPTER_CONFIG = "adapter_config.json"
@@ -202,8 +202,8 @@ def score_with_adapter(
 ) -> torch.Tensor:
     """Reward scores, one per sequence: (B,) for a one-output head, else (B, num_labels).
 
-    The score head reads the final hidden state of the last real token (by `attention_mask`), as
-    sequence classifiers do. Runs without gradient and in eval mode, with the reward adapter active, then
+    The score head reads the final hidden state of the last real token (`rollout.scoring.last_token_scores`,
+    as for a reward model). Runs without gradient and in eval mode, with the reward adapter active, then
     activates `ppo_adapter_name` (default: the adapter active before the call).
     """
     peft_model = peft_model_of(model)
@@ -223,10 +223,7 @@ def score_with_adapter(
     if ppo_adapter_name is not None:
         _require_adapter(peft_model, ppo_adapter_name, "ppo_adapter_name")
     with torch.no_grad(), eval_mode(peft_model), use_adapter(peft_model, reward_adapter_name, ppo_adapter_name):
-        hidden = _backbone(peft_model)(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        last = last_true_indices(attention_mask)
-        pooled = hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
-        scores = score_head(pooled.to(score_head.weight.dtype)).float()
+        scores = last_token_scores(_backbone(peft_model), score_head, input_ids, attention_mask)
     return scores.squeeze(-1) if scores.shape[-1] == 1 else scores
 
 

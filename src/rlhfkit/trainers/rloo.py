@@ -43,12 +43,13 @@ from rlhfkit.core import (
 from rlhfkit.core.rewards import apply_missing_eos_penalty
 from rlhfkit.models.reference import choose_reference
 from rlhfkit.rollout import forward_response, generate_responses, pad_left
+from rlhfkit.rollout.rewards import RewardScorer
 from rlhfkit.trainers._setup import disable_dropout
 from rlhfkit.trainers.common import validate_checkpoint
 from rlhfkit.trainers.guards import RobustTrainerMixin
 from rlhfkit.trainers.rloo_config import RLOOConfig
 from rlhfkit.trainers.rloo_data import PromptSchedule, check_prompts, tokenize_prompts
-from rlhfkit.trainers.rloo_rewards import RLHF_REWARDS, RewardScorer
+from rlhfkit.trainers.rloo_rewards import RLHF_REWARDS
 from rlhfkit.trainers.sample_table import RichProgressCallback, print_sample_table, save_samples
 
 
