@@ -5,7 +5,7 @@ over rejected than the frozen reference does:
     logits = [log pi(c) - log pi(r)] - [log ref(c) - log ref(r)],   loss = f(beta * logits)
 with f chosen by `loss_type` (sigmoid = DPO, hinge = SLiC, ipo = IPO) in `rlhfkit.core.losses`.
 The reference is a frozen copy of the policy, or, for a PEFT policy, the same network with its
-adapters switched off; its log-probs can also be computed once up front (precompute_ref_log_probs).
+frozen SFT reference adapter active or its adapters switched off; its log-probs can also be computed once up front (precompute_ref_log_probs).
 """
 
 from __future__ import annotations
@@ -44,9 +44,9 @@ logger = logging.getLogger(__name__)
 class DPOTrainer(RobustTrainerMixin, Trainer):
     """`transformers.Trainer` for DPO; seed 001's keyword arguments override the matching `args` fields.
 
-    `ref_model=None` means: the policy with adapters disabled when the policy is a PEFT model (or
-    `peft_config` is given), else a frozen copy of the initial policy. With `reference_free` no
-    reference is used at all.
+    `ref_model=None` means, for a PEFT policy (or when `peft_config` is given): its frozen SFT
+    `reference` adapter if it has one, else the policy with adapters disabled; otherwise a frozen copy
+    of the initial policy (`choose_reference`). With `reference_free` no reference is used at all.
     """
 
     # compute_loss returns a per-pair mean, so Trainer must divide by the accumulation steps itself
