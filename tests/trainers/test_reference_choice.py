@@ -64,6 +64,8 @@ def test_rloo_with_a_lora_policy_needs_no_ref_policy(tmp_path):
         rloo_k=2, num_ppo_epochs=1, response_length=5, total_episodes=8, logging_steps=1,
         save_strategy="no", num_sample_generations=0, disable_tqdm=True, seed=3, learning_rate=1e-2,
     )
+    with pytest.raises(ValueError, match="ref_policy must not be the policy itself"):
+        RLOOTrainer(config, tokenizer, policy, policy, KeywordReward("e"), toy_prompt_dataset(n=16))
     trainer = RLOOTrainer(config, tokenizer, policy, None, KeywordReward("e"), toy_prompt_dataset(n=16))
     assert trainer.ref_policy is None and trainer.reference.kind == "base"  # no second copy of the weights
     lora_before = {n: p.detach().clone() for n, p in policy.named_parameters() if p.requires_grad}

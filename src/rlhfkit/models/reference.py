@@ -88,17 +88,19 @@ def choose_reference(
     num_shared_layers: int | None = None,
     pattern: str | None = None,
     adapter_name: str = REFERENCE_ADAPTER_NAME,
+    argument: str = "ref_model",
 ) -> Reference:
     """The reference for `policy`: explicit `ref_model` > frozen reference adapter > adapter-disabled base > copy.
 
     `num_shared_layers` and `pattern` shape the copy (see `create_reference_model`); a PEFT policy
-    ignores them with a warning, since its reference already shares every base weight.
+    ignores them with a warning, since its reference already shares every base weight. `argument` is
+    the caller's name for `ref_model` in error messages.
     """
     if ref_model is not None:
         if ref_model is policy:
-            raise ValueError("ref_model must not be the policy itself; pass None to let the trainer build one")
+            raise ValueError(f"{argument} must not be the policy itself; pass None to let the trainer build one")
         if not isinstance(ref_model, nn.Module):
-            raise TypeError(f"ref_model must be a torch.nn.Module or None, got {type(ref_model).__name__}")
+            raise TypeError(f"{argument} must be a torch.nn.Module or None, got {type(ref_model).__name__}")
         return Reference("model", ref_model.eval().requires_grad_(False))
     peft_model = peft_model_of(policy)
     if peft_model is None:

@@ -89,11 +89,9 @@ class RLOOTrainer(RobustTrainerMixin, Trainer):
         for name, model in (("policy", policy), ("ref_policy", ref_policy)):
             if not isinstance(model, nn.Module) and (name == "policy" or model is not None):
                 raise TypeError(f"{name} must be a loaded model (nn.Module), got {type(model).__name__}")
-        if ref_policy is policy:
-            raise ValueError("ref_policy must be a separate frozen copy of the policy, not the policy itself")
         # None: the PEFT policy's frozen SFT adapter or adapter-disabled base, else a frozen copy of the policy
-        reference = choose_reference(policy, ref_policy)
-        ref_policy = reference.model
+        self.reference = choose_reference(policy, ref_policy, argument="ref_policy")
+        ref_policy = self.reference.model
         self.stop_token_id = config.stop_token_id
         if self.stop_token_id is None and config.stop_token == "eos":
             self.stop_token_id = processing_class.eos_token_id
@@ -126,7 +124,6 @@ class RLOOTrainer(RobustTrainerMixin, Trainer):
         config.world_size = self.accelerator.num_processes
         config.compute_batch_sizes(len(train_dataset))
         self.policy = policy
-        self.reference = reference
         self.ref_policy = ref_policy.to(self.accelerator.device) if ref_policy is not None else None
         self.scorer = RewardScorer(
             reward_model,
