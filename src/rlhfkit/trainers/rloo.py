@@ -89,7 +89,6 @@ class RLOOTrainer(RobustTrainerMixin, Trainer):
         for name, model in (("policy", policy), ("ref_policy", ref_policy)):
             if not isinstance(model, nn.Module) and (name == "policy" or model is not None):
                 raise TypeError(f"{name} must be a loaded model (nn.Module), got {type(model).__name__}")
-        # None: the PEFT policy's frozen SFT adapter or adapter-disabled base, else a frozen copy of the policy
         self.reference = choose_reference(policy, ref_policy, argument="ref_policy")
         ref_policy = self.reference.model
         self.stop_token_id = config.stop_token_id
