@@ -154,3 +154,48 @@ def test_save_load_several_policies_without_the_reward_adapter(model, tmp_path, 
         torch.testing.assert_close(loaded(input_ids, attention_mask=mask)[0], model(input_ids, attention_mask=mask)[0])
     scores = loaded.compute_reward_score(input_ids, mask, ppo_adapter_name="policy_1")
     torch.testing.assert_close(scores, model.compute_reward_score(input_ids, mask, ppo_adapter_name="policy_1"))
+
+
+def test_reward_scorer_reads_a_reward_adapter_like_the_standalone_model(model, reward_model):
+    from rlhfkit.rollout import pad_left, pad_right
+    from rlhfkit.rollout.rewards import RewardScorer
+    from rlhfkit.testing import tiny_tokenizer
+
+    tokenizer = tiny_tokenizer(padding_side="left")
+    peft_model = model.pretrained_model
+    peft_model.add_adapter("policy_1", policy_lora(r=2))
+    peft_model.set_adapter("policy_1")
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    queries = [torch.tensor(tokenizer(t)["input_ids"]) for t in ("the film was", "we left")]
+    responses = [torch.tensor(tokenizer(t)["input_ids"]) for t in (" very good", " early and bored")]
+    query_ids, query_mask = pad_left(queries, tokenizer.pad_token_id)
+    response_ids, response_mask = pad_right(responses, tokenizer.pad_token_id)
+
+    def halve(completions):
+        return [0.5 * len(c) for c in completions]
+
+    scorer = RewardScorer([model, halve], tokenizer, reward_weights=[2.0, 1.0])
+    scores, per_source = scorer(query_ids, query_mask, response_ids, response_mask)
+    ids = torch.cat([query_ids, response_ids], 1)
+    mask = torch.cat([query_mask, response_mask.long()], 1)
+    with torch.no_grad():
+        expected = reward_model(input_ids=ids, attention_mask=mask).logits.squeeze(-1)
+    torch.testing.assert_close(per_source[0], expected, atol=1e-5, rtol=1e-5)
+    # the completions decoded for the function: " very good" (10 chars), " early and bored" (16 chars)
+    torch.testing.assert_close(per_source[1], torch.tensor([5.0, 8.0]))
+    torch.testing.assert_close(scores, 2.0 * expected + torch.tensor([5.0, 8.0]), atol=1e-5, rtol=1e-5)
+    # the policy is scored, not frozen, and its active adapter stays the one that was active
+    assert peft_model.active_adapter == "policy_1"
+    assert {n for n, p in model.named_parameters() if p.requires_grad} == trainable
+    # the same rows as the unpadded lists of the classic PPO loop
+    listed, _ = scorer.score_responses(queries, responses)
+    torch.testing.assert_close(listed, scores, atol=1e-5, rtol=1e-5)
+
+
+def test_reward_scorer_needs_a_loaded_reward_adapter(llama_path):
+    from rlhfkit.rollout.rewards import RewardScorer
+    from rlhfkit.testing import tiny_tokenizer
+
+    plain = AutoModelForCausalLMWithValueHead.from_pretrained(llama_path, peft_config=policy_lora())
+    with pytest.raises(ValueError, match="no reward adapter loaded"):
+        RewardScorer(plain, tiny_tokenizer())

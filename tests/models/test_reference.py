@@ -7,11 +7,11 @@ import torch
 from model_helpers import batch, policy_lora
 from torch import nn
 
-from rlhfkit.models.adapters import reference_context
 from rlhfkit.models.reference import (
     AdapterReference,
     count_shared_parameters,
     create_reference_model,
+    reference_context,
     shared_parameter_names,
     unique_parameter_bytes,
 )

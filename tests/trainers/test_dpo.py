@@ -151,7 +151,7 @@ def test_peft_reference_is_the_adapter_free_base_and_precompute_agrees(tmp_path,
         processing_class=tok,
         peft_config=lora,
     )
-    assert trainer.ref_model is None and trainer.ref_adapter_disabled
+    assert trainer.ref_model is None and trainer.reference.kind == "base"
     batch = trainer.data_collator([trainer.train_dataset[i] for i in range(4)])
     with torch.no_grad():
         ref_c, ref_r = trainer.reference_logps(batch)
@@ -266,7 +266,7 @@ def test_reference_free_uses_no_reference(tmp_path, tok):
         train_dataset=_pairs(4),
         processing_class=tok,
     )
-    assert trainer.ref_model is None and not trainer.ref_adapter_disabled
+    assert trainer.ref_model is None and trainer.reference is None
     batch = trainer.data_collator([trainer.train_dataset[i] for i in range(2)])
     ref_c, ref_r = trainer.reference_logps(batch)
     assert ref_c.tolist() == [0.0, 0.0] and ref_r.tolist() == [0.0, 0.0]

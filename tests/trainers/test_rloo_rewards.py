@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from rlhfkit.rollout import pad_left, pad_right, reward_model_scores
+from rlhfkit.rollout.rewards import RewardScorer
 from rlhfkit.testing import tiny_model, tiny_tokenizer
 from rlhfkit.trainers.guards import NonFiniteStepWarning
-from rlhfkit.trainers.rloo_rewards import RLHF_REWARDS, RewardScorer, compute_rlhf_reward
+from rlhfkit.trainers.rloo_rewards import RLHF_REWARDS, compute_rlhf_reward
 
 
 @pytest.fixture(scope="module")

@@ -77,26 +77,22 @@ def prompt_dataset(args: PPOScriptArguments, tokenizer: Any):
     return dataset, (task.reward_fn if task is not None else None)
 
 
-def reward_function(args: PPOScriptArguments, task_reward: Any, device: Any):
-    """texts -> list of float scores: the task's (on completions) or a local reward model's (on full texts)."""
+def reward_scorer(args: PPOScriptArguments, task_reward: Any, tokenizer: Any, device: Any):
+    """A `RewardScorer`: the task's reward function (on completions) or a local reward model (on full texts)."""
+    from rlhfkit.rollout.rewards import RewardScorer
+
     if args.reward == "task":
         if task_reward is None:
             raise ValueError("--reward task needs a built-in --dataset_name; for local data pass a reward model folder")
-        return task_reward
+        return RewardScorer(task_reward, tokenizer, device=device)
     if not Path(args.reward).is_dir():
         raise ValueError(f"--reward {args.reward!r} is neither 'task' nor a local reward-model folder")
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from rlhfkit.rollout import reward_model_scores
-
-    model = AutoModelForSequenceClassification.from_pretrained(args.reward, num_labels=1).to(device).eval()
-    tokenizer = AutoTokenizer.from_pretrained(args.reward, padding_side="left")
-
-    def score(texts: list[str]) -> list[float]:
-        enc = tokenizer(texts, return_tensors="pt", padding=True, return_token_type_ids=False).to(device)
-        return reward_model_scores(model, enc["input_ids"], enc["attention_mask"]).tolist()
-
-    return score
+    model = AutoModelForSequenceClassification.from_pretrained(args.reward, num_labels=1)
+    reward_tokenizer = AutoTokenizer.from_pretrained(args.reward, padding_side="left")
+    # the reward model reads prompt + completion as text, encoded as it was in training (special tokens on)
+    return RewardScorer(model, tokenizer, reward_tokenizer, device=device, add_special_tokens=True)
 
 
 def _check_paths(args: PPOScriptArguments, model_args: ModelArguments) -> None:
@@ -114,8 +110,6 @@ def _check_paths(args: PPOScriptArguments, model_args: ModelArguments) -> None:
 
 
 def _body(argv: list[str] | None) -> int:
-    import torch
-
     from rlhfkit.models.value_head import AutoModelForCausalLMWithValueHead
     from rlhfkit.testing import tiny_model_path
     from rlhfkit.trainers.ppo import PPOTrainer
@@ -136,7 +130,7 @@ def _body(argv: list[str] | None) -> int:
     trainer = PPOTrainer(config, model, tokenizer=tokenizer, dataset=dataset)
     if len(trainer.dataloader) == 0:
         raise ValueError(f"--dataset_name has {len(dataset)} prompts, fewer than --batch_size {config.batch_size}")
-    reward = reward_function(args, task_reward, trainer.current_device)
+    scorer = reward_scorer(args, task_reward, tokenizer, trainer.current_device)
     if args.resume_from_checkpoint:
         trainer.load_checkpoint(args.resume_from_checkpoint)
     generation_kwargs = dict(min_length=-1, top_k=0, top_p=1.0, do_sample=True, max_new_tokens=args.max_new_tokens)
@@ -152,8 +146,7 @@ def _body(argv: list[str] | None) -> int:
                                              **generation_kwargs)
                 batch["response"] = tokenizer.batch_decode(responses, skip_special_tokens=True)
                 # a task scores the completion; a reward model reads prompt and completion together
-                texts = batch["response"] if args.reward == "task" else [q + r for q, r in zip(batch["query"], batch["response"])]
-                scores = [torch.tensor(float(s)) for s in reward(texts)]
+                scores = list(scorer.score_responses(queries, responses, batch["query"], batch["response"])[0].cpu())
                 stats = trainer.step(queries, responses, scores)
                 trainer.log_stats(stats, batch, scores)
                 first = stats["ppo/mean_scores"] if first is None else first

@@ -39,12 +39,13 @@ def win_rate_interval(rate: float, n: int, z: float = 1.96) -> tuple[float, floa
 
 @torch.no_grad()
 def learned_scores(reward_model, samples: Completions) -> list[float]:
-    from rlhfkit.rollout import reward_model_scores
+    from rlhfkit.rollout.rewards import RewardScorer
 
-    ids = torch.cat([samples.query_ids, samples.responses], dim=1)
-    mask = torch.cat([samples.query_mask.long(), samples.response_mask.long()], dim=1)
     device = next(reward_model.parameters()).device
-    return reward_model_scores(reward_model, ids.to(device), mask.to(device)).tolist()
+    scorer = RewardScorer(reward_model, tokenizer=None, device=device)
+    batch = (samples.query_ids, samples.query_mask, samples.responses, samples.response_mask)
+    scores, _ = scorer(*(t.to(device) for t in batch))
+    return scores.tolist()
 
 
 @torch.no_grad()

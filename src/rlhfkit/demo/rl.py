@@ -112,7 +112,7 @@ def train_rloo(cfg: DemoConfig, sft: StageResult, reward: StageResult, preferenc
 
 
 # ---------------------------------------------------------------------- PPO (classic generate/step loop)
-def _ppo_loop(cfg: DemoConfig, trainer, tokenizer, score_fn: Callable, out: Path) -> dict[str, Any]:
+def _ppo_loop(cfg: DemoConfig, trainer, tokenizer, scorer, out: Path) -> dict[str, Any]:
     """`rl_updates` rounds of generate -> score with the learned reward -> `step()`."""
     from rich.progress import Progress
 
@@ -130,7 +130,7 @@ def _ppo_loop(cfg: DemoConfig, trainer, tokenizer, score_fn: Callable, out: Path
                 torch.tensor(tokenizer(prompts[i], add_special_tokens=False)["input_ids"]) for i in rows
             ]
             responses = trainer.generate(queries, batch_size=64, return_prompt=False, **gen_kwargs)
-            scores = score_fn(queries, responses)
+            scores = scorer.score_responses(queries, responses)[0].cpu()
             stats = trainer.step(queries, responses, list(scores))
             curves["step"].append(update + 1)
             curves["reward"].append(float(scores.mean()))
@@ -159,30 +159,17 @@ def _ppo_config(cfg: DemoConfig, learning_rate: float):
     )
 
 
-def _pad_pairs(queries, responses, pad_id: int):
-    from rlhfkit.rollout import pad_right
-
-    ids, mask = pad_right([torch.cat([q, r]) for q, r in zip(queries, responses)], pad_id)
-    return ids, mask.long()
-
-
 def train_ppo(cfg: DemoConfig, sft: StageResult, reward: StageResult, preferences: StageResult, out: Path):
     from rlhfkit.models.value_head import AutoModelForCausalLMWithValueHead
-    from rlhfkit.rollout import reward_model_scores
+    from rlhfkit.rollout.rewards import RewardScorer
     from rlhfkit.trainers.ppo import PPOTrainer
 
     tokenizer = load_tokenizer(sft.path)
     model = AutoModelForCausalLMWithValueHead.from_pretrained(str(sft.path), dtype=torch.float32)
     trainer = PPOTrainer(_ppo_config(cfg, cfg.rl_learning_rate), model, None, tokenizer)
     reward_model = load_reward_model(sft, reward)
-
-    def score(queries, responses):
-        ids, mask = _pad_pairs(queries, responses, tokenizer.pad_token_id)
-        return reward_model_scores(
-            reward_model, ids.to(reward_model.device), mask.to(reward_model.device)
-        ).cpu()
-
-    summary = _ppo_loop(cfg, trainer, tokenizer, score, out)
+    scorer = RewardScorer(reward_model, tokenizer, device=reward_model.device)
+    summary = _ppo_loop(cfg, trainer, tokenizer, scorer, out)
     trainer.policy.pretrained_model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return summary
@@ -195,6 +182,7 @@ def train_ppo_multi_adapter(
     from peft import LoraConfig
 
     from rlhfkit.models.value_head import AutoModelForCausalLMWithValueHead
+    from rlhfkit.rollout.rewards import RewardScorer
     from rlhfkit.trainers.ppo import PPOTrainer
 
     tokenizer = load_tokenizer(sft.path)
@@ -210,15 +198,8 @@ def train_ppo_multi_adapter(
     )
     # LoRA updates are low-rank and start at zero: they need a larger step than full fine-tuning
     trainer = PPOTrainer(_ppo_config(cfg, 4 * cfg.rl_learning_rate), model, None, tokenizer)
-
-    def score(queries, responses):
-        ids, mask = _pad_pairs(queries, responses, tokenizer.pad_token_id)
-        device = trainer.policy.device
-        return trainer.policy.sequence_reward_score(
-            input_ids=ids.to(device), attention_mask=mask.to(device)
-        ).cpu()
-
-    summary = _ppo_loop(cfg, trainer, tokenizer, score, out)
+    scorer = RewardScorer(trainer.policy, tokenizer, device=trainer.policy.device)  # its reward adapter
+    summary = _ppo_loop(cfg, trainer, tokenizer, scorer, out)
     peft_model = trainer.policy.pretrained_model
     peft_model.set_adapter("default")
     merged = peft_model.merge_and_unload(adapter_names=["default"])

@@ -21,19 +21,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from rlhfkit.models.peft_detection import peft_model_of
 from rlhfkit.rollout.generation import eval_mode
+from rlhfkit.rollout.scoring import position_ids_from_mask
 
 REFERENCE_ADAPTER_NAME = "reference"
 _ADAPTER_CONFIG = "adapter_config.json"
 _ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
-
-
-def peft_model_of(model: nn.Module) -> Any | None:
-    """The `PeftModel` inside `model` (a value-head wrapper or a PeftModel itself), else None."""
-    from peft import PeftModel
-
-    inner = getattr(model, "pretrained_model", model)
-    return inner if isinstance(inner, PeftModel) else None
 
 
 def _require_adapter(peft_model: Any, adapter_name: str, argument: str) -> None:
@@ -76,43 +70,13 @@ def use_adapter(model: nn.Module, adapter_name: str, restore_adapter: str | None
             peft_model.set_adapter(restore)
 
 
-@contextlib.contextmanager
-def reference_context(
-    model: nn.Module, ref_model: nn.Module | None = None, reference_adapter_name: str = REFERENCE_ADAPTER_NAME
-) -> Iterator[nn.Module]:
-    """Yield the module to call for reference log-probabilities, with gradients off.
-
-    - `ref_model` given: yields it (a separate frozen copy, see `create_reference_model`).
-    - `model` is PEFT and has an adapter named `reference_adapter_name`: yields `model` with that adapter
-      active (the policy started from a trained LoRA; the reference is that SFT adapter, frozen).
-    - `model` is PEFT otherwise: yields `model` with all adapters disabled (reference = base model).
-    No second copy of the weights exists in the PEFT cases.
-    """
-    if ref_model is not None:
-        with torch.no_grad():
-            yield ref_model
-        return
-    peft_model = peft_model_of(model)
-    if peft_model is None:
-        raise ValueError(
-            f"{type(model).__name__} is not a PEFT model, so it holds no reference inside it; pass "
-            "ref_model=create_reference_model(model)"
-        )
-    if reference_adapter_name in peft_model.peft_config:
-        with torch.no_grad(), use_adapter(peft_model, reference_adapter_name):
-            yield model
-    else:
-        with torch.no_grad(), peft_model.disable_adapter():
-            yield model
-
-
 def add_reference_adapter(
     model: nn.Module, source_adapter: str = "default", adapter_name: str = REFERENCE_ADAPTER_NAME
 ) -> None:
     """Keep a frozen copy of the (already trained) `source_adapter` as the reference adapter.
 
-    Use when the policy is an SFT LoRA that RL keeps training: `reference_context` then computes the
-    reference with the frozen SFT copy instead of the bare base model. Costs one adapter's memory.
+    Use when the policy is an SFT LoRA that RL keeps training: `reference.choose_reference` then picks
+    the frozen SFT copy as the reference instead of the bare base model. Costs one adapter's memory.
     """
     from peft import get_peft_model_state_dict, set_peft_model_state_dict
 
@@ -259,7 +223,13 @@ def score_with_adapter(
     if ppo_adapter_name is not None:
         _require_adapter(peft_model, ppo_adapter_name, "ppo_adapter_name")
     with torch.no_grad(), eval_mode(peft_model), use_adapter(peft_model, reward_adapter_name, ppo_adapter_name):
-        hidden = _backbone(peft_model)(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        # positions follow the mask, so a left-padded row scores as it would unpadded
+        hidden = _backbone(peft_model)(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids_from_mask(attention_mask),
+            use_cache=False,
+        ).last_hidden_state
         return score_head(hidden.to(score_head.weight.dtype)).float()
 
 

@@ -1,22 +1,31 @@
-"""Frozen reference models for the KL penalty.
+"""The reference policy of the KL penalty, one story for every trainer.
 
-`create_reference_model` returns a frozen deep copy of the policy. With `num_shared_layers=N` the
-embeddings and the first N transformer layers are *not* copied: the reference holds the very same
-parameter tensors as the policy, and they are frozen in both, so only the remaining layers cost memory.
-For a PEFT policy no copy is made at all: the reference is the policy run under `reference_context`
-(adapters disabled, or the frozen `reference` adapter active).
+`choose_reference(policy, ref_model)` decides where reference log-probabilities come from, in this order:
+1. an explicit `ref_model`: used as it is, frozen (eval mode, no gradients);
+2. a PEFT policy with a frozen adapter named `reference` (it started from a trained SFT LoRA, see
+   `adapters.add_reference_adapter`): the policy with that adapter active, so the KL is measured
+   against the SFT model and not the bare base;
+3. any other PEFT policy: the policy with its adapters disabled (the base model);
+4. otherwise: a frozen copy of the policy (`create_reference_model`).
+The returned `Reference` is called on the policy as a context manager and yields the module to run.
+Only cases 1 and 4 hold weights; with `num_shared_layers=N` a copy shares its embeddings and first N
+layers with the policy (frozen in both), so only the remaining layers cost memory.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import re
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
+import torch
 from torch import nn
 
-from rlhfkit.models.adapters import peft_model_of, reference_context
+from rlhfkit.models.adapters import REFERENCE_ADAPTER_NAME, use_adapter
+from rlhfkit.models.peft_detection import peft_model_of
 
 # `{layer}` marks the layer index; matched anywhere in a parameter name after a dot or at its start.
 LAYER_PATTERNS: tuple[str, ...] = (
@@ -30,19 +39,113 @@ LAYER_PATTERNS: tuple[str, ...] = (
 )
 
 
+class Reference:
+    """Where reference log-probabilities come from; `with reference(policy) as module:` runs them.
+
+    `kind` is "model" (a separate frozen network, `self.model`), "adapter" (the PEFT policy with its
+    frozen reference adapter active) or "base" (the PEFT policy with adapters disabled). The body runs
+    without gradients; the policy's active adapter and `requires_grad` flags are restored afterwards.
+    """
+
+    KINDS = ("model", "adapter", "base")
+
+    def __init__(self, kind: str, model: nn.Module | None = None, adapter_name: str | None = None):
+        if kind not in self.KINDS:
+            raise ValueError(f"kind must be one of {self.KINDS}, got {kind!r}")
+        if (kind == "model") != (model is not None):
+            raise ValueError("a 'model' reference needs `model`; the adapter kinds hold none")
+        if (kind == "adapter") != (adapter_name is not None):
+            raise ValueError("an 'adapter' reference needs `adapter_name`; the other kinds take none")
+        self.kind, self.model, self.adapter_name = kind, model, adapter_name
+
+    def __repr__(self) -> str:
+        detail = type(self.model).__name__ if self.model is not None else self.adapter_name
+        return f"Reference({self.kind!r}{', ' + repr(detail) if detail else ''})"
+
+    @contextlib.contextmanager
+    def __call__(self, policy: nn.Module | None) -> Iterator[nn.Module]:
+        with torch.no_grad():
+            if self.model is not None:
+                yield self.model
+                return
+            peft_model = peft_model_of(policy)
+            if peft_model is None:
+                raise ValueError(
+                    f"a {self.kind!r} reference lives inside a PEFT policy, got {type(policy).__name__}"
+                )
+            if self.kind == "adapter":
+                with use_adapter(peft_model, self.adapter_name):
+                    yield policy
+            else:
+                with peft_model.disable_adapter():
+                    yield policy
+
+
+def choose_reference(
+    policy: nn.Module | None,
+    ref_model: nn.Module | None = None,
+    *,
+    num_shared_layers: int | None = None,
+    pattern: str | None = None,
+    adapter_name: str = REFERENCE_ADAPTER_NAME,
+    argument: str = "ref_model",
+) -> Reference:
+    """The reference for `policy`: explicit `ref_model` > frozen reference adapter > adapter-disabled base > copy.
+
+    `num_shared_layers` and `pattern` shape the copy (see `create_reference_model`); a PEFT policy
+    ignores them with a warning, since its reference already shares every base weight. `argument` is
+    the caller's name for `ref_model` in error messages.
+    """
+    if ref_model is not None:
+        if ref_model is policy:
+            raise ValueError(f"{argument} must not be the policy itself; pass None to let the trainer build one")
+        if not isinstance(ref_model, nn.Module):
+            raise TypeError(f"{argument} must be a torch.nn.Module or None, got {type(ref_model).__name__}")
+        return Reference("model", ref_model.eval().requires_grad_(False))
+    peft_model = peft_model_of(policy)
+    if peft_model is None:
+        return Reference("model", create_reference_model(policy, num_shared_layers, pattern))
+    if num_shared_layers is not None:
+        warnings.warn(
+            "num_shared_layers is ignored for a PEFT model: its reference already shares all base weights",
+            stacklevel=2,
+        )
+    if adapter_name in peft_model.peft_config:
+        return Reference("adapter", adapter_name=adapter_name)
+    return Reference("base")
+
+
+@contextlib.contextmanager
+def reference_context(
+    model: nn.Module, ref_model: nn.Module | None = None, reference_adapter_name: str = REFERENCE_ADAPTER_NAME
+) -> Iterator[nn.Module]:
+    """Yield the module to call for reference log-probabilities, with gradients off (`choose_reference`).
+
+    Unlike `choose_reference`, never copies: a model without adapters needs `ref_model`.
+    """
+    if ref_model is None and peft_model_of(model) is None:
+        raise ValueError(
+            f"{type(model).__name__} is not a PEFT model, so it holds no reference inside it; pass "
+            "ref_model=create_reference_model(model)"
+        )
+    with choose_reference(model, ref_model, adapter_name=reference_adapter_name)(model) as acting:
+        yield acting
+
+
 class AdapterReference(nn.Module):
-    """A PEFT policy seen as its reference: calls run under `reference_context`. Holds no weights."""
+    """A PEFT policy seen as its reference module (for code that wants a callable). Holds no weights."""
 
     def __init__(self, policy: nn.Module):
         super().__init__()
         object.__setattr__(self, "_policy", policy)  # not a submodule: parameters() stays empty
+        object.__setattr__(self, "_reference", choose_reference(policy))
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        with reference_context(self._policy) as model:
+        with self._reference(self._policy) as model:
             return model(*args, **kwargs)
 
     def generate(self, *args: Any, **kwargs: Any) -> Any:
-        with reference_context(self._policy) as model:
+        with self._reference(self._policy) as model:
             return model.generate(*args, **kwargs)
 
     @property
@@ -86,7 +189,7 @@ def shared_parameter_names(model: nn.Module, num_shared_layers: int, pattern: st
 def create_reference_model(
     model: nn.Module, num_shared_layers: int | None = None, pattern: str | None = None
 ) -> nn.Module:
-    """A frozen (eval-mode, no-grad) reference for `model`.
+    """A frozen (eval-mode, no-grad) reference module for `model` (`choose_reference` wraps it).
 
     `num_shared_layers=None`: a full independent copy. `num_shared_layers=N`: the embeddings and first N
     layers are the same tensors in both models and are frozen in the policy too. `pattern` names the
@@ -146,6 +249,8 @@ def unique_parameter_bytes(*models: nn.Module) -> int:
 __all__ = [
     "LAYER_PATTERNS",
     "AdapterReference",
+    "Reference",
+    "choose_reference",
     "count_shared_parameters",
     "create_reference_model",
     "reference_context",

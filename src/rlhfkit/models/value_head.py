@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rlhfkit.core.masking import last_true_indices
-from rlhfkit.models import adapters
+from rlhfkit.models import adapters, peft_detection
 from rlhfkit.models.quantization import bnb_quantization_config, is_quantized
 
 VALUE_HEAD_FILE = "value_head.safetensors"
@@ -127,7 +127,7 @@ class PreTrainedModelWrapper(nn.Module):
     # ----------------------------------------------------------------- properties and passthroughs
     @property
     def is_peft_model(self) -> bool:
-        return adapters.peft_model_of(self) is not None
+        return peft_detection.is_peft_model(self)
 
     @property
     def device(self) -> torch.device:

@@ -13,6 +13,7 @@ import torch
 
 from rlhfkit.core.logprobs import entropy_from_logits, selective_log_softmax
 from rlhfkit.core.masking import last_true_indices
+from rlhfkit.models.peft_detection import peft_model_of, without_peft
 from rlhfkit.rollout.generation import is_encoder_decoder
 
 
@@ -41,8 +42,8 @@ def forward_accepts(model: torch.nn.Module, name: str) -> bool:
     for _ in range(8):  # a few nested wrappers at most
         if type(model).__name__ in ("DistributedDataParallel", "FullyShardedDataParallel", "DeepSpeedEngine"):
             model = model.module
-        elif any(cls.__name__ == "PeftModel" for cls in type(model).__mro__):
-            model = model.get_base_model()
+        elif peft_model_of(model) is model:
+            model = without_peft(model)
         else:
             break
     try:
@@ -126,38 +127,46 @@ def forward_response(
     return result
 
 
-def _unwrap_peft(model: torch.nn.Module) -> torch.nn.Module:
-    get_base = getattr(model, "get_base_model", None)
-    return get_base() if callable(get_base) else model
+def last_token_scores(
+    backbone: torch.nn.Module, head: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
+) -> torch.Tensor:
+    """(B, k) float32: `head` on the backbone's final hidden state at each row's last real token.
+
+    How every reward model and reward adapter is read, as sequence classifiers do. Positions follow the
+    mask, so left padding, right padding and pad == eos all give the same score.
+    """
+    if input_ids.shape != attention_mask.shape:
+        raise ValueError(
+            f"input_ids {tuple(input_ids.shape)} and attention_mask {tuple(attention_mask.shape)} differ in shape"
+        )
+    last = last_true_indices(attention_mask)
+    if (last < 0).any():
+        raise ValueError("attention_mask has a row with no real token; every row needs at least one real token (1)")
+    hidden = backbone(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids_from_mask(attention_mask),
+        use_cache=False,
+    ).last_hidden_state
+    pooled = hidden[torch.arange(input_ids.shape[0], device=input_ids.device), last]
+    return head(pooled.to(head.weight.dtype)).float()
 
 
 @torch.no_grad()
 def reward_model_scores(
     reward_model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
 ) -> torch.Tensor:
-    """(B,) float32 score of a sequence-classification reward model, read at the last real token.
-
-    The head is applied to the backbone's hidden states and gathered at the last position where
-    attention_mask is 1, so left padding, right padding and pad == eos all give the same score.
-    """
-    if input_ids.shape != attention_mask.shape:
-        raise ValueError(
-            f"input_ids {tuple(input_ids.shape)} and attention_mask {tuple(attention_mask.shape)} differ in shape"
-        )
-    model = _unwrap_peft(reward_model)
+    """(B,) float32 score of a sequence-classification reward model, read at the last real token."""
+    model = without_peft(reward_model)
     head = getattr(model, "score", None)
     backbone = getattr(model, getattr(model, "base_model_prefix", ""), None)
-    position_ids = position_ids_from_mask(attention_mask)
-    last = last_true_indices(attention_mask)
-    if (last < 0).any():
-        raise ValueError("reward_model_scores got a sequence with no real token (attention_mask all zero)")
-    rows = torch.arange(input_ids.shape[0], device=input_ids.device)
     if head is not None and backbone is not None:
-        hidden = backbone(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
-        ).last_hidden_state
-        logits = head(hidden[rows, last])
+        logits = last_token_scores(backbone, head, input_ids, attention_mask)
     else:  # heads we do not know: rely on the model's own pooling
+        if input_ids.shape != attention_mask.shape:
+            raise ValueError(
+                f"input_ids {tuple(input_ids.shape)} and attention_mask {tuple(attention_mask.shape)} differ in shape"
+            )
         logits = reward_model(input_ids=input_ids, attention_mask=attention_mask).logits
     if logits.dim() == 2 and logits.shape[-1] != 1:
         raise ValueError(f"reward model must output one score per sequence (num_labels=1), got {logits.shape[-1]}")

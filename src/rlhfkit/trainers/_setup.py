@@ -13,6 +13,8 @@ from typing import Any
 
 from torch import nn
 
+from rlhfkit.models.peft_detection import is_peft_model
+
 logger = logging.getLogger(__name__)
 
 
@@ -72,14 +74,6 @@ def load_model(model: Any, auto_class: type, init_kwargs: dict | None, owner: st
     return model
 
 
-def is_peft_model(model: Any) -> bool:
-    try:
-        from peft import PeftModel
-    except ImportError:  # pragma: no cover - peft is a core dependency
-        return False
-    return isinstance(model, PeftModel)
-
-
 def wrap_peft(model: nn.Module, peft_config: Any, owner: str) -> nn.Module:
     """Wrap `model` with LoRA (or any PEFT method) when a `peft_config` is given."""
     if peft_config is None:
@@ -108,14 +102,6 @@ def disable_dropout(model: nn.Module | None) -> None:
     for module in model.modules():
         if isinstance(module, nn.Dropout):
             module.p = 0.0
-
-
-def frozen_copy(model: nn.Module) -> nn.Module:
-    """A detached, frozen, eval-mode copy of `model` (the DPO reference policy)."""
-    ref = copy.deepcopy(model)
-    ref.requires_grad_(False)
-    ref.eval()
-    return ref
 
 
 def as_config(args: Any, config_cls: type, owner: str, default_output_dir: str) -> Any:

@@ -5,7 +5,7 @@ over rejected than the frozen reference does:
     logits = [log pi(c) - log pi(r)] - [log ref(c) - log ref(r)],   loss = f(beta * logits)
 with f chosen by `loss_type` (sigmoid = DPO, hinge = SLiC, ipo = IPO) in `rlhfkit.core.losses`.
 The reference is a frozen copy of the policy, or, for a PEFT policy, the same network with its
-adapters switched off; its log-probs can also be computed once up front (precompute_ref_log_probs).
+frozen SFT reference adapter active or its adapters switched off; its log-probs can also be computed once up front (precompute_ref_log_probs).
 """
 
 from __future__ import annotations
@@ -24,14 +24,13 @@ from rlhfkit.core.logprobs import selective_log_softmax
 from rlhfkit.core.losses import dpo_loss
 from rlhfkit.data.collators import DPODataCollatorWithPadding, cat_padded
 from rlhfkit.data.preference import prepare_dpo_dataset
+from rlhfkit.models.reference import Reference, choose_reference
 from rlhfkit.rollout.scoring import forward_accepts
 from rlhfkit.trainers import _setup
 from rlhfkit.trainers._setup import (
     MetricBuffer,
     apply_overrides,
     as_config,
-    frozen_copy,
-    is_peft_model,
     load_model,
     prepare_splits,
     processing_class_or_tokenizer,
@@ -46,9 +45,10 @@ logger = logging.getLogger(__name__)
 class DPOTrainer(RobustTrainerMixin, Trainer):
     """`transformers.Trainer` for DPO; seed 001's keyword arguments override the matching `args` fields.
 
-    `ref_model=None` means: the policy with adapters disabled when the policy is a PEFT model (or
-    `peft_config` is given), else a frozen copy of the initial policy. With `reference_free` no
-    reference is used at all. Seed 001's `tokenizer=` is another name for `processing_class=`.
+    `ref_model=None` means, for a PEFT policy (or when `peft_config` is given): its frozen SFT
+    `reference` adapter if it has one, else the policy with adapters disabled; otherwise a frozen copy
+    of the initial policy (`choose_reference`). With `reference_free` no reference is used at all.
+    Seed 001's `tokenizer=` is another name for `processing_class=`.
     """
 
     # compute_loss returns a per-pair mean, so Trainer must divide by the accumulation steps itself
@@ -107,7 +107,7 @@ class DPOTrainer(RobustTrainerMixin, Trainer):
         model = load_model(model, AutoModelForCausalLM, args.model_init_kwargs, owner)
         if model is not None:
             model = wrap_peft(model, peft_config, owner)
-        self.ref_model, self.ref_adapter_disabled = self._build_reference(model, ref_model, args)
+        self.reference = self._build_reference(model, ref_model, args)
         if args.disable_dropout:
             _setup.disable_dropout(model)
             _setup.disable_dropout(self.ref_model)
@@ -153,21 +153,29 @@ class DPOTrainer(RobustTrainerMixin, Trainer):
             self.ref_model = self.accelerator.prepare_model(self.ref_model, evaluation_mode=True)
 
     @staticmethod
-    def _build_reference(model: Any, ref_model: Any, args: DPOConfig) -> tuple[nn.Module | None, bool]:
-        """(ref_model, adapters_disabled): explicit model > PEFT policy with adapters off > frozen copy."""
+    def _build_reference(model: Any, ref_model: Any, args: DPOConfig) -> Reference | None:
+        """`choose_reference`: explicit model > the PEFT policy's frozen SFT adapter > its adapter-free
+        base > a frozen copy. None when there is nothing to refer to (reference_free, or no model yet)."""
         if ref_model is not None and ref_model is model:
             raise ValueError(
                 "DPOTrainer: `ref_model` must not be the policy itself; pass None for a frozen copy"
             )
         ref_model = load_model(ref_model, AutoModelForCausalLM, args.model_init_kwargs, "DPOTrainer")
-        if ref_model is None and model is not None and not args.reference_free:
-            if is_peft_model(model):
-                return None, True
-            ref_model = frozen_copy(model)
-        if ref_model is not None:
-            ref_model.requires_grad_(False)
-            ref_model.eval()
-        return ref_model, False
+        if ref_model is None and (model is None or args.reference_free):
+            return None
+        return choose_reference(model, ref_model)
+
+    @property
+    def ref_model(self) -> nn.Module | None:
+        """The separate reference network, or None when the reference lives inside the PEFT policy."""
+        return self.reference.model if self.reference is not None else None
+
+    @ref_model.setter
+    def ref_model(self, value: nn.Module | None) -> None:  # e.g. replaced by its accelerate-prepared self
+        if self.reference is not None:
+            self.reference.model = value
+        elif value is not None:
+            self.reference = choose_reference(None, value)
 
     @staticmethod
     def _prepare(dataset: Any, tokenizer: Any, args: DPOConfig, arg: str) -> Any:
@@ -264,15 +272,11 @@ class DPOTrainer(RobustTrainerMixin, Trainer):
 
     @contextlib.contextmanager
     def _reference(self):
-        """Yield the reference network: the ref model, or the policy with adapters disabled."""
-        if self.ref_model is not None:
-            yield self.ref_model
-        elif self.ref_adapter_disabled:
-            model = self.accelerator.unwrap_model(self.model)
-            with model.disable_adapter():
-                yield model
-        else:
+        """Yield the reference network (no gradients): the ref model, or the PEFT policy in reference mode."""
+        if self.reference is None:
             raise RuntimeError("DPOTrainer: no reference model (reference_free is set)")
+        with self.reference(self.accelerator.unwrap_model(self.model)) as ref:
+            yield ref
 
     def reference_logps(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """(ref_chosen_logps, ref_rejected_logps), (B,) each: precomputed, zeros, or a no-grad forward."""

@@ -78,8 +78,8 @@ class PPOTrainer:
         from accelerate import Accelerator
         from accelerate.utils import ProjectConfiguration, set_seed
 
-        from rlhfkit.models.adapters import peft_model_of
-        from rlhfkit.models.reference import create_reference_model
+        from rlhfkit.models.peft_detection import is_peft_model
+        from rlhfkit.models.reference import choose_reference
         from rlhfkit.models.value_head import PreTrainedModelWrapper
 
         config = PPOConfig() if config is None else config
@@ -112,15 +112,13 @@ class PPOTrainer:
         self.config = config
         self.tokenizer = tokenizer
         self.is_encoder_decoder = bool(model.is_encoder_decoder)
-        self.is_peft_model = peft_model_of(model) is not None
+        self.is_peft_model = is_peft_model(model)
         config.is_encoder_decoder, config.is_peft_model = self.is_encoder_decoder, self.is_peft_model
 
-        # the reference: given, or the adapter-disabled PEFT model, or a frozen (partly shared) copy
-        if ref_model is None and not self.is_peft_model:
-            ref_model = create_reference_model(model, num_shared_layers=num_shared_layers)
-        elif ref_model is None and num_shared_layers is not None:
-            logger.warning("num_shared_layers is ignored for a PEFT policy: its reference shares every base weight")
-        self.ref_model = ref_model
+        # the reference: given, the PEFT policy's frozen SFT adapter or adapter-disabled base, or a frozen
+        # (partly shared) copy; `ref_model` is None when the reference lives inside the PEFT policy
+        self.reference = choose_reference(model, ref_model, num_shared_layers=num_shared_layers)
+        self.ref_model = self.reference.model
 
         self.data_collator = data_collator if data_collator is not None else ppo_collator
         self.dataloader = self.prepare_dataloader(dataset, self.data_collator) if dataset is not None else None
@@ -179,9 +177,7 @@ class PPOTrainer:
 
     def _reference(self):
         """Context yielding the module that gives reference logprobs (no gradient)."""
-        from rlhfkit.models.adapters import reference_context
-
-        return reference_context(self.policy, self.ref_model)
+        return self.reference(self.policy)
 
     def prepare_dataloader(self, dataset: Any, data_collator: Any = None) -> torch.utils.data.DataLoader:
         """A shuffled DataLoader of `config.batch_size` prompts per batch (last incomplete batch dropped)."""

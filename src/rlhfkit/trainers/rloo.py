@@ -38,18 +38,24 @@ from rlhfkit.core import (
     rloo_advantages,
 )
 from rlhfkit.core.rewards import apply_missing_eos_penalty
+from rlhfkit.models.reference import choose_reference
 from rlhfkit.rollout import forward_response, generate_responses, pad_left
+from rlhfkit.rollout.rewards import RewardScorer
 from rlhfkit.trainers._setup import disable_dropout
 from rlhfkit.trainers.checkpointing import latest_checkpoint, verify_checkpoint
 from rlhfkit.trainers.guards import RobustTrainerMixin
 from rlhfkit.trainers.rloo_config import RLOOConfig
 from rlhfkit.trainers.rloo_data import PromptSchedule, check_prompts, tokenize_prompts
-from rlhfkit.trainers.rloo_rewards import RewardScorer, compute_rlhf_reward
+from rlhfkit.trainers.rloo_rewards import compute_rlhf_reward
 from rlhfkit.trainers.sample_table import RichProgressCallback, print_sample_table, save_samples
 
 
 class RLOOTrainer(RobustTrainerMixin, Trainer):
     """Trains `policy` with RLOO against a frozen `ref_policy`; see `RLOOConfig` for every option.
+
+    `ref_policy=None` takes the reference from the policy (`rlhfkit.models.reference.choose_reference`):
+    for a PEFT policy its frozen SFT adapter or its adapter-disabled base (no second copy of the weights),
+    otherwise a frozen copy of the policy.
 
     `reward_model` is a sequence-classification model, a callable `list[str] -> list[float]` on the decoded
     completions (given `prompts=` too when it accepts that keyword), or a list of these combined with
@@ -64,7 +70,7 @@ class RLOOTrainer(RobustTrainerMixin, Trainer):
         config: RLOOConfig,
         processing_class: Any,
         policy: nn.Module,
-        ref_policy: nn.Module,
+        ref_policy: nn.Module | None,
         reward_model: Any,
         train_dataset: Any,
         data_collator: Any = None,
@@ -78,10 +84,10 @@ class RLOOTrainer(RobustTrainerMixin, Trainer):
         if processing_class is None or getattr(processing_class, "pad_token_id", None) is None:
             raise ValueError("processing_class must be a tokenizer with a pad token (set its pad_token)")
         for name, model in (("policy", policy), ("ref_policy", ref_policy)):
-            if not isinstance(model, nn.Module):
+            if not isinstance(model, nn.Module) and (name == "policy" or model is not None):
                 raise TypeError(f"{name} must be a loaded model (nn.Module), got {type(model).__name__}")
-        if ref_policy is policy:
-            raise ValueError("ref_policy must be a separate frozen copy of the policy, not the policy itself")
+        self.reference = choose_reference(policy, ref_policy, argument="ref_policy")
+        ref_policy = self.reference.model
         self.stop_token_id = config.stop_token_id
         if self.stop_token_id is None and config.stop_token == "eos":
             self.stop_token_id = processing_class.eos_token_id
@@ -101,7 +107,7 @@ class RLOOTrainer(RobustTrainerMixin, Trainer):
             }
         elif eval_dataset is not None:
             eval_dataset = tokenize_prompts(eval_dataset, processing_class, num_proc, "eval_dataset")
-        models = {"policy": policy, "ref_policy": ref_policy}
+        models = {"policy": policy} if ref_policy is None else {"policy": policy, "ref_policy": ref_policy}
         if reward_processing_class is None:  # reward models then read the policy's token ids
             models.update({f"reward model {i}": r for i, r in enumerate(rewards) if isinstance(r, nn.Module)})
         to_check = {"train_dataset": train_dataset}
@@ -125,7 +131,7 @@ class RLOOTrainer(RobustTrainerMixin, Trainer):
         config.world_size = self.accelerator.num_processes
         config.compute_batch_sizes(len(train_dataset))
         self.policy = policy
-        self.ref_policy = ref_policy.to(self.accelerator.device).eval().requires_grad_(False)
+        self.ref_policy = ref_policy.to(self.accelerator.device) if ref_policy is not None else None
         self.scorer = RewardScorer(
             reward_model,
             processing_class,
@@ -249,9 +255,10 @@ class RLOOTrainer(RobustTrainerMixin, Trainer):
                     stop_token_id=self.stop_token_id,
                     with_logprobs=True,
                 )
-            ref_logprobs = forward_response(
-                self.ref_policy, queries, masks, responses, response_mask, temperature=args.temperature
-            ).logprobs
+            with self.reference(self.accelerator.unwrap_model(self.model)) as ref_policy:
+                ref_logprobs = forward_response(
+                    ref_policy, queries, masks, responses, response_mask, temperature=args.temperature
+                ).logprobs
             texts = (
                 self._decode(queries, responses, response_mask) if self.scorer.needs_text else (None, None)
             )
