@@ -214,3 +214,21 @@ def test_streamed_logprobs_need_the_hook_and_a_positive_temperature():
         StreamedLogprobs(0.0)
     with pytest.raises(RuntimeError, match="attached"):
         StreamedLogprobs()(torch.zeros(1, 2, dtype=torch.long), torch.zeros(1, 5))
+
+
+def test_weights_context_is_entered_once_per_call(tokenizer):
+    """ZeRO-3 gathering wraps the whole call, all chunks, not each chunk or token."""
+    import contextlib
+
+    model = model_of("llama")
+    ids, mask = prompts(tokenizer)
+    entered = []
+
+    @contextlib.contextmanager
+    def gather():
+        entered.append(len(entered))
+        yield
+
+    backend = HFGenerationBackend(model, tokenizer.pad_token_id, chunk_size=1, weights_context=gather)
+    backend.generate(ids, mask, SamplingParams(max_new_tokens=2, do_sample=False))
+    assert entered == [0]  # four chunks, one gathering
