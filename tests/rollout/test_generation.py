@@ -127,6 +127,9 @@ def test_settings_reach_generate(tokenizer, monkeypatch):
     config = HFGenerationBackend(model, 3).generation_config(SamplingParams(max_new_tokens=2, do_sample=False,
                                                                             temperature=0.5, top_k=3))
     assert config.do_sample is False and config.temperature is None and config.top_k is None
+    with pytest.raises(ValueError, match="num_beams"):
+        HFGenerationBackend(model, 3).generate(ids, mask, SamplingParams(max_new_tokens=2, extra={"num_beams": 2}),
+                                               logprob_temperature=1.0)
     with pytest.raises(ValueError, match="unknown generation settings"):
         HFGenerationBackend(model, 3).generate(ids, mask, SamplingParams(max_new_tokens=2, extra={"nope": 1}))
 

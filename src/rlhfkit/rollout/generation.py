@@ -226,6 +226,8 @@ class HFGenerationBackend:
                 f"and {tuple(query_mask.shape)}"
             )
         config = self.generation_config(params)
+        if logprob_temperature is not None and (config.num_beams or 1) > 1:
+            raise ValueError("logprob_temperature needs one sequence per prompt: beam search (num_beams > 1) reorders rows")
         n = query_ids.shape[0]
         chunk = self.chunk_size or n
         pieces = []
