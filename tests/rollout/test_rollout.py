@@ -1,17 +1,16 @@
-"""Rollout: generation cut at the stop token, and scoring that ignores padding and chunking."""
+"""Rollout: padding helpers, and scoring that ignores padding and chunking (generation: test_generation.py)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, GenerationConfig
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
 from rlhfkit.core.logprobs import selective_log_softmax
 from rlhfkit.rollout import (
     LengthSampler,
     eval_mode,
     forward_response,
-    generate_responses,
     last_true_indices,
     pad_left,
     pad_right,
@@ -55,33 +54,6 @@ def test_length_sampler_range_and_validation():
     assert draws == {2, 3, 4}
     with pytest.raises(ValueError, match="min_value"):
         LengthSampler(5, 5)
-
-
-@pytest.mark.parametrize("arch", ARCHS)
-def test_generation_cuts_after_stop_token(arch, tokenizer):
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_path(arch))
-    queries = _queries(tokenizer, ["the film was", "a quiet story about", "it"])
-    ids, mask = pad_left(queries, tokenizer.pad_token_id)
-    config = GenerationConfig(max_new_tokens=12, do_sample=True, top_k=0, top_p=1.0)
-    torch.manual_seed(1)
-    # make a frequent token the stop token so that truncation happens for sure
-    stop = int(model(input_ids=ids, attention_mask=mask).logits[:, -1].argmax(-1)[0])
-    responses, response_mask = generate_responses(
-        model, ids, mask, config, pad_token_id=tokenizer.pad_token_id, stop_token_id=stop
-    )
-    assert responses.shape[0] == 3 and responses.shape[1] == 12
-    for row, row_mask in zip(responses, response_mask):
-        hits = (row == stop).nonzero().flatten()
-        if len(hits):
-            first = int(hits[0])
-            assert row_mask[: first + 1].all() and not row_mask[first + 1 :].any()
-            assert (row[first + 1 :] == tokenizer.pad_token_id).all()
-        else:
-            assert row_mask.all()
-    assert model.training is False or model.training is True  # mode restored below
-    model.train()
-    generate_responses(model, ids, mask, config, pad_token_id=tokenizer.pad_token_id, chunk_size=2)
-    assert model.training, "generate_responses must restore train mode"
 
 
 @pytest.mark.parametrize("arch", ARCHS)

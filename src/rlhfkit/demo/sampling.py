@@ -6,9 +6,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from transformers import GenerationConfig
 
-from rlhfkit.rollout import generate_responses, pad_left
+from rlhfkit.rollout import HFGenerationBackend, SamplingParams, pad_left
 
 
 @dataclass
@@ -49,30 +48,20 @@ def sample_completions(
     """One sampled completion per prompt (pure sampling at `temperature`), cut after eos."""
     device = next(model.parameters()).device
     query_ids, query_mask = encode_prompts(tokenizer, prompts, device)
-    config = GenerationConfig(
-        max_new_tokens=max_new_tokens, do_sample=True, temperature=temperature, top_k=0, top_p=1.0
+    params = SamplingParams(
+        max_new_tokens=max_new_tokens, temperature=temperature, top_k=0, top_p=1.0,
+        stop_token_ids=None if tokenizer.eos_token_id is None else (tokenizer.eos_token_id,),
     )
     from rich.progress import Progress
 
-    pieces = []
     with torch.random.fork_rng(devices=[]), Progress(transient=True) as progress:
         torch.manual_seed(seed)
         task = progress.add_task(f"sampling {len(prompts)} completions", total=len(prompts))
-        for start in range(0, len(prompts), chunk_size):
-            rows = slice(start, start + chunk_size)
-            pieces.append(
-                generate_responses(
-                    model,
-                    query_ids[rows],
-                    query_mask[rows],
-                    config,
-                    pad_token_id=tokenizer.pad_token_id,
-                    stop_token_id=tokenizer.eos_token_id,
-                )
-            )
-            progress.advance(task, len(pieces[-1][0]))
-    responses = torch.cat([r for r, _ in pieces])
-    response_mask = torch.cat([m for _, m in pieces])
+        backend = HFGenerationBackend(
+            model, tokenizer.pad_token_id, chunk_size=chunk_size, progress=lambda n: progress.advance(task, n)
+        )
+        out = backend.generate(query_ids, query_mask, params)
+    responses, response_mask = out.responses, out.response_mask
     eos = tokenizer.eos_token_id
     ended = ((responses == eos) & response_mask).any(1).tolist()
     texts = [tokenizer.decode(r[m], skip_special_tokens=True) for r, m in zip(responses, response_mask)]

@@ -1,6 +1,15 @@
 """Generation and scoring of completions, shared by PPO and RLOO."""
 
-from rlhfkit.rollout.generation import LengthSampler, eval_mode, generate_responses, pad_left, pad_right
+from rlhfkit.rollout.generation import (
+    GenerationBackend,
+    GenerationOutput,
+    HFGenerationBackend,
+    LengthSampler,
+    SamplingParams,
+    eval_mode,
+    pad_left,
+    pad_right,
+)
 from rlhfkit.rollout.scoring import (
     ForwardOutput,
     forward_response,
@@ -11,10 +20,13 @@ from rlhfkit.rollout.scoring import (
 
 __all__ = [
     "ForwardOutput",
+    "GenerationBackend",
+    "GenerationOutput",
+    "HFGenerationBackend",
     "LengthSampler",
+    "SamplingParams",
     "eval_mode",
     "forward_response",
-    "generate_responses",
     "last_true_indices",
     "pad_left",
     "pad_right",

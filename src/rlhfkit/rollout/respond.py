@@ -1,6 +1,6 @@
 """`respond_to_batch`: TRL's one-call sampler for a batch of equal-length queries.
 
-A thin front to `generate_responses`, so it samples exactly as `PPOTrainer.generate` does (eval mode,
+A thin front to `HFGenerationBackend`, so it samples exactly as `PPOTrainer.generate` does (eval mode,
 no gradient). One departure from TRL 0.7, which runs its own token loop: every response has exactly
 `txt_len` tokens because the end-of-sequence token is suppressed until then (otherwise `generate` would
 stop there), so it is never sampled.
@@ -9,9 +9,8 @@ stop there), so it is never sampled.
 from __future__ import annotations
 
 import torch
-from transformers import GenerationConfig
 
-from rlhfkit.rollout.generation import generate_responses
+from rlhfkit.rollout.generation import HFGenerationBackend, SamplingParams
 
 
 def respond_to_batch(
@@ -35,10 +34,9 @@ def respond_to_batch(
         raise ValueError(f"txt_len must be a positive integer, got {txt_len!r}")
     if int(top_k) < 0 or not 0.0 < top_p <= 1.0:
         raise ValueError(f"respond_to_batch needs top_k >= 0 and 0 < top_p <= 1, got top_k={top_k}, top_p={top_p}")
-    config = GenerationConfig(
-        max_new_tokens=txt_len, min_new_tokens=txt_len, do_sample=True, top_k=int(top_k), top_p=float(top_p),
-        temperature=1.0,
+    params = SamplingParams(
+        max_new_tokens=txt_len, do_sample=True, top_k=int(top_k), top_p=float(top_p), temperature=1.0,
+        extra={"min_new_tokens": txt_len},
     )
     # no response ends early, so the pad id never appears in the output; any valid id will do
-    responses, _ = generate_responses(model, queries, torch.ones_like(queries), config, pad_token_id=0)
-    return responses
+    return HFGenerationBackend(model, pad_token_id=0).generate(queries, torch.ones_like(queries), params).responses

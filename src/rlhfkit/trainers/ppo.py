@@ -15,6 +15,7 @@ optimizer step; losses are normalised by the real tokens of the whole accumulati
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import logging
 import time
@@ -29,7 +30,7 @@ from rlhfkit.core.kl import AdaptiveKLController, FixedKLController
 from rlhfkit.core.losses import ppo_policy_loss, ppo_value_loss
 from rlhfkit.core.masking import masked_whiten
 from rlhfkit.core.rewards import RunningMoments, clip_tensor, compute_token_rewards, scale_scores
-from rlhfkit.rollout import eval_mode, forward_response, generate_responses, pad_left
+from rlhfkit.rollout import HFGenerationBackend, SamplingParams, eval_mode, forward_response, pad_left
 from rlhfkit.trainers import ppo_stats
 from rlhfkit.trainers.checkpointing import WEIGHTS_FILE, load_training_checkpoint, save_training_checkpoint
 from rlhfkit.trainers.common import fused_optimizer_kwargs, zero3_generation_context
@@ -228,35 +229,47 @@ class PPOTrainer:
         if pad_id is None:
             raise ValueError("the tokenizer has neither a pad nor an eos token; pass pad_token_id=")
         config = generation_config_from_kwargs(getattr(self.policy, "generation_config", None), generation_kwargs)
-        record = self._records_rollouts()
-
+        params = SamplingParams.from_generation_config(config, None if stop_id is None else [stop_id])
+        queries = [q.to(self.current_device) for q in queries]
+        # length_sampler draws one max_new_tokens per batch_size queries (TRL): one request per such group
+        step = batch_size if length_sampler is not None else len(queries)
+        groups = [(start, min(start + step, len(queries))) for start in range(0, len(queries), step)]
         responses, ref_responses = [], []
-        # ZeRO-3 shards the weights: gather them once per call rather than once per token
-        with zero3_generation_context(self.accelerator, self.policy, self.config.ds3_gather_for_generation):
-            for start in range(0, len(queries), batch_size):
-                chunk = [q.to(self.current_device) for q in queries[start : start + batch_size]]
-                if length_sampler is not None:
-                    config.max_new_tokens = int(length_sampler())
-                ids, mask = pad_left(chunk, pad_id)
-                kwargs = dict(pad_token_id=pad_id, stop_token_id=stop_id)
-                if record:  # the raw policy's logprobs (temperature 1, as step() scores) and values
-                    out, out_mask, logprobs, values = generate_responses(
-                        self.policy, ids, mask, config, **kwargs,
-                        with_logprobs=True, logprob_temperature=1.0, value_head=self.policy.v_head,
-                    )
-                    new = self._unpad(chunk, out, out_mask, return_prompt=False)
-                    self.rollouts.add(chunk, new, logprobs, values, self.policy_version)
-                else:
-                    out, out_mask = generate_responses(self.policy, ids, mask, config, **kwargs)
-                responses += self._unpad(chunk, out, out_mask, return_prompt)
-                if generate_ref_response:
-                    with self._reference() as ref, eval_mode(self.policy):
-                        ref_out, ref_mask = generate_responses(ref, ids, mask, config, **kwargs)
-                    ref_responses += self._unpad(chunk, ref_out, ref_mask, return_prompt)
+        for start, end in groups:
+            if length_sampler is not None:
+                params = dataclasses.replace(params, max_new_tokens=int(length_sampler()))
+            out, ref_out = self._sample(queries[start:end], pad_id, params, batch_size, generate_ref_response)
+            responses += out
+            ref_responses += ref_out
+        if return_prompt and not self.is_encoder_decoder:
+            responses = [torch.cat([q, r]) for q, r in zip(queries, responses)]
+            ref_responses = [torch.cat([q, r]) for q, r in zip(queries, ref_responses)]
         if single:
             responses = responses[0].unsqueeze(0)
             ref_responses = ref_responses[0].unsqueeze(0) if generate_ref_response else ref_responses
         return (responses, ref_responses) if generate_ref_response else responses
+
+    def _sample(self, queries, pad_id, params, chunk_size, with_reference) -> tuple[list, list]:
+        """Responses (1-D, no padding, no prompt) of the policy and, if asked, of the reference."""
+        ids, mask = pad_left(queries, pad_id)
+        record = self._records_rollouts()
+
+        def gathered():  # ZeRO-3 shards the weights: gather them once per call rather than once per token
+            return zero3_generation_context(self.accelerator, self.policy, self.config.ds3_gather_for_generation)
+
+        policy = HFGenerationBackend(self.policy, pad_id, chunk_size=chunk_size, weights_context=gathered,
+                                     value_head=self.policy.v_head if record else None)
+        # the raw policy's logprobs (temperature 1, as step() scores) and values, kept for step()
+        out = policy.generate(ids, mask, params, logprob_temperature=1.0 if record else None)
+        responses = [r[m] for r, m in zip(out.responses, out.response_mask)]
+        if record:
+            self.rollouts.add(queries, responses, out.logprobs, out.values, self.policy_version)
+        if not with_reference:
+            return responses, []
+        with self._reference() as ref, eval_mode(self.policy):
+            reference = HFGenerationBackend(ref, pad_id, chunk_size=chunk_size, weights_context=gathered)
+            ref_out = reference.generate(ids, mask, params)
+        return responses, [r[m] for r, m in zip(ref_out.responses, ref_out.response_mask)]
 
     def _records_rollouts(self) -> bool:
         """Whether generate() keeps logprobs and values for step(): decoder-only, no full-logit KL, float32.
@@ -269,12 +282,6 @@ class PPOTrainer:
             p.dtype == torch.float32 for p in self.policy.parameters() if p.is_floating_point()
         )
         return cfg.reuse_generation_outputs and not self.is_encoder_decoder and cfg.kl_penalty != "full" and float32
-
-    def _unpad(self, queries, responses, response_mask, return_prompt) -> list[torch.Tensor]:
-        rows = [r[m] for r, m in zip(responses, response_mask)]
-        if return_prompt and not self.is_encoder_decoder:
-            rows = [torch.cat([q, r]) for q, r in zip(queries, rows)]
-        return rows
 
     # ------------------------------------------------------------------ forward passes
     def _pad_batch(self, queries, responses, response_masks=None) -> dict[str, torch.Tensor]:

@@ -2,8 +2,8 @@
 
 One update:
   1. take `local_batch_size / rloo_k` prompts and sample `rloo_k` completions of each, in chunks of
-     `local_rollout_forward_batch_size` rows, cut after the stop token; the sampling logprobs come from
-     the generation logits (no second policy pass);
+     `local_rollout_forward_batch_size` rows, cut after the stop token; the sampling logprobs are kept
+     while generating (no second policy pass);
   2. reference logprobs, and scores from the reward model(s) / function(s);
   3. the missing-eos penalty;
   4. the RLHF reward: score - kl_coef * KL to the reference (per sequence or per token);
@@ -18,6 +18,7 @@ tensors are indexed per chunk rather than repeated k times.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 import time
@@ -26,7 +27,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers import GenerationConfig, ProgressCallback, Trainer, TrainerState
+from transformers import ProgressCallback, Trainer, TrainerState
 from transformers.trainer_utils import TrainOutput
 
 from rlhfkit.core import (
@@ -39,7 +40,7 @@ from rlhfkit.core import (
 )
 from rlhfkit.core.rewards import apply_missing_eos_penalty
 from rlhfkit.models.reference import choose_reference
-from rlhfkit.rollout import forward_response, generate_responses, pad_left
+from rlhfkit.rollout import HFGenerationBackend, SamplingParams, forward_response, pad_left
 from rlhfkit.rollout.rewards import RewardScorer
 from rlhfkit.trainers._setup import disable_dropout
 from rlhfkit.trainers.checkpointing import latest_checkpoint, verify_checkpoint
@@ -146,12 +147,12 @@ class RLOOTrainer(RobustTrainerMixin, Trainer):
             self.accelerator.process_index,
             config.seed,
         )
-        self.generation_config = GenerationConfig(
+        self.sampling_params = SamplingParams(
             max_new_tokens=config.response_length,
             temperature=config.temperature,
             top_k=0,
             top_p=1.0,
-            do_sample=True,
+            stop_token_ids=None if self.stop_token_id is None else (self.stop_token_id,),
         )
         if not config.disable_tqdm:
             self.remove_callback(ProgressCallback)
@@ -245,16 +246,11 @@ class RLOOTrainer(RobustTrainerMixin, Trainer):
             )
             rows = rows.to(device) % num_prompts
             queries, masks = query_ids[rows], query_mask[rows]
-            with self._generation_context():
-                responses, response_mask, logprobs = generate_responses(
-                    self.accelerator.unwrap_model(self.model),
-                    queries,
-                    masks,
-                    self.generation_config,
-                    pad_token_id=pad_id,
-                    stop_token_id=self.stop_token_id,
-                    with_logprobs=True,
-                )
+            sampler = HFGenerationBackend(
+                self.accelerator.unwrap_model(self.model), pad_id, weights_context=self._generation_context
+            )
+            out = sampler.generate(queries, masks, self.sampling_params, logprob_temperature=args.temperature)
+            responses, response_mask, logprobs = out.responses, out.response_mask, out.logprobs
             with self.reference(self.accelerator.unwrap_model(self.model)) as ref_policy:
                 ref_logprobs = forward_response(
                     ref_policy, queries, masks, responses, response_mask, temperature=args.temperature
@@ -424,16 +420,12 @@ class RLOOTrainer(RobustTrainerMixin, Trainer):
         queries, masks = (
             t.to(self.accelerator.device) for t in pad_left([torch.tensor(r) for r in rows], pad_id)
         )
-        greedy = GenerationConfig(max_new_tokens=args.response_length, do_sample=False)
-        with self._generation_context():
-            responses, response_mask = generate_responses(
-                self.accelerator.unwrap_model(self.model),
-                queries,
-                masks,
-                greedy,
-                pad_token_id=pad_id,
-                stop_token_id=self.stop_token_id,
-            )
+        greedy = dataclasses.replace(self.sampling_params, do_sample=False)
+        sampler = HFGenerationBackend(
+            self.accelerator.unwrap_model(self.model), pad_id, weights_context=self._generation_context
+        )
+        out = sampler.generate(queries, masks, greedy)
+        responses, response_mask = out.responses, out.response_mask
         prompts, completions = self._decode(queries, responses, response_mask)
         scores, _ = self.scorer(queries, masks, responses, response_mask, prompts, completions)
         samples = {"query": prompts, "model response": completions, "score": scores.tolist()}
