@@ -19,7 +19,7 @@ _LAZY: dict[str, str] = {
     "AutoModelForSeq2SeqLMWithValueHead": "rlhfkit.models.value_head",
     "create_reference_model": "rlhfkit.models.reference",
     # PPO
-    "PPOConfig": "rlhfkit.trainers.ppo_config",
+    "PPOConfig": "rlhfkit.trainers.ppo",
     "PPOTrainer": "rlhfkit.trainers.ppo",
     # RLOO
     "RLOOConfig": "rlhfkit.trainers.rloo_config",

@@ -14,7 +14,7 @@ def test_ppo_two_processes():
     assert r0["world"] == 2
     ref = ppo_trainer(batch_size=4)
     start = flat_trainable(ref.model)
-    ref._ppo_epochs(*fixed_ppo_batch(ref, rows=[0, 1, 2, 3]))
+    ref._update(fixed_ppo_batch(ref, rows=[0, 1, 2, 3]))
     expected = flat_trainable(ref.model)
     assert (expected - start).abs().max() > 1e-3  # a visible update
     assert r0["epoch_params"] == r1["epoch_params"]

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 CONFIGS = {
-    "PPOConfig": "rlhfkit.trainers.ppo_config",
+    "PPOConfig": "rlhfkit.trainers.ppo",
     "RLOOConfig": "rlhfkit.trainers.rloo_config",
     "RewardConfig": "rlhfkit.trainers.reward_config",
     "SFTConfig": "rlhfkit.trainers.sft_config",

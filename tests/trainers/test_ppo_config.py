@@ -55,7 +55,7 @@ def test_invalid_settings_raise_at_construction(kwargs, match):
 
 def test_score_norm_without_score_scaling_is_ignored_with_a_note(caplog):
     # TRL applies use_score_norm only inside use_score_scaling; alone it is accepted and has no effect
-    with caplog.at_level("INFO", logger="rlhfkit.trainers.ppo_config"):
+    with caplog.at_level("INFO", logger="rlhfkit.trainers.ppo.config"):
         config = PPOConfig(use_score_norm=True)
     assert config.use_score_norm and not config.use_score_scaling
     assert any("use_score_norm has no effect" in r.getMessage() for r in caplog.records)

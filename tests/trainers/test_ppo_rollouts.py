@@ -15,7 +15,7 @@ from rlhfkit import AutoModelForCausalLMWithValueHead, PPOConfig, PPOTrainer
 from rlhfkit.rollout import HFGenerationBackend, SamplingParams, forward_response, pad_left
 from rlhfkit.testing import tiny_model_path, tiny_tokenizer, tiny_value_head_model
 from rlhfkit.trainers.common import fused_optimizer_kwargs
-from rlhfkit.trainers.ppo_rollouts import RolloutRecord
+from rlhfkit.trainers.ppo.sampling_cache import SamplingCache
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +129,7 @@ def test_low_precision_policies_recompute(base_model, tokenizer):
 
 
 def test_rollout_record_pads_evicts_and_checks_the_version():
-    record = RolloutRecord(capacity=2)
+    record = SamplingCache(capacity=2)
     q = [torch.tensor([5, 6]), torch.tensor([7])]
     r = [torch.tensor([1, 2, 3]), torch.tensor([4])]
     logprobs = torch.tensor([[-1.0, -2.0, -3.0], [-4.0, 9.0, 9.0]])

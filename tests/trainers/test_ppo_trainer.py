@@ -17,7 +17,8 @@ from rlhfkit import (
     PPOTrainer,
 )
 from rlhfkit.core.losses import ppo_policy_loss, ppo_value_loss
-from rlhfkit.rollout import LengthSampler
+from rlhfkit.rollout import LengthSampler, forward_response
+from rlhfkit.rollout.batch import RolloutBatch
 from rlhfkit.testing import tiny_model_path, tiny_tokenizer, tiny_value_head_model
 
 DOCUMENTED_KEYS = [
@@ -397,9 +398,10 @@ def test_train_minibatch_steps_the_optimizer(base_model, tokenizer):
     trainer = make_trainer(base_model, tokenizer)
     before = trainable_snapshot(trainer.policy)
     q, r, _ = fake_rollout(n=2)
-    batch = trainer._pad_batch(q, r)
-    out, _ = trainer._forward(trainer.policy, batch, with_values=True)
-    mask = batch["mask"]
+    batch = RolloutBatch.from_sequences(q, r, tokenizer.pad_token_id)
+    out = forward_response(trainer.policy, batch.query_ids, batch.query_mask, batch.responses, batch.response_mask,
+                           with_values=True)
+    mask = batch.loss_mask
     old = out.logprobs.detach() - 0.1
     stats = trainer.train_minibatch(old, out.values.detach(), out.logprobs, None, out.values, mask,
                                     torch.ones_like(old), torch.ones_like(old))

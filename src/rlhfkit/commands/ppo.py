@@ -26,7 +26,7 @@ from rlhfkit.commands._args import (
     peft_config_from,
     run_main,
 )
-from rlhfkit.trainers.ppo_config import PPOConfig
+from rlhfkit.trainers.ppo import PPOConfig
 
 PROG = "rlhfkit ppo"
 

@@ -7,7 +7,7 @@ importable from here; they load on first use, so `import rlhfkit.core` itself st
 import importlib
 from typing import Any
 
-from rlhfkit.core.advantages import compute_gae, rloo_advantages
+from rlhfkit.core.advantages import compute_gae, rloo_advantages, whitened_gae
 from rlhfkit.core.kl import KL_ESTIMATORS, AdaptiveKLController, FixedKLController, kl_penalty
 from rlhfkit.core.logprobs import entropy_from_logits, full_kl_from_logits, selective_log_softmax
 from rlhfkit.core.losses import (
@@ -81,6 +81,7 @@ __all__ = [
     "ppo_policy_loss",
     "ppo_value_loss",
     "rloo_advantages",
+    "whitened_gae",
     "scale_scores",
     "selective_log_softmax",
     "truncate_at_stop",

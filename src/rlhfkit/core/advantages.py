@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from rlhfkit.core.masking import masked_whiten
+
 
 def compute_gae(
     values: torch.Tensor, rewards: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float
@@ -41,6 +43,27 @@ def compute_gae(
             advantages[:, t] = torch.where(real, gae, 0.0)
         returns = torch.where(mask, advantages + values, 0.0)
     return advantages, returns
+
+
+def whitened_gae(
+    values: torch.Tensor,
+    rewards: torch.Tensor,
+    mask: torch.Tensor,
+    gamma: float,
+    lam: float,
+    whiten_rewards: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's estimator: GAE, then advantages whitened over the real tokens (when there are two or more).
+
+    `whiten_rewards` first rescales the rewards (mean kept: their sign carries meaning). All (B, T);
+    returns (advantages, returns), detached, advantages zero on masked positions.
+    """
+    if whiten_rewards:
+        rewards = masked_whiten(rewards, mask, shift_mean=False)
+    advantages, returns = compute_gae(values, rewards, mask, gamma, lam)
+    if mask.sum() >= 2:  # whitening needs a variance
+        advantages = masked_whiten(advantages, mask) * mask
+    return advantages.detach(), returns.detach()
 
 
 def rloo_advantages(rlhf_reward: torch.Tensor, rloo_k: int) -> torch.Tensor:

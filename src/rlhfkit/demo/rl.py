@@ -146,7 +146,7 @@ def _ppo_loop(cfg: DemoConfig, trainer, tokenizer, scorer, out: Path) -> dict[st
 
 
 def _ppo_config(cfg: DemoConfig, learning_rate: float):
-    from rlhfkit.trainers.ppo_config import PPOConfig
+    from rlhfkit.trainers.ppo import PPOConfig
 
     return PPOConfig(
         learning_rate=learning_rate,

@@ -14,6 +14,7 @@ import torch
 from rlhfkit.core.logprobs import entropy_from_logits, selective_log_softmax
 from rlhfkit.core.masking import last_true_indices
 from rlhfkit.models.peft_detection import peft_model_of, without_peft
+from rlhfkit.rollout.batch import RolloutBatch
 from rlhfkit.rollout.generation import is_encoder_decoder
 
 
@@ -125,6 +126,46 @@ def forward_response(
     if return_logits:
         result.logits = logits
     return result
+
+
+def _pad_columns(x: torch.Tensor | None, length: int) -> torch.Tensor | None:
+    """Right-pad dim 1 of (B, T, ...) with zeros up to `length` (None passes through)."""
+    if x is None or x.shape[1] == length:
+        return x
+    return torch.cat([x, x.new_zeros((x.shape[0], length - x.shape[1], *x.shape[2:]))], dim=1)
+
+
+@torch.no_grad()
+def forward_batch(
+    model: torch.nn.Module,
+    batch: RolloutBatch,
+    chunk_size: int,
+    *,
+    temperature: float = 1.0,
+    with_values: bool = False,
+    return_logits: bool = False,
+) -> ForwardOutput:
+    """`forward_response` over a whole `RolloutBatch`, `chunk_size` rows at a time (memory bound), no gradient.
+
+    Each chunk is trimmed to the columns its rows use. Returns (B, R) logprobs and values over the batch's
+    response columns, zero wherever `loss_mask` is 0, and (B, R, V) logits when asked.
+    """
+    length = batch.responses.shape[1]
+    parts = [
+        forward_response(model, rows.query_ids, rows.query_mask, rows.responses, rows.response_mask,
+                         temperature=temperature, with_values=with_values, return_logits=return_logits)
+        for _, rows in batch.minibatches(chunk_size)
+    ]
+
+    def joined(name: str) -> torch.Tensor | None:
+        pieces = [getattr(p, name) for p in parts]
+        return None if pieces[0] is None else torch.cat([_pad_columns(x, length) for x in pieces])
+
+    mask = batch.loss_mask
+    values = joined("values")
+    return ForwardOutput(
+        logprobs=joined("logprobs") * mask, values=None if values is None else values * mask, logits=joined("logits")
+    )
 
 
 def last_token_scores(

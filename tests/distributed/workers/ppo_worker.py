@@ -11,8 +11,7 @@ from rl_fixtures import fixed_ppo_batch, flat_trainable, ppo_trainer
 result = {}
 trainer = ppo_trainer(batch_size=2)
 rank = trainer.accelerator.process_index
-batch, old_logprobs, values, advantages, returns = fixed_ppo_batch(trainer, rows=[2 * rank, 2 * rank + 1])
-trainer._ppo_epochs(batch, old_logprobs, values, advantages, returns)
+trainer._update(fixed_ppo_batch(trainer, rows=[2 * rank, 2 * rank + 1]))
 result["epoch_params"] = flat_trainable(trainer.model).tolist()
 
 trainer = ppo_trainer(batch_size=2)

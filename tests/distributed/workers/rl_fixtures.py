@@ -79,18 +79,17 @@ def ppo_trainer(batch_size: int):
 
 
 def fixed_ppo_batch(trainer, rows: list[int]):
-    """Rows of a fixed 4-sample rollout (equal lengths, so every rank trains on as many tokens):
-    (queries, responses, old_logprobs, values, advantages, returns) ready for `_ppo_epochs`."""
+    """Rows of a fixed 4-sample rollout (equal lengths, so every rank trains on as many tokens), as a
+    `RolloutBatch` with old logprobs, values, advantages and returns filled: ready for `trainer._update`."""
+    from rlhfkit.rollout.batch import RolloutBatch
+
     g = torch.Generator().manual_seed(11)
     queries = torch.randint(5, 200, (4, 3), generator=g)
     responses = torch.randint(5, 200, (4, 4), generator=g)
     advantages, returns = torch.randn(4, 4, generator=g), torch.randn(4, 4, generator=g)
-    q = [queries[i] for i in rows]
-    r = [responses[i] for i in rows]
-    batch = trainer._pad_batch(q, r)
-    with torch.no_grad():
-        old_logprobs, _, values, _ = trainer._batched_forward(trainer.policy, batch, False, with_values=True)
-    return batch, old_logprobs, values, advantages[rows], returns[rows]
+    batch = RolloutBatch.from_sequences([queries[i] for i in rows], [responses[i] for i in rows], 0)
+    out = trainer._forward_batch(trainer.policy, batch, with_values=True)
+    return batch.replace(logprobs=out.logprobs, values=out.values, advantages=advantages[rows], returns=returns[rows])
 
 
 def flat_trainable(model) -> torch.Tensor:

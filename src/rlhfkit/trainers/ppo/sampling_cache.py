@@ -26,7 +26,7 @@ def _keys(queries: Sequence[torch.Tensor], responses: Sequence[torch.Tensor]) ->
     return keys
 
 
-class RolloutRecord:
+class SamplingCache:
     """Per-token old logprobs and values of recently generated responses, keyed by their tokens.
 
     `version` names the policy weights the rows were computed with; a lookup under another version misses.

@@ -221,5 +221,18 @@ class PPOConfig:
         self.global_backward_batch_size = backward * world_size
         self.global_batch_size = self.batch_size * world_size
 
+    # The seed's names are per process; the trainer reads these, so local and global never mix.
+    @property
+    def local_batch_size(self) -> int:
+        return self.batch_size
+
+    @property
+    def local_mini_batch_size(self) -> int:
+        return self.mini_batch_size
+
+    @property
+    def local_backward_batch_size(self) -> int:
+        return self.mini_batch_size * self.gradient_accumulation_steps
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

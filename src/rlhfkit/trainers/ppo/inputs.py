@@ -168,36 +168,39 @@ def generation_config_from_kwargs(base: Any, kwargs: dict[str, Any]) -> Any:
     return config
 
 
-def pad_columns_to(x: torch.Tensor | None, length: int) -> torch.Tensor | None:
-    """Right-pad dim 1 of (B, T, ...) with zeros up to `length` (None passes through)."""
-    if x is None or x.shape[1] == length:
-        return x
-    pad = x.new_zeros((x.shape[0], length - x.shape[1], *x.shape[2:]))
-    return torch.cat([x, pad], dim=1)
-
 
 def responses_repeat_queries(queries: Sequence[torch.Tensor], responses: Sequence[torch.Tensor]) -> bool:
     """True when every response begins with its own query (generate()'s default return_prompt=True)."""
     return all(len(r) > len(q) and torch.equal(r[: len(q)], q) for q, r in zip(queries, responses))
 
 
-def pad_step_batch(
-    queries: Sequence[torch.Tensor],
-    responses: Sequence[torch.Tensor],
-    response_masks: Sequence[torch.Tensor] | None,
-    pad_token_id: int,
-) -> dict[str, torch.Tensor]:
-    """Left-padded queries (B, Lq) and right-padded responses (B, R).
 
-    Keys: query_ids, query_mask, responses, attention (real response tokens, what the model sees) and
-    mask (the tokens trained on: attention & response_masks).
-    """
-    from rlhfkit.rollout import pad_left, pad_right
 
-    query_ids, query_mask = pad_left(queries, pad_token_id)
-    response_ids, attention = pad_right(responses, pad_token_id)
-    mask = attention
-    if response_masks is not None:
-        mask = attention & pad_right([m.long() for m in response_masks], 0)[0].bool()
-    return {"query_ids": query_ids, "query_mask": query_mask, "responses": response_ids,
-            "attention": attention, "mask": mask}
+def check_trainer_args(
+    config: Any, model: Any, ref_model: Any, tokenizer: Any, num_shared_layers: int | None,
+    dataset: Any, train_dataset: Any,
+) -> tuple[Any, Any]:
+    """Reject bad `PPOTrainer(...)` arguments before anything is built; returns (config, dataset)."""
+    from torch import nn
+
+    from rlhfkit.models.value_head import PreTrainedModelWrapper
+    from rlhfkit.trainers.ppo.config import PPOConfig
+
+    config = PPOConfig() if config is None else config
+    if not isinstance(config, PPOConfig):
+        raise TypeError(f"config must be a PPOConfig, got {type(config).__name__}")
+    if not isinstance(model, PreTrainedModelWrapper):
+        raise TypeError(
+            "model must be a model with a value head (AutoModelForCausalLMWithValueHead or "
+            f"AutoModelForSeq2SeqLMWithValueHead), got {type(model).__name__}; load it with "
+            "AutoModelForCausalLMWithValueHead.from_pretrained(path)"
+        )
+    if ref_model is not None and num_shared_layers is not None:
+        raise ValueError("num_shared_layers applies only when ref_model is None (the trainer builds the reference)")
+    if ref_model is not None and not isinstance(ref_model, nn.Module):
+        raise TypeError(f"ref_model must be a torch.nn.Module or None, got {type(ref_model).__name__}")
+    if tokenizer is None or not hasattr(tokenizer, "pad_token_id"):
+        raise TypeError("tokenizer must be a transformers tokenizer (PreTrainedTokenizerBase)")
+    if dataset is not None and train_dataset is not None:
+        raise ValueError("pass the prompts as dataset= or train_dataset=, not both")
+    return config, (dataset if dataset is not None else train_dataset)

@@ -1,0 +1,99 @@
+"""Saving a PPO run: the trained policy (`save_pretrained`, `push_to_hub`, a model card) and resumable
+checkpoints (`save_checkpoint` / `load_checkpoint`, through `trainers.checkpointing`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rlhfkit.trainers.checkpointing import WEIGHTS_FILE, load_training_checkpoint, save_training_checkpoint
+from rlhfkit.trainers.ppo import stats as ppo_stats
+
+
+class SavingMethods:
+    """Mixed into `PPOTrainer`; relies on its `accelerator`, `policy`, `tokenizer`, `config` and step state."""
+
+    def save_pretrained(self, save_directory: str) -> None:
+        """Policy (with value head), tokenizer and a model card, into `save_directory`.
+
+        Like transformers' save_pretrained, other files in the folder are left alone (use
+        `save_checkpoint` for atomic, resumable snapshots).
+        """
+        self.accelerator.wait_for_everyone()
+        if self.accelerator.is_main_process:
+            self._write_pretrained(save_directory)
+
+    save_model = save_pretrained
+
+    def _write_pretrained(self, save_directory: str) -> None:
+        Path(save_directory).mkdir(parents=True, exist_ok=True)
+        self.policy.save_pretrained(save_directory)
+        self.tokenizer.save_pretrained(save_directory)
+        self.create_model_card(save_directory)
+
+    def push_to_hub(
+        self,
+        repo_id: str,
+        *,
+        commit_message: str = "Upload model trained with rlhfkit PPOTrainer",
+        private: bool | None = None,
+        token: str | None = None,
+        branch: str | None = None,
+        create_pr: bool = False,
+    ) -> Any:
+        """Upload what `save_pretrained` writes (policy with value head, tokenizer, model card) to the Hub
+        repo `repo_id` in one commit, creating the repo if needed. Needs network access: offline
+        (`HF_HUB_OFFLINE=1`) it raises before writing anything; `save_pretrained(folder)` is the offline way.
+        Returns the commit info on the main process, None elsewhere."""
+        import tempfile
+
+        from huggingface_hub import HfApi, constants
+
+        if not isinstance(repo_id, str) or not repo_id.strip():
+            raise ValueError(f"repo_id must be a Hub repository name such as 'user/model', got {repo_id!r}")
+        if constants.HF_HUB_OFFLINE:
+            raise RuntimeError(
+                f"push_to_hub({repo_id!r}) needs network access but HF_HUB_OFFLINE is set; save locally with "
+                "trainer.save_pretrained(folder) and upload that folder later"
+            )
+        self.accelerator.wait_for_everyone()
+        if not self.accelerator.is_main_process:
+            return None
+        api = HfApi(token=token)
+        api.create_repo(repo_id, private=private, exist_ok=True)
+        with tempfile.TemporaryDirectory() as folder:
+            self._write_pretrained(folder)
+            return api.upload_folder(
+                repo_id=repo_id, folder_path=folder, commit_message=commit_message, revision=branch,
+                create_pr=create_pr,
+            )
+
+    def create_model_card(self, path: str, model_name: str | None = "rlhfkit Model") -> None:
+        """Write README.md into `path`: what was trained, on what, and how to load it."""
+        Path(path, "README.md").write_text(self._model_card(path, model_name))
+
+    def _model_card(self, path: str, model_name: str | None) -> str:
+        base = self.config.model_name or getattr(self.policy.config, "_name_or_path", "") or "unknown"
+        return ppo_stats.MODEL_CARD.format(model_name=model_name, task_name=self.config.task_name or "custom",
+                                           steps=self.current_step, base_model=base, path=path)
+
+    def save_checkpoint(self, checkpoint_dir: str) -> None:
+        """Everything a resumed run needs: weights (incl. value head), optimizer, scheduler, KL controller,
+        running score moments, RNG state and step counter. Atomic, with checksums (`checkpointing`)."""
+        self.accelerator.wait_for_everyone()
+        if self.accelerator.is_main_process:
+            save_training_checkpoint(checkpoint_dir, self.current_step, self.policy, self._checkpoint_parts())
+        self.checkpoint_dir = str(checkpoint_dir)
+
+    def load_checkpoint(self, checkpoint_dir: str) -> None:
+        """Restore a `save_checkpoint` folder (or the newest intact `checkpoint-<step>` in a folder)."""
+        from safetensors.torch import load_model
+
+        folder, state = load_training_checkpoint(checkpoint_dir, self._checkpoint_parts())
+        load_model(self.policy, str(folder / WEIGHTS_FILE), device=str(self.current_device))
+        self.current_step = int(state["step"])
+        self.policy_version += 1
+
+    def _checkpoint_parts(self) -> dict[str, Any]:
+        return {"optimizer": self.optimizer, "lr_scheduler": self.lr_scheduler, "kl_ctl": self.kl_ctl,
+                "running": self.running}

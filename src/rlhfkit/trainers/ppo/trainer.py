@@ -1,0 +1,502 @@
+"""PPOTrainer: the classic generate -> score -> `step()` loop (Ziegler et al. 2019; Stiennon et al. 2020).
+
+The user samples responses with `generate`, scores them with any function or reward model, and calls
+`step(queries, responses, scores)`. `step` is the numbered story of the algorithm; each number is one
+call into `core`, `rollout` or `update.py`, and the rollout travels between them as a `RolloutBatch`.
+TRL's finer-grained methods (`batched_forward_pass`, `compute_rewards`, `compute_advantages`, `loss`,
+`train_minibatch`) stay as thin wrappers over the same functions, off the step path.
+
+Departures from TRL 0.7 worth knowing: position ids follow the attention mask, so logprobs do not depend on
+padding or on how a batch is chunked; the old logprobs and values computed while sampling are reused when
+`step()` gets exactly what `generate()` sampled; see `update.py` for the minibatch rules.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import gc
+import logging
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from rlhfkit.core.advantages import whitened_gae
+from rlhfkit.core.kl import AdaptiveKLController, FixedKLController
+from rlhfkit.core.rewards import RunningMoments, clip_tensor, compute_token_rewards, scale_scores
+from rlhfkit.rollout import HFGenerationBackend, SamplingParams, eval_mode, pad_left
+from rlhfkit.rollout.batch import RolloutBatch
+from rlhfkit.rollout.scoring import ForwardOutput, forward_batch, forward_response
+from rlhfkit.trainers.common import fused_optimizer_kwargs, zero3_generation_context
+from rlhfkit.trainers.guards import GracefulStop, NonFiniteGuard, any_across_ranks, loss_scaler_active
+from rlhfkit.trainers.ppo import stats as ppo_stats
+from rlhfkit.trainers.ppo.config import PPOConfig
+from rlhfkit.trainers.ppo.inputs import (
+    as_token_tensor,
+    check_step_inputs,
+    check_trainer_args,
+    generation_config_from_kwargs,
+    ppo_collator,
+    responses_repeat_queries,
+)
+from rlhfkit.trainers.ppo.sampling_cache import SamplingCache
+from rlhfkit.trainers.ppo.saving import SavingMethods
+from rlhfkit.trainers.ppo.trl_methods import TRLMethods
+from rlhfkit.trainers.ppo.update import UpdateResult, run_ppo_epochs
+
+logger = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def _timed(timing: dict[str, float], name: str) -> Iterator[None]:
+    start = time.perf_counter()
+    yield
+    timing[f"time/ppo/{name}"] = time.perf_counter() - start
+
+
+class PPOTrainer(TRLMethods, SavingMethods):
+    """Proximal policy optimisation for a language model with a value head.
+
+    Args (seed 001/002 API): `config` (PPOConfig), `model` (AutoModelForCausalLMWithValueHead or
+    AutoModelForSeq2SeqLMWithValueHead, optionally around a PeftModel), `ref_model` (frozen reference;
+    default: a copy of `model` sharing its first `num_shared_layers` layers, or for a PEFT policy its
+    frozen SFT adapter or the same model with its adapter disabled), `tokenizer`, `dataset` (turned into
+    `self.dataloader`; `train_dataset` is accepted as an alias), `optimizer` (default Adam at
+    `config.learning_rate`), `data_collator`, `num_shared_layers`, `lr_scheduler` (stepped once per `step()`).
+    """
+
+    def __init__(
+        self,
+        config: PPOConfig | None = None,
+        model: nn.Module | None = None,
+        ref_model: nn.Module | None = None,
+        tokenizer: Any = None,
+        dataset: Any = None,
+        optimizer: torch.optim.Optimizer | None = None,
+        data_collator: Any = None,
+        num_shared_layers: int | None = None,
+        lr_scheduler: Any = None,
+        *,
+        train_dataset: Any = None,
+        processing_class: Any = None,
+    ):
+        from accelerate import Accelerator
+        from accelerate.utils import ProjectConfiguration, set_seed
+
+        from rlhfkit.models.peft_detection import is_peft_model
+        from rlhfkit.models.reference import choose_reference
+
+        tokenizer = tokenizer if tokenizer is not None else processing_class
+        config, dataset = check_trainer_args(
+            config, model, ref_model, tokenizer, num_shared_layers, dataset, train_dataset
+        )
+        self.accelerator = Accelerator(
+            log_with=config.log_with,
+            project_config=ProjectConfiguration(**self._project_kwargs(config)),
+            **config.accelerator_kwargs,
+        )
+        config._derive_sizes(self.accelerator.num_processes)
+        set_seed(config.seed, device_specific=True)
+        self.config, self.tokenizer = config, tokenizer
+        self.is_encoder_decoder = bool(model.is_encoder_decoder)
+        self.is_peft_model = is_peft_model(model)
+        config.is_encoder_decoder, config.is_peft_model = self.is_encoder_decoder, self.is_peft_model
+        # the reference: given, the PEFT policy's frozen SFT adapter or adapter-disabled base, or a frozen
+        # (partly shared) copy; `ref_model` is None when the reference lives inside the PEFT policy
+        self.reference = choose_reference(model, ref_model, num_shared_layers=num_shared_layers)
+        self.ref_model = self.reference.model
+        self.data_collator = data_collator if data_collator is not None else ppo_collator
+        self.dataloader = self.prepare_dataloader(dataset, self.data_collator) if dataset is not None else None
+        self.kl_ctl = (
+            AdaptiveKLController(config.init_kl_coef, config.target, config.horizon)
+            if config.adap_kl_ctrl
+            else FixedKLController(config.init_kl_coef)
+        )
+        self.running = RunningMoments()
+        self.current_step = 0
+        # robustness: NaN/inf steps are skipped; SIGINT/SIGTERM inside `with trainer.graceful_stop:` only
+        # sets a flag that a training loop polls with `trainer.should_stop()`
+        self.nonfinite_guard = NonFiniteGuard(config.max_consecutive_nonfinite_steps)
+        self.graceful_stop = GracefulStop()
+        self.checkpoint_dir: str | None = None  # the last save_checkpoint folder
+        self._warned_prompt = False
+        # old logprobs and values computed while sampling, reused by step() (config.reuse_generation_outputs)
+        self.rollouts = SamplingCache(capacity=4 * config.local_batch_size)
+        self.policy_version = 0  # bumped by every optimizer step: recorded rollouts of older weights miss
+        optimizer = optimizer if optimizer is not None else self._default_optimizer(model)
+        prepared, self.optimizer, self.dataloader, self.lr_scheduler = self.accelerator.prepare(
+            model, optimizer, self.dataloader, lr_scheduler
+        )
+        # `model` stays the value-head wrapper itself (so trainer.model.compute_reward_score works in any
+        # setting); forwards bypass a DDP wrapper and _optimizer_step averages gradients instead
+        self.model = self.accelerator.unwrap_model(prepared)
+        self.current_device = self.accelerator.device
+        self.is_distributed = self.accelerator.num_processes > 1
+        if self.ref_model is not None and any(True for _ in self.ref_model.parameters()):
+            self.ref_model = self.ref_model.to(self.current_device)
+        if config.log_with is not None:
+            self.accelerator.init_trackers(
+                config.tracker_project_name,
+                config=ppo_stats.flat_hparams(config.to_dict()),
+                init_kwargs=config.tracker_kwargs,
+            )
+
+    # ------------------------------------------------------------------ set-up helpers
+    def _default_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        if not trainable:
+            raise ValueError("the model has no trainable parameters (requires_grad=True)")
+        return torch.optim.Adam(trainable, lr=self.config.learning_rate, **fused_optimizer_kwargs(trainable))
+
+    @staticmethod
+    def _project_kwargs(config: PPOConfig) -> dict[str, Any]:
+        kwargs = dict(config.project_kwargs)
+        if config.log_with is not None and "logging_dir" not in kwargs and "project_dir" not in kwargs:
+            kwargs["project_dir"] = "runs"  # TensorBoard needs a folder; say where it went
+            logger.info("PPOTrainer: tracker logs go to ./runs (set project_kwargs={'logging_dir': ...})")
+        return kwargs
+
+    @property
+    def policy(self) -> nn.Module:
+        """The value-head model itself (outside any distributed wrapper; `self.model` is kept unwrapped)."""
+        return self.model
+
+    def _reference(self):
+        """Context yielding the module that gives reference logprobs (no gradient)."""
+        return self.reference(self.policy)
+
+    def prepare_dataloader(self, dataset: Any, data_collator: Any = None) -> torch.utils.data.DataLoader:
+        """A shuffled DataLoader of `config.batch_size` prompts per batch (last incomplete batch dropped)."""
+        import datasets
+
+        if isinstance(dataset, datasets.Dataset) and self.config.remove_unused_columns:
+            # the value-head forward takes input_ids/attention_mask; text columns stay for logging
+            keep = {"input_ids", "attention_mask", "query", "response", "label", "labels", "prompt"}
+            dataset = dataset.remove_columns([c for c in dataset.column_names if c not in keep])
+        collate = data_collator if data_collator is not None else ppo_collator
+        bs = self.config.local_batch_size
+        return torch.utils.data.DataLoader(dataset, batch_size=bs, collate_fn=collate, shuffle=True, drop_last=True)
+
+    # ------------------------------------------------------------------ generation
+    @torch.no_grad()
+    def generate(
+        self,
+        query_tensor: torch.Tensor | list[torch.Tensor],
+        length_sampler: Any = None,
+        batch_size: int = 4,
+        return_prompt: bool = True,
+        generate_ref_response: bool = False,
+        **generation_kwargs: Any,
+    ) -> Any:
+        """Sample responses: batched, left-padded, each cut after its first EOS.
+
+        A list of 1-D queries gives a list of 1-D responses (padding removed); a single 1-D query gives
+        a (1, L) tensor. `return_prompt=True` (the documented default) prepends each query (decoder-only
+        models); pass False to get only the new tokens, which is what `step()` expects as responses.
+        `length_sampler()` draws `max_new_tokens` per batch of `batch_size` queries. With
+        `generate_ref_response=True`, returns `(responses, ref_responses)`.
+        """
+        single = isinstance(query_tensor, torch.Tensor) and query_tensor.dim() == 1
+        if single:
+            queries = [as_token_tensor(query_tensor, "query_tensor")]
+        elif isinstance(query_tensor, list | tuple) and len(query_tensor) > 0:
+            queries = [as_token_tensor(q, f"query_tensor[{i}]") for i, q in enumerate(query_tensor)]
+        else:
+            raise TypeError("query_tensor must be a 1-D tensor or a non-empty list of 1-D tensors of token ids")
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        generation_kwargs = dict(generation_kwargs)
+        pad_id = generation_kwargs.pop("pad_token_id", None)
+        pad_id = pad_id if pad_id is not None else self.tokenizer.pad_token_id
+        stop_id = generation_kwargs.pop("eos_token_id", None)
+        stop_id = stop_id if stop_id is not None else self.tokenizer.eos_token_id
+        pad_id = pad_id if pad_id is not None else stop_id
+        if pad_id is None:
+            raise ValueError("the tokenizer has neither a pad nor an eos token; pass pad_token_id=")
+        config = generation_config_from_kwargs(getattr(self.policy, "generation_config", None), generation_kwargs)
+        params = SamplingParams.from_generation_config(config, None if stop_id is None else [stop_id])
+        queries = [q.to(self.current_device) for q in queries]
+        # length_sampler draws one max_new_tokens per batch_size queries (TRL): one request per such group
+        step = batch_size if length_sampler is not None else len(queries)
+        groups = [(start, min(start + step, len(queries))) for start in range(0, len(queries), step)]
+        responses, ref_responses = [], []
+        for start, end in groups:
+            if length_sampler is not None:
+                params = dataclasses.replace(params, max_new_tokens=int(length_sampler()))
+            out, ref_out = self._sample(queries[start:end], pad_id, params, batch_size, generate_ref_response)
+            responses += out
+            ref_responses += ref_out
+        if return_prompt and not self.is_encoder_decoder:
+            responses = [torch.cat([q, r]) for q, r in zip(queries, responses)]
+            ref_responses = [torch.cat([q, r]) for q, r in zip(queries, ref_responses)]
+        if single:
+            responses = responses[0].unsqueeze(0)
+            ref_responses = ref_responses[0].unsqueeze(0) if generate_ref_response else ref_responses
+        return (responses, ref_responses) if generate_ref_response else responses
+
+    def _sample(self, queries, pad_id, params, chunk_size, with_reference) -> tuple[list, list]:
+        """Responses (1-D, no padding, no prompt) of the policy and, if asked, of the reference."""
+        ids, mask = pad_left(queries, pad_id)
+        record = self._records_rollouts()
+
+        def gathered():  # ZeRO-3 shards the weights: gather them once per call rather than once per token
+            return zero3_generation_context(self.accelerator, self.policy, self.config.ds3_gather_for_generation)
+
+        policy = HFGenerationBackend(self.policy, pad_id, chunk_size=chunk_size, weights_context=gathered,
+                                     value_head=self.policy.v_head if record else None)
+        # the raw policy's logprobs (temperature 1, as step() scores) and values, kept for step()
+        out = policy.generate(ids, mask, params, logprob_temperature=1.0 if record else None)
+        responses = [r[m] for r, m in zip(out.responses, out.response_mask)]
+        if record:
+            self.rollouts.add(queries, responses, out.logprobs, out.values, self.policy_version)
+        if not with_reference:
+            return responses, []
+        with self._reference() as ref, eval_mode(self.policy):
+            reference = HFGenerationBackend(ref, pad_id, chunk_size=chunk_size, weights_context=gathered)
+            ref_out = reference.generate(ids, mask, params)
+        return responses, [r[m] for r, m in zip(ref_out.responses, ref_out.response_mask)]
+
+    def _records_rollouts(self) -> bool:
+        """Whether generate() keeps logprobs and values for step(): decoder-only, no full-logit KL, float32.
+
+        In bf16/fp16 the cached decoding path and a full forward round differently (and generation runs
+        outside accelerate's autocast), so the PPO ratio would start away from 1: recompute there instead.
+        """
+        cfg = self.config
+        float32 = self.accelerator.mixed_precision == "no" and all(
+            p.dtype == torch.float32 for p in self.policy.parameters() if p.is_floating_point()
+        )
+        return cfg.reuse_generation_outputs and not self.is_encoder_decoder and cfg.kl_penalty != "full" and float32
+
+    # ------------------------------------------------------------------ the step
+    def step(
+        self,
+        queries: list[torch.Tensor],
+        responses: list[torch.Tensor],
+        scores: list[torch.Tensor],
+        response_masks: list[torch.Tensor] | None = None,
+    ) -> dict[str, Any]:
+        """One PPO step on `config.batch_size` (query, response, score) triples; returns the statistics.
+
+        queries, responses: lists of 1-D token tensors (responses without the prompt); scores: one
+        number per sample (list of scalar tensors/floats, or a (B,) tensor); response_masks: optional
+        lists of 0/1 tensors marking the response tokens to train on.
+        """
+        cfg, timing, t_start = self.config, {}, time.perf_counter()
+        queries, responses, scores, response_masks = check_step_inputs(
+            queries, responses, scores, response_masks, cfg.local_batch_size, self.current_device
+        )
+        self._warn_if_prompt_included(queries, responses)
+        step_no = self.current_step + 1
+        if not self.nonfinite_guard.check(step=step_no, accelerator=self.accelerator, scores=scores, ends_bad_run=False):
+            return self._skipped_step_stats()  # NaN scores would also poison the running score moments
+        batch = RolloutBatch.from_sequences(queries, responses, self._pad_id(), response_masks)
+        batch = batch.replace(scores=self._scale_scores(scores))
+
+        # 1. old logprobs and values of the policy (kept from generate() when it sampled exactly these
+        #    pairs), logprobs of the reference
+        with _timed(timing, "forward_pass"):
+            batch, logits, ref_logits, reused = self._score_tokens(batch, queries, responses)
+        # 2. scores -> per-token rewards with the KL penalty
+        with _timed(timing, "compute_rewards"):
+            rewards, non_score_rewards, kls = compute_token_rewards(
+                batch.scores, batch.logprobs, batch.ref_logprobs, batch.loss_mask, kl_coef=self.kl_ctl.value,
+                kl_penalty=cfg.kl_penalty, logits=logits, ref_logits=ref_logits,
+            )
+            del logits, ref_logits
+        # 3. GAE and whitened advantages
+        with _timed(timing, "compute_advantages"):
+            advantages, returns = whitened_gae(
+                batch.values, rewards, batch.loss_mask, cfg.gamma, cfg.lam, whiten_rewards=cfg.whiten_rewards
+            )
+            batch = batch.replace(advantages=advantages, returns=returns)
+        # 4. PPO epochs over shuffled minibatches
+        with _timed(timing, "optimize_step"):
+            update = self._update(batch)
+        # 5. statistics, gathered across processes; 6. KL controller and learning-rate schedule
+        with _timed(timing, "calc_stats"):
+            stats = self._step_stats(batch, queries, responses, scores, non_score_rewards, kls, update, reused)
+            self.kl_ctl.update(float(stats["objective/kl"]), cfg.local_batch_size * self.accelerator.num_processes)
+            # the rate this step's updates used, read before the scheduler moves it on
+            stats["ppo/learning_rate"] = torch.tensor(float(self.optimizer.param_groups[0]["lr"]))
+            if self.lr_scheduler is not None:
+                self.lr_scheduler.step()
+        timing["time/ppo/total"] = time.perf_counter() - t_start
+        stats.update({k: torch.tensor(v) for k, v in timing.items()})
+        self.current_step += 1
+        if cfg.optimize_device_cache:
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        return ppo_stats.stats_to_python(stats)
+
+    def _pad_id(self) -> int:
+        return self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+
+    def _score_tokens(self, batch: RolloutBatch, queries, responses):
+        """(batch with logprobs, values, ref_logprobs; policy logits; reference logits; reused?).
+
+        Logits are kept only for `kl_penalty='full'`; a policy pass is skipped when generate() recorded
+        these pairs with the current weights.
+        """
+        full_kl = self.config.kl_penalty == "full"
+        recorded = self._recorded_rollouts(queries, responses, batch)
+        if recorded is not None:
+            (logprobs, values), logits = recorded, None
+        else:
+            out = self._forward_batch(self.policy, batch, full_kl, with_values=True)
+            logprobs, values, logits = out.logprobs, out.values, out.logits
+        with self._reference() as ref:
+            ref_out = self._forward_batch(ref, batch, full_kl)
+        batch = batch.replace(logprobs=logprobs, values=values, ref_logprobs=ref_out.logprobs)
+        return batch, logits, ref_out.logits, recorded is not None
+
+    def _forward_batch(self, model, batch: RolloutBatch, return_logits: bool = False, with_values: bool = False):
+        """No-grad, eval-mode forward over the batch in chunks of `mini_batch_size` rows."""
+        with eval_mode(model), eval_mode(self.policy):
+            return forward_batch(
+                model, batch, self.config.local_mini_batch_size, with_values=with_values, return_logits=return_logits
+            )
+
+    def _update(self, batch: RolloutBatch) -> UpdateResult:
+        """The PPO epochs over a batch whose logprobs, values, advantages and returns are filled in."""
+        self.policy.train()
+        return run_ppo_epochs(
+            batch, self.config, forward=self._policy_forward, backward=self.accelerator.backward,
+            optimizer_step=self._optimizer_step, zero_grad=self.optimizer.zero_grad,
+            any_process=lambda flag: any_across_ranks(flag, self.accelerator),
+        )
+
+    def _policy_forward(self, rows: RolloutBatch) -> ForwardOutput:
+        # the unwrapped policy is called directly (no DDP hooks): _optimizer_step averages gradients
+        # across processes once per accumulation group, after any skipped minibatch
+        return forward_response(
+            self.policy, rows.query_ids, rows.query_mask, rows.responses, rows.response_mask,
+            with_values=True, return_logits=True,
+        )
+
+    def _step_stats(self, batch, queries, responses, raw_scores, non_score_rewards, kls, update, reused):
+        cfg = self.config
+        train_stats = ppo_stats.stack_stats(update.minibatch_stats)
+        stats = self.record_step_stats(
+            kl_coef=self.kl_ctl.value, scores=raw_scores, queries=queries, responses=responses,
+            logprobs=batch.logprobs, ref_logprobs=batch.ref_logprobs, values=batch.values, returns=batch.returns,
+            advantages=batch.advantages, non_score_rewards=non_score_rewards, kls=kls, mask=batch.loss_mask,
+            train_stats=train_stats,
+        )
+        stats["ppo/skipped_minibatches"] = train_stats["policy/skipped"].sum()
+        stats["ppo/early_stopped"] = torch.tensor(float(update.early_stopped))
+        stats["ppo/optimizer_steps"] = torch.tensor(float(update.optimizer_steps))
+        stats["ppo/skipped_nonfinite_steps"] = torch.tensor(float(self.nonfinite_guard.skipped))
+        stats["ppo/reused_generation_outputs"] = torch.tensor(float(reused))
+        if cfg.use_score_scaling or cfg.score_clip is not None:
+            stats["ppo/mean_scores_scaled"] = batch.scores.mean()
+        return self.gather_stats(stats)
+
+    def _scale_scores(self, scores: torch.Tensor) -> torch.Tensor:
+        """Running-moment score scaling / normalisation, then clipping (config.use_score_*, score_clip)."""
+        cfg = self.config
+        if cfg.use_score_scaling:
+            all_scores = self.accelerator.gather(scores) if self.accelerator.num_processes > 1 else scores
+            self.running.update(all_scores)
+            scores = scale_scores(scores, self.running, shift_mean=cfg.use_score_norm)
+        if cfg.score_clip is not None:
+            scores = clip_tensor(scores, cfg.score_clip)
+        return scores
+
+    def _recorded_rollouts(self, queries, responses, batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Masked (B, R) old logprobs and values from generate(), if it sampled all of these pairs."""
+        if not self._records_rollouts():
+            return None
+        found = self.rollouts.lookup(queries, responses, batch.loss_mask.shape[1], self.policy_version)
+        self.rollouts.clear()  # the policy is about to change: nothing recorded so far stays valid
+        if found is None:
+            return None
+        logprobs, values = found
+        return logprobs.to(batch.loss_mask.device) * batch.loss_mask, values.to(batch.loss_mask.device) * batch.loss_mask
+
+    def _warn_if_prompt_included(self, queries, responses) -> None:
+        if not self.is_encoder_decoder and not self._warned_prompt and responses_repeat_queries(queries, responses):
+            self._warned_prompt = True
+            logger.warning("every response starts with its query: pass only the generated tokens to step(), "
+                           "e.g. from generate(..., return_prompt=False)")
+
+    # ------------------------------------------------------------------ optimizer steps and robustness
+    def _optimizer_step(self) -> None:
+        params = [p for p in self.policy.parameters() if p.requires_grad]
+        if self.accelerator.num_processes > 1:
+            # forwards bypass the DDP wrapper (see _ppo_epochs), so average the gradients here, in one
+            # collective over a flat buffer rather than one per parameter
+            grads = [p.grad for p in params if p.grad is not None]
+            flat = self.accelerator.reduce(torch.cat([g.reshape(-1) for g in grads]), "mean")
+            for g, chunk in zip(grads, flat.split([g.numel() for g in grads])):
+                g.copy_(chunk.view_as(g))
+        # fp16: the GradScaler checks the (still scaled) gradients and skips an overflowing update itself
+        grads = [] if loss_scaler_active(self.accelerator) else [p.grad for p in params if p.grad is not None]
+        if not self.nonfinite_guard.check(step=self.current_step + 1, accelerator=self.accelerator, gradients=grads):
+            self.optimizer.zero_grad()  # skipped: the parameters keep their last good values
+            self._fail_if_exhausted()
+            return
+        if self.config.max_grad_norm is not None:
+            self.accelerator.clip_grad_norm_(params, self.config.max_grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+        self.policy_version += 1
+
+    def _fail_if_exhausted(self) -> None:
+        def save_last_good() -> str | None:
+            if self.checkpoint_dir is not None:
+                self.save_checkpoint(self.checkpoint_dir)
+            return self.checkpoint_dir
+
+        self.nonfinite_guard.fail_if_exhausted(save_last_good)
+
+    def _skipped_step_stats(self) -> dict[str, Any]:
+        """Stats of a skipped step: every statistic reads NaN, plus the skip counters."""
+        self._fail_if_exhausted()
+        stats = ppo_stats.SkippedStepStats()
+        stats.update({"ppo/step_skipped": 1.0, **self.nonfinite_guard.stats(prefix="ppo/")})
+        return stats
+
+    def should_stop(self) -> bool:
+        """True on every process once any of them got SIGINT/SIGTERM inside `with trainer.graceful_stop:`."""
+        return self.graceful_stop.should_stop(self.accelerator)
+
+    # ------------------------------------------------------------------ statistics and logging
+    def record_step_stats(self, kl_coef: float, **data: Any) -> dict[str, torch.Tensor]:
+        """The step statistics (objective/*, ppo/*, tokens/*) as tensors; see `ppo_stats.summarize_step`."""
+        return ppo_stats.summarize_step(kl_coef=kl_coef, **data)
+
+    def gather_stats(self, stats: dict[str, Any]) -> dict[str, Any]:
+        """Average scalar stats over processes and concatenate distributions; identity in one process."""
+        if self.accelerator.num_processes == 1:
+            return stats
+        return ppo_stats.gather_across_processes(self.accelerator, stats, self.current_device)
+
+    def log_stats(
+        self,
+        stats: dict[str, Any],
+        batch: dict[str, Any],
+        rewards: Any,
+        columns_to_log: tuple[str, ...] | list[str] = ("query", "response"),
+    ) -> dict[str, Any]:
+        """Send the step statistics and reward summary to the trackers (`config.log_with`).
+
+        Adds env/reward_mean, env/reward_std, env/reward_dist; returns the logged dict. With wandb, a
+        table of the `columns_to_log` texts and their rewards is logged too.
+        """
+        rewards = ppo_stats.as_score_tensor(rewards).to(self.current_device)
+        if self.accelerator.num_processes > 1:
+            rewards = self.accelerator.gather(rewards)
+        logs = {**stats, **ppo_stats.reward_summary(rewards)}
+        if self.accelerator.is_main_process and self.accelerator.trackers:
+            self.accelerator.log(ppo_stats.tracker_scalars(logs), step=self.current_step)
+            with contextlib.suppress(ValueError, ImportError):  # a table of samples, for wandb only
+                table = ppo_stats.wandb_table(batch, rewards, list(columns_to_log))
+                if table is not None:
+                    wandb_tracker = self.accelerator.get_tracker("wandb", unwrap=True)
+                    wandb_tracker.log({"game_log": table}, step=self.current_step)
+        return logs
