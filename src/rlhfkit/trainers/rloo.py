@@ -39,9 +39,9 @@ from rlhfkit.core import (
 )
 from rlhfkit.core.rewards import apply_missing_eos_penalty
 from rlhfkit.rollout import forward_response, generate_responses, pad_left
-from rlhfkit.trainers._setup import disable_dropout
 from rlhfkit.trainers.checkpointing import latest_checkpoint, verify_checkpoint
 from rlhfkit.trainers.guards import RobustTrainerMixin
+from rlhfkit.trainers.hf_trainer_setup import disable_dropout
 from rlhfkit.trainers.rloo_config import RLOOConfig
 from rlhfkit.trainers.rloo_data import PromptSchedule, check_prompts, tokenize_prompts
 from rlhfkit.trainers.rloo_rewards import RewardScorer, compute_rlhf_reward
