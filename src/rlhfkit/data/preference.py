@@ -189,19 +189,16 @@ def truncate_dpo_row(
     return prompt_ids, chosen_ids[:room], rejected_ids[:room]
 
 
-def _tokenise_dpo_row(example: dict, tokenizer: Any, args: dict) -> dict:
+def _tokenise_dpo_row(
+    example: dict, tokenizer: Any, max_length: int | None, max_prompt_length: int | None, truncation_mode: str
+) -> dict:
     prompt, chosen, rejected = _dpo_texts(example, tokenizer)
     eos = None if row_is_chat(example) else tokenizer.eos_token_id  # a chat template places its own EOS
     prompt_ids = tokenizer(prompt)["input_ids"] if prompt else []
     chosen_ids = with_eos(tokenizer(chosen, add_special_tokens=False)["input_ids"], eos)
     rejected_ids = with_eos(tokenizer(rejected, add_special_tokens=False)["input_ids"], eos)
     p, c, r = truncate_dpo_row(
-        prompt_ids,
-        chosen_ids,
-        rejected_ids,
-        args["max_length"],
-        args["max_prompt_length"],
-        args["truncation_mode"],
+        prompt_ids, chosen_ids, rejected_ids, max_length, max_prompt_length, truncation_mode
     )
     return {"prompt_input_ids": p, "chosen_input_ids": c, "rejected_input_ids": r}
 
@@ -232,14 +229,14 @@ def prepare_dpo_dataset(
     if found != tokenised:
         if tokenizer is None:
             raise ValueError(f"{owner}: `processing_class` (a tokenizer) is needed to tokenise raw text")
-        args = {
-            "max_length": max_length,
-            "max_prompt_length": max_prompt_length,
-            "truncation_mode": truncation_mode,
-        }
         dataset = dataset.map(
             _tokenise_dpo_row,
-            fn_kwargs={"tokenizer": tokenizer, "args": args},
+            fn_kwargs={
+                "tokenizer": tokenizer,
+                "max_length": max_length,
+                "max_prompt_length": max_prompt_length,
+                "truncation_mode": truncation_mode,
+            },
             remove_columns=[c for c in names if c not in keep],
             num_proc=num_proc,
         )

@@ -13,46 +13,39 @@ from typing import Any
 ALGOS = ("rloo", "ppo", "ppo-multi-adapter", "dpo")
 PPO_MINI_BATCHES = 4  # PPO mini-batches per rollout batch (rl_epochs passes over each)
 
-# preset -> values for the size fields left unset on the command line
+# preset -> values for the size fields left unset on the command line; "tiny" is "default" with
+# fewer reviews, SFT steps and RL updates, and shorter completions
+_LAPTOP: dict[str, Any] = dict(
+    sft_num_reviews=4000,
+    sft_steps=200,
+    sft_batch_size=16,
+    sft_seq_length=128,
+    sft_learning_rate=3e-3,
+    pref_num_prompts=1536,
+    rm_epochs=3,
+    rm_batch_size=16,
+    rm_learning_rate=2e-3,
+    rl_updates=40,
+    rl_batch_size=64,
+    rl_learning_rate=1e-4,
+    rl_epochs=2,
+    dpo_epochs=2,
+    dpo_learning_rate=3e-4,
+    response_length=48,
+    eval_num_prompts=256,
+)
 PRESETS: dict[str, dict[str, Any]] = {
-    "default": dict(
-        sft_num_reviews=4000,
-        sft_steps=200,
-        sft_batch_size=16,
-        sft_seq_length=128,
-        sft_learning_rate=3e-3,
-        pref_num_prompts=1536,
-        rm_epochs=3,
-        rm_batch_size=16,
-        rm_learning_rate=2e-3,
-        rl_updates=40,
-        rl_batch_size=64,
-        rl_learning_rate=1e-4,
-        rl_epochs=2,
-        dpo_epochs=2,
-        dpo_learning_rate=3e-4,
-        response_length=48,
-        eval_num_prompts=256,
-    ),
-    "tiny": dict(
-        sft_num_reviews=2000,
-        sft_steps=150,
-        sft_batch_size=16,
-        sft_seq_length=128,
-        sft_learning_rate=3e-3,
-        pref_num_prompts=1536,
-        rm_epochs=3,
-        rm_batch_size=16,
-        rm_learning_rate=2e-3,
-        rl_updates=20,
-        rl_batch_size=48,
-        rl_learning_rate=2e-4,
-        rl_epochs=2,
-        dpo_epochs=2,
-        dpo_learning_rate=3e-4,
-        response_length=32,
-        eval_num_prompts=128,
-    ),
+    "default": _LAPTOP,
+    "tiny": {
+        **_LAPTOP,
+        "sft_num_reviews": 2000,
+        "sft_steps": 150,
+        "rl_updates": 20,
+        "rl_batch_size": 48,
+        "rl_learning_rate": 2e-4,
+        "response_length": 32,
+        "eval_num_prompts": 128,
+    },
 }
 
 

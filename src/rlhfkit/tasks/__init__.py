@@ -4,6 +4,7 @@
 - `judges`: the VADER sentiment judge and preference-pair labelling
 - `toy`: tiny learnable rewards (keyword, length, token count) for RL learning tests
 - `registry`: `get_task(name)` for command lines
+- `sampling`: the seeded draw of `n` prompts from a split, shared by the tasks
 
 Only the standard library is imported here; datasets, torch and vaderSentiment load on use.
 """

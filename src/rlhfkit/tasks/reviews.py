@@ -13,6 +13,7 @@ import zlib
 from typing import TYPE_CHECKING
 
 from rlhfkit.tasks import lexicon as lx
+from rlhfkit.tasks.sampling import seeded_sample
 
 if TYPE_CHECKING:  # pragma: no cover
     from datasets import Dataset
@@ -125,15 +126,7 @@ def review_prompts(
         prompt = " ".join(words[:k]).rstrip(",;.")
         if len(prompt.split()) >= min_words and prompt_split(prompt, min_words) == split:
             prompts[prompt] = None
-    result = sorted(prompts)
-    random.Random(seed).shuffle(result)
-    if n is None:
-        return result
-    if not isinstance(n, int) or n < 1:
-        raise ValueError(f"n must be a positive int or None, got {n!r}")
-    if n > len(result):
-        raise ValueError(f"n={n} but the {split!r} split has only {len(result)} distinct prompts")
-    return result[:n]
+    return seeded_sample(sorted(prompts), split, n, seed)
 
 
 def review_sft_dataset(n: int = 5000, seed: int = 0) -> Dataset:

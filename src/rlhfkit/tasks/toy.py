@@ -6,9 +6,10 @@ function on token ids), paired with a tiny prompt set from `toy_prompts`.
 
 from __future__ import annotations
 
-import random
 import zlib
 from typing import TYPE_CHECKING
+
+from rlhfkit.tasks.sampling import seeded_sample
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -96,14 +97,7 @@ def toy_prompts(split: str = "train", n: int | None = None, seed: int = 0) -> li
     ]
     in_test = [zlib.crc32(p.encode("utf-8")) % 5 == 0 for p in prompts]
     chosen = [p for p, test in zip(prompts, in_test) if test == (split == "test")]
-    random.Random(seed).shuffle(chosen)
-    if n is None:
-        return chosen
-    if not isinstance(n, int) or n < 1:
-        raise ValueError(f"n must be a positive int or None, got {n!r}")
-    if n > len(chosen):
-        raise ValueError(f"n={n} but the {split!r} split has only {len(chosen)} prompts")
-    return chosen[:n]
+    return seeded_sample(chosen, split, n, seed)
 
 
 def toy_prompt_dataset(split: str = "train", n: int | None = None, seed: int = 0) -> Dataset:

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
-from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer
+from transformers import AutoModelForCausalLM, Trainer
 
 from rlhfkit.core.logprobs import selective_log_softmax
 from rlhfkit.core.losses import dpo_loss
@@ -26,18 +26,16 @@ from rlhfkit.data.collators import DPODataCollatorWithPadding, cat_padded
 from rlhfkit.data.preference import prepare_dpo_dataset
 from rlhfkit.models.reference import Reference, choose_reference
 from rlhfkit.rollout.scoring import forward_accepts
-from rlhfkit.trainers import _setup
-from rlhfkit.trainers._setup import (
-    MetricBuffer,
-    apply_overrides,
-    as_config,
-    load_model,
-    prepare_splits,
-    processing_class_or_tokenizer,
-    wrap_peft,
-)
+from rlhfkit.trainers import hf_trainer_setup
 from rlhfkit.trainers.dpo_config import DPOConfig
 from rlhfkit.trainers.guards import RobustTrainerMixin
+from rlhfkit.trainers.hf_trainer_setup import (
+    MetricBuffer,
+    load_model,
+    load_policy,
+    prepare_splits,
+    resolve_args,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -80,11 +78,8 @@ class DPOTrainer(RobustTrainerMixin, Trainer):
         tokenizer: Any = None,
     ):
         owner = "DPOTrainer"
-        processing_class = processing_class_or_tokenizer(processing_class, tokenizer, owner)
-        args = as_config(args, DPOConfig, owner, "dpo_model")
-        args = apply_overrides(
-            args,
-            owner,
+        args, processing_class = resolve_args(
+            owner, DPOConfig, "dpo_model", args, model, model_init, processing_class, tokenizer,
             beta=beta,
             label_pad_token_id=label_pad_token_id,
             padding_value=padding_value,
@@ -93,24 +88,18 @@ class DPOTrainer(RobustTrainerMixin, Trainer):
             max_prompt_length=max_prompt_length,
             disable_dropout=disable_dropout,
         )
-        if model is None and model_init is None:
-            raise ValueError(f"{owner}: pass `model` (a model or a local path) or `model_init`")
         if model is None and ref_model is None and not args.reference_free:
             # the default reference is a copy of `model`, which model_init only builds later
             raise ValueError(
                 f"{owner}: with `model_init` and no `model`, pass `ref_model` or reference_free=True"
             )
-        if isinstance(model, str) and processing_class is None:
-            processing_class = AutoTokenizer.from_pretrained(model)
         if processing_class is not None and processing_class.pad_token is None:
             processing_class.pad_token = processing_class.eos_token
-        model = load_model(model, AutoModelForCausalLM, args.model_init_kwargs, owner)
-        if model is not None:
-            model = wrap_peft(model, peft_config, owner)
+        model = load_policy(model, AutoModelForCausalLM, args.model_init_kwargs, peft_config, owner)
         self.reference = self._build_reference(model, ref_model, args)
         if args.disable_dropout:
-            _setup.disable_dropout(model)
-            _setup.disable_dropout(self.ref_model)
+            hf_trainer_setup.disable_dropout(model)
+            hf_trainer_setup.disable_dropout(self.ref_model)
 
         pad = args.padding_value
         if pad is None:

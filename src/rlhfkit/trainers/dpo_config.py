@@ -3,18 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
-from transformers import TrainingArguments
-
-from rlhfkit.trainers.common import check_field_types
-from rlhfkit.trainers.legacy_training_args import LegacyTrainingArguments
+from rlhfkit.trainers.hf_trainer_config import HFTrainerConfig, ModelInitKwargs
 
 TRUNCATION_MODES = ("keep_end", "keep_start")
 
 
 @dataclass
-class DPOConfig(LegacyTrainingArguments):
+class DPOConfig(ModelInitKwargs, HFTrainerConfig):
     """Configuration for `DPOTrainer`; every `transformers.TrainingArguments` field also applies."""
 
     beta: float = field(
@@ -73,25 +69,9 @@ class DPOConfig(LegacyTrainingArguments):
         default=32, metadata={"help": "New tokens per generation when generate_during_eval is on."}
     )
     dataset_num_proc: int | None = field(default=None, metadata={"help": "Worker processes for tokenising."})
-    model_init_kwargs: dict[str, Any] | None = field(
-        default=None,
-        metadata={"help": "Keyword arguments for from_pretrained when `model` is a path string."},
-    )
-    max_consecutive_nonfinite_steps: int = field(
-        default=3,
-        metadata={
-            "help": "Optimizer steps with a NaN/inf loss or gradient are skipped; after this many in a row "
-            "the run saves its last good state and stops with an error."
-        },
-    )
     remove_unused_columns: bool = field(
         default=False, metadata={"help": "Kept False: the pair columns are not arguments of forward()."}
     )
-
-    def __post_init__(self):
-        check_field_types(self, skip_fields_of=TrainingArguments)
-        super().__post_init__()
-        self.validate()
 
     def validate(self) -> None:
         from rlhfkit.core.losses import DPO_LOSSES

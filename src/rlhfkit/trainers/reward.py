@@ -16,22 +16,19 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from transformers import AutoModelForSequenceClassification, AutoTokenizer, Trainer
+from transformers import AutoModelForSequenceClassification, Trainer
 
 from rlhfkit.core.losses import pairwise_reward_loss
 from rlhfkit.data.collators import RewardDataCollatorWithPadding, cat_padded
 from rlhfkit.data.preference import prepare_reward_dataset
-from rlhfkit.trainers._setup import (
-    MetricBuffer,
-    apply_overrides,
-    as_config,
-    disable_dropout,
-    load_model,
-    prepare_splits,
-    processing_class_or_tokenizer,
-    wrap_peft,
-)
 from rlhfkit.trainers.guards import RobustTrainerMixin
+from rlhfkit.trainers.hf_trainer_setup import (
+    MetricBuffer,
+    disable_dropout,
+    load_policy,
+    prepare_splits,
+    resolve_args,
+)
 from rlhfkit.trainers.reward_config import RewardConfig
 
 logger = logging.getLogger(__name__)
@@ -81,16 +78,12 @@ class RewardTrainer(RobustTrainerMixin, Trainer):
         tokenizer: Any = None,
     ):
         owner = "RewardTrainer"
-        processing_class = processing_class_or_tokenizer(processing_class, tokenizer, owner)
-        args = as_config(args, RewardConfig, owner, "reward_model")
-        args = apply_overrides(args, owner, max_length=max_length)
-        if model is None and model_init is None:
-            raise ValueError(f"{owner}: pass `model` (a model or a local path) or `model_init`")
-        if isinstance(model, str) and processing_class is None:
-            processing_class = AutoTokenizer.from_pretrained(model)
-        model = load_model(model, AutoModelForSequenceClassification, {"num_labels": 1}, owner)
+        args, processing_class = resolve_args(
+            owner, RewardConfig, "reward_model", args, model, model_init, processing_class, tokenizer,
+            max_length=max_length,
+        )
+        model = load_policy(model, AutoModelForSequenceClassification, {"num_labels": 1}, peft_config, owner)
         if model is not None:
-            model = wrap_peft(model, peft_config, owner)
             if args.disable_dropout:
                 disable_dropout(model)
             self._ensure_pad_token(model, processing_class)

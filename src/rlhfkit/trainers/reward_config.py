@@ -4,16 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from transformers import TrainingArguments
-
-from rlhfkit.trainers.common import check_field_types
-from rlhfkit.trainers.legacy_training_args import LegacyTrainingArguments
+from rlhfkit.trainers.hf_trainer_config import HFTrainerConfig
 
 OVERLONG_POLICIES = ("drop", "truncate")
 
 
 @dataclass
-class RewardConfig(LegacyTrainingArguments):
+class RewardConfig(HFTrainerConfig):
     """Configuration for `RewardTrainer`; every `transformers.TrainingArguments` field also applies."""
 
     max_length: int | None = field(
@@ -40,24 +37,12 @@ class RewardConfig(LegacyTrainingArguments):
     disable_dropout: bool = field(
         default=False, metadata={"help": "Set every dropout probability in the model to 0."}
     )
-    max_consecutive_nonfinite_steps: int = field(
-        default=3,
-        metadata={
-            "help": "Optimizer steps with a NaN/inf loss or gradient are skipped; after this many in a row "
-            "the run saves its last good state and stops with an error."
-        },
-    )
     remove_unused_columns: bool = field(
         default=False,
         metadata={
             "help": "Kept False: the pair columns (input_ids_chosen, ...) are not forward() arguments."
         },
     )
-
-    def __post_init__(self):
-        check_field_types(self, skip_fields_of=TrainingArguments)
-        super().__post_init__()
-        self.validate()
 
     def validate(self) -> None:
         if self.max_length is not None and self.max_length < 2:

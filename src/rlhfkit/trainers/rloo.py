@@ -42,9 +42,9 @@ from rlhfkit.core.rewards import apply_missing_eos_penalty
 from rlhfkit.models.reference import choose_reference
 from rlhfkit.rollout import HFGenerationBackend, SamplingParams, forward_response, pad_left
 from rlhfkit.rollout.rewards import RewardScorer
-from rlhfkit.trainers._setup import disable_dropout
 from rlhfkit.trainers.checkpointing import latest_checkpoint, verify_checkpoint
 from rlhfkit.trainers.guards import RobustTrainerMixin
+from rlhfkit.trainers.hf_trainer_setup import disable_dropout
 from rlhfkit.trainers.rloo_config import RLOOConfig
 from rlhfkit.trainers.rloo_data import PromptSchedule, check_prompts, tokenize_prompts
 from rlhfkit.trainers.rloo_rewards import compute_rlhf_reward

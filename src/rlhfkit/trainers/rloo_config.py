@@ -13,12 +13,12 @@ from typing import Literal
 
 from transformers import TrainingArguments
 
-from rlhfkit.trainers.common import check_field_types, exact_div
-from rlhfkit.trainers.legacy_training_args import LegacyTrainingArguments
+from rlhfkit.trainers.common import exact_div
+from rlhfkit.trainers.hf_trainer_config import HFTrainerConfig
 
 
 @dataclass
-class RLOOConfig(LegacyTrainingArguments):
+class RLOOConfig(HFTrainerConfig):
     """Configuration for `RLOOTrainer`; every `transformers.TrainingArguments` field also applies."""
 
     exp_name: str = field(
@@ -168,11 +168,9 @@ class RLOOConfig(LegacyTrainingArguments):
     )
 
     def __post_init__(self):
-        check_field_types(self, skip_fields_of=TrainingArguments)
         super().__post_init__()
         # TrainingArguments exposes world_size as a property; the RLOO field shadows it, so fill it in here
         self.world_size = TrainingArguments.world_size.fget(self)
-        self.validate()
         self.compute_batch_sizes()
 
     def validate(self) -> None:

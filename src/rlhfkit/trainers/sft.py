@@ -16,20 +16,13 @@ from typing import Any
 import torch
 from torch import nn
 from torch.utils.data import IterableDataset
-from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer
+from transformers import AutoModelForCausalLM, Trainer
 
 from rlhfkit.data.collators import SFTDataCollator
 from rlhfkit.data.packing import ConstantLengthDataset
 from rlhfkit.data.preparation import check_not_empty, prepare_sft_dataset
-from rlhfkit.trainers._setup import (
-    apply_overrides,
-    as_config,
-    load_model,
-    prepare_splits,
-    processing_class_or_tokenizer,
-    wrap_peft,
-)
 from rlhfkit.trainers.guards import RobustTrainerMixin
+from rlhfkit.trainers.hf_trainer_setup import apply_overrides, load_policy, prepare_splits, resolve_args
 from rlhfkit.trainers.sft_config import SFTConfig
 
 logger = logging.getLogger(__name__)
@@ -76,11 +69,8 @@ class SFTTrainer(RobustTrainerMixin, Trainer):
         tokenizer: Any = None,
     ):
         owner = "SFTTrainer"
-        processing_class = processing_class_or_tokenizer(processing_class, tokenizer, owner)
-        args = as_config(args, SFTConfig, owner, "sft_model")
-        args = apply_overrides(
-            args,
-            owner,
+        args, processing_class = resolve_args(
+            owner, SFTConfig, "sft_model", args, model, model_init, processing_class, tokenizer,
             dataset_text_field=dataset_text_field,
             packing=packing,
             max_seq_length=max_seq_length,
@@ -90,17 +80,11 @@ class SFTTrainer(RobustTrainerMixin, Trainer):
             dataset_num_proc=dataset_num_proc,
             dataset_batch_size=dataset_batch_size,
         )
-        if model is None and model_init is None:
-            raise ValueError(f"{owner}: pass `model` (a model or a local path) or `model_init`")
-        if isinstance(model, str) and processing_class is None:
-            processing_class = AutoTokenizer.from_pretrained(model)
         if processing_class is None:
             raise ValueError(f"{owner}: `processing_class` (or `tokenizer`) is required")
         if processing_class.pad_token is None:
             processing_class.pad_token = processing_class.eos_token
-        model = load_model(model, AutoModelForCausalLM, args.model_init_kwargs, owner)
-        if model is not None:
-            model = wrap_peft(model, peft_config, owner)
+        model = load_policy(model, AutoModelForCausalLM, args.model_init_kwargs, peft_config, owner)
         if args.max_seq_length is None:
             default_length = min(int(getattr(processing_class, "model_max_length", 1024) or 1024), 1024)
             args = apply_overrides(args, owner, max_seq_length=default_length)

@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
-from transformers import TrainingArguments
-
-from rlhfkit.trainers.common import check_field_types
-from rlhfkit.trainers.legacy_training_args import LegacyTrainingArguments
+from rlhfkit.trainers.hf_trainer_config import HFTrainerConfig, ModelInitKwargs
 
 
 @dataclass
-class SFTConfig(LegacyTrainingArguments):
+class SFTConfig(ModelInitKwargs, HFTrainerConfig):
     """Configuration for `SFTTrainer`; every `transformers.TrainingArguments` field also applies."""
 
     dataset_text_field: str = field(
@@ -58,25 +54,9 @@ class SFTConfig(LegacyTrainingArguments):
         default=1000,
         metadata={"help": "Examples tokenised per batch; <= 0 tokenises the whole dataset at once."},
     )
-    model_init_kwargs: dict[str, Any] | None = field(
-        default=None,
-        metadata={"help": "Keyword arguments for from_pretrained when `model` is a path string."},
-    )
-    max_consecutive_nonfinite_steps: int = field(
-        default=3,
-        metadata={
-            "help": "Optimizer steps with a NaN/inf loss or gradient are skipped; after this many in a row "
-            "the run saves its last good state and stops with an error."
-        },
-    )
     remove_unused_columns: bool = field(
         default=False, metadata={"help": "Kept False: the trainer drops the columns it does not use itself."}
     )
-
-    def __post_init__(self):
-        check_field_types(self, skip_fields_of=TrainingArguments)
-        super().__post_init__()
-        self.validate()
 
     def validate(self) -> None:
         if self.max_seq_length is not None and self.max_seq_length < 2:

@@ -1,7 +1,8 @@
-"""Set-up steps shared by the Trainer-style trainers (reward, SFT, DPO).
+"""How the Trainer-style trainers (reward, SFT, DPO) set themselves up before `Trainer.__init__`.
 
-Keyword overrides onto a config, loading a model given as a path, wrapping it in LoRA, and
-switching dropout off. Kept here so the three trainers read like their algorithm.
+Each __init__ runs the same spine: `resolve_args` (config, keyword overrides, tokenizer), `load_policy`
+(a path is loaded, then wrapped with PEFT), `prepare_splits` (train and eval data); only what is
+particular to the algorithm stays inline in the trainer.
 """
 
 from __future__ import annotations
@@ -40,6 +41,40 @@ def apply_overrides(args: Any, owner: str, **overrides: Any) -> Any:
     if callable(validate):
         validate()
     return args
+
+
+def resolve_args(
+    owner: str,
+    config_cls: type,
+    default_output_dir: str,
+    args: Any,
+    model: Any,
+    model_init: Any,
+    processing_class: Any,
+    tokenizer: Any,
+    /,
+    **overrides: Any,
+) -> tuple[Any, Any]:
+    """(config, tokenizer) of a trainer: `args` upgraded to `config_cls`, the non-None keyword `overrides`
+    applied; a model given as a path brings its own tokenizer when none was passed.
+    """
+    processing_class = processing_class_or_tokenizer(processing_class, tokenizer, owner)
+    args = apply_overrides(as_config(args, config_cls, owner, default_output_dir), owner, **overrides)
+    if model is None and model_init is None:
+        raise ValueError(f"{owner}: pass `model` (a model or a local path) or `model_init`")
+    if isinstance(model, str) and processing_class is None:
+        from transformers import AutoTokenizer
+
+        processing_class = AutoTokenizer.from_pretrained(model)
+    return args, processing_class
+
+
+def load_policy(
+    model: Any, auto_class: type, init_kwargs: dict | None, peft_config: Any, owner: str
+) -> nn.Module | None:
+    """The trained model: loaded when given as a path, then wrapped with `peft_config` (None: model_init)."""
+    model = load_model(model, auto_class, init_kwargs, owner)
+    return None if model is None else wrap_peft(model, peft_config, owner)
 
 
 def processing_class_or_tokenizer(processing_class: Any, tokenizer: Any, owner: str) -> Any:
