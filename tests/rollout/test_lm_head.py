@@ -102,6 +102,21 @@ def test_scaled_logits_fold_into_temperature():
     _assert_matches_forward_response(model)
 
 
+def test_ddp_wrapped_model_matches_forward_response():
+    """DDP's own forward runs (so its gradient hooks fire); one process here, more in tests/distributed."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    try:
+        model = DistributedDataParallel(AutoModelForCausalLM.from_pretrained(tiny_model_path("llama")))
+        model.config = model.module.config  # the test helper reads vocab_size from it
+        assert find_lm_head(model).weight is model.module.lm_head.weight
+        _assert_matches_forward_response(model)
+    finally:
+        dist.destroy_process_group()
+
+
 class _ScaledHead(torch.nn.Module):
     def __init__(self, linear):
         super().__init__()
@@ -125,7 +140,10 @@ def test_unsupported_heads_fall_back_and_log_once(caplog, monkeypatch):
         num_key_value_heads=2, head_dim=16, final_logit_softcapping=30.0,
     ))  # fmt: skip
     monkeypatch.setattr(lm_head, "_logged_fallbacks", set())  # earlier tests may have logged these
-    expected = {custom: "_ScaledHead", lora_head: "not a plain torch.nn.Linear", softcapped: "not known"}
+    compiled = torch.compile(AutoModelForCausalLM.from_pretrained(tiny_model_path("gpt2")))  # compiles lazily
+    expected = {
+        custom: "_ScaledHead", lora_head: "not a plain torch.nn.Linear", softcapped: "not known", compiled: "torch.compile",
+    }  # fmt: skip
     for model, reason in expected.items():
         with caplog.at_level(logging.WARNING, logger="rlhfkit.rollout.lm_head"):
             caplog.clear()

@@ -51,6 +51,8 @@ def _unwrap(model: nn.Module) -> tuple[nn.Module, str | None]:
         name = type(model).__name__
         if name in _SHARDING_WRAPPERS or name.startswith("FSDP"):
             return model, f"{name} shards the head weight outside its forward"
+        if name == "OptimizedModule":
+            return model, "a torch.compile'd model may not run the backbone hook that catches the hidden states"
         if name == "DistributedDataParallel":
             model = model.module
         elif hasattr(model, "v_head") and hasattr(model, "pretrained_model"):
