@@ -48,7 +48,10 @@ def _assert_matches_forward_response(model, with_values=False):
         total = a * logprobs + b * entropy + (c * values if with_values else 0)
         return (total * mask).sum()
 
-    ref = forward_response(model, *batch, temperature=TEMPERATURE, with_values=with_values, with_entropy=True)
+    # return_logits=True keeps forward_response on its full-logits path, also once it is wired to the chunked one
+    ref = forward_response(
+        model, *batch, temperature=TEMPERATURE, with_values=with_values, with_entropy=True, return_logits=True
+    )
     ref_grads = torch.autograd.grad(loss(ref.logprobs, ref.values, ref.entropy), params)
     out = _chunked(model, *batch, temperature=TEMPERATURE, with_values=with_values, with_entropy=True, chunk_rows=4)
     assert out is not None, "expected the chunked path, not a fallback"
