@@ -1,0 +1,169 @@
+"""Response logprobs from a causal LM's final hidden states, projected in row chunks (no (B, T, V) logits).
+
+`find_lm_head` looks through the wrappers a policy may come in (DDP, the value-head wrapper, a PEFT
+model) to the transformers model and returns its output head when the logits are exactly
+`lm_head(last_hidden_state) * scale` with a plain `nn.Linear` head; otherwise it returns None and logs
+why, once per model class, so the caller keeps the full-logits path.
+
+`chunked_response_outputs` then runs the model's own forward (so wrappers, adapters, gradient
+checkpointing and DDP hooks behave as usual) with `logits_to_keep=1`, catches the backbone's final
+hidden states with a forward hook, and scores the response tokens with `chunked_token_logprobs`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from rlhfkit.core.chunked_logprobs import chunked_token_logprobs
+
+logger = logging.getLogger(__name__)
+
+# Causal LMs whose forward is `lm_head(backbone(...).last_hidden_state[:, slice])`, checked by reading
+# their transformers modeling code; value: config attribute and whether the logits are multiplied (True)
+# or divided (False) by it.
+_PLAIN_HEAD_MODEL_TYPES = {
+    "gemma": None, "gpt2": None, "gpt_neox": None, "llama": None, "mistral": None, "mixtral": None,
+    "olmo2": None, "opt": None, "phi3": None, "qwen2": None, "qwen2_moe": None, "qwen3": None,
+    "qwen3_moe": None, "smollm3": None,
+    "cohere": ("logit_scale", True), "granite": ("logits_scaling", False),
+}  # fmt: skip
+_SHARDING_WRAPPERS = ("FullyShardedDataParallel", "DeepSpeedEngine")
+_logged_fallbacks: set[tuple[str, str]] = set()
+
+
+@dataclass(frozen=True)
+class LMHead:
+    """A causal LM's output projection: logits = (hidden @ weight.T + bias) * logit_scale."""
+
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    logit_scale: float
+    backbone: nn.Module  # its output's last_hidden_state is what the head projects
+
+
+def _unwrap(model: nn.Module) -> tuple[nn.Module, str | None]:
+    """The transformers model inside DDP / value-head / PEFT wrappers, or a reason to fall back."""
+    for _ in range(8):  # a few nested wrappers at most
+        name = type(model).__name__
+        if name in _SHARDING_WRAPPERS or name.startswith("FSDP"):
+            return model, f"{name} shards the head weight outside its forward"
+        if name == "OptimizedModule":
+            return model, "a torch.compile'd model may not run the backbone hook that catches the hidden states"
+        if name == "DistributedDataParallel":
+            model = model.module
+        elif hasattr(model, "v_head") and hasattr(model, "pretrained_model"):
+            model = model.pretrained_model
+        elif any(cls.__name__ == "PeftModel" for cls in type(model).__mro__):
+            if getattr(model.active_peft_config, "is_prompt_learning", False):
+                return model, "a prompt-learning PEFT adapter adds virtual tokens to the sequence"
+            model = model.get_base_model()
+        else:
+            return model, None
+    return model, "too many nested wrappers"
+
+
+def _inspect(model: nn.Module) -> LMHead | str:
+    base, reason = _unwrap(model)
+    if reason is not None:
+        return reason
+    config = getattr(base, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if model_type not in _PLAIN_HEAD_MODEL_TYPES:
+        return f"model_type {model_type!r} is not known to project last_hidden_state with a plain head"
+    if getattr(config, "final_logit_softcapping", None) or getattr(config, "is_encoder_decoder", False):
+        return "its logits are soft-capped or come from a decoder with its own head"
+    head = base.get_output_embeddings()
+    if type(head) is not nn.Linear:  # exact type: LoRA, quantised and modules_to_save heads are subclasses or wrappers
+        return f"its output head is {type(head).__name__}, not a plain torch.nn.Linear"
+    backbone = getattr(base, getattr(base, "base_model_prefix", ""), None)
+    if not isinstance(backbone, nn.Module):
+        return "its backbone module was not found"
+    scale = 1.0
+    scaling = _PLAIN_HEAD_MODEL_TYPES[model_type]
+    if scaling is not None:
+        value = float(getattr(config, scaling[0]))
+        scale = value if scaling[1] else 1.0 / value
+    return LMHead(head.weight, head.bias, scale, backbone)
+
+
+def find_lm_head(model: nn.Module) -> LMHead | None:
+    """The model's plain linear output head, or None (the reason logged once per model class)."""
+    found = _inspect(model)
+    if isinstance(found, LMHead):
+        return found
+    key = (type(model).__name__, found)
+    if key not in _logged_fallbacks:
+        _logged_fallbacks.add(key)
+        logger.warning("%s: scoring with full logits, because %s", key[0], found)
+    return None
+
+
+def _last_hidden_state(output) -> torch.Tensor:
+    hidden = getattr(output, "last_hidden_state", None)
+    return hidden if hidden is not None else output[0]
+
+
+def chunked_response_outputs(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    responses: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    with_values: bool = False,
+    with_entropy: bool = False,
+    chunk_rows: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None] | None:
+    """Per-response-token (logprobs, values, entropy), each (B, R) float32 or None when not asked for.
+
+    Args:
+        input_ids, attention_mask, position_ids: (B, Lq + R) query followed by response, as the
+            full-logits path builds them; responses: (B, R), the last R columns of input_ids.
+        temperature: logits are divided by it, matching the sampling distribution.
+    Returns None when `find_lm_head(model)` is None: the caller then computes full logits.
+    """
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if input_ids.dim() != 2 or responses.dim() != 2 or responses.shape[1] >= input_ids.shape[1]:
+        raise ValueError(
+            f"input_ids {tuple(input_ids.shape)} must be (B, Lq + R) with Lq > 0 for responses {tuple(responses.shape)}"
+        )
+    head = find_lm_head(model)
+    if head is None:
+        return None
+    captured: list[torch.Tensor] = []
+    hook = head.backbone.register_forward_hook(lambda _m, _a, out: captured.append(_last_hidden_state(out)))
+    try:
+        # logits_to_keep=1: the model's own head then projects one position only
+        output = model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=False,
+            logits_to_keep=1,
+        )
+    finally:
+        hook.remove()
+    # position t predicts token t+1: response tokens are predicted from positions Lq-1 .. Lq+R-2
+    window = slice(-(responses.shape[1] + 1), -1)
+    values = None
+    if with_values:
+        if not isinstance(output, tuple):
+            raise ValueError("with_values=True needs a model with a value head (e.g. AutoModelForCausalLMWithValueHead)")
+        values = output[2][:, window].float()
+    result = chunked_token_logprobs(
+        captured[-1][:, window],
+        head.weight,
+        head.bias,
+        responses,
+        temperature=temperature / head.logit_scale,
+        chunk_rows=chunk_rows,
+        with_entropy=with_entropy,
+    )
+    logprobs, entropy = result if with_entropy else (result, None)
+    return logprobs, values, entropy

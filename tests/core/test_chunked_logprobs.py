@@ -1,0 +1,118 @@
+import math
+
+import pytest
+import torch
+
+from rlhfkit.core.chunked_logprobs import chunked_token_logprobs
+from rlhfkit.core.logprobs import entropy_from_logits, selective_log_softmax
+
+
+def _straightforward(hidden, weight, bias, targets, temperature):
+    logits = torch.nn.functional.linear(hidden, weight, bias) / temperature
+    return selective_log_softmax(logits, targets), entropy_from_logits(logits)
+
+
+def test_hand_value_and_entropy():
+    # one hidden unit h = 1, weight rows (0, ln 3): logits (0, ln 3), softmax (1/4, 3/4)
+    hidden = torch.ones(2, 1)
+    weight = torch.tensor([[0.0], [math.log(3.0)]])
+    logprobs, entropy = chunked_token_logprobs(hidden, weight, None, torch.tensor([1, 0]), with_entropy=True)
+    assert logprobs.dtype == torch.float32 and entropy.shape == (2,)
+    torch.testing.assert_close(logprobs, torch.tensor([math.log(0.75), math.log(0.25)]))
+    # H = -(1/4 ln 1/4 + 3/4 ln 3/4)
+    expected_h = -(0.25 * math.log(0.25) + 0.75 * math.log(0.75))
+    torch.testing.assert_close(entropy, torch.full((2,), expected_h))
+    # temperature 2 halves the logits: (0, ln 3 / 2) -> p(1) = sqrt 3 / (1 + sqrt 3)
+    halved = chunked_token_logprobs(hidden, weight, None, torch.tensor([1, 0]), temperature=2.0)
+    torch.testing.assert_close(halved[0], torch.tensor(math.log(math.sqrt(3) / (1 + math.sqrt(3)))))
+
+
+@pytest.mark.parametrize("chunk_rows", [None, 1, 5])
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_values_and_gradients_match_straightforward(chunk_rows, with_bias, temperature):
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(3, 7, 16, generator=g, requires_grad=True)
+    weight = torch.randn(50, 16, generator=g, requires_grad=True)
+    bias = torch.randn(50, generator=g, requires_grad=True) if with_bias else None
+    targets = torch.randint(0, 50, (3, 7), generator=g)
+    # weights for a loss that uses both outputs, so both backward terms are exercised
+    a, b = torch.randn(3, 7, generator=g), torch.randn(3, 7, generator=g)
+    params = [hidden, weight] + ([bias] if with_bias else [])
+
+    logprobs, entropy = chunked_token_logprobs(
+        hidden, weight, bias, targets, temperature=temperature, chunk_rows=chunk_rows, with_entropy=True
+    )
+    grads = torch.autograd.grad((a * logprobs + b * entropy).sum(), params)
+    ref_logprobs, ref_entropy = _straightforward(hidden, weight, bias, targets, temperature)
+    ref_grads = torch.autograd.grad((a * ref_logprobs + b * ref_entropy).sum(), params)
+
+    torch.testing.assert_close(logprobs, ref_logprobs, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(entropy, ref_entropy, rtol=1e-5, atol=1e-5)
+    for got, want in zip(grads, ref_grads):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_gradcheck_float64():
+    g = torch.Generator().manual_seed(1)
+    hidden = torch.randn(5, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(9, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(9, generator=g, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(0, 9, (5,), generator=g)
+
+    def loss(h, w, bb):
+        logprobs, entropy = chunked_token_logprobs(h, w, bb, targets, 0.7, chunk_rows=2, with_entropy=True)
+        return logprobs * 1.5 - entropy
+
+    assert torch.autograd.gradcheck(loss, (hidden, weight, bias))
+
+
+def test_tied_weight_gets_both_gradients():
+    # the head weight is also the input embedding: its gradient is the sum of both paths
+    g = torch.Generator().manual_seed(2)
+    embedding = torch.randn(20, 8, generator=g, requires_grad=True)
+    ids = torch.randint(0, 20, (2, 5), generator=g)
+    targets = torch.randint(0, 20, (2, 5), generator=g)
+    got = chunked_token_logprobs(torch.tanh(embedding[ids]), embedding, None, targets, chunk_rows=3)
+    want = _straightforward(torch.tanh(embedding[ids]), embedding, None, targets, 1.0)[0]
+    got, want = torch.autograd.grad(got.sum(), embedding), torch.autograd.grad(want.sum(), embedding)
+    torch.testing.assert_close(got[0], want[0], rtol=1e-4, atol=1e-5)
+
+
+def test_frozen_weight_and_no_grad():
+    g = torch.Generator().manual_seed(3)
+    hidden = torch.randn(4, 8, generator=g, requires_grad=True)
+    weight = torch.randn(30, 8, generator=g)  # a frozen head: only the hidden states need a gradient
+    targets = torch.randint(0, 30, (4,), generator=g)
+    chunked_token_logprobs(hidden, weight, None, targets, chunk_rows=3).sum().backward()
+    ref_hidden = hidden.detach().clone().requires_grad_()
+    _straightforward(ref_hidden, weight, None, targets, 1.0)[0].sum().backward()
+    torch.testing.assert_close(hidden.grad, ref_hidden.grad, rtol=1e-4, atol=1e-6)
+    with torch.no_grad():
+        out = chunked_token_logprobs(hidden, weight, None, targets)
+    assert not out.requires_grad and out.shape == (4,)
+
+
+def test_half_precision_inputs_give_float32():
+    g = torch.Generator().manual_seed(4)
+    hidden = torch.randn(6, 16, generator=g).bfloat16()
+    weight = torch.randn(40, 16, generator=g).bfloat16()
+    targets = torch.randint(0, 40, (6,), generator=g)
+    logprobs = chunked_token_logprobs(hidden, weight, None, targets, chunk_rows=4)
+    assert logprobs.dtype == torch.float32
+    want = torch.log_softmax(hidden.float() @ weight.float().t(), -1).gather(-1, targets[:, None]).squeeze(-1)
+    torch.testing.assert_close(logprobs, want, rtol=2e-2, atol=2e-2)
+
+
+def test_bad_arguments_raise_clear_errors():
+    hidden, weight, targets = torch.randn(3, 4), torch.randn(10, 4), torch.zeros(3, dtype=torch.long)
+    with pytest.raises(ValueError, match="weight"):
+        chunked_token_logprobs(hidden, torch.randn(10, 5), None, targets)
+    with pytest.raises(ValueError, match="bias"):
+        chunked_token_logprobs(hidden, weight, torch.randn(9), targets)
+    with pytest.raises(ValueError, match="targets"):
+        chunked_token_logprobs(hidden, weight, None, torch.zeros(4, dtype=torch.long))
+    with pytest.raises(ValueError, match="temperature"):
+        chunked_token_logprobs(hidden, weight, None, targets, temperature=0.0)
+    with pytest.raises(ValueError, match="chunk_rows"):
+        chunked_token_logprobs(hidden, weight, None, targets, chunk_rows=0)
