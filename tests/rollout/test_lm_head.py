@@ -9,6 +9,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from rlhfkit.core.logprobs import entropy_from_logits
 from rlhfkit.rollout import forward_response, lm_head, position_ids_from_mask
 from rlhfkit.rollout.lm_head import chunked_response_outputs, find_lm_head
 from rlhfkit.testing import tiny_model_path, tiny_value_head_model
@@ -52,7 +53,10 @@ def _assert_matches_forward_response(model, with_values=False):
     ref = forward_response(
         model, *batch, temperature=TEMPERATURE, with_values=with_values, with_entropy=True, return_logits=True
     )
-    ref_grads = torch.autograd.grad(loss(ref.logprobs, ref.values, ref.entropy), params)
+    # forward_response's entropy is a statistic (detached): differentiate the straightforward one instead
+    ref_entropy = entropy_from_logits(ref.logits)
+    torch.testing.assert_close(ref_entropy, ref.entropy)
+    ref_grads = torch.autograd.grad(loss(ref.logprobs, ref.values, ref_entropy), params)
     out = _chunked(model, *batch, temperature=TEMPERATURE, with_values=with_values, with_entropy=True, chunk_rows=4)
     assert out is not None, "expected the chunked path, not a fallback"
     logprobs, values, entropy = out
@@ -170,3 +174,22 @@ def test_bad_arguments_raise_before_the_forward():
         _chunked(model, query_ids, query_mask, responses, response_mask, temperature=0.0)
     with pytest.raises(ValueError, match="input_ids"):
         chunked_response_outputs(model, responses, response_mask.long(), response_mask.long(), responses)
+
+
+def test_forward_response_takes_the_chunked_path_once_logits_outgrow_a_chunk(monkeypatch):
+    from rlhfkit.rollout import scoring
+
+    model = tiny_value_head_model("llama", summary_dropout_prob=0.0).eval()
+    batch = _batch(model.config.vocab_size)
+    full = forward_response(model, *batch, with_values=True, with_entropy=True)  # small: full logits
+    calls = []
+    original = scoring.chunked_response_outputs
+    monkeypatch.setattr(scoring, "chunked_response_outputs", lambda *a, **k: calls.append(1) or original(*a, **k))
+    assert forward_response(model, *batch, with_values=True).logprobs is not None and not calls
+    monkeypatch.setattr(scoring, "CHUNK_ELEMENTS", 8)  # now 18 tokens x vocab is "large"
+    lean = forward_response(model, *batch, with_values=True, with_entropy=True)
+    assert calls == [1]
+    real = batch[3]
+    for a, b in ((lean.logprobs, full.logprobs), (lean.values, full.values), (lean.entropy, full.entropy)):
+        torch.testing.assert_close(a[real], b[real], rtol=1e-5, atol=1e-5)
+    assert not lean.entropy.requires_grad

@@ -20,14 +20,7 @@ from __future__ import annotations
 
 import torch
 
-# one float32 chunk of logits is about 64 MiB, whatever the vocabulary size
-_CHUNK_ELEMENTS = 1 << 24
-
-
-def _chunk_rows(vocab_size: int, chunk_rows: int | None) -> int:
-    if chunk_rows is not None:
-        return chunk_rows
-    return max(1, _CHUNK_ELEMENTS // max(1, vocab_size))
+from rlhfkit.core.logprobs import rows_per_chunk
 
 
 def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float):
@@ -129,7 +122,7 @@ def chunked_token_logprobs(
         raise ValueError(f"temperature must be > 0, got {temperature}")
     if chunk_rows is not None and chunk_rows < 1:
         raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
-    rows = _chunk_rows(weight.shape[0], chunk_rows)
+    rows = rows_per_chunk(weight.shape[0], chunk_rows)
     flat_hidden = hidden.reshape(-1, hidden.shape[-1])
     flat_targets = targets.reshape(-1).long()
     logprobs, entropy, _ = _ChunkedLogprobs.apply(

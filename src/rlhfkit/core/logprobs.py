@@ -12,16 +12,16 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-# about 64 MB of float32 per chunk
-_CHUNK_ELEMENTS = 1 << 24
+# one float32 chunk of logits is about 64 MiB, whatever the vocabulary size (shared by chunked_logprobs)
+CHUNK_ELEMENTS = 1 << 24
 
 
-def _rows_per_chunk(vocab_size: int, chunk_rows: int | None) -> int:
+def rows_per_chunk(vocab_size: int, chunk_rows: int | None) -> int:
     if chunk_rows is not None:
         if chunk_rows < 1:
             raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
         return chunk_rows
-    return max(1, _CHUNK_ELEMENTS // max(1, vocab_size))
+    return max(1, CHUNK_ELEMENTS // max(1, vocab_size))
 
 
 def _float32_chunks(flat_logits: torch.Tensor, rows: int) -> Iterator[tuple[int, torch.Tensor]]:
@@ -34,7 +34,7 @@ def _map_rows(
 ) -> torch.Tensor:
     """Apply fn(start, float32 chunk (n, V)) -> (n,) over rows of logits (..., V) -> (...) float32."""
     flat = logits.reshape(-1, logits.size(-1))
-    rows = _rows_per_chunk(flat.size(-1), chunk_rows)
+    rows = rows_per_chunk(flat.size(-1), chunk_rows)
     parts = [fn(start, chunk) for start, chunk in _float32_chunks(flat, rows)]
     out = torch.cat(parts) if parts else flat.new_zeros(0, dtype=torch.float32)
     return out.reshape(logits.shape[:-1])

@@ -11,11 +11,12 @@ from dataclasses import dataclass
 
 import torch
 
-from rlhfkit.core.logprobs import entropy_from_logits, selective_log_softmax
+from rlhfkit.core.logprobs import CHUNK_ELEMENTS, entropy_from_logits, selective_log_softmax
 from rlhfkit.core.masking import last_true_indices
 from rlhfkit.models.peft_detection import peft_model_of, without_peft
 from rlhfkit.rollout.batch import RolloutBatch
 from rlhfkit.rollout.generation import is_encoder_decoder
+from rlhfkit.rollout.lm_head import chunked_response_outputs
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -61,6 +62,16 @@ def _split_output(output) -> tuple[torch.Tensor, torch.Tensor | None]:
     return output.logits, None
 
 
+def _logits_exceed_one_chunk(model: torch.nn.Module, tokens: int) -> bool:
+    """Whether `tokens` rows of vocabulary logits outgrow one chunk of the memory-lean path.
+
+    Below that size the chunked path is one chunk plus a recomputation in backward: no memory saved,
+    some time lost. A model whose vocabulary size is unknown takes the chunked path.
+    """
+    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+    return not isinstance(vocab, int) or tokens * vocab > CHUNK_ELEMENTS
+
+
 def forward_response(
     model: torch.nn.Module,
     query_ids: torch.Tensor,
@@ -81,7 +92,9 @@ def forward_response(
         temperature: logits are divided by it, matching the sampling distribution.
     Returns:
         ForwardOutput with logprobs (B, R) float32, and values / entropy / logits when requested.
-        Values are those of the state before each response token. Masked positions hold junk; mask them.
+        Values are those of the state before each response token; entropy is a statistic (no gradient).
+        Masked positions hold junk; mask them. Without `return_logits`, a batch whose logits would outgrow
+        one chunk goes through the memory-lean chunked path (`rollout.lm_head`): same numbers, no (B, R, V).
     """
     length_q = query_ids.shape[1]
     length_r = responses.shape[1]
@@ -99,13 +112,24 @@ def forward_response(
     else:
         input_ids = torch.cat([query_ids, responses], dim=1)
         attention_mask = torch.cat([query_mask.long(), response_mask.long()], dim=1)
+        position_ids = position_ids_from_mask(attention_mask)
+        if not return_logits and _logits_exceed_one_chunk(model, responses.numel()):
+            # the (B, R, V) logits would not fit one chunk: project the vocabulary chunk by chunk instead
+            chunked = chunked_response_outputs(
+                model, input_ids, attention_mask, position_ids, responses,
+                temperature=temperature, with_values=with_values, with_entropy=with_entropy,
+            )
+            if chunked is not None:  # None: a head the chunked path does not handle (reason logged once)
+                logprobs, values, entropy = chunked
+                entropy = None if entropy is None else entropy.detach()
+                return ForwardOutput(logprobs=logprobs, values=values, entropy=entropy)
         kwargs = {}
         if not with_values and forward_accepts(model, "logits_to_keep"):
             kwargs["logits_to_keep"] = length_r + 1  # skip the vocabulary projection over the query
         output = model(
             input_ids=input_ids,
             attention_mask=attention_mask,
-            position_ids=position_ids_from_mask(attention_mask),
+            position_ids=position_ids,
             use_cache=False,
             **kwargs,
         )
@@ -121,8 +145,9 @@ def forward_response(
         if values is None:
             raise ValueError("with_values=True needs a model with a value head (e.g. AutoModelForCausalLMWithValueHead)")
         result.values = values.float()
-    if with_entropy:
-        result.entropy = entropy_from_logits(logits)
+    if with_entropy:  # a statistic: no graph through the vocabulary softmax
+        with torch.no_grad():
+            result.entropy = entropy_from_logits(logits.detach())
     if return_logits:
         result.logits = logits
     return result

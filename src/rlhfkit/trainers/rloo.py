@@ -31,7 +31,6 @@ from transformers import ProgressCallback, Trainer, TrainerState
 from transformers.trainer_utils import TrainOutput
 
 from rlhfkit.core import (
-    entropy_from_logits,
     masked_mean,
     masked_var,
     masked_whiten,
@@ -358,7 +357,7 @@ class RLOOTrainer(RobustTrainerMixin, Trainer):
                 rollout["responses"][rows],
                 response_mask,
                 temperature=self.args.temperature,
-                return_logits=True,
+                with_entropy=True,
             )
         old_logprobs = rollout["old_logprobs"][rows]
         # RLOO treats a whole completion as one action: the ratio is that of sequence probabilities
@@ -373,7 +372,7 @@ class RLOOTrainer(RobustTrainerMixin, Trainer):
                 "policy/clipfrac_avg": loss.clipfrac,
                 "loss/policy_avg": loss.loss.detach(),
                 "val/clipfrac_avg": loss.loss.new_zeros(()),  # RLOO has no value function; kept for dashboards
-                "policy/entropy_avg": masked_mean(entropy_from_logits(out.logits.detach()), response_mask),
+                "policy/entropy_avg": masked_mean(out.entropy, response_mask),
                 "val/ratio": masked_mean(token_ratio, response_mask),
                 "val/ratio_var": masked_var(token_ratio, response_mask, unbiased=False),
             }

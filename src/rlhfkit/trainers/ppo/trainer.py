@@ -375,7 +375,7 @@ class PPOTrainer(TRLMethods, SavingMethods):
         # across processes once per accumulation group, after any skipped minibatch
         return forward_response(
             self.policy, rows.query_ids, rows.query_mask, rows.responses, rows.response_mask,
-            with_values=True, return_logits=True,
+            with_values=True, with_entropy=True,
         )
 
     def _step_stats(self, batch, queries, responses, raw_scores, non_score_rewards, kls, update, reused):

@@ -92,7 +92,7 @@ def run_ppo_epochs(
                 out = forward(mb)
                 pg_loss, vf_loss, stats = minibatch_loss(
                     config, logprobs=out.logprobs, old_logprobs=mb.logprobs, vpreds=out.values, values=mb.values,
-                    advantages=mb.advantages, returns=mb.returns, mask=mb.loss_mask, logits=out.logits,
+                    advantages=mb.advantages, returns=mb.returns, mask=mb.loss_mask, logits=out.logits, entropy=out.entropy,
                 )
                 skip = any_process(bool(stats["policy/ratio_mean"] > config.ratio_threshold))
                 stats["policy/skipped"] = torch.tensor(float(skip))
