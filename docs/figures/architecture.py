@@ -23,12 +23,13 @@ STAGES = [
     ("   forward", "response logprobs (and values) of policy and reference", "src/rlhfkit/rollout/scoring.py"),
     ("4. rewards", "score - kl_coef * KL per token (PPO) or per sequence (RLOO)", "src/rlhfkit/core/rewards.py"),
     ("5. advantages", "GAE (PPO), leave-one-out baseline (RLOO), whitening", "src/rlhfkit/core/advantages.py"),
-    ("6. loss", "clipped policy and value losses over minibatches", "src/rlhfkit/core/losses.py"),
+    ("6. update", "PPO epochs over minibatches: clipped policy and value losses", "src/rlhfkit/trainers/ppo/update.py"),
+    ("   loss", "the clipped surrogate and value loss themselves", "src/rlhfkit/core/losses.py"),
     ("7. save", "checkpoint-<step>: safetensors, JSON state, RNG, checksums, atomic publish",
      "src/rlhfkit/trainers/checkpointing.py"),
 ]
 CARRIER = ("RolloutBatch", "the typed batch every step reads and fills", "src/rlhfkit/rollout/batch.py")
-TRAINERS = ("trainers", "PPO: trainers/ppo/   RLOO: trainers/rloo.py   (each step() calls the boxes in order)",
+TRAINERS = ("trainers", "PPO: trainers/ppo/trainer.py step()   RLOO: trainers/rloo.py _rollout() + _optimize()",
             "src/rlhfkit/trainers")
 
 
