@@ -3,7 +3,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlhfkit.core import compute_gae, rloo_advantages
+from rlhfkit.core import compute_gae, rloo_advantages, whitened_gae
 
 
 def test_rloo_reward():
@@ -129,3 +129,23 @@ def test_gae_shape_mismatch():
     with pytest.raises(ValueError, match="same"):
         compute_gae(torch.zeros(2, 3), torch.zeros(2, 4), torch.ones(2, 3, dtype=torch.bool), 1.0, 1.0)
 
+
+
+def test_whitened_gae_hand_values():
+    # one row, gamma = lam = 1, values 0: advantages are rewards-to-go [3, 2] (rewards [1, 2]); the padded
+    # third position stays 0. Whitened over the two real tokens: mean 2.5, unbiased std sqrt(0.5):
+    # (3 - 2.5) / 0.7071 = 0.7071 and (2 - 2.5) / 0.7071 = -0.7071. Returns are not whitened.
+    values = torch.zeros(1, 3)
+    rewards = torch.tensor([[1.0, 2.0, 9.0]])
+    mask = torch.tensor([[True, True, False]])
+    advantages, returns = whitened_gae(values, rewards, mask, gamma=1.0, lam=1.0)
+    torch.testing.assert_close(advantages, torch.tensor([[0.7071068, -0.7071068, 0.0]]), atol=1e-5, rtol=0)
+    torch.testing.assert_close(returns, torch.tensor([[3.0, 2.0, 0.0]]))
+    assert not advantages.requires_grad
+
+
+def test_whitened_gae_with_one_real_token_is_not_whitened():
+    values, rewards = torch.zeros(1, 2), torch.tensor([[4.0, 0.0]])
+    mask = torch.tensor([[True, False]])
+    advantages, _ = whitened_gae(values, rewards, mask, gamma=1.0, lam=1.0)
+    assert advantages.tolist() == [[4.0, 0.0]]  # a single value has no variance to divide by

@@ -54,3 +54,23 @@ def test_minibatches_cover_every_row_once_in_order():
     assert seen == [([2, 0], [3.0, 1.0]), ([1], [2.0])]
     with pytest.raises(ValueError, match="positive integer"):
         next(b.minibatches(0))
+
+
+def test_forward_batch_equals_row_by_row_forward_and_zeroes_untrained_tokens():
+    from rlhfkit.rollout import forward_response
+    from rlhfkit.rollout.scoring import forward_batch
+    from rlhfkit.testing import tiny_value_head_model
+
+    model = tiny_value_head_model("llama", summary_dropout_prob=0.0).eval()
+    batch = _batch()
+    out = forward_batch(model, batch, chunk_size=2, with_values=True)
+    assert out.logprobs.shape == out.values.shape == (3, 3)
+    for i in range(3):
+        row = batch[[i]]
+        single = forward_response(model, row.query_ids, row.query_mask, row.responses, row.response_mask,
+                                  with_values=True)
+        n = row.responses.shape[1]
+        trained = batch.loss_mask[i, :n]
+        torch.testing.assert_close(out.logprobs[i, :n][trained], single.logprobs[0][trained], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(out.values[i, :n][trained], single.values[0][trained], atol=1e-5, rtol=1e-5)
+    assert (out.logprobs[~batch.loss_mask] == 0).all() and (out.values[~batch.loss_mask] == 0).all()
