@@ -75,7 +75,7 @@ class PPOTrainer:
         processing_class: Any = None,
     ):
         from accelerate import Accelerator
-        from accelerate.utils import ProjectConfiguration, set_seed
+        from accelerate.utils import DistributedType, ProjectConfiguration, set_seed
 
         from rlhfkit.models.adapters import peft_model_of
         from rlhfkit.models.reference import create_reference_model
@@ -149,8 +149,11 @@ class PPOTrainer:
             model, optimizer, self.dataloader, lr_scheduler
         )
         # `model` stays the value-head wrapper itself (so trainer.model.compute_reward_score works in any
-        # setting); forwards bypass a DDP wrapper and _optimizer_step averages gradients instead
+        # setting); forwards bypass a DDP wrapper and _optimizer_step averages gradients instead. Under FSDP
+        # the weights are sharded: training forwards go through the prepared model, which gathers them
         self.model = self.accelerator.unwrap_model(prepared)
+        self._fsdp = self.accelerator.distributed_type == DistributedType.FSDP
+        self._train_model = prepared if self._fsdp else self.model
         self.current_device = self.accelerator.device
         self.is_distributed = self.accelerator.num_processes > 1
         if self.ref_model is not None and any(True for _ in self.ref_model.parameters()):
@@ -455,7 +458,7 @@ class PPOTrainer:
 
     def _optimizer_step(self) -> None:
         params = [p for p in self.policy.parameters() if p.requires_grad]
-        if self.accelerator.num_processes > 1:
+        if self.accelerator.num_processes > 1 and not self._fsdp:  # FSDP already reduced them in backward
             # forwards bypass the DDP wrapper (see _ppo_epochs), so average the gradients here, in one
             # collective over a flat buffer rather than one per parameter
             grads = [p.grad for p in params if p.grad is not None]
@@ -498,7 +501,7 @@ class PPOTrainer:
         gradient is that of the token-mean loss over the whole group, however the group is split.
         """
         cfg = self.config
-        policy, mask = self.policy, batch["mask"]
+        policy, mask = self._train_model, batch["mask"]
         all_stats, early_stopped, optimizer_steps = [], False, 0
         policy.train()
         for _ in range(cfg.ppo_epochs):
@@ -509,8 +512,8 @@ class PPOTrainer:
                 contributed = False
                 for m_start in range(0, len(group), cfg.mini_batch_size):
                     idx = group[m_start : m_start + cfg.mini_batch_size]
-                    # the unwrapped policy is called directly (no DDP hooks): _optimizer_step averages
-                    # gradients across processes once per group, after any skipped minibatch
+                    # under DDP the unwrapped policy is called directly (no DDP hooks): _optimizer_step
+                    # averages gradients across processes once per group, after any skipped minibatch
                     out, r_end = self._forward(policy, batch, idx, with_values=True, return_logits=True)
                     rows = [x[idx][:, :r_end] for x in (old_logprobs, values, mask, advantages, returns)]
                     mb_old_logprobs, mb_values, mb_mask, mb_advantages, mb_returns = rows

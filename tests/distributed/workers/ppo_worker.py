@@ -2,20 +2,38 @@
 
 A. the PPO epochs on each rank's half of a fixed rollout (SGD) equal one process on all of it;
 B. a full `step()` with per-rank scores: replicas stay identical and statistics cover both ranks.
+With `--fsdp` the policy is sharded by accelerate's FSDP2 instead of replicated (parameters are gathered whole
+before they are compared), and C. greedy generation with the sharded policy is recorded.
 """
+
+import sys
 
 import torch
 from launch import save_result
 from rl_fixtures import fixed_ppo_batch, flat_trainable, ppo_trainer
 
+fsdp = "--fsdp" in sys.argv
+config_kw = {}
+if fsdp:
+    from accelerate import FullyShardedDataParallelPlugin
+    from fsdp_cpu import full_params, is_sharded
+
+    config_kw["accelerator_kwargs"] = {"fsdp_plugin": FullyShardedDataParallelPlugin(fsdp_version=2)}
+    flat_trainable = lambda model: full_params(model, trainable_only=True)  # noqa: E731
+
 result = {}
-trainer = ppo_trainer(batch_size=2)
+trainer = ppo_trainer(batch_size=2, **config_kw)
 rank = trainer.accelerator.process_index
 batch, old_logprobs, values, advantages, returns = fixed_ppo_batch(trainer, rows=[2 * rank, 2 * rank + 1])
 trainer._ppo_epochs(batch, old_logprobs, values, advantages, returns)
 result["epoch_params"] = flat_trainable(trainer.model).tolist()
+result["sharded"] = fsdp and is_sharded(trainer.model)
+result["distributed_type"] = str(trainer.accelerator.distributed_type)
 
-trainer = ppo_trainer(batch_size=2)
+trainer = ppo_trainer(batch_size=2, **config_kw)
+prompts = [torch.tensor([5 + rank, 17, 42]), torch.tensor([60, 61 + rank])]
+if fsdp:  # C. each rank generates for its own prompts with the sharded policy, before and after training
+    result["greedy_start"] = [o.tolist() for o in trainer.generate(prompts, max_new_tokens=4, do_sample=False)]
 g = torch.Generator().manual_seed(100 + rank)  # each rank samples its own rollout
 queries = [torch.randint(5, 200, (3,), generator=g) for _ in range(2)]
 responses = [torch.randint(5, 200, (4,), generator=g) for _ in range(2)]
@@ -29,4 +47,7 @@ result.update(
     mean_scores=stats["ppo/mean_scores"],
     kl=stats["objective/kl"],
 )
+if fsdp:
+    result["greedy_end"] = [o.tolist() for o in trainer.generate(prompts, max_new_tokens=4, do_sample=False)]
+    result["step_params"] = params.tolist()
 save_result(result)
