@@ -22,7 +22,11 @@ def rloo_trainer(out: str, per_device: int, **kw):
     )  # fmt: skip
     cfg.update(kw)
     policy = tiny_model("llama")
-    sgd = torch.optim.SGD(policy.parameters(), lr=SGD_LR)
+    if cfg.get("fsdp"):  # the Trainer refuses a ready-made optimizer under FSDP: the same SGD, built by it
+        cfg = {"optim": "sgd", "learning_rate": SGD_LR, **cfg}
+        optimizers = (None, None)
+    else:
+        optimizers = (torch.optim.SGD(policy.parameters(), lr=SGD_LR), None)
     return RLOOTrainer(
         RLOOConfig(**cfg),
         tiny_tokenizer(padding_side="left"),
@@ -30,7 +34,7 @@ def rloo_trainer(out: str, per_device: int, **kw):
         tiny_model("llama"),
         KeywordReward("e"),
         toy_prompt_dataset(n=16),
-        optimizers=(sgd, None),
+        optimizers=optimizers,
     )
 
 
