@@ -49,3 +49,17 @@ def test_ppo_generates_with_a_sharded_policy(two_process_results):
         for key, weights in (("greedy_start", start), ("greedy_end", torch.tensor(r["step_params"]))):
             torch.nn.utils.vector_to_parameters(weights, params)
             assert r[key] == [o.tolist() for o in trainer.generate(prompts, max_new_tokens=4, do_sample=False)]
+
+
+def test_ppo_refuses_fsdp1(monkeypatch):
+    """FSDP1 hides the root's weights behind a wrapper that generation and rollout forwards bypass: refused."""
+    import accelerate
+    from accelerate.utils import DistributedType
+
+    class FSDP1Accelerator(accelerate.Accelerator):
+        distributed_type = property(lambda self: DistributedType.FSDP)
+        is_fsdp2 = property(lambda self: False)
+
+    monkeypatch.setattr(accelerate, "Accelerator", FSDP1Accelerator)
+    with pytest.raises(ValueError, match="fsdp_version: 2"):
+        ppo_trainer(batch_size=2)

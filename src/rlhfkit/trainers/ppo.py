@@ -145,6 +145,9 @@ class PPOTrainer:
         self.rollouts = RolloutRecord(capacity=4 * config.batch_size)
         self.policy_version = 0  # bumped by every optimizer step: recorded rollouts of older weights miss
 
+        self._fsdp = self.accelerator.distributed_type == DistributedType.FSDP
+        if self._fsdp and not self.accelerator.is_fsdp2:  # generation and rollout forwards need FSDP2's modules
+            raise ValueError("PPOTrainer under FSDP needs FSDP2: set fsdp_version: 2 in the accelerate config")
         prepared, self.optimizer, self.dataloader, self.lr_scheduler = self.accelerator.prepare(
             model, optimizer, self.dataloader, lr_scheduler
         )
@@ -152,7 +155,6 @@ class PPOTrainer:
         # setting); forwards bypass a DDP wrapper and _optimizer_step averages gradients instead. Under FSDP
         # the weights are sharded: training forwards go through the prepared model, which gathers them
         self.model = self.accelerator.unwrap_model(prepared)
-        self._fsdp = self.accelerator.distributed_type == DistributedType.FSDP
         self._train_model = prepared if self._fsdp else self.model
         self.current_device = self.accelerator.device
         self.is_distributed = self.accelerator.num_processes > 1
