@@ -37,7 +37,8 @@ def test_ppo_two_processes(two_process_results):
 
 def test_ppo_generates_with_a_sharded_policy(two_process_results):
     """Greedy completions of the FSDP2-sharded policy equal those of an unsharded copy of its weights,
-    before the first step and after it (the weights are gathered for generation and re-sharded after)."""
+    before the first step and after it (the weights are gathered for generation and re-sharded after),
+    whether all layers are gathered at once or each on use."""
     setting, *results = two_process_results
     if setting != "fsdp2":
         pytest.skip("generation is unchanged under DDP")
@@ -49,6 +50,7 @@ def test_ppo_generates_with_a_sharded_policy(two_process_results):
         for key, weights in (("greedy_start", start), ("greedy_end", torch.tensor(r["step_params"]))):
             torch.nn.utils.vector_to_parameters(weights, params)
             assert r[key] == [o.tolist() for o in trainer.generate(prompts, max_new_tokens=4, do_sample=False)]
+        assert r["greedy_end_per_layer"] == r["greedy_end"]  # ds3_gather_for_generation=False
 
 
 def test_ppo_refuses_fsdp1(monkeypatch):

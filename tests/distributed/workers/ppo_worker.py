@@ -49,5 +49,7 @@ result.update(
 )
 if fsdp:
     result["greedy_end"] = [o.tolist() for o in trainer.generate(prompts, max_new_tokens=4, do_sample=False)]
+    trainer.config.ds3_gather_for_generation = False  # each layer gathered on use instead of all at once
+    result["greedy_end_per_layer"] = [o.tolist() for o in trainer.generate(prompts, max_new_tokens=4, do_sample=False)]
     result["step_params"] = params.tolist()
 save_result(result)
