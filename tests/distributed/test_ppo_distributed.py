@@ -21,6 +21,7 @@ def test_ppo_two_processes(two_process_results):
     assert r0["world"] == 2
     # under FSDP2 each rank held only a shard; the parameters compared below were gathered whole
     assert r0["sharded"] == r1["sharded"] == (setting == "fsdp2")
+    assert (r0["fsdp_units"] > 2) == (setting == "fsdp2")  # the root and each of the 2 decoder layers
     assert r0["distributed_type"] == ("DistributedType.FSDP" if setting == "fsdp2" else "DistributedType.MULTI_CPU")
     ref = ppo_trainer(batch_size=4, max_grad_norm=0.05)
     start = flat_trainable(ref.model)

@@ -18,7 +18,9 @@ if fsdp:
     from accelerate import FullyShardedDataParallelPlugin
     from fsdp_cpu import full_params, is_sharded
 
-    config_kw["accelerator_kwargs"] = {"fsdp_plugin": FullyShardedDataParallelPlugin(fsdp_version=2)}
+    # as examples/accelerate_configs/fsdp.yaml: each decoder layer its own FSDP unit inside the root's
+    plugin = FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="transformer_based_wrap")
+    config_kw["accelerator_kwargs"] = {"fsdp_plugin": plugin}
     flat_trainable = lambda model: full_params(model, trainable_only=True)  # noqa: E731
 
 result = {}
@@ -28,6 +30,7 @@ batch, old_logprobs, values, advantages, returns = fixed_ppo_batch(trainer, rows
 trainer._ppo_epochs(batch, old_logprobs, values, advantages, returns)
 result["epoch_params"] = flat_trainable(trainer.model).tolist()
 result["sharded"] = fsdp and is_sharded(trainer.model)
+result["fsdp_units"] = sum(type(m).__name__.startswith("FSDP") for m in trainer.model.modules())
 result["distributed_type"] = str(trainer.accelerator.distributed_type)
 
 trainer = ppo_trainer(batch_size=2, **config_kw)
