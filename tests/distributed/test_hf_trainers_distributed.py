@@ -1,5 +1,6 @@
-"""Reward / SFT / DPO under 2 processes (gloo): identical replicas, and 2 x batch B matches 1 x batch 2B
-(parameters and every logged statistic, so the statistics are gathered across ranks)."""
+"""Reward / SFT / DPO under 2 processes (gloo), with DDP and with FSDP2: identical (gathered) parameters on
+both ranks, and 2 x batch B matches 1 x batch 2B (parameters and every logged statistic, so the statistics are
+gathered across ranks)."""
 
 import pytest
 import torch
@@ -9,16 +10,20 @@ from workers.hf_fixtures import build, flat_params, numeric_logs
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def two_process_results():
-    r0, r1 = launch("hf_worker.py")
-    return r0, r1
+@pytest.fixture(scope="module", params=["ddp", "fsdp2"])
+def two_process_results(request):
+    r0, r1 = launch("hf_worker.py", *(["--fsdp"] if request.param == "fsdp2" else []))
+    return request.param, r0, r1
 
 
 @pytest.mark.parametrize("name", ["reward", "sft", "dpo"])
 def test_two_processes_match_one_process_double_batch(name, two_process_results, tmp_path):
-    r0, r1 = (r[name] for r in two_process_results)
+    setting, *results = two_process_results
+    r0, r1 = (r[name] for r in results)
     assert r0["world"] == 2
+    # under FSDP2 each rank really held only a shard (the parameters compared below were gathered whole)
+    assert r0["sharded"] == r1["sharded"] == (setting == "fsdp2")
+    assert r0["distributed_type"] == ("DistributedType.FSDP" if setting == "fsdp2" else "DistributedType.MULTI_CPU")
     assert r0["max_rank_diff"] == 0.0 and r0["params"] == r1["params"]
     assert r0["moved"] > 1e-4
     ref = build(name, str(tmp_path), per_device=4)

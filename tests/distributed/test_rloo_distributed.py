@@ -1,5 +1,6 @@
-"""RLOOTrainer under 2 processes (gloo): same update as 1 process on the double batch, replicas stay equal,
-stats are gathered across ranks, a stop request on one rank stops all of them at the same step."""
+"""RLOOTrainer under 2 processes (gloo), with DDP and with FSDP2: same update as 1 process on the double batch,
+(gathered) parameters stay equal on both ranks, stats are gathered across ranks, a stop request on one rank
+stops all of them at the same step."""
 
 import pytest
 import torch
@@ -9,9 +10,13 @@ from workers.rl_fixtures import flat_params, rloo_trainer, synthetic_rloo_rollou
 pytestmark = pytest.mark.slow
 
 
-def test_rloo_two_processes(tmp_path):
-    r0, r1 = launch("rloo_worker.py")
+@pytest.mark.parametrize("setting", ["ddp", "fsdp2"])
+def test_rloo_two_processes(setting, tmp_path):
+    r0, r1 = launch("rloo_worker.py", *(["--fsdp"] if setting == "fsdp2" else []))
     assert r0["world"] == 2
+    # under FSDP2 each rank held only a shard; the parameters compared below were gathered whole
+    assert r0["sharded"] == r1["sharded"] == (setting == "fsdp2")
+    assert r0["distributed_type"] == ("DistributedType.FSDP" if setting == "fsdp2" else "DistributedType.MULTI_CPU")
     # A: one process on both prompts (local batch 4) makes the same SGD step as 2 ranks x 1 prompt each
     ref = rloo_trainer(str(tmp_path), per_device=4)
     ref.create_optimizer_and_scheduler(num_training_steps=1)

@@ -45,3 +45,25 @@ def test_configs_expose_the_switch():
 
     assert PPOConfig().ds3_gather_for_generation is True
     assert RLOOConfig(output_dir="unused", report_to="none").ds3_gather_for_generation is True
+
+
+def test_under_fsdp_the_fsdp_gather_is_used(monkeypatch):
+    """An FSDP plugin routes to `fsdp_generation_context` (exercised on 2 processes in test_ppo_distributed),
+    which leaves a model that is not an FSDP2 module as it is."""
+    from rlhfkit.trainers import common
+
+    calls = []
+    real = common.fsdp_generation_context
+
+    def recording(acc, model, gather):
+        calls.append(gather)
+        return real(acc, model, gather)
+
+    monkeypatch.setattr(common, "fsdp_generation_context", recording)
+    accelerator = types.SimpleNamespace(state=types.SimpleNamespace(fsdp_plugin=object(), deepspeed_plugin=None))
+    model = torch.nn.Linear(2, 2)
+    before = [p.detach().clone() for p in model.parameters()]
+    with zero3_generation_context(accelerator, model, False):
+        model(torch.ones(1, 2))
+    assert calls == [False]
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))

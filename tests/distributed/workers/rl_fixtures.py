@@ -22,7 +22,11 @@ def rloo_trainer(out: str, per_device: int, **kw):
     )  # fmt: skip
     cfg.update(kw)
     policy = tiny_model("llama")
-    sgd = torch.optim.SGD(policy.parameters(), lr=SGD_LR)
+    if cfg.get("fsdp"):  # the Trainer refuses a ready-made optimizer under FSDP: the same SGD, built by it
+        cfg = {"optim": "sgd", "learning_rate": SGD_LR, **cfg}
+        optimizers = (None, None)
+    else:
+        optimizers = (torch.optim.SGD(policy.parameters(), lr=SGD_LR), None)
     return RLOOTrainer(
         RLOOConfig(**cfg),
         tiny_tokenizer(padding_side="left"),
@@ -30,7 +34,7 @@ def rloo_trainer(out: str, per_device: int, **kw):
         tiny_model("llama"),
         KeywordReward("e"),
         toy_prompt_dataset(n=16),
-        optimizers=(sgd, None),
+        optimizers=optimizers,
     )
 
 
@@ -66,14 +70,16 @@ def flat_params(model) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
-def ppo_trainer(batch_size: int):
+def ppo_trainer(batch_size: int, **config_kw):
     """PPOTrainer with plain SGD (updates are linear in the gradient, so rank averaging is visible exactly)."""
 
     from rlhfkit import PPOConfig, PPOTrainer
 
     torch.manual_seed(0)  # the value head is initialised at random: the same on every process
     model = tiny_value_head_model("llama", summary_dropout_prob=0.0)
-    config = PPOConfig(batch_size=batch_size, mini_batch_size=batch_size, ppo_epochs=1, seed=7, learning_rate=1.0)
+    config = PPOConfig(
+        batch_size=batch_size, mini_batch_size=batch_size, ppo_epochs=1, seed=7, learning_rate=1.0, **config_kw
+    )
     sgd = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=SGD_LR)
     return PPOTrainer(config, model, tokenizer=tiny_tokenizer(padding_side="left"), optimizer=sgd)
 

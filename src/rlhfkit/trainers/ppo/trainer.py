@@ -84,7 +84,7 @@ class PPOTrainer(TRLMethods, SavingMethods):
         processing_class: Any = None,
     ):
         from accelerate import Accelerator
-        from accelerate.utils import ProjectConfiguration, set_seed
+        from accelerate.utils import DistributedType, ProjectConfiguration, set_seed
 
         from rlhfkit.models.peft_detection import is_peft_model
         from rlhfkit.models.reference import choose_reference
@@ -127,12 +127,17 @@ class PPOTrainer(TRLMethods, SavingMethods):
         self.rollouts = SamplingCache(capacity=4 * config.local_batch_size)
         self.policy_version = 0  # bumped by every optimizer step: recorded rollouts of older weights miss
         optimizer = optimizer if optimizer is not None else self._default_optimizer(model)
+        self._fsdp = self.accelerator.distributed_type == DistributedType.FSDP
+        if self._fsdp and not self.accelerator.is_fsdp2:  # generation and rollout forwards need FSDP2's modules
+            raise ValueError("PPOTrainer under FSDP needs FSDP2: set fsdp_version: 2 in the accelerate config")
         prepared, self.optimizer, self.dataloader, self.lr_scheduler = self.accelerator.prepare(
             model, optimizer, self.dataloader, lr_scheduler
         )
         # `model` stays the value-head wrapper itself (so trainer.model.compute_reward_score works in any
-        # setting); forwards bypass a DDP wrapper and _optimizer_step averages gradients instead
+        # setting); under DDP training forwards bypass the wrapper and _optimizer_step averages gradients;
+        # under FSDP the weights are sharded, so training forwards go through the prepared model
         self.model = self.accelerator.unwrap_model(prepared)
+        self._train_model = prepared if self._fsdp else self.model
         self.current_device = self.accelerator.device
         self.is_distributed = self.accelerator.num_processes > 1
         if self.ref_model is not None and any(True for _ in self.ref_model.parameters()):
@@ -363,7 +368,7 @@ class PPOTrainer(TRLMethods, SavingMethods):
 
     def _update(self, batch: RolloutBatch) -> UpdateResult:
         """The PPO epochs over a batch whose logprobs, values, advantages and returns are filled in."""
-        self.policy.train()
+        self._train_model.train()
         return run_ppo_epochs(
             batch, self.config, forward=self._policy_forward, backward=self.accelerator.backward,
             optimizer_step=self._optimizer_step, zero_grad=self.optimizer.zero_grad,
@@ -371,10 +376,10 @@ class PPOTrainer(TRLMethods, SavingMethods):
         )
 
     def _policy_forward(self, rows: RolloutBatch) -> ForwardOutput:
-        # the unwrapped policy is called directly (no DDP hooks): _optimizer_step averages gradients
-        # across processes once per accumulation group, after any skipped minibatch
+        # under DDP the unwrapped policy is called directly (no DDP hooks): _optimizer_step averages
+        # gradients across processes once per accumulation group, after any skipped minibatch
         return forward_response(
-            self.policy, rows.query_ids, rows.query_mask, rows.responses, rows.response_mask,
+            self._train_model, rows.query_ids, rows.query_mask, rows.responses, rows.response_mask,
             with_values=True, with_entropy=True,
         )
 
@@ -427,7 +432,7 @@ class PPOTrainer(TRLMethods, SavingMethods):
     # ------------------------------------------------------------------ optimizer steps and robustness
     def _optimizer_step(self) -> None:
         params = [p for p in self.policy.parameters() if p.requires_grad]
-        if self.accelerator.num_processes > 1:
+        if self.accelerator.num_processes > 1 and not self._fsdp:  # FSDP already reduced them in backward
             # forwards bypass the DDP wrapper (see _ppo_epochs), so average the gradients here, in one
             # collective over a flat buffer rather than one per parameter
             grads = [p.grad for p in params if p.grad is not None]
