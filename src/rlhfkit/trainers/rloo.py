@@ -11,8 +11,9 @@ One update:
   6. advantages: leave-one-out baseline over the k completions of each prompt (optionally normalised);
   7. num_ppo_epochs x num_mini_batches clipped sequence-level policy-gradient steps, with gradient
      accumulation over micro-batches of per_device_train_batch_size.
-Completion j of prompt i sits in row i + j * num_prompts, the layout `rloo_advantages` expects; the prompt
-tensors are indexed per chunk rather than repeated k times.
+The rollout travels from step 1 to step 7 as a `RolloutBatch` with one row per completion: completion j of
+prompt i sits in row i + j * num_prompts (the layout `rloo_advantages` expects), its query repeated on each
+of the k rows; `advantages` holds one number per completion.
 """
 
 from __future__ import annotations
@@ -278,7 +279,8 @@ class RLOOTrainer(RobustTrainerMixin, Trainer):
         """
         args = self.args
         query_ids, query_mask = prompts
-        prompt_of_row = torch.arange(args.rloo_k * query_ids.shape[0], device=query_ids.device) % query_ids.shape[0]
+        num_prompts = query_ids.shape[0]
+        prompt_of_row = torch.arange(args.rloo_k * num_prompts, device=query_ids.device) % num_prompts
         query_ids, query_mask = query_ids[prompt_of_row], query_mask[prompt_of_row]
         sampler = HFGenerationBackend(
             self.accelerator.unwrap_model(self.model),
