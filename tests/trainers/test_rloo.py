@@ -160,7 +160,7 @@ def test_advantages_use_the_other_completions_of_the_same_prompt(tmp_path, token
             others = [scores[o] for o in rows if o != r]
             # kl_coef = 0: advantage = own score - mean score of the other k-1 completions
             expected = scores[r] - sum(others) / (k - 1)
-            torch.testing.assert_close(rollout["advantages"][r], expected)
+            torch.testing.assert_close(rollout.advantages[r], expected)
     assert metrics["objective/scores"] == pytest.approx(scores.mean().item(), abs=1e-6)
 
 

@@ -9,7 +9,12 @@ from rlhfkit.rollout import pad_left, pad_right, reward_model_scores
 from rlhfkit.rollout.rewards import RewardScorer
 from rlhfkit.testing import tiny_model, tiny_tokenizer
 from rlhfkit.trainers.guards import NonFiniteStepWarning
-from rlhfkit.trainers.rloo_rewards import RLHF_REWARDS, compute_rlhf_reward
+from rlhfkit.trainers.rloo_rewards import (
+    RLHF_REWARDS,
+    compute_rlhf_reward,
+    sequence_kl_reward,
+    summed_token_rewards,
+)
 
 
 @pytest.fixture(scope="module")
@@ -102,10 +107,14 @@ def test_token_and_sequence_level_kl_give_the_same_total_reward():
     scores = torch.randn(6)
     logprobs, ref_logprobs = -torch.rand(6, 5), -torch.rand(6, 5)
     response_mask = torch.arange(5)[None, :] < torch.tensor([5, 3, 1, 4, 2, 5])[:, None]
+    assert RLHF_REWARDS == {False: sequence_kl_reward, True: summed_token_rewards}  # config.token_level_kl
     seq = RLHF_REWARDS[False](scores, logprobs, ref_logprobs, response_mask, 0.1)
     tok = RLHF_REWARDS[True](scores, logprobs, ref_logprobs, response_mask, 0.1)
     for a, b in zip(seq, tok):
         torch.testing.assert_close(a, b)
+    # both give one reward per completion, and the per-token KL
+    assert seq.reward.shape == tok.reward.shape == seq.non_score_reward.shape == (6,)
+    assert seq.kl.shape == tok.kl.shape == (6, 5)
     # by hand: score - 0.1 * sum over real tokens of (logprob - ref_logprob)
     expected = scores - 0.1 * ((logprobs - ref_logprobs) * response_mask).sum(1)
     torch.testing.assert_close(seq[0], expected)

@@ -11,8 +11,9 @@ One update:
   6. advantages: leave-one-out baseline over the k completions of each prompt (optionally normalised);
   7. num_ppo_epochs x num_mini_batches clipped sequence-level policy-gradient steps, with gradient
      accumulation over micro-batches of per_device_train_batch_size.
-Completion j of prompt i sits in row i + j * num_prompts, the layout `rloo_advantages` expects; the prompt
-tensors are indexed per chunk rather than repeated k times.
+The rollout travels from step 1 to step 7 as a `RolloutBatch` with one row per completion: completion j of
+prompt i sits in row i + j * num_prompts (the layout `rloo_advantages` expects), its query repeated on each
+of the k rows; `advantages` holds one number per completion.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import math
 import os
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -40,14 +42,27 @@ from rlhfkit.core import (
 from rlhfkit.core.rewards import apply_missing_eos_penalty
 from rlhfkit.models.reference import choose_reference
 from rlhfkit.rollout import HFGenerationBackend, SamplingParams, forward_response, pad_left
+from rlhfkit.rollout.batch import RolloutBatch
 from rlhfkit.rollout.rewards import RewardScorer
 from rlhfkit.trainers.checkpointing import latest_checkpoint, verify_checkpoint
+from rlhfkit.trainers.common import zero3_generation_context
 from rlhfkit.trainers.guards import RobustTrainerMixin
 from rlhfkit.trainers.hf_trainer_setup import disable_dropout
 from rlhfkit.trainers.rloo_config import RLOOConfig
-from rlhfkit.trainers.rloo_data import PromptSchedule, check_prompts, tokenize_prompts
+from rlhfkit.trainers.rloo_data import PromptSchedule, check_prompts, datasets_by_argument, tokenize_datasets
 from rlhfkit.trainers.rloo_rewards import compute_rlhf_reward
 from rlhfkit.trainers.sample_table import RichProgressCallback, print_sample_table, save_samples
+
+
+def _check_arguments(config: Any, processing_class: Any, policy: Any, ref_policy: Any) -> None:
+    """Clear errors for a wrong config, a tokenizer without a pad token, or a policy that is not a model."""
+    if not isinstance(config, RLOOConfig):
+        raise TypeError(f"config must be an RLOOConfig, got {type(config).__name__}")
+    if processing_class is None or getattr(processing_class, "pad_token_id", None) is None:
+        raise ValueError("processing_class must be a tokenizer with a pad token (set its pad_token)")
+    for name, model in (("policy", policy), ("ref_policy", ref_policy)):
+        if not isinstance(model, nn.Module) and (name == "policy" or model is not None):
+            raise TypeError(f"{name} must be a loaded model (nn.Module), got {type(model).__name__}")
 
 
 class RLOOTrainer(RobustTrainerMixin, Trainer):
@@ -79,13 +94,7 @@ class RLOOTrainer(RobustTrainerMixin, Trainer):
         callbacks: list | None = None,
         reward_processing_class: Any = None,
     ) -> None:
-        if not isinstance(config, RLOOConfig):
-            raise TypeError(f"config must be an RLOOConfig, got {type(config).__name__}")
-        if processing_class is None or getattr(processing_class, "pad_token_id", None) is None:
-            raise ValueError("processing_class must be a tokenizer with a pad token (set its pad_token)")
-        for name, model in (("policy", policy), ("ref_policy", ref_policy)):
-            if not isinstance(model, nn.Module) and (name == "policy" or model is not None):
-                raise TypeError(f"{name} must be a loaded model (nn.Module), got {type(model).__name__}")
+        _check_arguments(config, processing_class, policy, ref_policy)
         self.reference = choose_reference(policy, ref_policy, argument="ref_policy")
         ref_policy = self.reference.model
         self.stop_token_id = config.stop_token_id
@@ -96,26 +105,13 @@ class RLOOTrainer(RobustTrainerMixin, Trainer):
         for model in (policy, ref_policy, *rewards):
             if isinstance(model, nn.Module):
                 disable_dropout(model)
-        num_proc = config.dataset_num_proc
-        train_dataset = tokenize_prompts(train_dataset, processing_class, num_proc, "train_dataset")
-        if isinstance(eval_dataset, dict):  # named evaluation sets: one sample table each
-            if not eval_dataset:
-                raise ValueError("eval_dataset is an empty dict; give at least one named dataset, or None")
-            eval_dataset = {
-                name: tokenize_prompts(ds, processing_class, num_proc, f"eval_dataset[{name!r}]")
-                for name, ds in eval_dataset.items()
-            }
-        elif eval_dataset is not None:
-            eval_dataset = tokenize_prompts(eval_dataset, processing_class, num_proc, "eval_dataset")
+        train_dataset, eval_dataset = tokenize_datasets(
+            train_dataset, eval_dataset, processing_class, config.dataset_num_proc
+        )
         models = {"policy": policy} if ref_policy is None else {"policy": policy, "ref_policy": ref_policy}
         if reward_processing_class is None:  # reward models then read the policy's token ids
             models.update({f"reward model {i}": r for i, r in enumerate(rewards) if isinstance(r, nn.Module)})
-        to_check = {"train_dataset": train_dataset}
-        if isinstance(eval_dataset, dict):
-            to_check.update({f"eval_dataset[{name!r}]": ds for name, ds in eval_dataset.items()})
-        elif eval_dataset is not None:
-            to_check["eval_dataset"] = eval_dataset
-        for what, dataset in to_check.items():
+        for what, dataset in datasets_by_argument(train_dataset, eval_dataset).items():
             check_prompts(dataset, what, config.response_length, models)
 
         super().__init__(
@@ -197,8 +193,8 @@ class RLOOTrainer(RobustTrainerMixin, Trainer):
         with self.graceful_stop:  # SIGINT/SIGTERM: finish the update, save, stop
             for update in range(start_update, num_updates):
                 self.control = self.callback_handler.on_step_begin(args, self.state, self.control)
-                rollout, metrics = self._rollout(update)
-                metrics.update(self._optimize(model, rollout))
+                batch, metrics = self._rollout(update)
+                metrics.update(self._optimize(model, batch))
                 metrics["lr"] = self.lr_scheduler.get_last_lr()[0]
                 self.lr_scheduler.step()
                 self.state.global_step += 1
@@ -229,71 +225,31 @@ class RLOOTrainer(RobustTrainerMixin, Trainer):
 
     # ------------------------------------------------------------------ steps 1-6
     @torch.no_grad()
-    def _rollout(self, update: int) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
-        args, device = self.args, self.accelerator.device
-        pad_id = self.processing_class.pad_token_id
-        prompts = [
-            torch.tensor(ids) for ids in self.train_dataset[self.schedule.indices(update)]["input_ids"]
-        ]
-        query_ids, query_mask = (t.to(device) for t in pad_left(prompts, pad_id))
-        num_prompts = query_ids.shape[0]
-        pieces = defaultdict(list)
-        # 1-2. sample, score and take reference logprobs chunk by chunk over the k * num_prompts rows
-        for start in range(0, args.rloo_k * num_prompts, args.local_rollout_forward_batch_size):
-            rows = torch.arange(
-                start, min(start + args.local_rollout_forward_batch_size, args.rloo_k * num_prompts)
-            )
-            rows = rows.to(device) % num_prompts
-            queries, masks = query_ids[rows], query_mask[rows]
-            sampler = HFGenerationBackend(
-                self.accelerator.unwrap_model(self.model), pad_id, weights_context=self._generation_context
-            )
-            out = sampler.generate(queries, masks, self.sampling_params, logprob_temperature=args.temperature)
-            responses, response_mask, logprobs = out.responses, out.response_mask, out.logprobs
-            with self.reference(self.accelerator.unwrap_model(self.model)) as ref_policy:
-                ref_logprobs = forward_response(
-                    ref_policy, queries, masks, responses, response_mask, temperature=args.temperature
-                ).logprobs
-            texts = (
-                self._decode(queries, responses, response_mask) if self.scorer.needs_text else (None, None)
-            )
-            scores, _ = self.scorer(queries, masks, responses, response_mask, *texts)
-            for name, value in (
-                ("responses", responses),
-                ("response_mask", response_mask),
-                ("logprobs", logprobs),
-                ("ref_logprobs", ref_logprobs),
-                ("scores", scores),
-            ):
-                pieces[name].append(value)
-        batch = {name: torch.cat(values) for name, values in pieces.items()}
-        # drop columns past the longest completion: later passes need not touch them
-        longest = max(1, int(batch["response_mask"].sum(1).max()))
-        for name in ("responses", "response_mask", "logprobs", "ref_logprobs"):
-            batch[name] = batch[name][:, :longest]
-        responses, response_mask = batch["responses"], batch["response_mask"]
-        logprobs, scores = batch["logprobs"], batch["scores"]
-
+    def _rollout(self, update: int) -> tuple[RolloutBatch, dict[str, float]]:
+        args = self.args
+        # 1. k completions of each prompt, with the logprobs they were sampled with
+        batch = self._sample(self._prompts(update))
+        # 2. reference logprobs and scores
+        batch = batch.replace(ref_logprobs=self._reference_logprobs(batch), scores=self._score(batch))
         # 3. completions that never emit eos lose missing_eos_penalty
-        has_eos = ((responses == self.processing_class.eos_token_id) & response_mask).any(1)
+        has_eos = ((batch.responses == self.processing_class.eos_token_id) & batch.response_mask).any(1)
+        scores = batch.scores
         if args.missing_eos_penalty is not None:
             scores = apply_missing_eos_penalty(scores, has_eos, args.missing_eos_penalty)
         # 4. RLHF reward = score - kl_coef * KL(policy || reference); Reinforce++'s normalize_reward
         # standardises and clips the scores themselves, before the KL term is added
         rlhf_reward, non_score_reward, kl = compute_rlhf_reward(
             scores,
-            logprobs,
-            batch["ref_logprobs"],
-            response_mask,
+            batch.logprobs,
+            batch.ref_logprobs,
+            batch.response_mask,
             args.kl_coef,
             args.token_level_kl,
             args.reward_clip_range if args.normalize_reward else None,
         )
         # 5. optional whitening of the rewards
-        scaled_reward = rlhf_reward
-        if args.whiten_rewards:
-            scaled_reward = masked_whiten(scaled_reward, None, shift_mean=False)
-        # 6. leave-one-out advantages
+        scaled_reward = masked_whiten(rlhf_reward, None, shift_mean=False) if args.whiten_rewards else rlhf_reward
+        # 6. leave-one-out advantages, one per completion
         advantages = rloo_advantages(scaled_reward, args.rloo_k)
         if args.normalize_advantage:
             advantages = masked_whiten(advantages, None)
@@ -301,91 +257,126 @@ class RLOOTrainer(RobustTrainerMixin, Trainer):
         gather = self.accelerator.gather_for_metrics
         metrics = {
             "objective/kl": gather(kl.sum(1)).mean().item(),
-            "objective/entropy": gather((-logprobs * response_mask).sum(1)).mean().item(),
+            "objective/entropy": gather((-batch.logprobs * batch.response_mask).sum(1)).mean().item(),
             "objective/non_score_reward": gather(non_score_reward).mean().item(),
             "objective/rlhf_reward": gather(rlhf_reward).mean().item(),
             "objective/scores": gather(scores).mean().item(),
             "val/num_eos_tokens": gather(has_eos.sum()[None]).sum().item(),
         }
-        rollout = {
-            "query_ids": query_ids,
-            "query_mask": query_mask,
-            "responses": responses,
-            "response_mask": response_mask,
-            "old_logprobs": logprobs,
-            "advantages": advantages,
-            "scores": scores,
-        }
-        return rollout, metrics
+        return batch.replace(scores=scores, advantages=advantages), metrics
+
+    def _prompts(self, update: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """This process's prompts for `update`, left-padded: (query_ids, query_mask), each (B, Q)."""
+        rows = self.train_dataset[self.schedule.indices(update)]["input_ids"]
+        padded = pad_left([torch.tensor(ids) for ids in rows], self.processing_class.pad_token_id)
+        return tuple(t.to(self.accelerator.device) for t in padded)
+
+    def _sample(self, prompts: tuple[torch.Tensor, torch.Tensor]) -> RolloutBatch:
+        """`rloo_k` completions of each of the B prompts: completion j of prompt i in row i + j * B.
+
+        Sampled `local_rollout_forward_batch_size` rows at a time, each cut after the stop token; the
+        sampling logprobs are kept (no second policy pass). Columns past the longest completion are dropped.
+        """
+        args = self.args
+        query_ids, query_mask = prompts
+        num_prompts = query_ids.shape[0]
+        prompt_of_row = torch.arange(args.rloo_k * num_prompts, device=query_ids.device) % num_prompts
+        query_ids, query_mask = query_ids[prompt_of_row], query_mask[prompt_of_row]
+        sampler = HFGenerationBackend(
+            self.accelerator.unwrap_model(self.model),
+            self.processing_class.pad_token_id,
+            chunk_size=args.local_rollout_forward_batch_size,
+            weights_context=self._gathered_weights,
+        )
+        out = sampler.generate(query_ids, query_mask, self.sampling_params, logprob_temperature=args.temperature)
+        batch = RolloutBatch(
+            query_ids, query_mask, out.responses, out.response_mask, out.response_mask, logprobs=out.logprobs
+        )
+        return batch.trimmed()
+
+    def _reference_logprobs(self, batch: RolloutBatch) -> torch.Tensor:
+        """(N, R) logprobs of the responses under the reference (junk on padding: mask it)."""
+        with self.reference(self.accelerator.unwrap_model(self.model)) as ref_policy:
+            parts = [
+                forward_response(ref_policy, *chunk, temperature=self.args.temperature).logprobs
+                for chunk in self._forward_chunks(batch)
+            ]
+        return torch.cat(parts)
+
+    def _score(self, batch: RolloutBatch) -> torch.Tensor:
+        """(N,) scores of the completions from the reward model(s) / function(s)."""
+        return torch.cat([self.scorer(*chunk)[0] for chunk in self._forward_chunks(batch)])
+
+    def _forward_chunks(self, batch: RolloutBatch) -> Iterator[tuple[torch.Tensor, ...]]:
+        """(query_ids, query_mask, responses, response_mask) of `local_rollout_forward_batch_size` rows at a time.
+
+        The queries keep the batch's width: `batch[rows]` would trim their shared left padding, which moves
+        logprobs and scores in the last float bits; kept so that a seed reproduces earlier runs exactly.
+        """
+        size = self.args.local_rollout_forward_batch_size
+        for start in range(0, len(batch), size):
+            rows = slice(start, start + size)
+            yield batch.query_ids[rows], batch.query_mask[rows], batch.responses[rows], batch.response_mask[rows]
 
     # ------------------------------------------------------------------ step 7
-    def _optimize(self, model: nn.Module, rollout: dict[str, torch.Tensor]) -> dict[str, float]:
+    def _optimize(self, model: nn.Module, batch: RolloutBatch) -> dict[str, float]:
         args = self.args
-        num_prompts = rollout["query_ids"].shape[0]
         stats = defaultdict(list)
         for _ in range(args.num_ppo_epochs):
             order = torch.randperm(args.local_batch_size, device=self.accelerator.device)
             for mb_start in range(0, args.local_batch_size, args.local_mini_batch_size):
                 mini_batch = order[mb_start : mb_start + args.local_mini_batch_size]
-                micro_batches = mini_batch.split(args.per_device_train_batch_size)
-                for i, rows in enumerate(micro_batches):
-                    last = i == len(micro_batches) - 1
+                num_micro = math.ceil(len(mini_batch) / args.per_device_train_batch_size)
+                for i, (idx, rows) in enumerate(batch.minibatches(args.per_device_train_batch_size, mini_batch)):
+                    # the queries keep the rollout's width, as in `_forward_chunks`
+                    rows = rows.replace(query_ids=batch.query_ids[idx], query_mask=batch.query_mask[idx])
                     # gradients are synchronised across processes once per mini-batch, on its last micro-batch
-                    sync = contextlib.nullcontext() if last else self.accelerator.no_sync(model)
+                    sync = contextlib.nullcontext() if i == num_micro - 1 else self.accelerator.no_sync(model)
                     with sync:
-                        step_stats = self._micro_step(model, rollout, rows, num_prompts)
+                        step_stats = self._micro_step(model, rows)
                     for key, value in step_stats.items():
                         stats[key].append(value)
                 if args.max_grad_norm:
                     self.accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-                self.guarded_optimizer_step(model, scores=rollout["scores"])  # skipped if non-finite
+                self.guarded_optimizer_step(model, scores=batch.scores)  # skipped if non-finite
                 self.optimizer.zero_grad()
         means = torch.stack([torch.stack(stats[key]).mean() for key in stats])
         means = self.accelerator.reduce(means, reduction="mean")
         return {key: value.item() for key, value in zip(stats, means)}
 
-    def _micro_step(
-        self, model: nn.Module, rollout: dict[str, torch.Tensor], rows: torch.Tensor, num_prompts: int
-    ) -> dict[str, torch.Tensor]:
-        prompt_rows = rows % num_prompts
-        response_mask = rollout["response_mask"][rows]
+    def _micro_step(self, model: nn.Module, rows: RolloutBatch) -> dict[str, torch.Tensor]:
+        mask = rows.response_mask
         with self.accelerator.autocast():
             out = forward_response(
                 model,
-                rollout["query_ids"][prompt_rows],
-                rollout["query_mask"][prompt_rows],
-                rollout["responses"][rows],
-                response_mask,
+                rows.query_ids,
+                rows.query_mask,
+                rows.responses,
+                mask,
                 temperature=self.args.temperature,
                 with_entropy=True,
             )
-        old_logprobs = rollout["old_logprobs"][rows]
         # RLOO treats a whole completion as one action: the ratio is that of sequence probabilities
-        new_seq = (out.logprobs * response_mask).sum(1)
-        old_seq = (old_logprobs * response_mask).sum(1)
-        loss = ppo_policy_loss(new_seq, old_seq, rollout["advantages"][rows], None, self.args.cliprange)
+        new_seq = (out.logprobs * mask).sum(1)
+        old_seq = (rows.logprobs * mask).sum(1)
+        loss = ppo_policy_loss(new_seq, old_seq, rows.advantages, None, self.args.cliprange)
         self.accelerator.backward(loss.loss / self.args.gradient_accumulation_steps)
         with torch.no_grad():
-            token_ratio = torch.exp(out.logprobs - old_logprobs)
+            token_ratio = torch.exp(out.logprobs - rows.logprobs)
             return {
                 "policy/approxkl_avg": loss.approxkl,
                 "policy/clipfrac_avg": loss.clipfrac,
                 "loss/policy_avg": loss.loss.detach(),
                 "val/clipfrac_avg": loss.loss.new_zeros(()),  # RLOO has no value function; kept for dashboards
-                "policy/entropy_avg": masked_mean(out.entropy, response_mask),
-                "val/ratio": masked_mean(token_ratio, response_mask),
-                "val/ratio_var": masked_var(token_ratio, response_mask, unbiased=False),
+                "policy/entropy_avg": masked_mean(out.entropy, mask),
+                "val/ratio": masked_mean(token_ratio, mask),
+                "val/ratio_var": masked_var(token_ratio, mask, unbiased=False),
             }
 
     # ------------------------------------------------------------------ helpers
-    def _generation_context(self) -> contextlib.AbstractContextManager:
-        """Under DeepSpeed ZeRO-3, gather the sharded policy weights for generation unless told not to."""
-        plugin = getattr(self.accelerator.state, "deepspeed_plugin", None)
-        if plugin is None or plugin.zero_stage != 3 or not self.args.ds3_gather_for_generation:
-            return contextlib.nullcontext()
-        import deepspeed
-
-        return deepspeed.zero.GatheredParameters(list(self.model.parameters()))
+    def _gathered_weights(self) -> contextlib.AbstractContextManager:
+        """Under DeepSpeed ZeRO-3, the policy's sharded weights gathered once per generation (unless told not to)."""
+        return zero3_generation_context(self.accelerator, self.model, self.args.ds3_gather_for_generation)
 
     def _decode(self, queries: torch.Tensor, responses: torch.Tensor, response_mask: torch.Tensor):
         tok = self.processing_class
@@ -421,7 +412,7 @@ class RLOOTrainer(RobustTrainerMixin, Trainer):
         )
         greedy = dataclasses.replace(self.sampling_params, do_sample=False)
         sampler = HFGenerationBackend(
-            self.accelerator.unwrap_model(self.model), pad_id, weights_context=self._generation_context
+            self.accelerator.unwrap_model(self.model), pad_id, weights_context=self._gathered_weights
         )
         out = sampler.generate(queries, masks, greedy)
         responses, response_mask = out.responses, out.response_mask

@@ -52,6 +52,31 @@ def tokenize_prompts(dataset: Any, tokenizer: Any, num_proc: int | None, what: s
     return dataset.map(encode, remove_columns=columns, num_proc=num_proc, desc=f"tokenising {what}")
 
 
+def tokenize_datasets(train_dataset: Any, eval_dataset: Any, tokenizer: Any, num_proc: int | None) -> tuple[Any, Any]:
+    """`tokenize_prompts` over the train set and the evaluation set(s): None, one dataset, or a dict by name."""
+    train_dataset = tokenize_prompts(train_dataset, tokenizer, num_proc, "train_dataset")
+    if isinstance(eval_dataset, dict):  # named evaluation sets: one sample table each
+        if not eval_dataset:
+            raise ValueError("eval_dataset is an empty dict; give at least one named dataset, or None")
+        eval_dataset = {
+            name: tokenize_prompts(ds, tokenizer, num_proc, f"eval_dataset[{name!r}]")
+            for name, ds in eval_dataset.items()
+        }
+    elif eval_dataset is not None:
+        eval_dataset = tokenize_prompts(eval_dataset, tokenizer, num_proc, "eval_dataset")
+    return train_dataset, eval_dataset
+
+
+def datasets_by_argument(train_dataset: Any, eval_dataset: Any) -> dict[str, Any]:
+    """Every dataset keyed by how an error should name it ("train_dataset", "eval_dataset['x']", ...)."""
+    named = {"train_dataset": train_dataset}
+    if isinstance(eval_dataset, dict):
+        named.update({f"eval_dataset[{name!r}]": ds for name, ds in eval_dataset.items()})
+    elif eval_dataset is not None:
+        named["eval_dataset"] = eval_dataset
+    return named
+
+
 def check_prompts(dataset: Any, what: str, response_length: int, models: dict[str, Any]) -> None:
     """Raise before training when a prompt is empty or prompt + response exceeds a model's context."""
     lengths = [len(ids) for ids in dataset["input_ids"]]

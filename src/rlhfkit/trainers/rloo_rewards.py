@@ -1,4 +1,6 @@
-"""The RLHF reward of RLOO: the score minus the KL penalty, per sequence or per token.
+"""The RLHF reward of RLOO: the score minus the KL penalty, one reward per completion.
+
+The KL penalty is taken per completion or, Reinforce++ style, per token and then summed over the completion.
 
 The scores themselves come from `rlhfkit.rollout.rewards.RewardScorer`, shared with every trainer.
 """
@@ -6,6 +8,7 @@ The scores themselves come from `rlhfkit.rollout.rewards.RewardScorer`, shared w
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
@@ -20,40 +23,36 @@ def normalize_scores(scores: torch.Tensor, clip_range: float) -> torch.Tensor:
     return clip_tensor(masked_whiten(scores, None), clip_range)
 
 
-def sequence_level_rlhf_reward(
-    scores: torch.Tensor,
-    logprobs: torch.Tensor,
-    ref_logprobs: torch.Tensor,
-    response_mask: torch.Tensor,
-    kl_coef: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One KL penalty per completion: score - kl_coef * sum_t kl_t.
+class RLHFReward(NamedTuple):
+    """RLOO's reward of each of N completions, with its parts."""
 
-    Returns (rlhf_reward (N,), non_score_reward (N,), kl (N, T) zero on padding).
-    """
+    reward: torch.Tensor  # (N,) score - kl_coef * KL: what the leave-one-out baseline acts on
+    non_score_reward: torch.Tensor  # (N,) the KL part alone
+    kl: torch.Tensor  # (N, T) per-token KL estimate, zero on padding
+
+
+def sequence_kl_reward(scores: torch.Tensor, logprobs: torch.Tensor, ref_logprobs: torch.Tensor,
+                       response_mask: torch.Tensor, kl_coef: float) -> RLHFReward:
+    """One KL penalty per completion: score - kl_coef * sum_t kl_t."""
     kl = torch.where(response_mask.bool(), kl_penalty(logprobs, ref_logprobs, "kl"), 0.0)
     non_score_reward = -kl_coef * kl.sum(1)
-    return scores + non_score_reward, non_score_reward, kl
+    return RLHFReward(scores + non_score_reward, non_score_reward, kl)
 
 
-def token_level_rlhf_reward(
-    scores: torch.Tensor,
-    logprobs: torch.Tensor,
-    ref_logprobs: torch.Tensor,
-    response_mask: torch.Tensor,
-    kl_coef: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Reinforce++ eq. (1): -kl_coef * kl_t per token plus the score on the last real token, summed."""
-    rewards, non_score_rewards, kl = compute_token_rewards(
-        scores, logprobs, ref_logprobs, response_mask, kl_coef
-    )
-    return rewards.sum(1), non_score_rewards.sum(1), kl
+def summed_token_rewards(scores: torch.Tensor, logprobs: torch.Tensor, ref_logprobs: torch.Tensor,
+                         response_mask: torch.Tensor, kl_coef: float) -> RLHFReward:
+    """Reinforce++ eq. (1) per-token rewards (-kl_coef * kl_t, plus the score on the last real token),
+    summed over each completion: RLOO's advantage is one number per completion. Equal to
+    `sequence_kl_reward` up to float rounding (the sums are taken in another order).
+    """
+    rewards, non_score_rewards, kl = compute_token_rewards(scores, logprobs, ref_logprobs, response_mask, kl_coef)
+    return RLHFReward(rewards.sum(1), non_score_rewards.sum(1), kl)
 
 
-# config.token_level_kl -> how the KL penalty enters the reward
-RLHF_REWARDS: dict[bool, Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = {
-    False: sequence_level_rlhf_reward,
-    True: token_level_rlhf_reward,
+# config.token_level_kl -> where the KL penalty is applied (per completion or per token); both give (N,) rewards
+RLHF_REWARDS: dict[bool, Callable[..., RLHFReward]] = {
+    False: sequence_kl_reward,
+    True: summed_token_rewards,
 }
 
 
@@ -65,11 +64,11 @@ def compute_rlhf_reward(
     kl_coef: float,
     token_level_kl: bool = False,
     normalize_clip_range: float | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> RLHFReward:
     """RLOO's reward per completion: score - kl_coef * KL, the score first normalised when asked.
 
     `normalize_clip_range` set (Reinforce++ `normalize_reward`) standardises and clips the raw scores (N,)
-    before the KL term is added. Returns (rlhf_reward (N,), non_score_reward (N,), kl (N, T)).
+    before the KL term is added.
     """
     if normalize_clip_range is not None:
         scores = normalize_scores(scores, normalize_clip_range)

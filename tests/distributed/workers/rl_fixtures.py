@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from rlhfkit.rollout import forward_response
+from rlhfkit.rollout.batch import RolloutBatch
 from rlhfkit.tasks import KeywordReward, toy_prompt_dataset
 from rlhfkit.testing import tiny_model, tiny_tokenizer, tiny_value_head_model
 
@@ -39,7 +40,7 @@ def rloo_trainer(out: str, per_device: int, **kw):
 
 
 def synthetic_rloo_rollout(model, num_prompts: int = 2, k: int = 2, prompts: list[int] | None = None):
-    """A fixed rollout of k completions for each of `num_prompts` prompts, in RLOO's row layout
+    """A fixed `RolloutBatch` of k completions for each of `num_prompts` prompts, in RLOO's row layout
     (completion j of prompt i in row i + j * num_prompts); `prompts` keeps only those prompts (one rank's share).
     """
     g = torch.Generator().manual_seed(7)
@@ -49,21 +50,14 @@ def synthetic_rloo_rollout(model, num_prompts: int = 2, k: int = 2, prompts: lis
     if prompts is not None:
         rows = torch.tensor([i + j * num_prompts for j in range(k) for i in prompts])
         query_ids, responses, advantages = query_ids[prompts], responses[rows], advantages[rows]
+    n = query_ids.shape[0]
+    query_ids = query_ids[torch.arange(k * n) % n]  # one query row per completion
     query_mask = torch.ones_like(query_ids, dtype=torch.bool)
     response_mask = torch.ones_like(responses, dtype=torch.bool)
-    n = query_ids.shape[0]
     with torch.no_grad():  # old logprobs = current ones: ratio 1, nothing clipped
-        old = forward_response(model, query_ids[torch.arange(k * n) % n], query_mask[torch.arange(k * n) % n],
-                               responses, response_mask).logprobs  # fmt: skip
-    return {
-        "query_ids": query_ids,
-        "query_mask": query_mask,
-        "responses": responses,
-        "response_mask": response_mask,
-        "old_logprobs": old,
-        "advantages": advantages,
-        "scores": advantages.clone(),
-    }
+        old = forward_response(model, query_ids, query_mask, responses, response_mask).logprobs
+    return RolloutBatch(query_ids, query_mask, responses, response_mask, response_mask, logprobs=old,
+                        advantages=advantages, scores=advantages.clone())  # fmt: skip
 
 
 def flat_params(model) -> torch.Tensor:

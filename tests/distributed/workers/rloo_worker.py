@@ -44,7 +44,7 @@ result["max_rank_diff"] = (everyone - everyone[0]).abs().max().item()
 result["moved"] = (params - flat_params(rloo_trainer(out, per_device=2, **settings).policy)).abs().max().item()
 # stats of one more rollout: local scores, and the metric that should average over both ranks
 rollout, metrics = trainer._rollout(2)
-result["local_scores"] = rollout["scores"].tolist()
+result["local_scores"] = rollout.scores.tolist()
 result["gathered_scores_metric"] = metrics["objective/scores"]
 result["world"] = trainer.accelerator.num_processes
 
