@@ -104,7 +104,7 @@ def packed_logits_and_values(
     output = model(input_ids=rows.input_ids, attention_mask=None, position_ids=rows.position_ids, use_cache=False,
                    **kwargs)
     logits, values = (output[0], output[2]) if isinstance(output, tuple) else (output.logits, None)
-    logits = logits[0].view(*rows.index.shape, -1) if logits_to_keep else logits[0, rows.index]
+    logits = logits[0].reshape(*rows.index.shape, -1) if logits_to_keep else logits[0, rows.index]
     if values is not None and with_values:
         values = values[0, rows.index]
     return logits, values if with_values else None
