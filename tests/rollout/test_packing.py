@@ -9,7 +9,7 @@ import torch
 
 from rlhfkit.core.logprobs import entropy_from_logits
 from rlhfkit.rollout import forward_response, packing, scoring
-from rlhfkit.rollout.packing import pack_rows, packing_supported, worth_packing
+from rlhfkit.rollout.packing import pack_rows, packing_supported
 from rlhfkit.testing import tiny_model, tiny_value_head_model
 
 TEMPERATURE = 0.7
@@ -31,8 +31,8 @@ def _batch(vocab_size: int, seed: int = 0):
 def pack_calls(monkeypatch):
     """Counts the batches `forward_response` packs."""
     calls = []
-    original = scoring.pack_rows
-    monkeypatch.setattr(scoring, "pack_rows", lambda *a, **k: calls.append(1) or original(*a, **k))
+    original = packing.pack_rows
+    monkeypatch.setattr(packing, "pack_rows", lambda *a, **k: calls.append(1) or original(*a, **k))
     return calls
 
 
@@ -95,42 +95,61 @@ def test_packed_rows_combine_with_the_chunked_path(monkeypatch, pack_calls):
     assert calls == [1]
 
 
+def test_lora_on_the_head_uses_full_logits_over_packed_rows(pack_calls):
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(tiny_model("llama"), LoraConfig(r=2, target_modules=["lm_head", "q_proj"], init_lora_weights=False))
+    _assert_packed_matches_padded(model, pack_calls)
+
+
 def test_pack_rows_layout():
-    query_ids = torch.tensor([[0, 5, 6], [7, 8, 9]])
-    responses = torch.tensor([[10, 11], [12, 0]])
-    mask = torch.tensor([[0, 1, 1, 1, 1], [1, 1, 1, 1, 0]])
+    # real lengths 4, 2, 3 and 1 tokens; packed rows hold at most the padded 5 (first-fit decreasing)
+    query_ids = torch.tensor([[0, 5, 6], [0, 0, 7], [0, 8, 9], [0, 0, 4]])
+    responses = torch.tensor([[10, 11], [12, 0], [13, 0], [0, 0]])
+    mask = torch.tensor([[0, 1, 1, 1, 1], [0, 0, 1, 1, 0], [0, 1, 1, 1, 0], [0, 0, 1, 0, 0]])
     input_ids = torch.cat([query_ids, responses], dim=1)
     rows = pack_rows(input_ids, mask, scoring.position_ids_from_mask(mask), length_r=2)
-    assert rows.input_ids.tolist() == [[5, 6, 10, 11, 7, 8, 9, 12]]
-    assert rows.position_ids.tolist() == [[0, 1, 2, 3, 0, 1, 2, 3]]
-    # token 10 is predicted from 6 (packed position 1), 11 from 10 (2); 12 from 9 (6); the pad column reads 12 (7)
-    assert rows.index.tolist() == [[1, 2], [6, 7]]
+    assert rows.input_ids.tolist() == [[5, 6, 10, 11, 4], [8, 9, 13, 7, 12]]
+    assert rows.position_ids.tolist() == [[0, 1, 2, 3, 0], [0, 1, 2, 0, 1]]
+    # 10 is predicted from 6 (flat position 1), 11 from 10 (2); 12 from 7 (8); 13 from 9 (6); pad columns read junk
+    assert rows.index[:, 0].tolist() == [1, 8, 6, 4]
+    assert rows.index[:, 1].tolist() == [2, 9, 7, 4]
 
 
 def test_no_attention_across_rows(pack_calls):
     model = tiny_model("llama").eval()
     query_ids, query_mask, responses, response_mask = _batch(model.config.vocab_size)
+    attention_mask = torch.cat([query_mask, response_mask.long()], dim=1)
+    rows = pack_rows(torch.cat([query_ids, responses], dim=1), attention_mask,
+                     scoring.position_ids_from_mask(attention_mask), responses.shape[1])
+    # rows 2, 3 and 1 (11, 4 and 3 tokens) share the second packed row, in that order
+    assert rows.input_ids.shape == (2, 18) and (rows.index[1:] // 18 == 1).all()
     before = forward_response(model, query_ids, query_mask, responses, response_mask, packed=True).logprobs
     query_ids, responses = query_ids.clone(), responses.clone()
-    query_ids[0, -1] = (query_ids[0, -1] + 1) % model.config.vocab_size  # row 0 comes first in the packed sequence
-    responses[0, 0] = (responses[0, 0] + 1) % model.config.vocab_size
+    query_ids[2, -1] = (query_ids[2, -1] + 1) % model.config.vocab_size
+    responses[2, 0] = (responses[2, 0] + 1) % model.config.vocab_size
     after = forward_response(model, query_ids, query_mask, responses, response_mask, packed=True).logprobs
     assert pack_calls == [1, 1]
-    assert not torch.allclose(after[0][response_mask[0]], before[0][response_mask[0]])
-    later = response_mask[1:]
-    torch.testing.assert_close(after[1:][later], before[1:][later], rtol=0, atol=1e-6)
+    assert not torch.allclose(after[2][response_mask[2]], before[2][response_mask[2]])
+    for row in (0, 1, 3):
+        real = response_mask[row]
+        torch.testing.assert_close(after[row][real], before[row][real], rtol=0, atol=1e-6)
 
 
-def test_automatic_switch_packs_padded_batches_only(pack_calls):
+def test_automatic_switch_packs_when_it_saves_tokens(pack_calls):
     model = tiny_model("gpt2").eval()
     query_ids, query_mask, responses, response_mask = _batch(model.config.vocab_size)
     forward_response(model, query_ids, query_mask, responses, response_mask)
-    assert pack_calls == [1]  # about 40% of this batch is padding
-    full = torch.ones_like(response_mask)
-    forward_response(model, query_ids, torch.ones_like(query_mask), responses, full)
-    assert pack_calls == [1]  # no padding: nothing to remove
-    assert worth_packing(torch.tensor([[1] * 10, [1] * 9 + [0]])) is False  # 5% padding
-    assert worth_packing(torch.tensor([[1] * 10, [1] * 7 + [0] * 3])) is True
+    assert pack_calls == [1]  # 4 rows of 18 columns -> 2 packed rows
+    forward_response(model, query_ids, torch.ones_like(query_mask), responses, torch.ones_like(response_mask))
+    assert pack_calls == [1, 1]  # packed, found to save nothing, and scored padded
+    scoring_calls = []
+    original = scoring.packed_logits_and_values
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(scoring, "packed_logits_and_values", lambda *a, **k: scoring_calls.append(1) or original(*a, **k))
+        forward_response(model, query_ids, query_mask, responses, response_mask)
+        forward_response(model, query_ids, torch.ones_like(query_mask), responses, torch.ones_like(response_mask))
+    assert scoring_calls == [1]
 
 
 def test_unsupported_models_fall_back_and_log_once(caplog, monkeypatch, pack_calls):

@@ -17,13 +17,7 @@ from rlhfkit.models.peft_detection import peft_model_of, without_peft
 from rlhfkit.rollout.batch import RolloutBatch
 from rlhfkit.rollout.generation import is_encoder_decoder
 from rlhfkit.rollout.lm_head import chunked_response_outputs
-from rlhfkit.rollout.packing import (
-    pack_rows,
-    packed_chunked_outputs,
-    packed_logits_and_values,
-    packing_supported,
-    worth_packing,
-)
+from rlhfkit.rollout.packing import maybe_pack, packed_chunked_outputs, packed_logits_and_values
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -103,8 +97,9 @@ def forward_response(
         Values are those of the state before each response token; entropy is a statistic (no gradient).
         Masked positions hold junk; mask them. Without `return_logits`, a batch whose logits would outgrow
         one chunk goes through the memory-lean chunked path (`rollout.lm_head`): same numbers, no (B, R, V).
-    `packed`: score the rows padding-free, packed into one sequence (`rollout.packing`; same numbers). True
-    packs whenever the model supports it, None (default) also needs >= 10% padding, False never packs.
+    `packed`: score the rows padding-free, several to a packed row (`rollout.packing`; same numbers). True
+    packs whenever the model supports it, None (default) also needs packing to save >= 10% of the tokens,
+    False never packs.
     Unsupported models keep the padded batch (reason logged once).
     """
     length_q = query_ids.shape[1]
@@ -124,9 +119,7 @@ def forward_response(
         input_ids = torch.cat([query_ids, responses], dim=1)
         attention_mask = torch.cat([query_mask.long(), response_mask.long()], dim=1)
         position_ids = position_ids_from_mask(attention_mask)
-        rows = None
-        if packed or (packed is None and worth_packing(attention_mask)):
-            rows = pack_rows(input_ids, attention_mask, position_ids, length_r) if packing_supported(model) else None
+        rows = maybe_pack(model, input_ids, attention_mask, position_ids, length_r, packed)
         if not return_logits and _logits_exceed_one_chunk(model, responses.numel()):
             # the (B, R, V) logits would not fit one chunk: project the vocabulary chunk by chunk instead
             options = dict(temperature=temperature, with_values=with_values, with_entropy=with_entropy)
@@ -138,11 +131,12 @@ def forward_response(
                 logprobs, values, entropy = chunked
                 entropy = None if entropy is None else entropy.detach()
                 return ForwardOutput(logprobs=logprobs, values=values, entropy=entropy)
-        keep = not with_values and forward_accepts(model, "logits_to_keep")
         if rows is not None:
-            logits, values = packed_logits_and_values(model, rows, with_values=with_values, logits_to_keep=keep)
+            logits, values = packed_logits_and_values(model, rows, with_values=with_values)
         else:
-            kwargs = {"logits_to_keep": length_r + 1} if keep else {}  # skip the vocabulary projection over the query
+            kwargs = {}
+            if not with_values and forward_accepts(model, "logits_to_keep"):
+                kwargs["logits_to_keep"] = length_r + 1  # skip the vocabulary projection over the query
             output = model(
                 input_ids=input_ids,
                 attention_mask=attention_mask,
