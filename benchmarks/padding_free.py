@@ -4,7 +4,8 @@
 (right-padded), drawn uniformly from a fixed seed. The model is `llama-small` from `rlhfkit.testing`
 (about 10M parameters, built locally, nothing downloads). Each variant is `forward_response(...,
 packed=False / True)` with loss = -mean logprob over response tokens, then backward; both report the
-loss and gradient norm, which must agree. Timings are the median of `--repeats` runs after one warm-up.
+loss and gradient norm, which must agree. Timings are the median of `--repeats` runs after one warm-up,
+the two variants interleaved.
 Run from the repository root:
 
     python benchmarks/padding_free.py
@@ -39,32 +40,38 @@ def _batch(vocab_size: int, device: str):
     return tuple(t.to(device) for t in batch)
 
 
-def _time_variant(model, batch, packed: bool, repeats: int, device: str) -> dict:
+def _step(model, batch, packed: bool, device: str):
     import torch
 
     from rlhfkit.rollout import forward_response
 
-    def step():
-        model.zero_grad(set_to_none=True)
-        out = forward_response(model, *batch, packed=packed)
-        mask = batch[3]
-        loss = -(out.logprobs * mask).sum() / mask.sum()
-        loss.backward()
-        if device == "cuda":
-            torch.cuda.synchronize()
-        return loss
-
-    step()  # warm-up
-    seconds = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        loss = step()
-        seconds.append(time.perf_counter() - start)
+    model.zero_grad(set_to_none=True)
+    start = time.perf_counter()
+    out = forward_response(model, *batch, packed=packed)
+    mask = batch[3]
+    loss = -(out.logprobs * mask).sum() / mask.sum()
+    loss.backward()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
     grad_norm = torch.norm(torch.stack([p.grad.norm() for p in model.parameters() if p.grad is not None]))
-    return {
-        "variant": "packed" if packed else "padded", "median_seconds": round(statistics.median(seconds), 4),
-        "seconds": [round(s, 4) for s in seconds], "loss": loss.item(), "grad_norm": grad_norm.item(),
-    }  # fmt: skip
+    return seconds, loss.item(), grad_norm.item()
+
+
+def _time_variants(model, batch, repeats: int, device: str) -> list[dict]:
+    """Padded and packed steps interleaved (a shared machine's load drifts), after one warm-up each."""
+    runs = {False: [], True: []}
+    for repeat in range(repeats + 1):
+        for packed in (False, True):
+            result = _step(model, batch, packed, device)
+            if repeat:
+                runs[packed].append(result)
+    return [
+        {"variant": "packed" if packed else "padded",
+         "median_seconds": round(statistics.median(r[0] for r in results), 4),
+         "seconds": [round(r[0], 4) for r in results], "loss": results[-1][1], "grad_norm": results[-1][2]}
+        for packed, results in runs.items()
+    ]  # fmt: skip
 
 
 def _git_commit() -> str:
@@ -85,6 +92,8 @@ def main() -> None:
 
     import torch
 
+    from rlhfkit.rollout import position_ids_from_mask
+    from rlhfkit.rollout.packing import pack_rows
     from rlhfkit.testing import tiny_model
 
     torch.set_num_threads(args.threads)
@@ -92,8 +101,12 @@ def main() -> None:
     batch = _batch(model.config.vocab_size, args.device)
     tokens = int(batch[1].sum() + batch[3].sum())
     padded_tokens = batch[0].numel() + batch[2].numel()
-    rows = [_time_variant(model, batch, packed, args.repeats, args.device) for packed in (False, True)]
-    print(f"{ROWS} rows, {tokens} real tokens of {padded_tokens} padded ({1 - tokens / padded_tokens:.0%} padding)")
+    attention_mask = torch.cat([batch[1], batch[3].long()], dim=1)
+    packed_shape = pack_rows(torch.cat([batch[0], batch[2]], dim=1), attention_mask,
+                             position_ids_from_mask(attention_mask), batch[2].shape[1]).input_ids.shape
+    rows = _time_variants(model, batch, args.repeats, args.device)
+    print(f"{ROWS} rows, {tokens} real tokens of {padded_tokens} padded ({1 - tokens / padded_tokens:.0%} padding); "
+          f"packed into {packed_shape[0]} rows of {packed_shape[1]}")
     print(f"{'variant':>8} {'median s':>9} {'speed-up':>9} {'loss':>10} {'grad norm':>10}")
     for r in rows:
         speedup = rows[0]["median_seconds"] / r["median_seconds"]
@@ -103,7 +116,7 @@ def main() -> None:
         "git_commit": _git_commit(),
         "model": "rlhfkit.testing llama-small", "device": args.device, "threads": args.threads,
         "rows": ROWS, "query_lengths": QUERY_RANGE, "response_lengths": RESPONSE_RANGE,
-        "real_tokens": tokens, "padded_tokens": padded_tokens, "repeats": args.repeats, "note": args.note,
+        "real_tokens": tokens, "padded_tokens": padded_tokens, "packed_shape": list(packed_shape), "repeats": args.repeats, "note": args.note,
         "results": rows,
     }  # fmt: skip
     args.output.write_text(json.dumps(record, indent=2) + "\n")
