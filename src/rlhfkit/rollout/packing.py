@@ -30,8 +30,8 @@ logger = logging.getLogger(__name__)
 _PACKABLE_MODEL_TYPES = frozenset({"gpt2", "llama", "qwen2"})
 # backends whose mask comes from masking_utils' mask functions (flash / flex kernels not checked here)
 _PACKABLE_ATTENTION = frozenset({"sdpa", "eager"})
-# automatic switch: pack once this share of the padded batch is padding
-MIN_PAD_FRACTION = 0.1
+# automatic switch: pack when that saves at least this share of the padded batch's positions
+MIN_SAVED_FRACTION = 0.1
 _logged_fallbacks: set[tuple[str, str]] = set()
 
 
@@ -66,7 +66,7 @@ class PackedRows:
     """The real tokens of a padded batch packed into K rows, and where to read each response token's prediction."""
 
     input_ids: torch.Tensor  # (K, L)
-    position_ids: torch.Tensor  # (K, L), restarting at 0 at each packed row (and in the unused tail)
+    position_ids: torch.Tensor  # (K, L), restarting at 0 at each row (unused tail tokens: each at 0)
     index: torch.Tensor  # (B, R): flat position in (K * L) whose output predicts response token (b, j)
 
 
@@ -118,12 +118,12 @@ def maybe_pack(
     """`forward_response`'s switch: packed rows, or None to score the padded batch.
 
     True packs whenever the model supports it; None (automatic) also needs the packed batch to be at least
-    `MIN_PAD_FRACTION` smaller than the padded one; False never packs.
+    `MIN_SAVED_FRACTION` smaller than the padded one; False never packs.
     """
-    if packed is False or not packing_supported(model):
+    if packed is False or input_ids.shape[0] == 0 or not packing_supported(model):
         return None
     rows = pack_rows(input_ids, attention_mask, position_ids, length_r)
-    if packed is None and rows.input_ids.numel() > (1.0 - MIN_PAD_FRACTION) * input_ids.numel():
+    if packed is None and rows.input_ids.numel() > (1.0 - MIN_SAVED_FRACTION) * input_ids.numel():
         return None
     return rows
 
