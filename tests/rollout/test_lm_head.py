@@ -181,13 +181,14 @@ def test_forward_response_takes_the_chunked_path_once_logits_outgrow_a_chunk(mon
 
     model = tiny_value_head_model("llama", summary_dropout_prob=0.0).eval()
     batch = _batch(model.config.vocab_size)
-    full = forward_response(model, *batch, with_values=True, with_entropy=True)  # small: full logits
+    # packed=False: this is the padded batch's chunked path (packed rows have their own, tests/rollout/test_packing.py)
+    full = forward_response(model, *batch, with_values=True, with_entropy=True, packed=False)  # small: full logits
     calls = []
     original = scoring.chunked_response_outputs
     monkeypatch.setattr(scoring, "chunked_response_outputs", lambda *a, **k: calls.append(1) or original(*a, **k))
-    assert forward_response(model, *batch, with_values=True).logprobs is not None and not calls
+    assert forward_response(model, *batch, with_values=True, packed=False).logprobs is not None and not calls
     monkeypatch.setattr(scoring, "CHUNK_ELEMENTS", 8)  # now 18 tokens x vocab is "large"
-    lean = forward_response(model, *batch, with_values=True, with_entropy=True)
+    lean = forward_response(model, *batch, with_values=True, with_entropy=True, packed=False)
     assert calls == [1]
     real = batch[3]
     for a, b in ((lean.logprobs, full.logprobs), (lean.values, full.values), (lean.entropy, full.entropy)):

@@ -17,6 +17,7 @@ from rlhfkit.models.peft_detection import peft_model_of, without_peft
 from rlhfkit.rollout.batch import RolloutBatch
 from rlhfkit.rollout.generation import is_encoder_decoder
 from rlhfkit.rollout.lm_head import chunked_response_outputs
+from rlhfkit.rollout.packing import maybe_pack, packed_chunked_outputs, packed_logits_and_values
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -83,6 +84,7 @@ def forward_response(
     with_values: bool = False,
     with_entropy: bool = False,
     return_logits: bool = False,
+    packed: bool | None = None,
 ) -> ForwardOutput:
     """One forward pass over query+response; outputs aligned with the response tokens.
 
@@ -95,6 +97,10 @@ def forward_response(
         Values are those of the state before each response token; entropy is a statistic (no gradient).
         Masked positions hold junk; mask them. Without `return_logits`, a batch whose logits would outgrow
         one chunk goes through the memory-lean chunked path (`rollout.lm_head`): same numbers, no (B, R, V).
+    `packed`: score the rows padding-free, several to a packed row (`rollout.packing`; same numbers). True
+    packs whenever the model supports it, None (default) also needs packing to save >= 10% of the tokens,
+    False never packs.
+    Unsupported models keep the padded batch (reason logged once).
     """
     length_q = query_ids.shape[1]
     length_r = responses.shape[1]
@@ -113,31 +119,36 @@ def forward_response(
         input_ids = torch.cat([query_ids, responses], dim=1)
         attention_mask = torch.cat([query_mask.long(), response_mask.long()], dim=1)
         position_ids = position_ids_from_mask(attention_mask)
+        rows = maybe_pack(model, input_ids, attention_mask, position_ids, length_r, packed)
         if not return_logits and _logits_exceed_one_chunk(model, responses.numel()):
             # the (B, R, V) logits would not fit one chunk: project the vocabulary chunk by chunk instead
-            chunked = chunked_response_outputs(
-                model, input_ids, attention_mask, position_ids, responses,
-                temperature=temperature, with_values=with_values, with_entropy=with_entropy,
+            options = dict(temperature=temperature, with_values=with_values, with_entropy=with_entropy)
+            chunked = (
+                chunked_response_outputs(model, input_ids, attention_mask, position_ids, responses, **options)
+                if rows is None else packed_chunked_outputs(model, rows, responses, **options)
             )
             if chunked is not None:  # None: a head the chunked path does not handle (reason logged once)
                 logprobs, values, entropy = chunked
                 entropy = None if entropy is None else entropy.detach()
                 return ForwardOutput(logprobs=logprobs, values=values, entropy=entropy)
-        kwargs = {}
-        if not with_values and forward_accepts(model, "logits_to_keep"):
-            kwargs["logits_to_keep"] = length_r + 1  # skip the vocabulary projection over the query
-        output = model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            use_cache=False,
-            **kwargs,
-        )
-        logits, values = _split_output(output)
-        # position t predicts token t+1: the response tokens are predicted from positions Lq-1 .. Lq+R-2
-        logits = logits[:, -(length_r + 1) : -1]
-        if values is not None:
-            values = values[:, length_q - 1 : -1]
+        if rows is not None:
+            logits, values = packed_logits_and_values(model, rows, with_values=with_values)
+        else:
+            kwargs = {}
+            if not with_values and forward_accepts(model, "logits_to_keep"):
+                kwargs["logits_to_keep"] = length_r + 1  # skip the vocabulary projection over the query
+            output = model(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                use_cache=False,
+                **kwargs,
+            )
+            logits, values = _split_output(output)
+            # position t predicts token t+1: the response tokens are predicted from positions Lq-1 .. Lq+R-2
+            logits = logits[:, -(length_r + 1) : -1]
+            if values is not None:
+                values = values[:, length_q - 1 : -1]
     if temperature != 1.0:
         logits = logits / temperature
     result = ForwardOutput(logprobs=selective_log_softmax(logits, responses))
