@@ -181,3 +181,27 @@ def test_checkpoints_are_limited_and_resume_continues_the_run(
     assert resumed_rewards == full_rewards[2:]
     for a, b in zip(resumed.trainable_params, full.trainable_params):
         assert torch.equal(a, b)
+
+
+def test_a_dataloader_left_open_by_an_earlier_trainer_does_not_make_every_step_sync(
+    fast_config, make_pipeline, brightness_reward, prompt_fn
+):
+    # what an HF Trainer stopping on max_steps leaves behind: a prepared dataloader abandoned mid-iteration
+    from accelerate import Accelerator
+
+    other = Accelerator()
+    loader = other.prepare(torch.utils.data.DataLoader(list(range(4)), batch_size=1))
+    for _ in zip(range(4), loader):  # reaches the last batch, then the loop stops without closing it
+        pass
+    assert other.gradient_state.in_dataloader and other.gradient_state.end_of_dataloader
+
+    config = fast_config(sample_num_steps=3, train_gradient_accumulation_steps=1)
+    trainer = DDPOTrainer(config, brightness_reward, prompt_fn, make_pipeline(use_lora=True))
+    state = trainer.accelerator.gradient_state
+    assert not state.in_dataloader
+    # one optimizer step per accumulation window of 3 timesteps, not one per timestep
+    syncs = []
+    for _ in range(3):
+        with trainer.accelerator.accumulate(trainer.unet):
+            syncs.append(trainer.accelerator.sync_gradients)
+    assert syncs == [False, False, True]

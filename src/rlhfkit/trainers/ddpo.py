@@ -94,6 +94,7 @@ class DDPOTrainer:
             gradient_accumulation_steps=config.train_gradient_accumulation_steps * config.num_train_timesteps,
             **config.accelerator_kwargs,
         )
+        _forget_stale_dataloaders(self.accelerator)
         if config.log_with is not None:
             scalars = {k: v for k, v in config.to_dict().items() if isinstance(v, int | float | str | bool)}
             self.accelerator.init_trackers(config.tracker_project_name, config=scalars, init_kwargs=config.tracker_kwargs)
@@ -377,6 +378,18 @@ class DDPOTrainer:
 
     def _checkpoint_parts(self) -> dict[str, Any]:
         return {"optimizer": self.optimizer, "stat_tracker": self.stat_tracker}
+
+
+def _forget_stale_dataloaders(accelerator: Any) -> None:
+    """Drop dataloaders that an earlier Trainer in this process left open in accelerate's shared state.
+
+    A Trainer that stops on `max_steps` leaves its dataloader "active" with end_of_dataloader=True, and
+    `accumulate()` then syncs on every call: DDPO would step the optimizer once per timestep instead of
+    once per `gradient_accumulation_steps`. DDPO iterates no prepared dataloader, so none of them is ours.
+    """
+    state = accelerator.gradient_state
+    if state.in_dataloader:
+        state.dataloader_references = [None]
 
 
 def _parse_reward_output(result: Any, expected: int) -> tuple[torch.Tensor, Any]:
