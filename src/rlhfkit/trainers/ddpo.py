@@ -30,9 +30,9 @@ from rlhfkit.trainers.checkpointing import (
     resolve_checkpoint,
     save_training_checkpoint,
 )
-from rlhfkit.trainers.common import fused_optimizer_kwargs
 from rlhfkit.trainers.ddpo_config import DDPOConfig
 from rlhfkit.trainers.guards import GracefulStop, NonFiniteGuard, NonFiniteStepWarning, loss_scaler_active
+from rlhfkit.trainers.optimizers import fused_optimizer_kwargs
 
 logger = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ from rlhfkit.trainers.checkpointing import (
     prune_checkpoints,
     verify_checkpoint,
 )
-from rlhfkit.trainers.common import check_training_sizes
+from rlhfkit.trainers.config_checks import check_training_sizes
 
 logger = logging.getLogger(__name__)
 

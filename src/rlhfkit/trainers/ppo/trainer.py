@@ -30,8 +30,8 @@ from rlhfkit.core.rewards import RunningMoments, clip_tensor, compute_token_rewa
 from rlhfkit.rollout import HFGenerationBackend, SamplingParams, eval_mode, pad_left
 from rlhfkit.rollout.batch import RolloutBatch
 from rlhfkit.rollout.scoring import ForwardOutput, forward_batch, forward_response
-from rlhfkit.trainers.common import fused_optimizer_kwargs, zero3_generation_context
 from rlhfkit.trainers.guards import GracefulStop, NonFiniteGuard, any_across_ranks, loss_scaler_active
+from rlhfkit.trainers.optimizers import fused_optimizer_kwargs
 from rlhfkit.trainers.ppo import stats as ppo_stats
 from rlhfkit.trainers.ppo.config import PPOConfig
 from rlhfkit.trainers.ppo.inputs import (
@@ -46,6 +46,7 @@ from rlhfkit.trainers.ppo.sampling_cache import SamplingCache
 from rlhfkit.trainers.ppo.saving import SavingMethods
 from rlhfkit.trainers.ppo.trl_methods import TRLMethods
 from rlhfkit.trainers.ppo.update import UpdateResult, run_ppo_epochs
+from rlhfkit.trainers.sharded_generation import zero3_generation_context
 
 logger = logging.getLogger(__name__)
 
