@@ -12,18 +12,12 @@ from dataclasses import dataclass
 import torch
 
 from rlhfkit.core.logprobs import CHUNK_ELEMENTS, entropy_from_logits, selective_log_softmax
-from rlhfkit.core.masking import last_true_indices
+from rlhfkit.core.masking import last_true_indices, position_ids_from_mask
 from rlhfkit.models.peft_detection import peft_model_of, without_peft
 from rlhfkit.rollout.batch import RolloutBatch
 from rlhfkit.rollout.generation import is_encoder_decoder
 from rlhfkit.rollout.lm_head import chunked_response_outputs
 from rlhfkit.rollout.packing import maybe_pack, packed_chunked_outputs, packed_logits_and_values
-
-
-def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    """(B, T) positions counting only real tokens; padding gets position 0."""
-    positions = attention_mask.long().cumsum(-1) - 1
-    return positions.clamp_(min=0)
 
 
 @dataclass
