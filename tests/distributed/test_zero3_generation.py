@@ -10,7 +10,7 @@ import types
 
 import torch
 
-from rlhfkit.trainers.common import zero3_generation_context
+from rlhfkit.trainers.sharded_generation import zero3_generation_context
 
 
 def _accelerator(zero_stage):
@@ -50,16 +50,16 @@ def test_configs_expose_the_switch():
 def test_under_fsdp_the_fsdp_gather_is_used(monkeypatch):
     """An FSDP plugin routes to `fsdp_generation_context` (exercised on 2 processes in test_ppo_distributed),
     which leaves a model that is not an FSDP2 module as it is."""
-    from rlhfkit.trainers import common
+    from rlhfkit.trainers import sharded_generation
 
     calls = []
-    real = common.fsdp_generation_context
+    real = sharded_generation.fsdp_generation_context
 
     def recording(acc, model, gather):
         calls.append(gather)
         return real(acc, model, gather)
 
-    monkeypatch.setattr(common, "fsdp_generation_context", recording)
+    monkeypatch.setattr(sharded_generation, "fsdp_generation_context", recording)
     accelerator = types.SimpleNamespace(state=types.SimpleNamespace(fsdp_plugin=object(), deepspeed_plugin=None))
     model = torch.nn.Linear(2, 2)
     before = [p.detach().clone() for p in model.parameters()]

@@ -13,7 +13,7 @@ import torch
 from rlhfkit import core
 from rlhfkit.testing import tiny_model, tiny_tokenizer, tiny_value_head_model
 from rlhfkit.trainers.checkpointing import latest_checkpoint, validate_checkpoint
-from rlhfkit.trainers.common import exact_div
+from rlhfkit.trainers.config_checks import exact_div
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rlhfkit import core
-from rlhfkit.trainers.common import exact_div
+from rlhfkit.trainers.config_checks import exact_div
 
 FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 SCALES = st.sampled_from([1e-6, 1.0, 1e4])

@@ -14,7 +14,7 @@ import torch
 from rlhfkit import AutoModelForCausalLMWithValueHead, PPOConfig, PPOTrainer
 from rlhfkit.rollout import HFGenerationBackend, SamplingParams, forward_response, pad_left
 from rlhfkit.testing import tiny_model_path, tiny_tokenizer, tiny_value_head_model
-from rlhfkit.trainers.common import fused_optimizer_kwargs
+from rlhfkit.trainers.optimizers import fused_optimizer_kwargs
 from rlhfkit.trainers.ppo.sampling_cache import SamplingCache
 
 

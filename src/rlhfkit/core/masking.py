@@ -84,6 +84,12 @@ def last_true_indices(mask: torch.Tensor) -> torch.Tensor:
     return length - 1 - first_true_indices(mask.bool().flip(-1))
 
 
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """(B, T) positions counting only real tokens; padding gets position 0."""
+    positions = attention_mask.long().cumsum(-1) - 1
+    return positions.clamp_(min=0)
+
+
 def truncate_at_stop(
     responses: torch.Tensor, stop_token_id: int | None, pad_token_id: int
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -18,7 +18,7 @@ import torch
 from rlhfkit.demo.cache import StageResult
 from rlhfkit.demo.config import PPO_MINI_BATCHES, DemoConfig
 from rlhfkit.demo.stages import (
-    REWARD_ADAPTER_TARGETS,
+    adapter_lora,
     load_pairs,
     load_reward_model,
     load_tokenizer,
@@ -179,22 +179,13 @@ def train_ppo_multi_adapter(
     cfg: DemoConfig, sft: StageResult, reward: StageResult, preferences: StageResult, out: Path
 ):
     """One SFT base in memory: the policy LoRA trains, the frozen reward adapter scores (seed 004)."""
-    from peft import LoraConfig
-
     from rlhfkit.models.value_head import AutoModelForCausalLMWithValueHead
     from rlhfkit.rollout.rewards import RewardScorer
     from rlhfkit.trainers.ppo import PPOTrainer
 
     tokenizer = load_tokenizer(sft.path)
-    lora = LoraConfig(
-        task_type="CAUSAL_LM",
-        r=cfg.lora_r,
-        lora_alpha=2 * cfg.lora_r,
-        lora_dropout=0.0,
-        target_modules=REWARD_ADAPTER_TARGETS,
-    )
     model = AutoModelForCausalLMWithValueHead.from_pretrained(
-        str(sft.path), peft_config=lora, reward_adapter=str(reward.path), dtype=torch.float32
+        str(sft.path), peft_config=adapter_lora(cfg, "CAUSAL_LM"), reward_adapter=str(reward.path), dtype=torch.float32
     )
     # LoRA updates are low-rank and start at zero: they need a larger step than full fine-tuning
     trainer = PPOTrainer(_ppo_config(cfg, 4 * cfg.rl_learning_rate), model, None, tokenizer)

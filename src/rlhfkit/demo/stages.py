@@ -25,6 +25,16 @@ REWARD_ADAPTER_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
 CENTER_REWARDS_COEFFICIENT = 0.01
 
 
+def adapter_lora(cfg: DemoConfig, task_type: str) -> Any:
+    """The demo's LoRA: reward (SEQ_CLS) and policy (CAUSAL_LM) adapters share one base, rank and targets."""
+    from peft import LoraConfig
+
+    return LoraConfig(
+        task_type=task_type, r=cfg.lora_r, lora_alpha=2 * cfg.lora_r, lora_dropout=0.0,
+        target_modules=REWARD_ADAPTER_TARGETS,
+    )
+
+
 def trainer_defaults(cfg: DemoConfig, output_dir: Path) -> dict[str, Any]:
     """TrainingArguments shared by the Trainer-based stages: no checkpoints, no trackers, seeded."""
     return dict(
@@ -229,17 +239,7 @@ def train_reward(cfg: DemoConfig, sft: StageResult, preferences: StageResult, ou
         center_rewards_coefficient=CENTER_REWARDS_COEFFICIENT,
         **trainer_defaults(cfg, out),
     )
-    peft_config = None
-    if adapter:
-        from peft import LoraConfig
-
-        peft_config = LoraConfig(
-            task_type="SEQ_CLS",
-            r=cfg.lora_r,
-            lora_alpha=2 * cfg.lora_r,
-            lora_dropout=0.0,
-            target_modules=REWARD_ADAPTER_TARGETS,
-        )
+    peft_config = adapter_lora(cfg, "SEQ_CLS") if adapter else None
     trainer = RewardTrainer(
         model=str(sft.path),
         args=args,

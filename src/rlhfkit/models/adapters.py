@@ -21,9 +21,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from rlhfkit.core.masking import position_ids_from_mask
+from rlhfkit.models.eval_mode import eval_mode
 from rlhfkit.models.peft_detection import peft_model_of
-from rlhfkit.rollout.generation import eval_mode
-from rlhfkit.rollout.scoring import position_ids_from_mask
 
 REFERENCE_ADAPTER_NAME = "reference"
 _ADAPTER_CONFIG = "adapter_config.json"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import random
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, Protocol
 
@@ -18,6 +18,7 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList
 
 from rlhfkit.core.masking import truncate_at_stop
+from rlhfkit.models.eval_mode import eval_mode
 from rlhfkit.rollout.streaming import StreamedLogprobs, lm_head_inputs
 
 
@@ -60,22 +61,6 @@ def pad_right(sequences: Sequence[torch.Tensor], pad_token_id: int) -> tuple[tor
         ids[i, :n] = seq.reshape(-1)
         mask[i, :n] = True
     return ids, mask
-
-
-@contextlib.contextmanager
-def eval_mode(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
-    """Temporarily switch off dropout; afterwards restore every submodule's own train/eval mode.
-
-    Restoring per submodule (not `model.train(was_training)`) keeps parts that were deliberately in eval,
-    such as a frozen reference or reward head, in eval.
-    """
-    modes = [(module, module.training) for module in model.modules()]
-    model.eval()
-    try:
-        yield model
-    finally:
-        for module, mode in modes:
-            module.training = mode
 
 
 def is_encoder_decoder(model: torch.nn.Module) -> bool:

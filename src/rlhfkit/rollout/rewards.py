@@ -27,6 +27,13 @@ from rlhfkit.rollout.generation import pad_right
 from rlhfkit.rollout.scoring import reward_model_scores
 
 
+class NonFiniteStepWarning(RuntimeWarning):
+    """A training step was skipped because a loss, score or gradient was NaN or infinite.
+
+    Non-finite scores are warned about here; `trainers.guards.NonFiniteGuard` warns about the rest.
+    """
+
+
 def is_reward_adapter_model(source: Any) -> bool:
     """A model that scores with its own reward adapter (`sequence_reward_score`), not a separate network."""
     return isinstance(source, nn.Module) and callable(getattr(source, "sequence_reward_score", None))
@@ -50,8 +57,6 @@ def _accepts_prompts(fn: Callable) -> bool:
 
 
 def _warn_non_finite(source: Any, values: torch.Tensor) -> None:
-    from rlhfkit.trainers.guards import NonFiniteStepWarning  # the trainers' guard acts on it
-
     message = f"{source_name(source)} returned non-finite scores: {values.tolist()}"
     warnings.warn(message, NonFiniteStepWarning, stacklevel=3)
 

@@ -12,18 +12,12 @@ from dataclasses import dataclass
 import torch
 
 from rlhfkit.core.logprobs import CHUNK_ELEMENTS, entropy_from_logits, selective_log_softmax
-from rlhfkit.core.masking import last_true_indices
+from rlhfkit.core.masking import last_true_indices, position_ids_from_mask
 from rlhfkit.models.peft_detection import peft_model_of, without_peft
 from rlhfkit.rollout.batch import RolloutBatch
 from rlhfkit.rollout.generation import is_encoder_decoder
 from rlhfkit.rollout.lm_head import chunked_response_outputs
 from rlhfkit.rollout.packing import maybe_pack, packed_chunked_outputs, packed_logits_and_values
-
-
-def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    """(B, T) positions counting only real tokens; padding gets position 0."""
-    positions = attention_mask.long().cumsum(-1) - 1
-    return positions.clamp_(min=0)
 
 
 @dataclass
@@ -73,6 +67,40 @@ def _logits_exceed_one_chunk(model: torch.nn.Module, tokens: int) -> bool:
     return not isinstance(vocab, int) or tokens * vocab > CHUNK_ELEMENTS
 
 
+def _encoder_decoder_logits(model, query_ids, query_mask, responses, response_mask):
+    """(B, R, V) logits and values (or None) of an encoder-decoder reading the responses as decoder input."""
+    start = model.config.decoder_start_token_id
+    decoder_ids = torch.cat([torch.full_like(responses[:, :1], start), responses[:, :-1]], dim=1)
+    decoder_mask = torch.cat([torch.ones_like(response_mask[:, :1]), response_mask[:, :-1]], dim=1)
+    output = model(
+        input_ids=query_ids,
+        attention_mask=query_mask,
+        decoder_input_ids=decoder_ids,
+        decoder_attention_mask=decoder_mask.long(),
+    )
+    return _split_output(output)
+
+
+def _padded_logits(model, input_ids, attention_mask, position_ids, length_r: int, with_values: bool):
+    """(B, R, V) logits and (B, R) values (or None) at the response positions of a padded query+response batch."""
+    kwargs = {}
+    if not with_values and forward_accepts(model, "logits_to_keep"):
+        kwargs["logits_to_keep"] = length_r + 1  # skip the vocabulary projection over the query
+    output = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        use_cache=False,
+        **kwargs,
+    )
+    logits, values = _split_output(output)
+    # position t predicts token t+1: the response tokens are predicted from positions Lq-1 .. Lq+R-2
+    logits = logits[:, -(length_r + 1) : -1]
+    if values is not None:
+        values = values[:, input_ids.shape[1] - length_r - 1 : -1]  # from the last query position on
+    return logits, values
+
+
 def forward_response(
     model: torch.nn.Module,
     query_ids: torch.Tensor,
@@ -102,19 +130,9 @@ def forward_response(
     False never packs.
     Unsupported models keep the padded batch (reason logged once).
     """
-    length_q = query_ids.shape[1]
     length_r = responses.shape[1]
     if is_encoder_decoder(model):
-        start = model.config.decoder_start_token_id
-        decoder_ids = torch.cat([torch.full_like(responses[:, :1], start), responses[:, :-1]], dim=1)
-        decoder_mask = torch.cat([torch.ones_like(response_mask[:, :1]), response_mask[:, :-1]], dim=1)
-        output = model(
-            input_ids=query_ids,
-            attention_mask=query_mask,
-            decoder_input_ids=decoder_ids,
-            decoder_attention_mask=decoder_mask.long(),
-        )
-        logits, values = _split_output(output)
+        logits, values = _encoder_decoder_logits(model, query_ids, query_mask, responses, response_mask)
     else:
         input_ids = torch.cat([query_ids, responses], dim=1)
         attention_mask = torch.cat([query_mask.long(), response_mask.long()], dim=1)
@@ -134,21 +152,7 @@ def forward_response(
         if rows is not None:
             logits, values = packed_logits_and_values(model, rows, with_values=with_values)
         else:
-            kwargs = {}
-            if not with_values and forward_accepts(model, "logits_to_keep"):
-                kwargs["logits_to_keep"] = length_r + 1  # skip the vocabulary projection over the query
-            output = model(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                position_ids=position_ids,
-                use_cache=False,
-                **kwargs,
-            )
-            logits, values = _split_output(output)
-            # position t predicts token t+1: the response tokens are predicted from positions Lq-1 .. Lq+R-2
-            logits = logits[:, -(length_r + 1) : -1]
-            if values is not None:
-                values = values[:, length_q - 1 : -1]
+            logits, values = _padded_logits(model, input_ids, attention_mask, position_ids, length_r, with_values)
     if temperature != 1.0:
         logits = logits / temperature
     result = ForwardOutput(logprobs=selective_log_softmax(logits, responses))

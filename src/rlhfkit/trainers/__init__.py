@@ -1,1 +1,1 @@
-"""Trainers: one module per algorithm, plus `common` for the plumbing they share."""
+"""Trainers: one module per algorithm (and its config), plus small plumbing modules they share by composition."""

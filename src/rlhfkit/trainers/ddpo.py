@@ -30,13 +30,31 @@ from rlhfkit.trainers.checkpointing import (
     resolve_checkpoint,
     save_training_checkpoint,
 )
-from rlhfkit.trainers.common import fused_optimizer_kwargs
 from rlhfkit.trainers.ddpo_config import DDPOConfig
 from rlhfkit.trainers.guards import GracefulStop, NonFiniteGuard, NonFiniteStepWarning, loss_scaler_active
+from rlhfkit.trainers.optimizers import fused_optimizer_kwargs
 
 logger = logging.getLogger(__name__)
 
 _TRAJECTORY_KEYS = ("timesteps", "latents", "next_latents", "logprobs")
+
+
+def _check_arguments(config: Any, reward_function: Any, prompt_function: Any, sd_pipeline: Any, hook: Any) -> None:
+    """Errors naming the argument, before the accelerator or any weight moves."""
+    if not isinstance(config, DDPOConfig):
+        raise TypeError(f"config must be a DDPOConfig, got {type(config).__name__}")
+    for name, fn in (("reward_function", reward_function), ("prompt_function", prompt_function)):
+        if not callable(fn):
+            raise TypeError(f"{name} must be callable, got {type(fn).__name__}")
+    if hook is not None and not callable(hook):
+        raise TypeError(f"image_samples_hook must be callable or None, got {type(hook).__name__}")
+    if not isinstance(sd_pipeline, DDPOStableDiffusionPipeline):
+        raise TypeError(f"sd_pipeline must be a DDPOStableDiffusionPipeline, got {type(sd_pipeline).__name__}")
+    if config.train_use_lora != sd_pipeline.use_lora:
+        warnings.warn(
+            f"config.train_use_lora={config.train_use_lora} but the pipeline was built with "
+            f"use_lora={sd_pipeline.use_lora}; the pipeline decides", stacklevel=3,
+        )
 
 
 class DDPOTrainer:
@@ -60,20 +78,7 @@ class DDPOTrainer:
         from accelerate import Accelerator
         from accelerate.utils import ProjectConfiguration, set_seed
 
-        if not isinstance(config, DDPOConfig):
-            raise TypeError(f"config must be a DDPOConfig, got {type(config).__name__}")
-        for name, fn in (("reward_function", reward_function), ("prompt_function", prompt_function)):
-            if not callable(fn):
-                raise TypeError(f"{name} must be callable, got {type(fn).__name__}")
-        if image_samples_hook is not None and not callable(image_samples_hook):
-            raise TypeError(f"image_samples_hook must be callable or None, got {type(image_samples_hook).__name__}")
-        if not isinstance(sd_pipeline, DDPOStableDiffusionPipeline):
-            raise TypeError(f"sd_pipeline must be a DDPOStableDiffusionPipeline, got {type(sd_pipeline).__name__}")
-        if config.train_use_lora != sd_pipeline.use_lora:
-            warnings.warn(
-                f"config.train_use_lora={config.train_use_lora} but the pipeline was built with "
-                f"use_lora={sd_pipeline.use_lora}; the pipeline decides", stacklevel=2,
-            )
+        _check_arguments(config, reward_function, prompt_function, sd_pipeline, image_samples_hook)
         self.config = config
         self.reward_fn = reward_function
         self.prompt_fn = prompt_function

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from rlhfkit.trainers.common import check_field_types, exact_div
+from rlhfkit.trainers.config_checks import check_field_types, exact_div
 
 MIXED_PRECISION_CHOICES = ("no", "fp16", "bf16")
 

@@ -101,19 +101,7 @@ class DPOTrainer(RobustTrainerMixin, Trainer):
             hf_trainer_setup.disable_dropout(model)
             hf_trainer_setup.disable_dropout(self.ref_model)
 
-        pad = args.padding_value
-        if pad is None:
-            if processing_class is None:
-                raise ValueError(
-                    f"{owner}: give `processing_class` (or `tokenizer`) or `padding_value` to pad the batches"
-                )
-            pad = processing_class.pad_token_id
-            if pad is None:
-                raise ValueError(
-                    f"{owner}: the tokenizer has neither a pad nor an eos token; set tokenizer.pad_token "
-                    "or pass padding_value"
-                )
-        self.padding_value = int(pad)
+        self.padding_value = self._padding_value(args, processing_class)
         self.label_pad_token_id = args.label_pad_token_id
         self.beta = args.beta
         self.loss_type = args.loss_type
@@ -140,6 +128,23 @@ class DPOTrainer(RobustTrainerMixin, Trainer):
         )
         if self.ref_model is not None:
             self.ref_model = self.accelerator.prepare_model(self.ref_model, evaluation_mode=True)
+
+    @staticmethod
+    def _padding_value(args: DPOConfig, processing_class: Any) -> int:
+        """`padding_value`, else the tokenizer's pad token (`__init__` has set it to eos when missing)."""
+        pad = args.padding_value
+        if pad is None:
+            if processing_class is None:
+                raise ValueError(
+                    "DPOTrainer: give `processing_class` (or `tokenizer`) or `padding_value` to pad the batches"
+                )
+            pad = processing_class.pad_token_id
+            if pad is None:
+                raise ValueError(
+                    "DPOTrainer: the tokenizer has neither a pad nor an eos token; set tokenizer.pad_token "
+                    "or pass padding_value"
+                )
+        return int(pad)
 
     @staticmethod
     def _build_reference(model: Any, ref_model: Any, args: DPOConfig) -> Reference | None:

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from rlhfkit.rollout.rewards import NonFiniteStepWarning  # defined with the scores that raise it first
 from rlhfkit.trainers.checkpointing import (
     CHECKPOINT_PREFIX,
     as_write_error,
@@ -32,15 +33,11 @@ from rlhfkit.trainers.checkpointing import (
     prune_checkpoints,
     verify_checkpoint,
 )
-from rlhfkit.trainers.common import check_training_sizes
+from rlhfkit.trainers.config_checks import check_training_sizes
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_CONSECUTIVE_NONFINITE = 3
-
-
-class NonFiniteStepWarning(RuntimeWarning):
-    """A training step was skipped because a loss, score or gradient was NaN or infinite."""
 
 
 class NonFiniteError(RuntimeError):

@@ -13,7 +13,7 @@ from typing import Any
 
 from transformers import TrainingArguments
 
-from rlhfkit.trainers.common import check_field_types
+from rlhfkit.trainers.config_checks import check_field_types
 from rlhfkit.trainers.legacy_training_args import LegacyTrainingArguments
 
 

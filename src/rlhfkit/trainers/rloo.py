@@ -45,13 +45,13 @@ from rlhfkit.rollout import HFGenerationBackend, SamplingParams, forward_respons
 from rlhfkit.rollout.batch import RolloutBatch
 from rlhfkit.rollout.rewards import RewardScorer
 from rlhfkit.trainers.checkpointing import latest_checkpoint, verify_checkpoint
-from rlhfkit.trainers.common import zero3_generation_context
 from rlhfkit.trainers.guards import RobustTrainerMixin
 from rlhfkit.trainers.hf_trainer_setup import disable_dropout
 from rlhfkit.trainers.rloo_config import RLOOConfig
 from rlhfkit.trainers.rloo_data import PromptSchedule, check_prompts, datasets_by_argument, tokenize_datasets
 from rlhfkit.trainers.rloo_rewards import compute_rlhf_reward
 from rlhfkit.trainers.sample_table import RichProgressCallback, print_sample_table, save_samples
+from rlhfkit.trainers.sharded_generation import zero3_generation_context
 
 
 def _check_arguments(config: Any, processing_class: Any, policy: Any, ref_policy: Any) -> None:

@@ -13,7 +13,7 @@ from typing import Literal
 
 from transformers import TrainingArguments
 
-from rlhfkit.trainers.common import exact_div
+from rlhfkit.trainers.config_checks import exact_div
 from rlhfkit.trainers.hf_trainer_config import HFTrainerConfig
 
 

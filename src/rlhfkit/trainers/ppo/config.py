@@ -14,7 +14,7 @@ import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from rlhfkit.trainers.common import check_field_types, exact_div
+from rlhfkit.trainers.config_checks import check_field_types, exact_div
 
 logger = logging.getLogger(__name__)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -72,5 +73,30 @@ class SamplingCache:
             values[i, : v.numel()] = v
         return logprobs, values
 
+    def take(
+        self, queries: Sequence[torch.Tensor], responses: Sequence[torch.Tensor], loss_mask: torch.Tensor,
+        version: int,
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """`lookup` masked by the (B, R) `loss_mask`, then empty the cache: the policy is about to change, so
+        nothing recorded so far stays valid."""
+        found = self.lookup(queries, responses, loss_mask.shape[1], version)
+        self.clear()
+        if found is None:
+            return None
+        logprobs, values = found
+        return logprobs.to(loss_mask.device) * loss_mask, values.to(loss_mask.device) * loss_mask
+
     def clear(self) -> None:
         self._rows.clear()
+
+
+def reuse_is_exact(config: Any, accelerator: Any, policy: torch.nn.Module, is_encoder_decoder: bool) -> bool:
+    """Whether generate() keeps logprobs and values for step(): decoder-only, no full-logit KL, float32.
+
+    In bf16/fp16 the cached decoding path and a full forward round differently (and generation runs
+    outside accelerate's autocast), so the PPO ratio would start away from 1: recompute there instead.
+    """
+    float32 = accelerator.mixed_precision == "no" and all(
+        p.dtype == torch.float32 for p in policy.parameters() if p.is_floating_point()
+    )
+    return config.reuse_generation_outputs and not is_encoder_decoder and config.kl_penalty != "full" and float32

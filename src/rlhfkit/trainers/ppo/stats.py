@@ -6,7 +6,9 @@ numpy arrays (distributions), so `gather_stats` can reduce them across processes
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import time
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -17,6 +19,14 @@ from rlhfkit.core.masking import masked_mean, masked_var
 # per-minibatch statistics that are distributions (1-D, one value per real token), not scalars:
 # concatenated across minibatches and logged whole, as TRL logs them
 DISTRIBUTION_STATS = frozenset({"policy/ratio"})
+
+
+@contextlib.contextmanager
+def timed(timing: dict[str, float], name: str) -> Iterator[None]:
+    """Record the seconds the body took as `timing["time/ppo/<name>"]`."""
+    start = time.perf_counter()
+    yield
+    timing[f"time/ppo/{name}"] = time.perf_counter() - start
 
 
 def _masked_values(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -18,7 +18,6 @@ import dataclasses
 import gc
 import logging
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -30,8 +29,8 @@ from rlhfkit.core.rewards import RunningMoments, clip_tensor, compute_token_rewa
 from rlhfkit.rollout import HFGenerationBackend, SamplingParams, eval_mode, pad_left
 from rlhfkit.rollout.batch import RolloutBatch
 from rlhfkit.rollout.scoring import ForwardOutput, forward_batch, forward_response
-from rlhfkit.trainers.common import fused_optimizer_kwargs, zero3_generation_context
 from rlhfkit.trainers.guards import GracefulStop, NonFiniteGuard, any_across_ranks, loss_scaler_active
+from rlhfkit.trainers.optimizers import fused_optimizer_kwargs
 from rlhfkit.trainers.ppo import stats as ppo_stats
 from rlhfkit.trainers.ppo.config import PPOConfig
 from rlhfkit.trainers.ppo.inputs import (
@@ -42,19 +41,13 @@ from rlhfkit.trainers.ppo.inputs import (
     ppo_collator,
     responses_repeat_queries,
 )
-from rlhfkit.trainers.ppo.sampling_cache import SamplingCache
+from rlhfkit.trainers.ppo.sampling_cache import SamplingCache, reuse_is_exact
 from rlhfkit.trainers.ppo.saving import SavingMethods
 from rlhfkit.trainers.ppo.trl_methods import TRLMethods
 from rlhfkit.trainers.ppo.update import UpdateResult, run_ppo_epochs
+from rlhfkit.trainers.sharded_generation import zero3_generation_context
 
 logger = logging.getLogger(__name__)
-
-
-@contextlib.contextmanager
-def _timed(timing: dict[str, float], name: str) -> Iterator[None]:
-    start = time.perf_counter()
-    yield
-    timing[f"time/ppo/{name}"] = time.perf_counter() - start
 
 
 class PPOTrainer(TRLMethods, SavingMethods):
@@ -265,16 +258,8 @@ class PPOTrainer(TRLMethods, SavingMethods):
         return responses, [r[m] for r, m in zip(ref_out.responses, ref_out.response_mask)]
 
     def _records_rollouts(self) -> bool:
-        """Whether generate() keeps logprobs and values for step(): decoder-only, no full-logit KL, float32.
-
-        In bf16/fp16 the cached decoding path and a full forward round differently (and generation runs
-        outside accelerate's autocast), so the PPO ratio would start away from 1: recompute there instead.
-        """
-        cfg = self.config
-        float32 = self.accelerator.mixed_precision == "no" and all(
-            p.dtype == torch.float32 for p in self.policy.parameters() if p.is_floating_point()
-        )
-        return cfg.reuse_generation_outputs and not self.is_encoder_decoder and cfg.kl_penalty != "full" and float32
+        """Whether generate() keeps logprobs and values for step() (`sampling_cache.reuse_is_exact`)."""
+        return reuse_is_exact(self.config, self.accelerator, self.policy, self.is_encoder_decoder)
 
     # ------------------------------------------------------------------ the step
     def step(
@@ -303,26 +288,26 @@ class PPOTrainer(TRLMethods, SavingMethods):
 
         # 1. old logprobs and values of the policy (kept from generate() when it sampled exactly these
         #    pairs), logprobs of the reference
-        with _timed(timing, "forward_pass"):
+        with ppo_stats.timed(timing, "forward_pass"):
             batch, logits, ref_logits, reused = self._score_tokens(batch, queries, responses)
         # 2. scores -> per-token rewards with the KL penalty
-        with _timed(timing, "compute_rewards"):
+        with ppo_stats.timed(timing, "compute_rewards"):
             rewards, non_score_rewards, kls = compute_token_rewards(
                 batch.scores, batch.logprobs, batch.ref_logprobs, batch.loss_mask, kl_coef=self.kl_ctl.value,
                 kl_penalty=cfg.kl_penalty, logits=logits, ref_logits=ref_logits,
             )
             del logits, ref_logits
         # 3. GAE and whitened advantages
-        with _timed(timing, "compute_advantages"):
+        with ppo_stats.timed(timing, "compute_advantages"):
             advantages, returns = whitened_gae(
                 batch.values, rewards, batch.loss_mask, cfg.gamma, cfg.lam, whiten_rewards=cfg.whiten_rewards
             )
             batch = batch.replace(advantages=advantages, returns=returns)
         # 4. PPO epochs over shuffled minibatches
-        with _timed(timing, "optimize_step"):
+        with ppo_stats.timed(timing, "optimize_step"):
             update = self._update(batch)
         # 5. statistics, gathered across processes; 6. KL controller and learning-rate schedule
-        with _timed(timing, "calc_stats"):
+        with ppo_stats.timed(timing, "calc_stats"):
             stats = self._step_stats(batch, queries, responses, scores, non_score_rewards, kls, update, reused)
             self.kl_ctl.update(float(stats["objective/kl"]), cfg.local_batch_size * self.accelerator.num_processes)
             # the rate this step's updates used, read before the scheduler moves it on
@@ -416,12 +401,7 @@ class PPOTrainer(TRLMethods, SavingMethods):
         """Masked (B, R) old logprobs and values from generate(), if it sampled all of these pairs."""
         if not self._records_rollouts():
             return None
-        found = self.rollouts.lookup(queries, responses, batch.loss_mask.shape[1], self.policy_version)
-        self.rollouts.clear()  # the policy is about to change: nothing recorded so far stays valid
-        if found is None:
-            return None
-        logprobs, values = found
-        return logprobs.to(batch.loss_mask.device) * batch.loss_mask, values.to(batch.loss_mask.device) * batch.loss_mask
+        return self.rollouts.take(queries, responses, batch.loss_mask, self.policy_version)
 
     def _warn_if_prompt_included(self, queries, responses) -> None:
         if not self.is_encoder_decoder and not self._warned_prompt and responses_repeat_queries(queries, responses):
