@@ -33,20 +33,22 @@ def test_cli_trains_saves_checkpoints_and_resumes(tmp_path):
     data = tmp_path / "prompts.jsonl"
     data.write_text("\n".join(json.dumps({"prompt": f"The film number {i} was"}) for i in range(6)))
     out = tmp_path / "out"
-    first = run_cli("--dataset_name", str(data), "--reward", str(tiny_model_path("llama-reward")), "--steps", "2",
-                    "--save_steps", "1", "--output_dir", str(out), *TINY, cwd=tmp_path)
+    first = run_cli("--dataset_name", str(data), "--reward", str(tiny_model_path("llama-reward")), "--steps", "3",
+                    "--save_steps", "1", "--save_total_limit", "2", "--output_dir", str(out), *TINY, cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
-    assert summary(first)["steps"] == 2
-    assert "step 2/2: mean score" in first.stdout
+    assert summary(first)["steps"] == 3
+    assert "step 3/3: mean score" in first.stdout
     assert (out / "value_head.safetensors").is_file() and (out / "README.md").is_file()
-    assert (out / "checkpoint" / "trainer_state.json").is_file()
+    # one checkpoint-<step> per step, the oldest pruned by --save_total_limit 2
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-3"]
+    assert (out / "checkpoint-3" / "trainer_state.json").is_file()
 
-    # second run: the built-in task and its reward, continuing from the checkpoint
-    resumed = run_cli("--steps", "3", "--resume_from_checkpoint", str(out / "checkpoint"),
+    # second run: the built-in task and its reward, continuing from the newest checkpoint of the output folder
+    resumed = run_cli("--steps", "4", "--resume_from_checkpoint", str(out),
                       "--output_dir", str(tmp_path / "out2"), *TINY, cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "step 3/3" in resumed.stdout and "step 1/3" not in resumed.stdout  # continued, not restarted
-    assert summary(resumed)["steps"] == 3
+    assert "step 4/4" in resumed.stdout and "step 3/4" not in resumed.stdout  # continued, not restarted
+    assert summary(resumed)["steps"] == 4
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -109,5 +110,7 @@ def test_ppo_command_saves_and_exits_cleanly_on_sigint(tmp_path):
     output = "".join(lines) + (rest or "")
     assert proc.returncode == 0, output[-3000:]
     assert "stopped on request" in output
-    validate_checkpoint(out / "checkpoint")
-    assert (out / "checkpoint" / "trainer_state.json").exists()
+    saved = Path(output.split("--resume_from_checkpoint ")[1].split()[0])  # checkpoint-<the step it stopped after>
+    assert saved.parent == out and saved.name.startswith("checkpoint-")
+    validate_checkpoint(saved)
+    assert (saved / "trainer_state.json").exists()

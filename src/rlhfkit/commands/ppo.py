@@ -47,9 +47,15 @@ class PPOScriptArguments:
     output_dir: str = field(default="ppo-output", metadata={"help": "Where the trained model is saved."})
     max_new_tokens: int = field(default=8, metadata={"help": "Longest response, in tokens."})
     num_prompts: int | None = field(default=None, metadata={"help": "Use only this many prompts (None: all)."})
-    save_steps: int = field(default=0, metadata={"help": "Checkpoint every N steps into output_dir/checkpoint (0: off)."})
+    save_steps: int = field(
+        default=0, metadata={"help": "Checkpoint every N steps into output_dir/checkpoint-<step> (0: off)."}
+    )
+    save_total_limit: int | None = field(
+        default=None, metadata={"help": "Keep at most this many checkpoint-<step> folders (None: all)."}
+    )
     resume_from_checkpoint: str | None = field(
-        default=None, metadata={"help": "A checkpoint folder written by --save_steps to continue from."}
+        default=None,
+        metadata={"help": "A checkpoint-<step> folder, or an output folder (its newest intact checkpoint), to continue from."},
     )
 
 
@@ -112,6 +118,7 @@ def _check_paths(args: PPOScriptArguments, model_args: ModelArguments) -> None:
 def _body(argv: list[str] | None) -> int:
     from rlhfkit.models.value_head import AutoModelForCausalLMWithValueHead
     from rlhfkit.testing import tiny_model_path
+    from rlhfkit.trainers.checkpointing import CHECKPOINT_PREFIX, prune_checkpoints
     from rlhfkit.trainers.ppo import PPOTrainer
 
     args, config, model_args = parse_args(
@@ -136,8 +143,15 @@ def _body(argv: list[str] | None) -> int:
     generation_kwargs = dict(min_length=-1, top_k=0, top_p=1.0, do_sample=True, max_new_tokens=args.max_new_tokens)
 
     first = last = None
-    checkpoint = str(Path(args.output_dir) / "checkpoint")
-    trainer.checkpoint_dir = checkpoint  # where the last good state goes if NaN steps stop the run
+
+    def save() -> str:
+        folder = str(Path(args.output_dir) / f"{CHECKPOINT_PREFIX}{trainer.current_step}")
+        trainer.save_checkpoint(folder)
+        prune_checkpoints(args.output_dir, args.save_total_limit, protect=(folder,))
+        return folder
+
+    # where the last good state goes if NaN steps stop the run
+    trainer.checkpoint_dir = str(Path(args.output_dir) / f"{CHECKPOINT_PREFIX}{trainer.current_step}")
     with trainer.graceful_stop:
         while trainer.current_step < config.steps:
             for batch in trainer.dataloader:
@@ -154,10 +168,10 @@ def _body(argv: list[str] | None) -> int:
                 print(f"step {trainer.current_step}/{config.steps}: mean score {last:.4f}, "
                       f"kl {stats['objective/kl']:.4f}, loss {stats['ppo/loss/total']:.4f}", flush=True)
                 if args.save_steps and trainer.current_step % args.save_steps == 0:
-                    trainer.save_checkpoint(checkpoint)
+                    save()
                 if trainer.should_stop():  # SIGINT/SIGTERM: save where --resume_from_checkpoint can find it
-                    trainer.save_checkpoint(checkpoint)
-                    print(f"stopped on request; resume with --resume_from_checkpoint {checkpoint}", flush=True)
+                    folder = save()
+                    print(f"stopped on request; resume with --resume_from_checkpoint {folder}", flush=True)
                     return 0
                 if trainer.current_step >= config.steps:
                     break
