@@ -37,3 +37,9 @@ def test_readme_layout_lists_every_subpackage():
     listed = {line.split()[0].removeprefix("src/rlhfkit/") for line in block.splitlines() if line.strip()}
     packages = {p.name for p in (ROOT / "src/rlhfkit").iterdir() if (p / "__init__.py").exists()}
     assert listed == packages
+
+
+def test_test_files_have_unique_basenames():
+    # test folders have no __init__.py, so pytest imports test modules by basename: two alike break collection
+    names = [p.name for p in (ROOT / "tests").rglob("test_*.py")]
+    assert sorted({n for n in names if names.count(n) > 1}) == []
