@@ -13,11 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, HfArgumentParser
 
 from rlhfkit import AutoModelForCausalLMWithValueHead, PPOConfig, PPOTrainer
-from rlhfkit.rollout import reward_model_scores
+from rlhfkit.rollout.rewards import RewardScorer
 from rlhfkit.tasks import get_task
 from rlhfkit.testing import tiny_model_path
 
@@ -51,17 +50,13 @@ def main() -> None:
     dataset = dataset.map(lambda sample: {"input_ids": tokenizer.encode(sample["query"])})
 
     # 3. the reward: the task's own function on the completion, or a reward model on prompt + completion
+    #    (its own tokenizer re-encodes the text); one RewardScorer handles both
     if args.reward_model is None:
-        def reward(queries: list[str], responses: list[str]) -> list[float]:
-            return task.reward_fn(responses)
+        source, reward_tokenizer = task.reward_fn, None
     else:
-        reward_model = AutoModelForSequenceClassification.from_pretrained(args.reward_model, num_labels=1).eval()
+        source = AutoModelForSequenceClassification.from_pretrained(args.reward_model, num_labels=1)
         reward_tokenizer = AutoTokenizer.from_pretrained(args.reward_model, padding_side="left")
-
-        def reward(queries: list[str], responses: list[str]) -> list[float]:
-            texts = [q + r for q, r in zip(queries, responses)]
-            enc = reward_tokenizer(texts, return_tensors="pt", padding=True, return_token_type_ids=False)
-            return reward_model_scores(reward_model, enc["input_ids"], enc["attention_mask"]).tolist()
+    scorer = RewardScorer(source, tokenizer, reward_tokenizer, add_special_tokens=True)
 
     ppo_trainer = PPOTrainer(config, model, tokenizer=tokenizer, dataset=dataset)
     generation_kwargs = {"min_length": -1, "top_k": 0.0, "top_p": 1.0, "do_sample": True,
@@ -74,7 +69,8 @@ def main() -> None:
             response_tensors = ppo_trainer.generate(query_tensors, return_prompt=False,
                                                     batch_size=args.batch_size, **generation_kwargs)
             batch["response"] = tokenizer.batch_decode(response_tensors, skip_special_tokens=True)
-            rewards = [torch.tensor(s) for s in reward(batch["query"], batch["response"])]
+            scores, _ = scorer.score_responses(query_tensors, response_tensors, batch["query"], batch["response"])
+            rewards = list(scores)
             stats = ppo_trainer.step(query_tensors, response_tensors, rewards)
             ppo_trainer.log_stats(stats, batch, rewards)
             print(f"step {ppo_trainer.current_step:3d}  mean score {stats['ppo/mean_scores']:+.3f}  "
