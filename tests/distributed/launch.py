@@ -83,7 +83,7 @@ def launch(
 
 
 def save_result(obj: Any) -> None:
-    """A worker's last call: store this rank's result where `launch` will look for it, then shut down.
+    """A worker's last call: store this rank's result where `launch` will look for it, then exit the process.
 
     Every rank waits for the others and destroys the process group before exiting: a rank that exits
     while another still works leaves gloo threads behind, and the C++ runtime may abort it (SIGABRT,
@@ -99,3 +99,8 @@ def save_result(obj: Any) -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
+    # Leave without interpreter finalisation: gloo's C++ threads can still abort the process while static
+    # objects are destroyed ("terminate called without an active exception"), after the result is safe.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

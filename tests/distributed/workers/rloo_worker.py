@@ -67,4 +67,3 @@ result["stopped_by_signal"] = trainer.stopped_by_signal
 trainer.accelerator.wait_for_everyone()
 result["checkpoints"] = sorted(p for p in os.listdir(stop_dir) if "checkpoint" in p)
 save_result(result)
-sys.exit(0)
