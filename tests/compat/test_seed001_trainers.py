@@ -19,6 +19,7 @@ from transformers import TrainingArguments
 from rlhfkit import DPOTrainer, RewardTrainer, SFTTrainer
 from rlhfkit.data.packing import ConstantLengthDataset
 from rlhfkit.testing import tiny_model, tiny_model_path, tiny_tokenizer
+from rlhfkit.testing.training_args import few_step_args
 from rlhfkit.trainers.dpo_config import DPOConfig
 from rlhfkit.trainers.reward_config import RewardConfig
 from rlhfkit.trainers.sft_config import SFTConfig
@@ -41,20 +42,7 @@ def tok():
 
 def _training_args(tmp_path, **kw):
     """A plain transformers.TrainingArguments, as seed 001 types `args`."""
-    base = dict(
-        output_dir=str(tmp_path / "out"),
-        use_cpu=True,
-        report_to="none",
-        max_steps=2,
-        per_device_train_batch_size=4,
-        per_device_eval_batch_size=16,
-        save_strategy="no",
-        logging_steps=1,
-        learning_rate=1e-3,
-        seed=0,
-    )
-    base.update(kw)
-    return TrainingArguments(**base)
+    return few_step_args(TrainingArguments, tmp_path / "out", **{"per_device_eval_batch_size": 16, **kw})
 
 
 def _reward_pairs(n, seed=0):

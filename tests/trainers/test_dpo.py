@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from rlhfkit.testing import tiny_model, tiny_tokenizer
+from rlhfkit.testing.training_args import few_step_args
 from rlhfkit.trainers.dpo import DPOTrainer
 from rlhfkit.trainers.dpo_config import DPOConfig
 
@@ -21,22 +22,7 @@ def tok():
 
 
 def _config(tmp_path, **kw):
-    base = dict(
-        output_dir=str(tmp_path / "out"),
-        use_cpu=True,
-        report_to="none",
-        max_steps=2,
-        per_device_train_batch_size=4,
-        per_device_eval_batch_size=8,
-        save_strategy="no",
-        logging_steps=1,
-        learning_rate=1e-3,
-        seed=0,
-        max_length=64,
-        max_prompt_length=32,
-    )
-    base.update(kw)
-    return DPOConfig(**base)
+    return few_step_args(DPOConfig, tmp_path / "out", **{"max_length": 64, "max_prompt_length": 32, **kw})
 
 
 def _pairs(n, seed=0):

@@ -14,6 +14,7 @@ from safetensors import safe_open
 from transformers import EvalPrediction
 
 from rlhfkit.testing import tiny_model, tiny_tokenizer
+from rlhfkit.testing.training_args import few_step_args
 from rlhfkit.trainers.reward import RewardTrainer, compute_accuracy
 from rlhfkit.trainers.reward_config import RewardConfig
 
@@ -24,20 +25,7 @@ def tok():
 
 
 def _config(tmp_path, **kw):
-    base = dict(
-        output_dir=str(tmp_path / "out"),
-        use_cpu=True,
-        report_to="none",
-        max_steps=2,
-        per_device_train_batch_size=4,
-        per_device_eval_batch_size=8,
-        save_strategy="no",
-        logging_steps=1,
-        learning_rate=1e-3,
-        seed=0,
-    )
-    base.update(kw)
-    return RewardConfig(**base)
+    return few_step_args(RewardConfig, tmp_path / "out", **kw)
 
 
 def _pairs(n, seed=0):

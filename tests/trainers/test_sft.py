@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from rlhfkit.testing import tiny_model, tiny_model_path, tiny_tokenizer
+from rlhfkit.testing.training_args import few_step_args
 from rlhfkit.trainers.sft import SFTTrainer
 from rlhfkit.trainers.sft_config import SFTConfig
 
@@ -27,20 +28,7 @@ def tok():
 
 
 def _config(tmp_path, **kw):
-    base = dict(
-        output_dir=str(tmp_path / "out"),
-        use_cpu=True,
-        report_to="none",
-        max_steps=2,
-        per_device_train_batch_size=2,
-        save_strategy="no",
-        logging_steps=1,
-        learning_rate=1e-3,
-        seed=0,
-        max_seq_length=32,
-    )
-    base.update(kw)
-    return SFTConfig(**base)
+    return few_step_args(SFTConfig, tmp_path / "out", **{"per_device_train_batch_size": 2, "max_seq_length": 32, **kw})
 
 
 def _text_ds():

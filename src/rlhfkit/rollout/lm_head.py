@@ -90,15 +90,22 @@ def _inspect(model: nn.Module) -> LMHead | str:
     return LMHead(head.weight, head.bias, scale, backbone)
 
 
+def warn_fallback_once(
+    log: logging.Logger, seen: set[tuple[str, str]], model: nn.Module, instead: str, reason: str
+) -> None:
+    """Warn that `model` is scored `instead` because of `reason`, once per (model class, reason) in `seen`."""
+    key = (type(model).__name__, reason)
+    if key not in seen:
+        seen.add(key)
+        log.warning("%s: scoring %s, because %s", key[0], instead, reason)
+
+
 def find_lm_head(model: nn.Module) -> LMHead | None:
     """The model's plain linear output head, or None (the reason logged once per model class)."""
     found = _inspect(model)
     if isinstance(found, LMHead):
         return found
-    key = (type(model).__name__, found)
-    if key not in _logged_fallbacks:
-        _logged_fallbacks.add(key)
-        logger.warning("%s: scoring with full logits, because %s", key[0], found)
+    warn_fallback_once(logger, _logged_fallbacks, model, "with full logits", found)
     return None
 
 

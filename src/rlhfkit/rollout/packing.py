@@ -22,7 +22,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from rlhfkit.core.chunked_logprobs import chunked_token_logprobs
-from rlhfkit.rollout.lm_head import LMHead, _last_hidden_state, _unwrap, find_lm_head
+from rlhfkit.rollout.lm_head import LMHead, _last_hidden_state, _unwrap, find_lm_head, warn_fallback_once
 
 logger = logging.getLogger(__name__)
 
@@ -54,10 +54,7 @@ def packing_supported(model: nn.Module) -> bool:
     reason = _unsupported_reason(model)
     if reason is None:
         return True
-    key = (type(model).__name__, reason)
-    if key not in _logged_fallbacks:
-        _logged_fallbacks.add(key)
-        logger.warning("%s: scoring padded batches, not packed rows, because %s", key[0], reason)
+    warn_fallback_once(logger, _logged_fallbacks, model, "padded batches, not packed rows", reason)
     return False
 
 

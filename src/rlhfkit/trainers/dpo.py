@@ -323,6 +323,11 @@ class DPOTrainer(RobustTrainerMixin, Trainer):
         policy_chosen, policy_rejected, logits_chosen, logits_rejected = self.concatenated_forward(
             model, batch
         )
+        # the logged mean logits, taken now so the (B, T', V) logits are not alive during the reference pass
+        n = policy_chosen.shape[0]
+        labels = cat_padded(batch["chosen_labels"], batch["rejected_labels"], self.label_pad_token_id)
+        logits_chosen = self._mean_response_logit(logits_chosen, labels[:n])
+        logits_rejected = self._mean_response_logit(logits_rejected, labels[n:])
         # 2. reference log-probs (precomputed, or a no-grad forward)
         ref_chosen, ref_rejected = self.reference_logps(batch)
         # 3. DPO loss and implicit rewards beta * (log pi - log ref)
@@ -330,10 +335,6 @@ class DPOTrainer(RobustTrainerMixin, Trainer):
             policy_chosen, policy_rejected, ref_chosen, ref_rejected
         )
         # 4. metrics
-        n = policy_chosen.shape[0]
-        labels = cat_padded(batch["chosen_labels"], batch["rejected_labels"], self.label_pad_token_id)
-        logits_chosen = self._mean_response_logit(logits_chosen, labels[:n])
-        logits_rejected = self._mean_response_logit(logits_rejected, labels[n:])
         prefix = "eval_" if train_eval == "eval" else ""
         metrics = {
             f"{prefix}rewards/chosen": chosen_rewards.mean().item(),
