@@ -268,7 +268,8 @@ def _fmt(x, spec=".3g") -> str:
 def markdown(rows: list[dict], info: dict, roof: dict) -> str:
     out = [
         "# rlhfkit vs TRL benchmark results", "",
-        f"Measured {info['date']} on {info['machine']}. Command: `{info['command']}`"
+        f"Measured {info['date']} on {info['machine']}, at commit {info.get('commit', 'unrecorded')}. "
+        f"Command: `{info['command']}`"
         + ("" if info.get("complete", True) else " (INCOMPLETE: the run was still going or was interrupted)"), "",
         f"Versions: {info['versions']}. {info['threads']} threads per run (`OMP_WAIT_POLICY=PASSIVE`), "
         f"{info['steps']} timed steps after {info['warmup']} warm-up step(s), median of {info['repeats']} "
@@ -381,6 +382,18 @@ def trl_versions(venvs: list[str]) -> dict[str, str]:
     return versions
 
 
+def git_commit() -> str:
+    """The checkout's commit, with `-dirty` when tracked files differ from it (the figures name their code)."""
+    root = Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head.stdout.strip() + ("-dirty" if dirty else "")
+
+
 def machine() -> str:
     cpu = "unknown CPU"
     try:
@@ -460,6 +473,7 @@ def main(argv: list[str] | None = None) -> int:
     baselines = {} if args.quick else import_baselines(args, workloads)
     info = {
         "machine": machine(),
+        "commit": git_commit(),
         "command": "python benchmarks/run.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "versions": rlhfkit_versions(rlhfkit_python(args)), "trl_versions": trl_versions(
             sorted({w.trl_venv for w in workloads}) if "trl" in args.libraries else []), "threads": args.threads,
