@@ -115,14 +115,14 @@ def run_one(library: str, workload: Workload, model: str, args: argparse.Namespa
             proc.kill()
             proc.wait()
             return {"library": library, "workload": workload.name, "model": model, "error": "timeout",
-                    "log": str(log_path)}
+                    "log": _repo_relative(log_path)}
     wall = time.perf_counter() - start
     text = log_path.read_text(errors="replace")
     # progress bars may share the line: take what follows the marker
     lines = [ln[ln.index(RESULT_PREFIX):] for ln in text.splitlines() if RESULT_PREFIX in ln]
     if os.waitstatus_to_exitcode(status) != 0 or not lines:
         tail = "\n".join(text.splitlines()[-15:])
-        return {"library": library, "workload": workload.name, "model": model, "log": str(log_path),
+        return {"library": library, "workload": workload.name, "model": model, "log": _repo_relative(log_path),
                 "error": f"exit code {os.waitstatus_to_exitcode(status)}", "tail": tail}
     result = json.loads(lines[-1][len(RESULT_PREFIX):])
     result.update({
@@ -130,7 +130,7 @@ def run_one(library: str, workload: Workload, model: str, args: argparse.Namespa
         "process_cpu_seconds": usage.ru_utime + usage.ru_stime,
         "process_wall_seconds": wall,
         "load_average_before": load_before,
-        "log": str(log_path),
+        "log": _repo_relative(log_path),
     })
     return result
 
@@ -380,6 +380,15 @@ def trl_versions(venvs: list[str]) -> dict[str, str]:
                                   "(transformers {transformers.__version__})')"], capture_output=True, text=True)
             versions[venv] = out.stdout.strip() or venv
     return versions
+
+
+def _repo_relative(path: Path) -> str:
+    """`path` relative to the checkout when inside it, so result files name no machine's folders."""
+    root = Path(__file__).resolve().parents[1]
+    try:
+        return str(Path(path).resolve().relative_to(root))
+    except ValueError:
+        return str(path)
 
 
 def git_commit() -> str:
