@@ -108,7 +108,7 @@ def load_references(args: JudgeArguments) -> tuple[list[str], list[str]]:
                              f"(columns: {rows.column_names})")
     if args.num_examples is not None:
         rows = rows.select(range(min(args.num_examples, len(rows))))
-    prompts, references = rows[args.prompt_column], rows[args.completion_column]
+    prompts, references = list(rows[args.prompt_column]), list(rows[args.completion_column])
     if not prompts:
         raise ValueError(f"--dataset_name {args.dataset_name!r}: the split is empty")
     if not all(isinstance(x, str) for x in prompts + references):
