@@ -38,6 +38,10 @@ _LAZY: dict[str, str] = {
     "DDPOTrainer": "rlhfkit.trainers.ddpo",
     "DDPOStableDiffusionPipeline": "rlhfkit.models.sd_pipeline",
     "DefaultDDPOStableDiffusionPipeline": "rlhfkit.models.sd_pipeline",
+    # judges (TRL's interfaces; implementations in rlhfkit.judges)
+    "BaseJudge": "rlhfkit.judges.base",
+    "BasePairwiseJudge": "rlhfkit.judges.base",
+    "BaseRankJudge": "rlhfkit.judges.base",
     # misc
     "AdaptiveKLController": "rlhfkit.core.kl",
     "FixedKLController": "rlhfkit.core.kl",

@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+import rlhfkit
 from rlhfkit.judges import (
     TIE,
     BasePairwiseJudge,
@@ -61,7 +62,7 @@ def count_good(prompts, completions):
 
 def test_rule_judge_picks_the_better_completion_and_reports_ties():
     judge = RuleJudge(count_good)
-    assert isinstance(judge, BasePairwiseJudge)
+    assert isinstance(judge, BasePairwiseJudge) and rlhfkit.BasePairwiseJudge is BasePairwiseJudge
     pairs = [["good good", "bad"], ["bad", "good"], ["good", "good"]]
     assert judge.judge(["p1", "p2", "p3"], pairs) == [0, 1, TIE]
     assert judge.judge(["p"], [["good", "good good"]], shuffle_order=False) == [1]
@@ -204,6 +205,9 @@ def test_lm_judge_checks_its_template_and_choices():
         LMPairwiseJudge(model, tokenizer, choices=("A", " B"))  # " B" is two tokens here
     with pytest.raises(ValueError, match="same token"):
         LMPairwiseJudge(model, tokenizer, choices=("A", "A"))
+    judge = LMPairwiseJudge(tiny_model("llama"), tokenizer)
+    with pytest.raises(ValueError, match="positions"):
+        judge.judge(["word " * 5000], [["a", "b"]])
     plain = LMPairwiseJudge(model, tokenizer, use_chat_template=False, choices=("0", "1"),
                             template="Q: {prompt}\n0: {first}\n1: {second}\nBetter:")
     assert plain.prompt_text("p", "a", "b") == "Q: p\n0: a\n1: b\nBetter:"

@@ -21,6 +21,7 @@ from rlhfkit.commands._args import (
     load_model,
     load_tokenizer,
     local_folder,
+    model_init_kwargs,
     parse_args,
     run_main,
 )
@@ -135,7 +136,7 @@ def _body(argv: list[str] | None) -> int:
     local_folder(args.model_name_or_path, "--model_name_or_path")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     tokenizer = load_tokenizer(args.model_arguments(), padding_side="left")
-    judge = load_judge(args.judge_model, tokenizer, device=device, trust_remote_code=args.trust_remote_code)
+    judge = load_judge(args.judge_model, tokenizer, device=device, **model_init_kwargs(args.model_arguments()))
     prompts, references = load_references(args)
     policy = load_model(args.model_arguments(), AutoModelForCausalLM).to(device)
     samples = sample_completions(

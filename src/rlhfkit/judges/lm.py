@@ -122,6 +122,13 @@ class LMPairwiseJudge(BasePairwiseJudge):
             torch.tensor(self.tokenizer(t, add_special_tokens=not self.use_chat_template)["input_ids"], dtype=torch.long)
             for t in texts
         ]
+        limit = getattr(getattr(self.model, "config", None), "max_position_embeddings", None)
+        longest = max((len(ids) for ids in encoded), default=0)
+        if isinstance(limit, int) and longest > limit:
+            raise ValueError(
+                f"a judge prompt is {longest} tokens, more than the judge model's {limit} positions; "
+                "shorten the template, the prompts or the completions"
+            )
         first_id, second_id = self.choice_ids
         margins = []
         with eval_mode(self.model):
