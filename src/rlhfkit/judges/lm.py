@@ -42,12 +42,12 @@ def _check_template(template: str) -> None:
 def choice_token_ids(tokenizer: Any, choices: Sequence[str]) -> tuple[int, int]:
     """The token ids of the two choice strings; each must be exactly one token, and they must differ."""
     if isinstance(choices, str) or len(choices) != 2:
-        raise ValueError(f"choices must be two strings (the labels of the first and second answer), got {choices!r}")
+        raise ValueError(f"choices must be two strings (labels of the first and second answer), got {choices!r}")
     ids = []
     for choice in choices:
         encoded = tokenizer.encode(choice, add_special_tokens=False)
         if len(encoded) != 1:
-            raise ValueError(f"choices: {choice!r} is {len(encoded)} tokens for this tokenizer; each must be one token")
+            raise ValueError(f"choices: {choice!r} is {len(encoded)} tokens here; each must be one token")
         ids.append(encoded[0])
     if ids[0] == ids[1]:
         raise ValueError(f"choices {choices!r} map to the same token {ids[0]}")
@@ -86,7 +86,8 @@ class LMPairwiseJudge(BasePairwiseJudge):
         if pad_id is None:
             raise ValueError("tokenizer has neither a pad nor an eos token to pad the judge prompts with")
         self.model, self.tokenizer, self.template = model, tokenizer, template
-        self.use_chat_template, self.batch_size, self.margin, self.pad_id = use_chat_template, batch_size, margin, pad_id
+        self.use_chat_template, self.batch_size, self.margin = use_chat_template, batch_size, margin
+        self.pad_id = pad_id
 
     def judge(self, prompts: list[str], completions: list[list[str]], shuffle_order: bool = True) -> list[int]:
         check_pairs(prompts, completions)
@@ -113,15 +114,15 @@ class LMPairwiseJudge(BasePairwiseJudge):
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
     @torch.no_grad()
-    def choice_margins(self, prompts: Sequence[str], firsts: Sequence[str], seconds: Sequence[str]) -> torch.Tensor:
+    def choice_margins(
+        self, prompts: Sequence[str], firsts: Sequence[str], seconds: Sequence[str]
+    ) -> torch.Tensor:
         """(N,) float32: log p(first choice) - log p(second choice) after each judge prompt."""
         device = next(self.model.parameters()).device
         texts = [self.prompt_text(p, a, b) for p, a, b in zip(prompts, firsts, seconds)]
         # a chat template already holds its special tokens; plain text gets the tokenizer's own (e.g. BOS)
-        encoded = [
-            torch.tensor(self.tokenizer(t, add_special_tokens=not self.use_chat_template)["input_ids"], dtype=torch.long)
-            for t in texts
-        ]
+        special = not self.use_chat_template
+        encoded = [torch.tensor(self.tokenizer(t, add_special_tokens=special)["input_ids"]) for t in texts]
         limit = getattr(getattr(self.model, "config", None), "max_position_embeddings", None)
         longest = max((len(ids) for ids in encoded), default=0)
         if isinstance(limit, int) and longest > limit:
@@ -134,10 +135,12 @@ class LMPairwiseJudge(BasePairwiseJudge):
         with eval_mode(self.model):
             for start in range(0, len(encoded), self.batch_size):
                 query_ids, query_mask = pad_left(encoded[start : start + self.batch_size], self.pad_id)
+                # the first choice token stands as a one-token "response": its logits row is the next-token
+                # distribution after the judge prompt, which holds both choices
                 choice = torch.full((query_ids.shape[0], 1), first_id, dtype=torch.long, device=device)
+                real = torch.ones_like(choice, dtype=torch.bool)
                 out = forward_response(
-                    self.model, query_ids.to(device), query_mask.to(device), choice, torch.ones_like(choice, dtype=torch.bool),
-                    return_logits=True,
+                    self.model, query_ids.to(device), query_mask.to(device), choice, real, return_logits=True
                 )
                 logprobs = torch.log_softmax(out.logits[:, 0].float(), dim=-1)
                 margins.append(logprobs[:, first_id] - logprobs[:, second_id])

@@ -111,6 +111,7 @@ class ScoreRankJudge(BaseRankJudge):
         ranks, start = [], 0
         for group in completions:
             own = scores[start : start + len(group)]
+            # best first; a non-finite score ranks last
             ranks.append(sorted(range(len(group)), key=lambda i: -own[i] if math.isfinite(own[i]) else math.inf))
             start += len(group)
         return ranks

@@ -174,7 +174,9 @@ class RewardScorer:
 
         return self._score(token_ids, prompts, completions, len(responses), torch.device(self.device))
 
-    def score_texts(self, prompts: Sequence[str], completions: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    def score_texts(
+        self, prompts: Sequence[str], completions: Sequence[str]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Score prompt + completion strings (judges, evaluation); a model without its own tokenizer reads
         them encoded with the policy's."""
         if len(prompts) != len(completions):
@@ -249,7 +251,9 @@ class RewardScorer:
     ) -> torch.Tensor:
         return self._model_scores(model, *self._encode(tokenizer, prompts, completions))
 
-    def _encode(self, tokenizer: Any, prompts: list[str], completions: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _encode(
+        self, tokenizer: Any, prompts: list[str], completions: list[str]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         texts = [p + c for p, c in zip(prompts, completions)]
         batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=self.add_special_tokens)
         return batch["input_ids"].to(self.device), batch["attention_mask"].to(self.device)
