@@ -242,27 +242,20 @@ class DPOTrainer(RobustTrainerMixin, Trainer):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """(chosen_logps, rejected_logps, chosen mean logit, rejected mean logit), (B,) each; means None unless asked.
 
-        What training and the reference pass use: when the (2B, T, V) logits would outgrow one chunk and the
-        head is a plain linear layer, the label tokens are scored in chunks from the final hidden states
-        (`rollout.lm_head`), so no (2B, T', V) tensor is built; otherwise (or when a subclass overrides
-        `concatenated_forward`) it is `concatenated_forward` plus `_mean_response_logit`, same numbers.
+        Training and the reference pass use it. When the (2B, T, V) logits would outgrow one chunk and the head
+        is a plain linear layer, the label tokens are scored in chunks from the final hidden states
+        (`rollout.lm_head`): no (2B, T', V) tensor. Otherwise, or when a subclass overrides
+        `concatenated_forward`, it is `concatenated_forward` plus `_mean_response_logit`: same numbers.
         """
         inputs = self.concatenated_inputs(batch)
-        labels = inputs["concatenated_labels"]
-        n = batch["chosen_input_ids"].shape[0]
-        chunked = None
-        if type(self).concatenated_forward is DPOTrainer.concatenated_forward and _logits_exceed_one_chunk(
-            model, labels.numel()
-        ):
+        labels, n, chunked = inputs["concatenated_labels"], batch["chosen_input_ids"].shape[0], None
+        own_forward = type(self).concatenated_forward is DPOTrainer.concatenated_forward
+        if own_forward and _logits_exceed_one_chunk(model, labels.numel()):
             chunked = chunked_label_logprobs(
-                model,
-                labels,
-                ignore_index=self.label_pad_token_id,
-                with_mean_logits=with_mean_logits,
-                input_ids=inputs["concatenated_input_ids"],
-                attention_mask=inputs["concatenated_attention_mask"],
+                model, labels, ignore_index=self.label_pad_token_id, with_mean_logits=with_mean_logits,
+                input_ids=inputs["concatenated_input_ids"], attention_mask=inputs["concatenated_attention_mask"],
                 use_cache=False,
-            )
+            )  # fmt: skip
         if chunked is None:  # full logits: small enough, a custom forward, or a head the chunked path lacks
             chosen, rejected, logits_chosen, logits_rejected = self.concatenated_forward(model, batch)
             if not with_mean_logits:
