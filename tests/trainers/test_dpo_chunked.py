@@ -8,7 +8,6 @@ import datasets
 import pytest
 import torch
 
-from rlhfkit.core import logprobs as core_logprobs
 from rlhfkit.rollout import lm_head, scoring
 from rlhfkit.testing import tiny_model, tiny_tokenizer
 from rlhfkit.testing.training_args import few_step_args
@@ -25,22 +24,6 @@ ROWS = [
 @pytest.fixture(scope="module")
 def tok():
     return tiny_tokenizer(padding_side="right")
-
-
-@pytest.fixture
-def chunk_calls(monkeypatch):
-    """Route every batch through the chunked path (3 rows a chunk) and count its calls."""
-    monkeypatch.setattr(scoring, "CHUNK_ELEMENTS", 8)  # every batch's logits now outgrow "one chunk"
-    monkeypatch.setattr(core_logprobs, "CHUNK_ELEMENTS", 3 * 1000)  # 3 rows of the 1,000-token vocabulary
-    calls = []
-    real = lm_head.chunked_token_logprobs
-
-    def counted(*args, **kwargs):
-        calls.append(args[0].shape[0])
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(lm_head, "chunked_token_logprobs", counted)
-    return calls
 
 
 def _trainer(tmp_path, tok, model, n_pairs=3, peft_config=None, **config):
@@ -113,28 +96,16 @@ def test_peft_policy_and_its_adapter_free_reference(tmp_path, tok, chunk_calls):
     torch.testing.assert_close(ref_rejected, base[1], rtol=1e-5, atol=1e-5)
 
 
-class _ScaledHead(torch.nn.Module):
-    """A head that is not a plain nn.Linear: the chunked path cannot read its weight."""
-
-    def __init__(self, linear):
-        super().__init__()
-        self.linear = linear
-
-    def forward(self, hidden):
-        return self.linear(hidden) * 2.0
-
-
-def test_custom_head_falls_back_to_full_logits(tmp_path, tok, chunk_calls, monkeypatch, caplog):
-    model = tiny_model("llama")
-    model.lm_head = _ScaledHead(model.lm_head)
-    trainer = _trainer(tmp_path, tok, model)
-    monkeypatch.setattr(lm_head, "_logged_fallbacks", set())
+def test_unplain_head_falls_back_to_full_logits(tmp_path, tok, chunk_calls, unplain_head_model, caplog):
+    trainer = _trainer(tmp_path, tok, unplain_head_model)  # its reference copy has the same head
+    batch = _batch(trainer)
     with caplog.at_level(logging.WARNING, logger=lm_head.logger.name):
-        _assert_same_values_and_grads(trainer, model, _batch(trainer))
-        trainer._concatenated_logps(model, _batch(trainer))
+        _assert_same_values_and_grads(trainer, unplain_head_model, batch)
+        loss, metrics = trainer.get_batch_metrics(unplain_head_model, batch)  # policy and reference passes
     assert chunk_calls == []
-    warnings = [r for r in caplog.records if "not a plain torch.nn.Linear" in r.getMessage()]
-    assert len(warnings) == 1  # the reason, once per model class
+    assert loss.item() == pytest.approx(0.6931472, abs=1e-5) and metrics["logits/chosen"] != 0  # log 2: same nets
+    reasons = [r.getMessage() for r in caplog.records if "not a plain torch.nn.Linear" in r.getMessage()]
+    assert len(reasons) == 1  # once per model class and reason
 
 
 def test_concatenated_forward_still_returns_full_logits(tmp_path, tok, chunk_calls):
@@ -166,5 +137,7 @@ def test_training_run_logs_the_same_metrics(tmp_path, tok, monkeypatch):
         assert {"logits/chosen", "logps/rejected", "rewards/margins", "loss"} <= set(keys)
         for key in keys:
             assert chunked[key] == pytest.approx(full[key], rel=1e-4, abs=1e-5), key
+    # Adam divides by the gradient's root mean square, which magnifies float rounding in near-zero
+    # gradients: compare within a tenth of one step (lr 1e-3)
     for name, p in full_params.items():
-        torch.testing.assert_close(chunked_params[name], p, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(chunked_params[name], p, rtol=1e-4, atol=1e-4)

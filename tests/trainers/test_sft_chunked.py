@@ -10,42 +10,19 @@ import torch
 import torch.nn.functional as F
 from transformers import Trainer
 
-from rlhfkit.core import logprobs as core_logprobs
 from rlhfkit.rollout import lm_head, scoring
 from rlhfkit.testing import tiny_model, tiny_tokenizer
+from rlhfkit.testing.tokenizer import corpus_text
 from rlhfkit.testing.training_args import few_step_args
 from rlhfkit.trainers.sft import SFTTrainer
 from rlhfkit.trainers.sft_config import SFTConfig
 
-DOCS = [
-    "the cat sat on the mat",
-    "a dog ran far away today",
-    "hello there friend of mine",
-    "rain falls on the quiet town",
-    "we like to read long books at night",
-    "birds sing in the morning",
-]
+DOCS = corpus_text().splitlines()[:8]  # the tiny tokenizer's own sentences
 
 
 @pytest.fixture(scope="module")
 def tok():
     return tiny_tokenizer(padding_side="right")
-
-
-@pytest.fixture
-def chunk_calls(monkeypatch):
-    """Route every batch through the chunked path (3 rows a chunk) and count its calls."""
-    monkeypatch.setattr(scoring, "CHUNK_ELEMENTS", 8)  # every batch's logits now outgrow "one chunk"
-    monkeypatch.setattr(core_logprobs, "CHUNK_ELEMENTS", 3 * 1000)  # 3 rows of the 1,000-token vocabulary
-    calls = []
-    real = lm_head.chunked_token_logprobs
-
-    def counted(*args, **kwargs):
-        calls.append(args[0].shape[0])
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(lm_head, "chunked_token_logprobs", counted)
-    return calls
 
 
 def _trainer(tmp_path, tok, model, peft_config=None, **config):
@@ -111,27 +88,13 @@ def test_peft_model_loss_matches_transformers(tmp_path, tok, chunk_calls):
     assert len(chunk_calls) == 1
 
 
-class _ScaledHead(torch.nn.Module):
-    """A head that is not a plain nn.Linear: the chunked path cannot read its weight."""
-
-    def __init__(self, linear):
-        super().__init__()
-        self.linear = linear
-
-    def forward(self, hidden):
-        return self.linear(hidden) * 2.0
-
-
-def test_custom_head_falls_back_to_full_logits(tmp_path, tok, chunk_calls, monkeypatch, caplog):
-    model = tiny_model("llama")
-    model.lm_head = _ScaledHead(model.lm_head)
-    trainer = _trainer(tmp_path, tok, model)
-    monkeypatch.setattr(lm_head, "_logged_fallbacks", set())
+def test_unplain_head_falls_back_to_full_logits(tmp_path, tok, chunk_calls, unplain_head_model, caplog):
+    trainer = _trainer(tmp_path, tok, unplain_head_model)
     with caplog.at_level(logging.WARNING, logger=lm_head.logger.name):
-        _assert_matches_transformers(trainer, model, _batch(trainer), None)
-        trainer.compute_loss(model, _batch(trainer))
+        for num_items in (None, torch.tensor(30)):
+            _assert_matches_transformers(trainer, unplain_head_model, _batch(trainer), num_items)
     assert chunk_calls == []
-    assert len([r for r in caplog.records if "not a plain torch.nn.Linear" in r.getMessage()]) == 1
+    assert ["not a plain torch.nn.Linear" in r.getMessage() for r in caplog.records] == [True]  # logged once
 
 
 def test_outputs_and_label_smoothing_keep_the_logits_path(tmp_path, tok, chunk_calls):
@@ -161,5 +124,7 @@ def test_training_run_gives_the_same_losses_and_weights(tmp_path, tok, monkeypat
     chunked_losses, chunked_params = _train(tmp_path / "chunked", tok, packing)
     assert len(full_losses) == 2
     assert chunked_losses == pytest.approx(full_losses, rel=1e-5)
+    # Adam divides by the gradient's root mean square, which magnifies float rounding in near-zero
+    # gradients: compare within a tenth of one step (lr 1e-3)
     for name, p in full_params.items():
-        torch.testing.assert_close(chunked_params[name], p, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(chunked_params[name], p, rtol=1e-4, atol=1e-4)
