@@ -25,7 +25,8 @@ from rlhfkit.core.losses import dpo_loss
 from rlhfkit.data.collators import DPODataCollatorWithPadding, cat_padded
 from rlhfkit.data.preference import prepare_dpo_dataset
 from rlhfkit.models.reference import Reference, choose_reference
-from rlhfkit.rollout.scoring import forward_accepts
+from rlhfkit.rollout.lm_head import chunked_label_logprobs
+from rlhfkit.rollout.scoring import _logits_exceed_one_chunk, forward_accepts
 from rlhfkit.trainers import hf_trainer_setup
 from rlhfkit.trainers.dpo_config import DPOConfig
 from rlhfkit.trainers.guards import RobustTrainerMixin
@@ -236,6 +237,40 @@ class DPOTrainer(RobustTrainerMixin, Trainer):
         n = batch["chosen_input_ids"].shape[0]
         return logps[:n], logps[n:], logits[:n], logits[n:]
 
+    def _concatenated_logps(
+        self, model: nn.Module, batch: dict[str, torch.Tensor], with_mean_logits: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """(chosen_logps, rejected_logps, chosen mean logit, rejected mean logit), (B,) each; means None unless asked.
+
+        Training and the reference pass use it. When the (2B, T, V) logits would outgrow one chunk and the head
+        is a plain linear layer, the label tokens are scored in chunks from the final hidden states
+        (`rollout.lm_head`): no (2B, T', V) tensor. Otherwise, or when a subclass overrides
+        `concatenated_forward`, it is `concatenated_forward` plus `_mean_response_logit`: same numbers.
+        """
+        inputs = self.concatenated_inputs(batch)
+        labels, n, chunked = inputs["concatenated_labels"], batch["chosen_input_ids"].shape[0], None
+        own_forward = type(self).concatenated_forward is DPOTrainer.concatenated_forward
+        if own_forward and _logits_exceed_one_chunk(model, labels.numel()):
+            chunked = chunked_label_logprobs(
+                model, labels, ignore_index=self.label_pad_token_id, with_mean_logits=with_mean_logits,
+                input_ids=inputs["concatenated_input_ids"], attention_mask=inputs["concatenated_attention_mask"],
+                use_cache=False,
+            )  # fmt: skip
+        if chunked is None:  # full logits: small enough, a custom forward, or a head the chunked path lacks
+            chosen, rejected, logits_chosen, logits_rejected = self.concatenated_forward(model, batch)
+            if not with_mean_logits:
+                return chosen, rejected, None, None
+            # taken now, so the (B, T', V) logits are not alive during the reference pass
+            mean_chosen = self._mean_response_logit(logits_chosen, labels[:n])
+            return chosen, rejected, mean_chosen, self._mean_response_logit(logits_rejected, labels[n:])
+        logprobs, mask, mean_logits = chunked
+        logps = logprobs.sum(-1)
+        if not with_mean_logits:
+            return logps[:n], logps[n:], None, None
+        # over the positions that predict response tokens, as `_mean_response_logit` averages them
+        means = (mean_logits * mask).sum(1) / mask.sum(1).clamp(min=1)
+        return logps[:n], logps[n:], means[:n], means[n:]
+
     def _mean_response_logit(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Mean logit over the vocabulary at the positions that predict response tokens: (N, T', V) -> (N,).
 
@@ -280,7 +315,7 @@ class DPOTrainer(RobustTrainerMixin, Trainer):
             zeros = torch.zeros(batch["chosen_input_ids"].shape[0], device=batch["chosen_input_ids"].device)
             return zeros, zeros
         with torch.no_grad(), self._reference() as ref:
-            chosen, rejected, _, _ = self.concatenated_forward(ref, batch)
+            chosen, rejected, _, _ = self._concatenated_logps(ref, batch)
         return chosen, rejected
 
     # --- loss and metrics ---------------------------------------------------------------------------
@@ -319,15 +354,10 @@ class DPOTrainer(RobustTrainerMixin, Trainer):
         self, model: nn.Module, batch: dict[str, torch.Tensor], train_eval: str
     ) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
         """`get_batch_metrics` plus the per-pair implicit rewards (B, 2) [chosen, rejected]."""
-        # 1. policy log-probs of both responses, one forward pass
-        policy_chosen, policy_rejected, logits_chosen, logits_rejected = self.concatenated_forward(
-            model, batch
+        # 1. policy log-probs of both responses and their logged mean logits, one forward pass
+        policy_chosen, policy_rejected, logits_chosen, logits_rejected = self._concatenated_logps(
+            model, batch, with_mean_logits=True
         )
-        # the logged mean logits, taken now so the (B, T', V) logits are not alive during the reference pass
-        n = policy_chosen.shape[0]
-        labels = cat_padded(batch["chosen_labels"], batch["rejected_labels"], self.label_pad_token_id)
-        logits_chosen = self._mean_response_logit(logits_chosen, labels[:n])
-        logits_rejected = self._mean_response_logit(logits_rejected, labels[n:])
         # 2. reference log-probs (precomputed, or a no-grad forward)
         ref_chosen, ref_rejected = self.reference_logps(batch)
         # 3. DPO loss and implicit rewards beta * (log pi - log ref)

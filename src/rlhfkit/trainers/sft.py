@@ -21,6 +21,8 @@ from transformers import AutoModelForCausalLM, Trainer
 from rlhfkit.data.collators import SFTDataCollator
 from rlhfkit.data.packing import ConstantLengthDataset
 from rlhfkit.data.preparation import check_not_empty, prepare_sft_dataset
+from rlhfkit.rollout.lm_head import chunked_label_logprobs
+from rlhfkit.rollout.scoring import _logits_exceed_one_chunk
 from rlhfkit.trainers.guards import RobustTrainerMixin
 from rlhfkit.trainers.hf_trainer_setup import apply_overrides, load_policy, prepare_splits, resolve_args
 from rlhfkit.trainers.sft_config import SFTConfig
@@ -156,9 +158,38 @@ class SFTTrainer(RobustTrainerMixin, Trainer):
         return datasets.Dataset.from_list(blocks)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """transformers' causal-LM loss; without (B, T, V) logits when they would outgrow one chunk.
+
+        Then the label tokens are scored in chunks from the final hidden states (`rollout.lm_head`), with the
+        same reduction as transformers 5: summed and divided by `num_items_in_batch` (the label tokens of the
+        whole accumulated batch) when the Trainer passes it to a model that accepts loss kwargs, else a mean
+        over this batch's label tokens. Label smoothing, `compute_loss_func`, `return_outputs` (evaluation
+        and predictions want the logits) and heads that are not plain linear layers keep the logits path.
+        """
         # a training forward needs no KV cache (building one costs memory); for a packed block an empty
         # cache would also hide the document boundaries from the mask builder
         inputs = {**inputs, "use_cache": False}
-        return super().compute_loss(
-            model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
-        )
+        chunked = None
+        if (
+            not return_outputs
+            and self.label_smoother is None
+            and self.compute_loss_func is None
+            and "labels" in inputs
+            and "shift_labels" not in inputs
+            and not getattr(getattr(self.accelerator, "parallelism_config", None), "sp_enabled", False)
+            and _logits_exceed_one_chunk(model, inputs["labels"].numel())
+        ):
+            forward = {k: v for k, v in inputs.items() if k != "labels"}
+            chunked = chunked_label_logprobs(model, inputs["labels"], **forward)
+        if chunked is None:
+            return super().compute_loss(
+                model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
+            )
+        logprobs, mask, _ = chunked
+        if not (self.model_accepts_loss_kwargs and num_items_in_batch is not None):
+            return -logprobs.sum() / mask.sum()
+        loss = -logprobs.sum() / torch.as_tensor(num_items_in_batch, device=logprobs.device)
+        if self.args.average_tokens_across_devices:  # Trainer.compute_loss rescales the model's loss so
+            n_gpu = self.args.n_gpu
+            loss = loss * (self.accelerator.num_processes // self.get_tp_size() if n_gpu <= 1 else n_gpu)
+        return loss
