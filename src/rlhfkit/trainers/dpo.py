@@ -59,28 +59,14 @@ class DPOTrainer(SeedKeywordTrainer):
         label_pad_token_id: int | None = None,
         padding_value: int | None = None,
         truncation_mode: str | None = None,
-        train_dataset: Any = None,
-        eval_dataset: Any = None,
-        processing_class: Any = None,
-        model_init: Callable | None = None,
-        callbacks: list | None = None,
-        optimizers: tuple = (None, None),
-        preprocess_logits_for_metrics: Callable | None = None,
-        max_length: int | None = None,
-        max_prompt_length: int | None = None,
-        peft_config: Any = None,
-        disable_dropout: bool | None = None,
-        compute_metrics: Callable | None = None,
-        *,
-        tokenizer: Any = None,
+        **kwargs: Any,
     ):
+        """Seed 001's leading arguments in its order; the rest (train_dataset=, processing_class=/tokenizer=,
+        max_length=, peft_config=, compute_metrics=, ...) by keyword, as `SeedKeywordTrainer` takes them."""
         self._ref_model_argument = ref_model
         super().__init__(
-            model, args, data_collator, train_dataset, eval_dataset, processing_class, model_init,
-            compute_metrics, callbacks, optimizers, preprocess_logits_for_metrics, peft_config,
-            tokenizer=tokenizer, beta=beta, label_pad_token_id=label_pad_token_id, padding_value=padding_value,
-            truncation_mode=truncation_mode, max_length=max_length, max_prompt_length=max_prompt_length,
-            disable_dropout=disable_dropout,
+            model, args, data_collator, beta=beta, label_pad_token_id=label_pad_token_id,
+            padding_value=padding_value, truncation_mode=truncation_mode, **kwargs,
         )
         if self.ref_model is not None:
             self.ref_model = self.accelerator.prepare_model(self.ref_model, evaluation_mode=True)
