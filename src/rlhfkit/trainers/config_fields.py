@@ -1,8 +1,8 @@
 """How rlhfkit configs declare a field, and the fields that trainers of several kinds declare alike.
 
 `option(default, help)` is a dataclass field carrying the help text of its `HfArgumentParser` flag. The
-mixins hold one field each that PPO, DDPO and the Trainer-style configs all mean the same way, with one
-default; a config lists the mixin among its bases instead of declaring the field again.
+mixins hold fields that PPO, DDPO and the Trainer-style configs mean the same way, with one default; a
+config lists the mixin among its bases instead of declaring the fields again.
 """
 
 from __future__ import annotations
@@ -36,3 +36,21 @@ class ZeRO3Generation:
         "DeepSpeed ZeRO-3 only: gather the policy weights once for generation (faster); False lets a policy "
         "larger than one GPU train, generating more slowly.",
     )
+
+
+@dataclass
+class AccelerateTracking:
+    """For trainers that build their own `accelerate.Accelerator` and trackers (PPO, DDPO)."""
+
+    log_with: str | None = option(None, "Tracker to log to: 'tensorboard', 'wandb', 'all' or None (no tracker).")
+    tracker_kwargs: dict[str, Any] = option(
+        help="Keyword arguments for the tracker's init (e.g. wandb run name).", default_factory=dict
+    )
+    accelerator_kwargs: dict[str, Any] = option(
+        help="Keyword arguments for accelerate.Accelerator.", default_factory=dict
+    )
+    project_kwargs: dict[str, Any] = option(
+        help="Keyword arguments for accelerate's ProjectConfiguration (e.g. logging_dir).",
+        default_factory=dict,
+    )
+    tracker_project_name: str = option("trl", "Project name the trackers log under.")

@@ -9,25 +9,18 @@ from typing import Any
 import torch
 
 from rlhfkit.trainers.config_checks import check_field_types, exact_div
-from rlhfkit.trainers.config_fields import NonfiniteStepLimit, option
+from rlhfkit.trainers.config_fields import AccelerateTracking, NonfiniteStepLimit, option
 
 MIXED_PRECISION_CHOICES = ("no", "fp16", "bf16")
 
 
 @dataclass
-class DDPOConfig(NonfiniteStepLimit):
+class DDPOConfig(AccelerateTracking, NonfiniteStepLimit):
     """Configuration of a DDPO run (sampling, reward normalisation, PPO-style updates, logging)."""
 
     run_name: str = option("", "Name of the run; checkpoints go to logdir/run_name.")
     seed: int = option(42, "Random seed for sampling, prompts and initialisation.")
     logdir: str = option("logs", "Top-level folder for checkpoints and tracker logs.")
-    log_with: str | None = option(None, "Tracker for accelerate to log to, e.g. 'tensorboard' or 'wandb'.")
-    tracker_kwargs: dict = option(help="Keyword arguments for the tracker.", default_factory=dict)
-    accelerator_kwargs: dict = option(help="Extra keyword arguments for Accelerator.", default_factory=dict)
-    project_kwargs: dict = option(
-        help="Keyword arguments for accelerate's ProjectConfiguration.", default_factory=dict
-    )
-    tracker_project_name: str = option("trl", "Project name the trackers log under.")
     num_epochs: int = option(100, "Number of epochs (sample, score, train) to run.")
     save_freq: int = option(1, "Save a checkpoint every this many epochs.")
     num_checkpoint_limit: int = option(5, "Keep at most this many checkpoints.")

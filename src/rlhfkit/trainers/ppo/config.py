@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from rlhfkit.trainers.config_checks import check_field_types, exact_div
-from rlhfkit.trainers.config_fields import NonfiniteStepLimit, ZeRO3Generation, option
+from rlhfkit.trainers.config_fields import AccelerateTracking, NonfiniteStepLimit, ZeRO3Generation, option
 
 logger = logging.getLogger(__name__)
 
@@ -28,7 +28,7 @@ def _default_exp_name() -> str:
 
 
 @dataclass
-class PPOConfig(NonfiniteStepLimit, ZeRO3Generation):
+class PPOConfig(AccelerateTracking, NonfiniteStepLimit, ZeRO3Generation):
     """Configuration for `PPOTrainer`.
 
     Sizes: each `step()` takes `batch_size` samples (per process); they are split into minibatches of
@@ -38,9 +38,6 @@ class PPOConfig(NonfiniteStepLimit, ZeRO3Generation):
 
     exp_name: str = option(help="Name of this experiment.", default_factory=_default_exp_name)
     seed: int = option(0, "Seed for python, numpy and torch at trainer construction.")
-    log_with: str | None = option(
-        None, "Tracker for log_stats: 'tensorboard', 'wandb', 'all' or None (no tracker)."
-    )
     task_name: str | None = option(None, "Name of the task (recorded in the model card).")
     model_name: str | None = option(None, "Name or path of the policy model.")
     query_dataset: str | None = option(None, "Name of the prompt dataset (for records).")
@@ -48,17 +45,6 @@ class PPOConfig(NonfiniteStepLimit, ZeRO3Generation):
     remove_unused_columns: bool = option(
         True, "Drop dataset columns the model's forward does not take (query/response/label stay)."
     )
-    tracker_kwargs: dict[str, Any] = option(
-        help="Keyword arguments for the tracker's init (e.g. wandb run name).", default_factory=dict
-    )
-    accelerator_kwargs: dict[str, Any] = option(
-        help="Keyword arguments for accelerate.Accelerator.", default_factory=dict
-    )
-    project_kwargs: dict[str, Any] = option(
-        help="Keyword arguments for accelerate's ProjectConfiguration (e.g. logging_dir).",
-        default_factory=dict,
-    )
-    tracker_project_name: str = option("trl", "Project name given to the tracker.")
     push_to_hub_if_best_kwargs: dict[str, Any] = option(
         help="Accepted for compatibility and unused: rlhfkit never uploads.", default_factory=dict
     )
