@@ -51,6 +51,11 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+def preset_size(help: str) -> Any:
+    """A size field: left unset (None), it takes the value of the `--size` preset (`PRESETS`)."""
+    return option(None, f"{help} Default: the --size preset's.")
+
+
 @dataclass
 class DemoConfig:
     """Flags of `rlhfkit demo`; sizes left unset come from the `--size` preset."""
@@ -69,36 +74,36 @@ class DemoConfig:
         1, "torch CPU threads (0: torch's default). The default 1 is fastest for models this small."
     )
     # 1. supervised fine-tuning
-    sft_num_reviews: int | None = option(None, "Reviews in the SFT corpus.")
-    sft_steps: int | None = option(None, "SFT optimizer steps.")
-    sft_batch_size: int | None = option(None, "Packed blocks per SFT step.")
-    sft_seq_length: int | None = option(None, "Tokens per packed SFT block.")
-    sft_learning_rate: float | None = option(None, "SFT peak learning rate (cosine).")
+    sft_num_reviews: int | None = preset_size("Reviews in the SFT corpus.")
+    sft_steps: int | None = preset_size("SFT optimizer steps.")
+    sft_batch_size: int | None = preset_size("Packed blocks per SFT step.")
+    sft_seq_length: int | None = preset_size("Tokens per packed SFT block.")
+    sft_learning_rate: float | None = preset_size("SFT peak learning rate (cosine).")
     # 2. preference pairs and reward model
-    pref_num_prompts: int | None = option(
-        None, "Train prompts sampled twice by the SFT policy and labelled by VADER."
+    pref_num_prompts: int | None = preset_size(
+        "Train prompts sampled twice by the SFT policy and labelled by VADER."
     )
     pref_eval_fraction: float = option(
         0.15, "Share of the preference pairs held out to measure reward accuracy."
     )
-    rm_epochs: int | None = option(None, "Reward-model epochs over the pairs.")
-    rm_batch_size: int | None = option(None, "Pairs per reward-model step.")
-    rm_learning_rate: float | None = option(None, "Reward-model learning rate.")
+    rm_epochs: int | None = preset_size("Reward-model epochs over the pairs.")
+    rm_batch_size: int | None = preset_size("Pairs per reward-model step.")
+    rm_learning_rate: float | None = preset_size("Reward-model learning rate.")
     # 3. reinforcement learning
-    rl_updates: int | None = option(None, "RL updates (RLOO/PPO); each samples rl_batch_size completions.")
-    rl_batch_size: int | None = option(None, "Completions per RL update.")
-    rl_learning_rate: float | None = option(None, "RL learning rate.")
-    rl_epochs: int | None = option(None, "Optimisation passes over each batch of rollouts.")
+    rl_updates: int | None = preset_size("RL updates (RLOO/PPO); each samples rl_batch_size completions.")
+    rl_batch_size: int | None = preset_size("Completions per RL update.")
+    rl_learning_rate: float | None = preset_size("RL learning rate.")
+    rl_epochs: int | None = preset_size("Optimisation passes over each batch of rollouts.")
     rloo_k: int = option(4, "RLOO: completions per prompt.")
     kl_coef: float = option(0.05, "Weight of the KL penalty to the SFT policy.")
     temperature: float = option(0.7, "Sampling temperature for RL, pairs and evaluation.")
-    response_length: int | None = option(None, "Maximum new tokens per completion.")
+    response_length: int | None = preset_size("Maximum new tokens per completion.")
     lora_r: int = option(16, "ppo-multi-adapter: rank of the policy and reward LoRA adapters.")
-    dpo_epochs: int | None = option(None, "DPO epochs over the preference pairs.")
+    dpo_epochs: int | None = preset_size("DPO epochs over the preference pairs.")
     dpo_beta: float = option(0.1, "DPO beta (strength of the implicit KL).")
-    dpo_learning_rate: float | None = option(None, "DPO learning rate.")
+    dpo_learning_rate: float | None = preset_size("DPO learning rate.")
     # 4. evaluation
-    eval_num_prompts: int | None = option(None, "Held-out prompts judged for the win rate.")
+    eval_num_prompts: int | None = preset_size("Held-out prompts judged for the win rate.")
     eval_samples_shown: int = option(6, "Side-by-side completions printed and reported.")
 
     def __post_init__(self):
