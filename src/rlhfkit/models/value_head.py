@@ -211,19 +211,16 @@ class PreTrainedModelWrapper(nn.Module):
         )
 
     def sequence_reward_score(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        ppo_adapter_name: str = "default",
-        **kwargs: Any,
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs: Any
     ) -> torch.Tensor:
-        """One reward per sequence: `compute_reward_score` read at each row's last real token.
+        """One reward per sequence: `compute_reward_score` (which takes `kwargs`, e.g. ppo_adapter_name=)
+        read at each row's last real token.
 
         The last real token comes from `attention_mask`, so left and right padding give the same scores
         (what the reward model's sequence classifier outputs). Returns (B,) for a one-output head, else
         (B, num_labels).
         """
-        per_token = self.compute_reward_score(input_ids, attention_mask, ppo_adapter_name, **kwargs)
+        per_token = self.compute_reward_score(input_ids, attention_mask, **kwargs)
         mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
         rows = torch.arange(per_token.shape[0], device=per_token.device)
         scores = per_token[rows, last_true_indices(mask).to(per_token.device)]

@@ -14,6 +14,7 @@ hidden states with a forward hook (`forward_hidden`), and scores the response to
 from __future__ import annotations
 
 import logging
+from collections.abc import Container
 from dataclasses import dataclass
 
 import torch
@@ -67,14 +68,24 @@ def _unwrap(model: nn.Module) -> tuple[nn.Module, str | None]:
     return model, "too many nested wrappers"
 
 
-def _inspect(model: nn.Module) -> LMHead | str:
+def known_base_model(model: nn.Module, known_model_types: Container[str], needed: str) -> nn.Module | str:
+    """The transformers model inside `model`'s wrappers when its `model_type` is one of `known_model_types`;
+    otherwise the reason why not (a wrapper that changes the computation, or a type not known to `needed`)."""
     base, reason = _unwrap(model)
     if reason is not None:
         return reason
-    config = getattr(base, "config", None)
-    model_type = getattr(config, "model_type", None)
-    if model_type not in _PLAIN_HEAD_MODEL_TYPES:
-        return f"model_type {model_type!r} is not known to project last_hidden_state with a plain head"
+    model_type = getattr(getattr(base, "config", None), "model_type", None)
+    if model_type not in known_model_types:
+        return f"model_type {model_type!r} is not known to {needed}"
+    return base
+
+
+def _inspect(model: nn.Module) -> LMHead | str:
+    base = known_base_model(model, _PLAIN_HEAD_MODEL_TYPES, "project last_hidden_state with a plain head")
+    if isinstance(base, str):
+        return base
+    config = base.config
+    model_type = config.model_type
     if getattr(config, "final_logit_softcapping", None) or getattr(config, "is_encoder_decoder", False):
         return "its logits are soft-capped or come from a decoder with its own head"
     head = base.get_output_embeddings()

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
-from transformers import AutoModelForCausalLM, Trainer
+from transformers import AutoModelForCausalLM
 
 from rlhfkit.core.logprobs import selective_log_softmax
 from rlhfkit.core.losses import dpo_loss
@@ -29,19 +29,12 @@ from rlhfkit.rollout.lm_head import chunked_label_logprobs
 from rlhfkit.rollout.scoring import _logits_exceed_one_chunk, forward_accepts
 from rlhfkit.trainers import hf_trainer_setup
 from rlhfkit.trainers.dpo_config import DPOConfig
-from rlhfkit.trainers.guards import RobustTrainerMixin
-from rlhfkit.trainers.hf_trainer_setup import (
-    MetricBuffer,
-    load_model,
-    load_policy,
-    prepare_splits,
-    resolve_args,
-)
+from rlhfkit.trainers.hf_trainer_setup import MetricBuffer, SeedKeywordTrainer, load_model, load_policy
 
 logger = logging.getLogger(__name__)
 
 
-class DPOTrainer(RobustTrainerMixin, Trainer):
+class DPOTrainer(SeedKeywordTrainer):
     """`transformers.Trainer` for DPO; seed 001's keyword arguments override the matching `args` fields.
 
     `ref_model=None` means, for a PEFT policy (or when `peft_config` is given): its frozen SFT
@@ -50,6 +43,10 @@ class DPOTrainer(RobustTrainerMixin, Trainer):
     Seed 001's `tokenizer=` is another name for `processing_class=`.
     """
 
+    config_class = DPOConfig
+    default_output_dir = "dpo_model"
+    seed_keywords = ("beta", "label_pad_token_id", "padding_value", "truncation_mode", "max_length",
+                     "max_prompt_length", "disable_dropout")
     # compute_loss returns a per-pair mean, so Trainer must divide by the accumulation steps itself
     loss_is_scaled_for_ga = False
 
@@ -63,32 +60,21 @@ class DPOTrainer(RobustTrainerMixin, Trainer):
         label_pad_token_id: int | None = None,
         padding_value: int | None = None,
         truncation_mode: str | None = None,
-        train_dataset: Any = None,
-        eval_dataset: Any = None,
-        processing_class: Any = None,
-        model_init: Callable | None = None,
-        callbacks: list | None = None,
-        optimizers: tuple = (None, None),
-        preprocess_logits_for_metrics: Callable | None = None,
-        max_length: int | None = None,
-        max_prompt_length: int | None = None,
-        peft_config: Any = None,
-        disable_dropout: bool | None = None,
-        compute_metrics: Callable | None = None,
-        *,
-        tokenizer: Any = None,
+        **kwargs: Any,
     ):
-        owner = "DPOTrainer"
-        args, processing_class = resolve_args(
-            owner, DPOConfig, "dpo_model", args, model, model_init, processing_class, tokenizer,
-            beta=beta,
-            label_pad_token_id=label_pad_token_id,
-            padding_value=padding_value,
-            truncation_mode=truncation_mode,
-            max_length=max_length,
-            max_prompt_length=max_prompt_length,
-            disable_dropout=disable_dropout,
+        """Seed 001's leading arguments in its order; the rest (train_dataset=, processing_class=/tokenizer=,
+        max_length=, peft_config=, compute_metrics=, ...) by keyword, as `SeedKeywordTrainer` takes them."""
+        self._ref_model_argument = ref_model
+        super().__init__(
+            model, args, data_collator, beta=beta, label_pad_token_id=label_pad_token_id,
+            padding_value=padding_value, truncation_mode=truncation_mode, **kwargs,
         )
+        if self.ref_model is not None:
+            self.ref_model = self.accelerator.prepare_model(self.ref_model, evaluation_mode=True)
+
+    def _setup(self, model: Any, args: DPOConfig, processing_class: Any, peft_config: Any) -> tuple[Any, Any]:
+        owner, ref_model = type(self).__name__, self._ref_model_argument
+        del self._ref_model_argument
         if model is None and ref_model is None and not args.reference_free:
             # the default reference is a copy of `model`, which model_init only builds later
             raise ValueError(
@@ -106,29 +92,12 @@ class DPOTrainer(RobustTrainerMixin, Trainer):
         self.label_pad_token_id = args.label_pad_token_id
         self.beta = args.beta
         self.loss_type = args.loss_type
-
-        train_dataset, eval_dataset = prepare_splits(
-            train_dataset, eval_dataset, lambda ds, arg: self._prepare(ds, processing_class, args, arg)
-        )
-        if data_collator is None:
-            data_collator = DPODataCollatorWithPadding(self.padding_value, self.label_pad_token_id)
         self._metrics = MetricBuffer()
         self.eval_samples: list[dict[str, str]] = []
-        super().__init__(
-            model=model,
-            args=args,
-            data_collator=data_collator,
-            train_dataset=train_dataset,
-            eval_dataset=eval_dataset,
-            processing_class=processing_class,
-            model_init=model_init,
-            compute_metrics=compute_metrics,
-            callbacks=callbacks,
-            optimizers=optimizers,
-            preprocess_logits_for_metrics=preprocess_logits_for_metrics,
-        )
-        if self.ref_model is not None:
-            self.ref_model = self.accelerator.prepare_model(self.ref_model, evaluation_mode=True)
+        return model, args
+
+    def _default_collator(self, args: DPOConfig, processing_class: Any) -> Callable:
+        return DPODataCollatorWithPadding(self.padding_value, self.label_pad_token_id)
 
     @staticmethod
     def _padding_value(args: DPOConfig, processing_class: Any) -> int:
