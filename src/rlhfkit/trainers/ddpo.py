@@ -120,9 +120,11 @@ class DDPOTrainer:
             raise ValueError("sd_pipeline.trainable_parameters() is empty: nothing to train")
         for p in params:
             p.data = p.data.float()
-        self.trainable_params = params
         self.optimizer = self._make_optimizer(params)
         self.unet, self.optimizer = self.accelerator.prepare(sd_pipeline.unet, self.optimizer)
+        # taken after `prepare`: FSDP replaces the UNet's parameters by sharded ones (and switches the optimizer
+        # to them); the gradient check and clipping must read those
+        self.trainable_params = sd_pipeline.trainable_parameters()
 
         with torch.no_grad():
             neg = sd_pipeline.encode_prompts([config.negative_prompts], device=device)

@@ -1,0 +1,26 @@
+"""DDPOTrainer under 2 processes (gloo), with DDP and with FSDP2: one epoch trains the UNet's LoRA weights, the
+(gathered) weights stay identical on both ranks, and the gradient check and clipping see the live (under FSDP2,
+sharded) parameters, not the ones the UNet had before `accelerator.prepare`."""
+
+import pytest
+from launch import launch
+
+from rlhfkit.testing.diffusion import tiny_sd_pipeline_path
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize("setting", ["ddp", "fsdp2"])
+def test_ddpo_step_two_processes(setting):
+    r0, r1 = launch("ddpo_worker.py", str(tiny_sd_pipeline_path()), "--fsdp" if setting == "fsdp2" else "--ddp")
+    assert r0["world"] == 2
+    assert r0["distributed_type"] == ("DistributedType.FSDP" if setting == "fsdp2" else "DistributedType.MULTI_CPU")
+    assert r0["sharded"] == r1["sharded"] == (setting == "fsdp2")
+    for r in (r0, r1):
+        assert r["trainable_are_live"] and r["num_trainable"] > 0
+        # one optimizer step: its gradient check got every trainable gradient, and clipping measured them
+        assert r["gradients"] == [r["num_trainable"]]
+        assert len(r["grad_norms"]) == 1 and r["grad_norms"][0] > 0
+        assert r["finite"] and r["moved"] > 1e-3
+    assert r0["max_rank_diff"] == 0.0
+    assert r0["grad_norms"] == r1["grad_norms"]

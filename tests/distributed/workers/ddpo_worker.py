@@ -1,0 +1,73 @@
+"""Worker: one DDPOTrainer epoch (LoRA on the tiny UNet) on 2 gloo processes; `--fsdp` shards the UNet with FSDP2.
+
+Argument 1 is the tiny pipeline's folder (built once by the test, not by both ranks at once). Records the
+(gathered) trained parameters before and after, and what the gradient check and clipping were given.
+"""
+
+import sys
+import tempfile
+
+import torch
+from launch import save_result
+
+from rlhfkit.models.sd_pipeline import DefaultDDPOStableDiffusionPipeline
+from rlhfkit.trainers.ddpo import DDPOTrainer
+from rlhfkit.trainers.ddpo_config import DDPOConfig
+
+fsdp = "--fsdp" in sys.argv
+accelerator_kwargs = {}
+if fsdp:
+    from accelerate import FullyShardedDataParallelPlugin
+    from fsdp_cpu import full_params, is_sharded
+
+    accelerator_kwargs["fsdp_plugin"] = FullyShardedDataParallelPlugin(fsdp_version=2)
+else:
+    from rl_fixtures import flat_trainable
+
+    full_params = lambda model, trainable_only: flat_trainable(model)  # noqa: E731
+
+config = DDPOConfig(
+    num_epochs=1, sample_num_steps=2, sample_batch_size=2, sample_num_batches_per_epoch=1, train_batch_size=2,
+    mixed_precision="no", logdir=tempfile.mkdtemp(), save_freq=1000, train_learning_rate=1e-2, seed=0,
+    train_max_grad_norm=1e-3, accelerator_kwargs=accelerator_kwargs,
+)  # fmt: skip
+it = iter(["a cat", "a dog"] * 8)
+trainer = DDPOTrainer(
+    config, lambda images, prompts, metadata: images.mean(dim=(1, 2, 3)), lambda: (next(it), {}),
+    DefaultDDPOStableDiffusionPipeline(sys.argv[1]),
+)  # fmt: skip
+unet = trainer.sd_pipeline.unet
+start = full_params(unet, trainable_only=True)
+seen = {"gradients": [], "grad_norms": []}
+check, clip = trainer.nonfinite_guard.check, trainer.accelerator.clip_grad_norm_
+
+
+def recording_check(*args, **named):
+    if "gradients" in named:
+        seen["gradients"].append(len(named["gradients"]))
+    return check(*args, **named)
+
+
+def recording_clip(params, max_norm):
+    norm = clip(params, max_norm)
+    seen["grad_norms"].append(float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm))
+    return norm
+
+
+trainer.nonfinite_guard.check, trainer.accelerator.clip_grad_norm_ = recording_check, recording_clip
+trainer.step(0, 0)  # not train(): its end_training() would take down the process group
+params = full_params(unet, trainable_only=True)
+everyone = trainer.accelerator.gather(params[None])
+live = {id(p) for p in unet.parameters() if p.requires_grad}
+save_result({
+    "world": trainer.accelerator.num_processes,
+    "distributed_type": str(trainer.accelerator.distributed_type),
+    "sharded": fsdp and is_sharded(unet),
+    "trainable_are_live": [id(p) for p in trainer.trainable_params] == [id(p) for p in unet.parameters()
+                                                                        if p.requires_grad] and bool(live),
+    "num_trainable": len(trainer.trainable_params),
+    "moved": (params - start).abs().max().item(),
+    "max_rank_diff": (everyone - everyone[0]).abs().max().item(),
+    "finite": bool(torch.isfinite(params).all()),
+    **seen,
+})  # fmt: skip
