@@ -363,11 +363,13 @@ class DDPOTrainer:
     # --------------------------------------------------------------------------------------------
     def save_pretrained(self, save_directory: str | Path) -> None:
         """Save the trained model in diffusers format (LoRA weights or a full pipeline)."""
+        self._refuse_under_fsdp("save_pretrained")
         self.sd_pipeline.save_pretrained(save_directory)
 
     def save_checkpoint(self, epoch: int) -> Path:
         """Write `checkpoint-<epochs done>` (trained weights, optimiser, RNG, counters), keep the newest
         `num_checkpoint_limit`. Format, checksums and lock: `rlhfkit.trainers.checkpointing`."""
+        self._refuse_under_fsdp("save_checkpoint")
         final = save_training_checkpoint(
             self.checkpoint_dir / f"checkpoint-{epoch + 1}", epoch + 1, self.sd_pipeline.trainable_state_dict(),
             self._checkpoint_parts(), extra={"epoch": epoch, "global_step": self.global_step},
@@ -375,9 +377,22 @@ class DDPOTrainer:
         prune_checkpoints(self.checkpoint_dir, self.config.num_checkpoint_limit, protect=(str(final),))
         return final
 
+    def _refuse_under_fsdp(self, what: str) -> None:
+        """Under FSDP each rank holds only shards of the UNet and the optimizer state: saving or loading them
+        needs every rank (a gather, a scatter), which DDPO's checkpoints do not do yet. Say so, not a torch error."""
+        from accelerate.utils import DistributedType
+
+        if self.accelerator.distributed_type == DistributedType.FSDP:
+            raise NotImplementedError(
+                f"DDPOTrainer.{what} does not support a UNet sharded by FSDP yet; train under DDP "
+                "(examples/accelerate_configs/multi_gpu.yaml: LoRA weights are small enough to replicate), or "
+                "under FSDP without checkpoints (save_freq above num_epochs)"
+            )
+
     def _load_checkpoint(self, path: Path) -> None:
         from safetensors.torch import load_file
 
+        self._refuse_under_fsdp("resume_from")
         path, state = load_training_checkpoint(path, self._checkpoint_parts())
         self.sd_pipeline.load_trainable_state_dict(load_file(str(path / WEIGHTS_FILE)))
         self.first_epoch, self.global_step = state["epoch"] + 1, state["global_step"]
