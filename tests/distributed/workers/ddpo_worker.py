@@ -33,6 +33,7 @@ config = DDPOConfig(
     train_max_grad_norm=1e-3, accelerator_kwargs=accelerator_kwargs,
 )  # fmt: skip
 it = iter(["a cat", "a dog"] * 8)
+torch.manual_seed(0)  # the LoRA weights are drawn when the pipeline is built: the same on both ranks
 trainer = DDPOTrainer(
     config, lambda images, prompts, metadata: images.mean(dim=(1, 2, 3)), lambda: (next(it), {}),
     DefaultDDPOStableDiffusionPipeline(sys.argv[1]),
@@ -72,6 +73,7 @@ save_result({
     "trainable_are_live": [id(p) for p in trainer.trainable_params] == [id(p) for p in unet.parameters()
                                                                         if p.requires_grad] and bool(live),
     "num_trainable": len(trainer.trainable_params),
+    "params": params.tolist(),
     "moved": (params - start).abs().max().item(),
     "max_rank_diff": (everyone - everyone[0]).abs().max().item(),
     "finite": bool(torch.isfinite(params).all()),
