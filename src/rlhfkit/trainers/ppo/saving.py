@@ -13,6 +13,7 @@ from typing import Any
 
 from rlhfkit.trainers.checkpointing import WEIGHTS_FILE, load_training_checkpoint, save_training_checkpoint
 from rlhfkit.trainers.ppo import stats as ppo_stats
+from rlhfkit.trainers.sharded_state import gather_optimizer_state, load_optimizer_state, shard_like
 
 
 class SavingMethods:
@@ -95,11 +96,7 @@ class SavingMethods:
         self.accelerator.wait_for_everyone()
         weights, extra = self._gathered_weights(), None
         if self._fsdp:  # the optimizer's state is sharded too (`_checkpoint_parts` leaves it out): gathered alike
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-
-            whole_on_main = StateDictOptions(full_state_dict=True, cpu_offload=True)
-            extra = {"optimizer": get_optimizer_state_dict(self._train_model, self.optimizer.optimizer,
-                                                           options=whole_on_main)}
+            extra = {"optimizer": gather_optimizer_state(self._train_model, self.optimizer)}
         if self.accelerator.is_main_process:
             save_training_checkpoint(checkpoint_dir, self.current_step, self.policy if weights is None else weights,
                                      self._checkpoint_parts(), extra=extra)
@@ -110,18 +107,11 @@ class SavingMethods:
         from safetensors.torch import load_file, load_model
 
         folder, state = load_training_checkpoint(checkpoint_dir, self._checkpoint_parts())
-        if self._fsdp:  # every rank reads the whole tensors and keeps its own shard of them
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-            from torch.distributed.tensor import DTensor, distribute_tensor
-
-            # by hand: torch's set_model_state_dict and accelerate's loader expect no value-head key layout
-            full = load_file(str(folder / WEIGHTS_FILE))
-            self.policy.load_state_dict({
-                k: distribute_tensor(full[k].to(v.dtype), v.device_mesh, v.placements) if isinstance(v, DTensor)
-                else full[k] for k, v in self.policy.state_dict().items()
-            })  # fmt: skip
-            set_optimizer_state_dict(self._train_model, self.optimizer.optimizer, state["optimizer"],
-                                     options=StateDictOptions(full_state_dict=True))
+        if self._fsdp:  # every rank reads the whole tensors and keeps its own shard of them (not torch's
+            # set_model_state_dict or accelerate's loader: they do not expect the value head's key layout)
+            whole = load_file(str(folder / WEIGHTS_FILE))
+            self.policy.load_state_dict(shard_like(self.policy.state_dict(), whole))
+            load_optimizer_state(self._train_model, self.optimizer, state["optimizer"])
         else:
             load_model(self.policy, str(folder / WEIGHTS_FILE), device=str(self.current_device))
         self.current_step = int(state["step"])
