@@ -249,13 +249,17 @@ class PreTrainedModelWrapper(nn.Module):
         """Base weights (or only the adapters of a PEFT model) + `value_head.safetensors`, all safetensors.
 
         kwargs (e.g. `max_shard_size`) go to the base model's `save_pretrained`. A loaded reward adapter is
-        not saved: it is an input, reloaded from its own folder.
+        not saved: it is an input, reloaded from its own folder. `state_dict` (this model's `state_dict()`
+        layout, e.g. gathered whole from FSDP shards) is written instead of the module's own tensors.
         """
         from safetensors.torch import save_file
 
         if kwargs.pop("safe_serialization", True) is False:
             raise ValueError("rlhfkit saves safetensors only; drop safe_serialization=False")
-        kwargs.pop("state_dict", None)
+        state_dict = kwargs.pop("state_dict", None)
+        if state_dict is not None:
+            heads = ("v_head.", "score.")
+            kwargs["state_dict"] = {k: v for k, v in state_dict.items() if not k.startswith(heads)}
         folder = Path(save_directory)
         folder.mkdir(parents=True, exist_ok=True)
         peft_model = adapters.peft_model_of(self)
@@ -272,7 +276,10 @@ class PreTrainedModelWrapper(nn.Module):
                 "reference_adapter": reference if reference in names else None,
             }
             (folder / ADAPTER_LAYOUT_FILE).write_text(json.dumps(layout, indent=2))
-        head = {f"v_head.{k}": v.detach().to("cpu", torch.float32).contiguous() for k, v in self.v_head.state_dict().items()}
+        if state_dict is None:
+            state_dict = {f"v_head.{k}": v for k, v in self.v_head.state_dict().items()}
+        head = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in state_dict.items()
+                if k.startswith("v_head.")}  # fmt: skip
         save_file(head, str(folder / VALUE_HEAD_FILE))
 
     def push_to_hub(self, repo_id: str, *args: Any, **kwargs: Any) -> Any:
