@@ -16,10 +16,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from rlhfkit.core.policy_losses import POLICY_LOSSES
 from rlhfkit.trainers.config_checks import exact_div
 from rlhfkit.trainers.hf_trainer_config import HFTrainerConfig, ModelInitKwargs
 
-LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo")
+LOSS_TYPES = tuple(POLICY_LOSSES)
 SCALE_REWARDS = ("group", "batch", "none")
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 
@@ -88,7 +89,7 @@ class GRPOConfig(ModelInitKwargs, HFTrainerConfig):
     )
     loss_type: str = field(
         default="dapo",
-        metadata={"help": "How token losses are aggregated: grpo, dr_grpo, dapo (default), bnpo or cispo."},
+        metadata={"help": "How token losses are aggregated: grpo, dr_grpo, dapo (default), bnpo, gspo or cispo."},
     )
     scale_rewards: str = field(
         default="group",

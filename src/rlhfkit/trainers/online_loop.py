@@ -18,6 +18,7 @@ import dataclasses
 import math
 import os
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -25,7 +26,7 @@ from torch import nn
 from transformers import TrainerState
 from transformers.trainer_utils import TrainOutput
 
-from rlhfkit.rollout import HFGenerationBackend, pad_left
+from rlhfkit.rollout import HFGenerationBackend, forward_response, pad_left
 from rlhfkit.rollout.batch import RolloutBatch
 from rlhfkit.trainers.checkpointing import latest_checkpoint, load_state, save_state, verify_checkpoint
 from rlhfkit.trainers.sample_table import print_sample_table, save_samples
@@ -55,6 +56,10 @@ class OnlineTrainerLoop:
     def _sample_generations_freq(self) -> int:
         """Updates between two tables of greedy sample completions (0: never)."""
         return 0
+
+    def _forward_chunk_size(self) -> int:
+        """Rows per no-gradient forward pass over a rollout (reference logprobs, reward models)."""
+        raise NotImplementedError
 
     def _model_card_lines(self) -> list[str]:
         """The algorithm's part of the model card: what it is, its main settings, its reference."""
@@ -152,7 +157,27 @@ class OnlineTrainerLoop:
         if checkpoint is not None and os.path.isfile(os.path.join(checkpoint, f"{name}.json")):
             self._load_loop_state(load_state(checkpoint, name))
 
-    # ------------------------------------------------------------------ sampling helpers
+    # ------------------------------------------------------------------ rollout helpers
+    def _reference_logprobs(self, batch: RolloutBatch) -> torch.Tensor:
+        """(N, R) logprobs of the responses under the reference (junk on padding: mask it)."""
+        with self.reference(self.accelerator.unwrap_model(self.model)) as ref_policy:
+            parts = [
+                forward_response(ref_policy, *chunk, temperature=self.args.temperature).logprobs
+                for chunk in self._forward_chunks(batch)
+            ]
+        return torch.cat(parts)
+
+    def _forward_chunks(self, batch: RolloutBatch) -> Iterator[tuple[torch.Tensor, ...]]:
+        """(query_ids, query_mask, responses, response_mask) of `_forward_chunk_size()` rows at a time.
+
+        The queries keep the batch's width: `batch[rows]` would trim their shared left padding, which moves
+        logprobs and scores in the last float bits; kept so that a seed reproduces earlier runs exactly.
+        """
+        size = self._forward_chunk_size()
+        for start in range(0, len(batch), size):
+            rows = slice(start, start + size)
+            yield batch.query_ids[rows], batch.query_mask[rows], batch.responses[rows], batch.response_mask[rows]
+
     def _gathered_weights(self) -> contextlib.AbstractContextManager:
         """Under DeepSpeed ZeRO-3, the policy's sharded weights gathered once per generation (unless told not to)."""
         return zero3_generation_context(self.accelerator, self.model, self.args.ds3_gather_for_generation)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import math
 from collections import defaultdict
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -160,6 +159,9 @@ class RLOOTrainer(OnlineTrainerLoop, RobustTrainerMixin, Trainer):
     def _sample_generations_freq(self) -> int:
         return self.args.sample_generations_freq
 
+    def _forward_chunk_size(self) -> int:
+        return self.args.local_rollout_forward_batch_size
+
     # ------------------------------------------------------------------ steps 1-6
     @torch.no_grad()
     def _rollout(self, update: int) -> tuple[RolloutBatch, dict[str, float]]:
@@ -231,29 +233,9 @@ class RLOOTrainer(OnlineTrainerLoop, RobustTrainerMixin, Trainer):
         )
         return batch.trimmed()
 
-    def _reference_logprobs(self, batch: RolloutBatch) -> torch.Tensor:
-        """(N, R) logprobs of the responses under the reference (junk on padding: mask it)."""
-        with self.reference(self.accelerator.unwrap_model(self.model)) as ref_policy:
-            parts = [
-                forward_response(ref_policy, *chunk, temperature=self.args.temperature).logprobs
-                for chunk in self._forward_chunks(batch)
-            ]
-        return torch.cat(parts)
-
     def _score(self, batch: RolloutBatch) -> torch.Tensor:
         """(N,) scores of the completions from the reward model(s) / function(s)."""
         return torch.cat([self.scorer(*chunk)[0] for chunk in self._forward_chunks(batch)])
-
-    def _forward_chunks(self, batch: RolloutBatch) -> Iterator[tuple[torch.Tensor, ...]]:
-        """(query_ids, query_mask, responses, response_mask) of `local_rollout_forward_batch_size` rows at a time.
-
-        The queries keep the batch's width: `batch[rows]` would trim their shared left padding, which moves
-        logprobs and scores in the last float bits; kept so that a seed reproduces earlier runs exactly.
-        """
-        size = self.args.local_rollout_forward_batch_size
-        for start in range(0, len(batch), size):
-            rows = slice(start, start + size)
-            yield batch.query_ids[rows], batch.query_mask[rows], batch.responses[rows], batch.response_mask[rows]
 
     # ------------------------------------------------------------------ step 7
     def _optimize(self, model: nn.Module, batch: RolloutBatch) -> dict[str, float]:
