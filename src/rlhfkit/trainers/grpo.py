@@ -195,7 +195,7 @@ class GRPOTrainer(OnlineTrainerLoop, RobustTrainerMixin, Trainer):
     def _loop_state(self) -> dict[str, Any]:
         state: dict[str, Any] = {"prompt_batches": self._prompt_batches}
         if self.state.global_step % self._cycle() and self._buffer is not None:  # resumed mid-way through it
-            state["buffer"] = {k: v for k, v in vars(self._buffer).items() if v is not None}
+            state["buffer"] = {k: v.clone() for k, v in vars(self._buffer).items() if v is not None}  # no shared storage
             state["buffer_metrics"] = self._buffer_metrics
         return state
 
