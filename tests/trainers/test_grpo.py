@@ -205,6 +205,36 @@ def test_resume_mid_generation_continues_exactly(tmp_path, tokenizer):
     assert _logged(resumed, "reward") == _logged(full, "reward")
 
 
+def test_masked_truncated_completions_give_no_update(tmp_path, tokenizer):
+    # 3 tokens are too few for the tiny model to reach eos: every completion is cut, none is trained on
+    model = tiny_model("llama")
+    before = {k: v.clone() for k, v in model.named_parameters()}
+    trainer = _trainer(tmp_path, tokenizer, model=model, max_completion_length=3, mask_truncated_completions=True,
+                       max_steps=1, top_entropy_quantile=0.2)  # fmt: skip
+    trainer.train()
+    logs = trainer.state.log_history[0]
+    assert logs["completions/clipped_ratio"] == 1.0 and not trainer._buffer.loss_mask.any()
+    assert logs["loss"] == 0.0 and logs["skipped_nonfinite_steps"] == 0.0
+    assert all(torch.equal(before[k], v) for k, v in model.named_parameters())
+
+
+def test_sync_ref_model_mixes_the_reference_toward_the_policy(tmp_path, tokenizer):
+    trainer = _trainer(tmp_path, tokenizer, beta=0.1, sync_ref_model=True, ref_model_sync_steps=1,
+                       ref_model_mixup_alpha=0.25, max_steps=1)  # fmt: skip
+    ref_before = {k: v.clone() for k, v in trainer.reference.model.named_parameters()}
+    trainer.train()
+    for (name, ref), policy in zip(trainer.reference.model.named_parameters(), trainer.model.parameters()):
+        torch.testing.assert_close(ref, 0.25 * policy.detach() + 0.75 * ref_before[name], msg=name)
+
+
+def test_log_completions_prints_and_saves_a_table(tmp_path, tokenizer, capsys):
+    trainer = _trainer(tmp_path, tokenizer, log_completions=True, num_completions_to_print=3, max_steps=1)
+    trainer.train()
+    assert "completions, update 0" in capsys.readouterr().out
+    rows = (tmp_path / "out" / "samples.jsonl").read_text().splitlines()
+    assert len(rows) == 3
+
+
 def test_bad_reward_funcs_and_datasets_fail_before_training(tmp_path, tokenizer):
     with pytest.raises(TypeError, match="reward_funcs must hold"):
         _trainer(tmp_path, tokenizer, reward=[count_e, 3])

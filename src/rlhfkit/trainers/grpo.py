@@ -306,13 +306,17 @@ class GRPOTrainer(OnlineTrainerLoop, RobustTrainerMixin, Trainer):
         print_sample_table(prompts, groups.completions[:n], scores, title=f"completions, update {self.state.global_step}")
         save_samples(args.output_dir, self.state.global_step, prompts, groups.completions[:n], scores)
 
+    def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
+        raise NotImplementedError(f"{OWNER} has no evaluation loop yet; log_completions shows sampled completions")
+
     # ------------------------------------------------------------------ the update
     def _optimize(self, model: nn.Module, batch: RolloutBatch) -> dict[str, float]:
         args = self.args
         processes = self.accelerator.num_processes
         # the loss is normalised over the whole step on every process: global counts / processes, so that
         # the gradients averaged by DDP equal those of one process holding every row
-        step_tokens = self.accelerator.gather(batch.loss_mask.sum()[None]).sum().item() / processes
+        # (at least one token: with every completion masked the loss is 0, not 0/0)
+        step_tokens = max(self.accelerator.gather(batch.loss_mask.sum()[None]).sum().item(), 1.0) / processes
         stats = defaultdict(list)
         micro_batches = list(batch.minibatches(args.per_device_train_batch_size))
         for i, (_, rows) in enumerate(micro_batches):
@@ -348,7 +352,7 @@ class GRPOTrainer(OnlineTrainerLoop, RobustTrainerMixin, Trainer):
         self.accelerator.backward(result.loss)
         stats = {
             "loss": result.loss.detach(),
-            "entropy": masked_mean(out.entropy, mask),
+            "entropy": masked_mean(out.entropy, rows.response_mask),  # every generated token, as TRL
             "clip_ratio/low_mean": result.clip_ratio_low,
             "clip_ratio/high_mean": result.clip_ratio_high,
             "clip_ratio/region_mean": result.clip_ratio_region,
