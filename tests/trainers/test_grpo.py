@@ -205,6 +205,17 @@ def test_resume_mid_generation_continues_exactly(tmp_path, tokenizer):
     assert _logged(resumed, "reward") == _logged(full, "reward")
 
 
+def test_soft_overlong_penalty_counts_completion_tokens(tmp_path, tokenizer):
+    from rlhfkit.rewards import soft_overlong_penalty
+
+    # free up to 6 - 4 = 2 tokens, then -1/4 per token: completions of 5 tokens (no eos reached) score -0.75
+    trainer = _trainer(tmp_path, tokenizer, reward=soft_overlong_penalty(6, 4), max_completion_length=5, max_steps=1)
+    trainer.train()
+    lengths = trainer._buffer.response_mask.sum(1).float()
+    torch.testing.assert_close(trainer._buffer.scores, ((2 - lengths) / 4).clamp(-1, 0))
+    assert trainer.state.log_history[0]["rewards/soft_overlong_penalty/mean"] == pytest.approx(-0.75)
+
+
 def test_masked_truncated_completions_give_no_update(tmp_path, tokenizer):
     # 3 tokens are too few for the tiny model to reach eos: every completion is cut, none is trained on
     model = tiny_model("llama")
