@@ -32,7 +32,7 @@ from rlhfkit.core.kl import per_token_kl
 from rlhfkit.core.masking import masked_mean
 from rlhfkit.core.policy_losses import entropy_mask, policy_loss
 from rlhfkit.models.reference import choose_reference
-from rlhfkit.rollout import HFGenerationBackend, SamplingParams, forward_response
+from rlhfkit.rollout import HFGenerationBackend, SamplingParams, forward_response, pad_left
 from rlhfkit.rollout.batch import RolloutBatch
 from rlhfkit.rollout.rewards import RewardScorer
 from rlhfkit.trainers.grpo_config import GRPOConfig
@@ -284,8 +284,6 @@ class GRPOTrainer(OnlineTrainerLoop, RobustTrainerMixin, Trainer):
         return batch.query_ids, batch.query_mask, batch.responses, batch.response_mask
 
     def _pad_prompts(self, rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        from rlhfkit.rollout import pad_left
-
         ids, mask = pad_left([torch.tensor(r, dtype=torch.long) for r in rows], self.processing_class.pad_token_id)
         return ids.to(self.accelerator.device), mask.to(self.accelerator.device)
 
