@@ -246,6 +246,20 @@ def test_log_completions_prints_and_saves_a_table(tmp_path, tokenizer, capsys):
     assert len(rows) == 3
 
 
+def test_model_and_reward_model_given_as_local_paths(tmp_path):
+    from rlhfkit.testing import tiny_model_path
+
+    trainer = GRPOTrainer(
+        str(tiny_model_path("llama")), [str(tiny_model_path("llama-reward")), count_e],
+        args=_config(tmp_path, max_steps=1, reward_weights=[0.5, 1.0]), train_dataset=toy_prompt_dataset(n=16),
+    )  # fmt: skip
+    assert trainer.processing_class is not None and trainer.reward_func_names == ["llama-reward", "count_e"]
+    trainer.train()
+    logs = trainer.state.log_history[0]
+    expected = 0.5 * logs["rewards/llama-reward/mean"] + logs["rewards/count_e/mean"]
+    assert logs["reward"] == pytest.approx(expected, rel=1e-5)
+
+
 def test_bad_reward_funcs_and_datasets_fail_before_training(tmp_path, tokenizer):
     with pytest.raises(TypeError, match="reward_funcs must hold"):
         _trainer(tmp_path, tokenizer, reward=[count_e, 3])
