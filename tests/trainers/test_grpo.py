@@ -166,7 +166,10 @@ def test_sampling_and_training_logprobs_agree(tmp_path, tokenizer):
     assert max(_logged(trainer, "sampling/sampling_logp_difference/max")) < 1e-4
 
 
-def test_num_iterations_reuses_the_batch_with_its_old_logprobs(tmp_path, tokenizer, monkeypatch):
+@pytest.mark.parametrize("reuse", [{"num_iterations": 2}, {"steps_per_generation": 4}])
+def test_a_reused_batch_trains_against_its_old_logprobs(tmp_path, tokenizer, monkeypatch, reuse):
+    # num_iterations=2: both updates pass over the same rows; steps_per_generation=4 (2 x accumulation):
+    # the second update takes the second half of the batch, after the first changed the policy
     calls = []
     real = grpo_module.policy_loss
 
@@ -175,8 +178,8 @@ def test_num_iterations_reuses_the_batch_with_its_old_logprobs(tmp_path, tokeniz
         return real(loss_type, logprobs, old_logprobs, *args, **kwargs)
 
     monkeypatch.setattr(grpo_module, "policy_loss", spy)
-    trainer = _trainer(tmp_path, tokenizer, num_iterations=2, max_steps=2, per_device_train_batch_size=4,
-                       gradient_accumulation_steps=2, epsilon=0.05)  # fmt: skip
+    trainer = _trainer(tmp_path, tokenizer, max_steps=2, per_device_train_batch_size=4, gradient_accumulation_steps=2,
+                       epsilon=0.05, **reuse)  # fmt: skip
     generated = []
     real_generate = trainer._generate
     monkeypatch.setattr(trainer, "_generate", lambda: generated.append(1) or real_generate())
