@@ -29,10 +29,14 @@ def grpo_trainer(out: str, per_device: int, **kw):
     )  # fmt: skip
     cfg.update(kw)
     policy = tiny_model("llama")
+    if cfg.get("fsdp"):  # the Trainer refuses a ready-made optimizer under FSDP: the same SGD, built by it
+        cfg = {"optim": "sgd", "learning_rate": SGD_LR, **cfg}
+        optimizers = (None, None)
+    else:
+        optimizers = (torch.optim.SGD(policy.parameters(), lr=SGD_LR), None)
     return GRPOTrainer(
         policy, count_e, args=GRPOConfig(**cfg), train_dataset=toy_prompt_dataset(n=16),
-        processing_class=tiny_tokenizer(padding_side="left"),
-        optimizers=(torch.optim.SGD(policy.parameters(), lr=SGD_LR), None),
+        processing_class=tiny_tokenizer(padding_side="left"), optimizers=optimizers,
     )  # fmt: skip
 
 
