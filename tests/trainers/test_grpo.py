@@ -193,6 +193,21 @@ def test_a_reused_batch_trains_against_its_old_logprobs(tmp_path, tokenizer, mon
     assert "sampling/sampling_logp_difference/mean" not in trainer.state.log_history[1]
 
 
+def test_top_entropy_quantile_trains_on_the_most_uncertain_tokens(tmp_path, tokenizer, monkeypatch):
+    masks = []
+    real = grpo_module.policy_loss
+
+    def spy(*args, **kwargs):
+        masks.append((kwargs["entropy_mask"], args[4].bool()))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(grpo_module, "policy_loss", spy)
+    _trainer(tmp_path, tokenizer, top_entropy_quantile=0.25, max_steps=1).train()
+    (keep, loss_mask), = masks
+    assert not (keep & ~loss_mask).any()
+    assert 0.2 <= keep.sum() / loss_mask.sum() <= 0.35  # a quarter of the loss tokens (ties kept)
+
+
 def test_resume_mid_generation_continues_exactly(tmp_path, tokenizer):
     # num_iterations=2: checkpoint-1 falls between the two passes over a generation batch, so the
     # resumed run must reload that batch (not sample a new one)
