@@ -69,6 +69,9 @@ def test_beta_zero_builds_no_reference_and_every_parameter_moves(tmp_path, token
     logs = trainer.state.log_history[0]
     assert set(METRICS) <= set(logs), set(METRICS) - set(logs)
     assert "kl" not in logs  # no KL term without a reference
+    trainer.create_model_card(dataset_name="toy")
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert "group relative policy optimisation (GRPO)" in card and "- grpo" in card and "`toy`" in card
 
 
 def test_beta_builds_a_frozen_reference_and_logs_kl(tmp_path, tokenizer):
