@@ -19,6 +19,7 @@ METRICS = (
     "completions/mean_length", "completions/clipped_ratio", "completions/mean_terminated_length", "loss",
     "entropy", "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "clip_ratio/low_min",
     "clip_ratio/high_max", "sampling/sampling_logp_difference/mean", "sampling/sampling_logp_difference/max", "lr",
+    "num_tokens",
 )  # fmt: skip
 
 
@@ -69,6 +70,8 @@ def test_beta_zero_builds_no_reference_and_every_parameter_moves(tmp_path, token
     logs = trainer.state.log_history[0]
     assert set(METRICS) <= set(logs), set(METRICS) - set(logs)
     assert "kl" not in logs  # no KL term without a reference
+    tokens = _logged(trainer, "num_tokens")
+    assert 8 * 5 < tokens[0] < tokens[1]  # prompt + completion tokens so far, cumulative
     trainer.create_model_card(dataset_name="toy")
     card = (tmp_path / "out" / "README.md").read_text()
     assert "group relative policy optimisation (GRPO)" in card and "- grpo" in card and "`toy`" in card
@@ -224,6 +227,7 @@ def test_resume_mid_generation_continues_exactly(tmp_path, tokenizer):
     for (name, a), b in zip(full.model.named_parameters(), resumed.model.parameters()):
         torch.testing.assert_close(a, b, atol=0, rtol=0, msg=f"{name} differs after resuming")
     assert _logged(resumed, "reward") == _logged(full, "reward")
+    assert _logged(resumed, "num_tokens") == _logged(full, "num_tokens")
 
 
 def test_soft_overlong_penalty_counts_completion_tokens(tmp_path, tokenizer):

@@ -249,6 +249,9 @@ class GRPOTrainer(OnlineTrainerLoop, RobustTrainerMixin, Trainer):
             counts = gather(torch.tensor(list(metrics.values()), device=lengths.device)[None])
             metrics = {"sampling/dropped_groups": counts[:, 0].sum().item(), "sampling/rounds": counts[:, 1].max().item()}
         metrics.update({k: v.item() for k, v in stats.items()})
+        tokens = gather((batch.query_mask.sum() + batch.response_mask.sum())[None]).sum().item()
+        self.state.num_input_tokens_seen += int(tokens)  # prompt + completion tokens, all processes (TRL)
+        metrics["num_tokens"] = self.state.num_input_tokens_seen
         self._log_completions(groups, batch)
         return batch, metrics
 
