@@ -29,3 +29,4 @@ def test_grpo_two_processes_equal_one_process_with_the_doubled_batch(setting, tm
     assert r0["max_rank_diff"] == 0.0
     scores = r0["local_scores"] + r1["local_scores"]
     assert r0["reward_metric"] == r1["reward_metric"] == pytest.approx(sum(scores) / len(scores), abs=1e-5)
+    assert r0["prompt_batches"] == r1["prompt_batches"] >= 1

@@ -37,7 +37,7 @@ from rlhfkit.rollout.batch import RolloutBatch
 from rlhfkit.rollout.rewards import RewardScorer
 from rlhfkit.trainers.grpo_config import GRPOConfig
 from rlhfkit.trainers.grpo_sampling import SampledGroups, completion_stats, fill_batch, reward_stats
-from rlhfkit.trainers.guards import RobustTrainerMixin
+from rlhfkit.trainers.guards import RobustTrainerMixin, any_across_ranks
 from rlhfkit.trainers.hf_trainer_setup import disable_dropout, load_model, load_policy, resolve_args
 from rlhfkit.trainers.online_loop import OnlineTrainerLoop
 from rlhfkit.trainers.rloo_data import PromptSchedule, check_prompts, datasets_by_argument, tokenize_datasets
@@ -229,6 +229,7 @@ class GRPOTrainer(OnlineTrainerLoop, RobustTrainerMixin, Trainer):
             groups, metrics = fill_batch(
                 self._sample_groups, args.local_prompts_per_generation, args.num_generations,
                 args.max_sampling_rounds, self.processing_class.pad_token_id,
+                any_process=lambda short: any_across_ranks(short, self.accelerator),
             )  # fmt: skip
         else:
             groups, metrics = self._sample_groups(), {}

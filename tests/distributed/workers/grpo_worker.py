@@ -3,6 +3,7 @@
 A. one update on each rank's half of a fixed rollout (SGD), for several loss types: the same step as one
    process on the whole rollout, since every loss is normalised over the whole step;
 B. a full `train()` of 2 updates: replicas stay identical, and the reward metric covers both ranks.
+C. dynamic sampling keeps the ranks in step (the same number of sampling rounds).
 With `--fsdp` the policy is sharded by accelerate's FSDP2.
 """
 
@@ -40,4 +41,9 @@ result["max_rank_diff"] = (everyone - everyone[0]).abs().max().item()
 result["local_scores"] = trainer._buffer.scores.tolist()
 result["reward_metric"] = trainer.state.log_history[-1]["reward"]
 result["world"] = trainer.accelerator.num_processes
+
+# C. dynamic sampling: every rank samples as many rounds as the rank that is shortest of useful groups
+trainer = grpo_trainer(out, per_device=2, dynamic_sampling=True, max_sampling_rounds=4, max_steps=1, **settings)
+trainer.train()
+result["prompt_batches"] = trainer._prompt_batches
 save_result(result)
