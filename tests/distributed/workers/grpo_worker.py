@@ -10,8 +10,9 @@ With `--fsdp` the policy is sharded by accelerate's FSDP2.
 import sys
 import tempfile
 
-from grpo_fixtures import LOSS_TYPES, flat_params, grpo_trainer, synthetic_grpo_rollout
 from launch import save_result
+
+from workers.grpo_fixtures import LOSS_TYPES, flat_params, grpo_trainer, synthetic_grpo_rollout
 
 settings = {}
 if "--fsdp" in sys.argv:  # the policy sharded by accelerate's FSDP2; parameters gathered whole to compare
