@@ -1,0 +1,219 @@
+"""Health alarms: each alarm provoked by a hand-built metric sequence, silence on a healthy run, the rate
+limit, the warning channel, and real PPO and GRPO runs whose huge learning rate trips an alarm."""
+
+from __future__ import annotations
+
+import copy
+import math
+import warnings
+
+import pytest
+
+from rlhfkit.trainers.health import (
+    ALARMS,
+    TRAINER_METRICS,
+    HealthMonitor,
+    HealthThresholds,
+    HealthWarning,
+    growth_per_step,
+    watch,
+)
+
+PPO, RLOO, GRPO = TRAINER_METRICS["ppo"], TRAINER_METRICS["rloo"], TRAINER_METRICS["grpo"]
+
+
+def healthy_step(i: int) -> dict[str, float]:
+    """GRPO-named metrics of a run that learns calmly: KL and reward rise and level off, entropy eases."""
+    return {
+        "kl": 0.08 * (1 - math.exp(-i / 5)),
+        "entropy": 2.0 - 0.4 * (1 - math.exp(-i / 10)),
+        "reward": 1 - math.exp(-i / 8),
+        "completions/mean_length": 10.0 + (i % 3) * 0.5,
+        "clip_ratio/region_mean": 0.05,
+        "sampling/sampling_logp_difference/mean": 1e-6,
+        "sampling/sampling_logp_difference/max": 1e-5,
+        "eval/win_rate": 0.5 + 0.01 * i if i % 5 == 0 else None,
+    }
+
+
+def run(monitor: HealthMonitor, steps: list[dict], first: int = 1) -> tuple[list[dict], list[str]]:
+    """Check each step's metrics (None entries left out); the health values per step and every warning."""
+    values, messages = [], []
+    for step, metrics in enumerate(steps, start=first):
+        found, said = monitor.check({k: v for k, v in metrics.items() if v is not None}, step)
+        values.append(found)
+        messages.extend(said)
+    return values, messages
+
+
+def test_a_healthy_run_raises_no_alarm():
+    values, messages = run(HealthMonitor(GRPO), [healthy_step(i) for i in range(60)])
+    assert messages == []
+    assert all(v["health/alarms"] == 0.0 for v in values)
+    last = values[-1]
+    # every alarm had its metrics: each reports "does not hold"
+    assert {f"health/{kind}" for kind in ALARMS} <= set(last)
+    assert 0.7 < last["health/entropy_ratio"] < 1.0
+
+
+def test_growth_per_step_is_the_geometric_rate():
+    # 1 -> 4 over two steps: x2 per step, +100%/step
+    assert growth_per_step([(1, 1.0), (2, 2.0), (3, 4.0)]) == pytest.approx(1.0)
+    assert growth_per_step([(5, 8.0), (8, 1.0)]) == pytest.approx(-0.5)
+
+
+# ---------------------------------------------------------------------------------------- (1) KL runaway
+def test_kl_growing_with_a_fixed_coefficient_warns_with_its_option():
+    # GRPO's kl is per token: 0.06 nats/token x1.5 per step, above the 0.05 floor from the start
+    values, messages = run(HealthMonitor(GRPO), [{"kl": 0.06 * 1.5**i} for i in range(8)])
+    assert len(messages) == 1 and "kl_runaway" in messages[0] and "raise beta" in messages[0]
+    assert messages[0].startswith("step 5,")  # the first step with a full window of 5
+    assert values[4]["health/kl_growth"] == pytest.approx(0.5)
+    assert "health/kl_runaway" not in values[3]  # too few points for a rate yet
+
+
+def test_kl_below_the_floor_may_grow_freely():
+    # RLOO's KL is a sum over 10 tokens: 0.3 nats < 0.05 nats/token * 10 tokens, though doubling each step
+    steps = [{"objective/kl": 0.3 / 2 ** (6 - i), "completions/mean_length": 10.0} for i in range(7)]
+    values, messages = run(HealthMonitor(RLOO), steps)
+    assert messages == [] and values[-1]["health/kl_runaway"] == 0.0
+    assert values[-1]["health/kl_growth"] == pytest.approx(1.0)
+
+
+def test_kl_against_an_adaptive_controller():
+    # PPO's adaptive controller raises its coefficient by at most 0.2 * 256 / 10000 = 0.512% per step
+    hold = 0.2 * 256 / 10000
+
+    def monitor():
+        return HealthMonitor(PPO, kl_target=6.0, kl_hold_rate=hold)
+
+    _, fast = run(monitor(), [{"objective/kl": 8.0 * 1.2**i} for i in range(6)])
+    assert len(fast) == 1 and "adaptive controller" in fast[0] and "init_kl_coef" in fast[0]
+    _, slow = run(monitor(), [{"objective/kl": 8.0 * 1.05**i} for i in range(6)])  # 5% < 0.512% + 10%
+    assert slow == []
+    _, below = run(monitor(), [{"objective/kl": 0.5 * 1.5**i} for i in range(6)])  # still under the target 6
+    assert below == []
+
+
+# ---------------------------------------------------------------------------------------- (2) entropy collapse
+def test_entropy_collapse():
+    # 5 steps at 2.0 are the start; the mean of the last 5 falls below 0.3 * 2.0 = 0.6
+    entropies = [2.0] * 5 + [0.5] * 5
+    values, messages = run(HealthMonitor(PPO), [{"ppo/policy/entropy": e} for e in entropies])
+    assert len(messages) == 1 and "entropy_collapse" in messages[0] and messages[0].startswith("step 10,")
+    # step 9: last five are 2.0, 0.5, 0.5, 0.5, 0.5 -> mean 0.8 (40%, no alarm); step 10: 0.5 -> 25%
+    assert values[8]["health/entropy_ratio"] == pytest.approx(0.4)
+    assert values[9]["health/entropy_ratio"] == pytest.approx(0.25)
+
+
+# ---------------------------------------------------------------------------------------- (3) length exploitation
+def test_length_growing_while_the_reward_rises():
+    steps = [{"tokens/responses_len_mean": 10.0 + 2 * i, "ppo/mean_scores": 0.1 * i} for i in range(10)]
+    values, messages = run(HealthMonitor(PPO), steps)
+    assert len(messages) == 1 and "length_exploitation" in messages[0] and "grew" in messages[0]
+    # start: lengths 10..18 (mean 14), rewards 0..0.4 (0.2); last: 20..28 (24), 0.5..0.9 (0.7)
+    assert values[-1]["health/length_drift"] == pytest.approx(24 / 14 - 1)
+    assert values[-1]["health/reward_change"] == pytest.approx(0.5)
+
+
+def test_length_drift_with_a_falling_reward_is_not_exploitation():
+    steps = [{"tokens/responses_len_mean": 10.0 + 2 * i, "ppo/mean_scores": -0.1 * i} for i in range(10)]
+    values, messages = run(HealthMonitor(PPO), steps)
+    assert messages == [] and values[-1]["health/length_exploitation"] == 0.0
+
+
+# ---------------------------------------------------------------------------------------- (4) reward hacking
+def test_reward_rising_while_the_judge_falls():
+    # the learned reward climbs every step; the judge's win rate peaks at step 20, then falls
+    judged = {10: 0.6, 20: 0.75, 30: 0.55}
+    steps = [{"reward": 0.03 * i, "eval/win_rate": judged.get(i)} for i in range(1, 31)]
+    values, messages = run(HealthMonitor(GRPO), steps)
+    assert len(messages) == 1 and "reward_hacking" in messages[0] and "checkpoint of step 20" in messages[0]
+    assert values[-1]["health/win_rate_drop"] == pytest.approx(0.2)
+    assert "health/reward_hacking" not in values[15]  # one judge result: no trend yet
+
+
+def test_judge_and_reward_falling_together_is_not_hacking():
+    judged = {10: 0.75, 20: 0.5}
+    steps = [{"reward": 1 - 0.03 * i, "eval/win_rate": judged.get(i)} for i in range(1, 21)]
+    values, messages = run(HealthMonitor(GRPO), steps)
+    assert messages == [] and values[-1]["health/reward_hacking"] == 0.0
+
+
+def test_a_judge_logged_separately_for_the_same_step_counts_once():
+    monitor = HealthMonitor(GRPO)
+    monitor.check({"reward": 0.1, "eval/win_rate": 0.7}, 1)
+    monitor.check({"reward": 0.5}, 2)
+    values, messages = monitor.check({"eval/win_rate": 0.4}, 2)  # the win-rate callback's own log line
+    assert len(messages) == 1 and "reward_hacking" in messages[0]
+    again, repeated = monitor.check({"reward": 0.5, "eval/win_rate": 0.4}, 2)  # the step's full log line
+    assert repeated == [] and again["health/reward_hacking"] == 1.0
+
+
+# ---------------------------------------------------------------------------------------- (5) update blow-up
+@pytest.mark.parametrize(
+    "names, metrics, expected",
+    [
+        (PPO, {"ppo/policy/clipfrac": 0.6, "ppo/policy/approxkl": 0.01}, "clip fraction 0.6 > 0.3"),
+        (RLOO, {"policy/clipfrac_avg": 0.1, "policy/approxkl_avg": 3.0}, "approx-KL 3 > 1"),
+        (GRPO, {"clip_ratio/region_mean": 0.45}, "clip fraction 0.45 > 0.3"),
+    ],
+)
+def test_clip_fraction_or_approx_kl_blowing_up(names, metrics, expected):
+    values, messages = HealthMonitor(names).check(metrics, 3)
+    assert values["health/update_blowup"] == 1.0
+    assert len(messages) == 1 and expected in messages[0] and "lower learning_rate" in messages[0]
+
+
+# ---------------------------------------------------------------------------------------- (6) logprob mismatch
+@pytest.mark.parametrize(
+    "mean, largest, expected",
+    [(0.2, 1.0, "mean |sampling - training| logprob 0.2 > 0.05"), (0.01, 8.0, "largest")],
+)
+def test_sampling_and_training_logprobs_disagree(mean, largest, expected):
+    metrics = {"sampling/sampling_logp_difference/mean": mean, "sampling/sampling_logp_difference/max": largest}
+    values, messages = HealthMonitor(GRPO).check(metrics, 1)
+    assert values["health/logprob_mismatch"] == 1.0
+    assert len(messages) == 1 and expected in messages[0] and "training dtype" in messages[0]
+
+
+# ---------------------------------------------------------------------------------------- limits and channel
+def test_an_alarm_that_persists_warns_once_per_warn_every_steps():
+    monitor = HealthMonitor(GRPO, HealthThresholds(warn_every=100))
+    values, messages = run(monitor, [{"clip_ratio/region_mean": 0.9}] * 250)
+    assert all(v["health/update_blowup"] == 1.0 and v["health/alarms"] == 1.0 for v in values)
+    assert [m.split(",")[0] for m in messages] == ["step 1", "step 101", "step 201"]
+
+
+def test_each_kind_warns_on_its_own_line():
+    metrics = {"clip_ratio/region_mean": 0.9, "sampling/sampling_logp_difference/mean": 1.0}
+    values, messages = HealthMonitor(GRPO).check(metrics, 1)
+    assert values["health/alarms"] == 2.0
+    assert len(messages) == 2 and all("\n" not in m for m in messages)
+
+
+def test_non_numbers_and_non_finite_values_are_ignored():
+    import numpy as np
+
+    values, messages = HealthMonitor(GRPO).check(
+        {"clip_ratio/region_mean": float("nan"), "entropy": np.array([1.0, 2.0]), "reward": "high"}, 1
+    )
+    assert messages == [] and values == {"health/alarms": 0.0}
+
+
+def test_watch_warns_on_the_main_process_only():
+    monitor = HealthMonitor(GRPO)
+    with pytest.warns(HealthWarning, match="update_blowup"):
+        found = watch(monitor, {"clip_ratio/region_mean": 0.9}, 1)
+    assert found["health/update_blowup"] == 1.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert watch(copy.deepcopy(HealthMonitor(GRPO)), {"clip_ratio/region_mean": 0.9}, 1, main_process=False)
+        assert watch(None, {"clip_ratio/region_mean": 0.9}, 1) == {}
+
+
+@pytest.mark.parametrize("bad", [{"window": 1}, {"entropy_floor": 0}, {"kl_growth": -0.1}, {"warn_every": math.inf}])
+def test_bad_thresholds_are_named(bad):
+    name = next(iter(bad))
+    with pytest.raises(ValueError, match=f"HealthThresholds.{name}"):
+        HealthThresholds(**bad)
