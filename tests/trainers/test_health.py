@@ -217,3 +217,107 @@ def test_bad_thresholds_are_named(bad):
     name = next(iter(bad))
     with pytest.raises(ValueError, match=f"HealthThresholds.{name}"):
         HealthThresholds(**bad)
+
+
+# ---------------------------------------------------------------------------------------- real trainers
+@pytest.mark.slow
+def test_ppo_step_with_a_huge_learning_rate_reports_the_blowup():
+    import torch
+
+    from rlhfkit import PPOConfig, PPOTrainer
+    from rlhfkit.testing import tiny_tokenizer, tiny_value_head_model
+
+    base, tokenizer = tiny_value_head_model("llama", summary_dropout_prob=0.0), tiny_tokenizer()
+    g = torch.Generator().manual_seed(0)
+    queries = [torch.randint(10, 900, (3 + i % 3,), generator=g) for i in range(4)]
+    responses = [torch.randint(10, 900, (2 + (i * 2) % 5,), generator=g) for i in range(4)]
+    scores = [torch.tensor(float(i) - 1.5) for i in range(4)]
+
+    def step(learning_rate):
+        config = PPOConfig(batch_size=4, mini_batch_size=1, ppo_epochs=4, learning_rate=learning_rate, seed=0)
+        trainer = PPOTrainer(config, copy.deepcopy(base), tokenizer=tokenizer)
+        return trainer.step(queries, responses, scores)
+
+    calm = step(1e-5)
+    assert calm["health/update_blowup"] == 0.0 and calm["health/alarms"] == 0.0
+    with pytest.warns(HealthWarning, match="step 1, update_blowup: clip fraction"):
+        wild = step(1.0)  # 16 optimizer steps at lr 1: the later minibatches are clipped throughout
+    assert wild["health/update_blowup"] == 1.0 and wild["ppo/policy/clipfrac"] > 0.3
+
+
+@pytest.mark.slow
+def test_grpo_run_warns_and_sees_a_win_rate_logged_by_a_callback(tmp_path):
+    from transformers import TrainerCallback
+
+    from rlhfkit.tasks import KeywordReward, toy_prompt_dataset
+    from rlhfkit.testing import tiny_model, tiny_tokenizer
+    from rlhfkit.trainers.grpo import GRPOTrainer
+    from rlhfkit.trainers.grpo_config import GRPOConfig
+
+    def count_e(completions, **kwargs):
+        return KeywordReward("e")(completions)
+
+    class WinRates(TrainerCallback):  # stands in for a win-rate callback: logs through trainer.log
+        def on_step_end(self, args, state, control, **kwargs):
+            due = control.should_log  # Trainer.log clears it; the update's own log line must still follow
+            trainer.log({"eval/win_rate": {1: 0.8, 2: 0.5}[state.global_step]})
+            control.should_log = due
+
+    def grpo(health_checks):
+        config = GRPOConfig(
+            output_dir=str(tmp_path / f"out-{health_checks}"), report_to="none", use_cpu=True, seed=3,
+            per_device_train_batch_size=8, num_generations=4, max_completion_length=5, max_steps=2,
+            num_iterations=2, learning_rate=1.0, logging_steps=1, save_strategy="no", disable_tqdm=True,
+            health_checks=health_checks,
+        )  # fmt: skip
+        return GRPOTrainer(
+            tiny_model("llama"), count_e, args=config, train_dataset=toy_prompt_dataset(n=16),
+            processing_class=tiny_tokenizer(padding_side="left"), callbacks=[WinRates()],
+        )  # fmt: skip
+
+    trainer = grpo(True)
+    with pytest.warns(HealthWarning, match="step 2, update_blowup: clip fraction"):
+        trainer.train()  # the second update reuses the first's completions: its ratios are far from 1
+    updates = [h for h in trainer.state.log_history if "loss" in h]
+    assert [h["health/update_blowup"] for h in updates] == [0.0, 1.0]
+    assert updates[0]["health/logprob_mismatch"] == 0.0  # same weights, same numerics: no gap
+    judged = [h for h in trainer.state.log_history if "eval/win_rate" in h]
+    assert judged[1]["health/win_rate_drop"] == pytest.approx(0.3)  # 0.8 -> 0.5
+
+    trainer = grpo(False)
+    trainer.train()
+    assert trainer.health is None
+    assert not any(k.startswith("health/") for h in trainer.state.log_history for k in h)
+
+
+@pytest.mark.slow
+def test_rloo_logs_health_and_completion_length(tmp_path):
+    from rlhfkit.tasks import KeywordReward, toy_prompt_dataset
+    from rlhfkit.testing import tiny_model, tiny_tokenizer
+    from rlhfkit.trainers.rloo import RLOOTrainer
+    from rlhfkit.trainers.rloo_config import RLOOConfig
+
+    config = RLOOConfig(
+        output_dir=str(tmp_path / "out"), report_to="none", use_cpu=True, per_device_train_batch_size=4, rloo_k=2,
+        num_ppo_epochs=1, response_length=5, total_episodes=8, logging_steps=1, save_strategy="no",
+        num_sample_generations=0, disable_tqdm=True, seed=3, learning_rate=1e-3,
+    )  # fmt: skip
+    tokenizer = tiny_tokenizer(padding_side="left")
+    trainer = RLOOTrainer(config, tokenizer, tiny_model("llama"), None, KeywordReward("e"), toy_prompt_dataset(n=16))
+    trainer.train()
+    logs = [h for h in trainer.state.log_history if "objective/scores" in h]
+    assert all(0 < h["completions/mean_length"] <= 5 for h in logs)
+    assert all(h["health/alarms"] == 0.0 and h["health/update_blowup"] == 0.0 for h in logs)
+
+
+def test_monitor_for_reads_the_adaptive_controllers_limit():
+    from rlhfkit.core.kl import AdaptiveKLController, FixedKLController
+    from rlhfkit.trainers.health import monitor_for
+
+    controller = AdaptiveKLController(0.2, target=6.0, horizon=10000)
+    monitor = monitor_for("ppo", controller, samples_per_step=256)
+    assert monitor.kl_target == 6.0 and monitor.kl_hold_rate == pytest.approx(0.2 * 256 / 10000)
+    controller.update(100.0, 256)  # far above the target: the largest rise the controller can make
+    assert controller.value == pytest.approx(0.2 * (1 + monitor.kl_hold_rate))
+    fixed = monitor_for("ppo", FixedKLController(0.2), samples_per_step=256)
+    assert fixed.kl_target is None and fixed.kl_hold_rate == 0.0

@@ -103,6 +103,9 @@ def per_token_kl(
     return kl * torch.exp(logprobs - sampling_logprobs.detach())
 
 
+MAX_ERROR = 0.2  # the adaptive controller's clip on its proportional error
+
+
 class AdaptiveKLController:
     """Adaptive KL coefficient (Ziegler et al. 2019, section 2.2).
 
@@ -119,8 +122,12 @@ class AdaptiveKLController:
         self.horizon = float(horizon)
 
     def update(self, current_kl: float | torch.Tensor, n_steps: int) -> None:
-        proportional_error = min(max(float(current_kl) / self.target - 1.0, -0.2), 0.2)
+        proportional_error = min(max(float(current_kl) / self.target - 1.0, -MAX_ERROR), MAX_ERROR)
         self.value *= 1.0 + proportional_error * n_steps / self.horizon
+
+    def max_rise(self, n_steps: int) -> float:
+        """The largest relative rise of the coefficient in one update of `n_steps` samples."""
+        return MAX_ERROR * n_steps / self.horizon
 
     def state_dict(self) -> dict[str, Any]:
         return {"value": self.value, "target": self.target, "horizon": self.horizon}

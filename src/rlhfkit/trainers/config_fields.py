@@ -54,3 +54,15 @@ class AccelerateTracking:
         default_factory=dict,
     )
     tracker_project_name: str = option("trl", "Project name the trackers log under.")
+
+
+@dataclass
+class HealthChecks:
+    """For the RL trainers that watch their own metrics (`rlhfkit.trainers.health`, docs/health.md)."""
+
+    health_checks: bool = option(
+        True,
+        "Watch the training metrics for runaway KL, entropy collapse, length exploitation, reward hacking (with a "
+        "judge's eval/win_rate), clipping blow-up and sampling/training logprob gaps: log health/* metrics and warn "
+        "(HealthWarning) at most once per alarm every 100 steps.",
+    )

@@ -95,6 +95,7 @@ class GRPOTrainer(OnlineTrainerLoop, RobustTrainerMixin, Trainer):
     """
 
     _tag_names = ["rlhfkit", "grpo"]
+    _health_metrics = "grpo"
 
     def __init__(
         self,

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from rlhfkit.core.policy_losses import POLICY_LOSSES
 from rlhfkit.trainers.config_checks import check_positive_integers, exact_div
-from rlhfkit.trainers.config_fields import ZeRO3Generation, option
+from rlhfkit.trainers.config_fields import HealthChecks, ZeRO3Generation, option
 from rlhfkit.trainers.hf_trainer_config import HFTrainerConfig, ModelInitKwargs
 
 LOSS_TYPES = tuple(POLICY_LOSSES)
@@ -27,7 +27,7 @@ IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 
 
 @dataclass
-class GRPOConfig(ZeRO3Generation, ModelInitKwargs, HFTrainerConfig):
+class GRPOConfig(ZeRO3Generation, HealthChecks, ModelInitKwargs, HFTrainerConfig):
     """Configuration for `GRPOTrainer`; every `transformers.TrainingArguments` field also applies."""
 
     learning_rate: float = option(1e-6, "Initial AdamW learning rate (TRL's GRPO default).")

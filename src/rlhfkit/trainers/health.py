@@ -23,6 +23,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from rlhfkit.core.kl import AdaptiveKLController
+
 ALARMS = (
     "kl_runaway",
     "entropy_collapse",
@@ -327,6 +329,16 @@ class HealthMonitor:
         return [f"{label} {value:.3g} > {limit:.3g}" for label, value, limit in seen if value > limit]
 
 
+def monitor_for(trainer: str, kl_controller: Any = None, samples_per_step: int = 0) -> HealthMonitor:
+    """The monitor of `trainer` (a key of `TRAINER_METRICS`) with default thresholds; an adaptive
+    `kl_controller` (PPO's, updated once per step of `samples_per_step` samples) sets the KL alarm's target
+    and how fast the controller can follow."""
+    if isinstance(kl_controller, AdaptiveKLController):
+        hold = kl_controller.max_rise(samples_per_step)
+        return HealthMonitor(TRAINER_METRICS[trainer], kl_target=kl_controller.target, kl_hold_rate=hold)
+    return HealthMonitor(TRAINER_METRICS[trainer])
+
+
 def watch(monitor: HealthMonitor | None, metrics: Mapping[str, Any], step: int, main_process: bool = True) -> dict:
     """A trainer's log path: `monitor.check`, its warnings sent to `warnings.warn` as `HealthWarning` on the
     main process only (every process sees the same reduced metrics); the `health/*` values are returned."""
@@ -337,3 +349,11 @@ def watch(monitor: HealthMonitor | None, metrics: Mapping[str, Any], step: int, 
         for message in messages:
             warnings.warn(message, HealthWarning, stacklevel=2)
     return values
+
+
+def watch_judge(monitor: HealthMonitor | None, logs: Mapping[str, Any], step: int, main_process: bool = True) -> dict:
+    """`watch` for a log line that carries the judge's score (a win-rate callback's), else {}: the training
+    metrics of the step were watched already, so only the reward-hacking alarm can change."""
+    if monitor is None or monitor.names.judge not in logs:
+        return {}
+    return watch(monitor, logs, step, main_process)

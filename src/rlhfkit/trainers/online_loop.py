@@ -8,7 +8,8 @@ scheduler, logs, saves and shows sample completions, with the callbacks Trainer 
 A trainer names its sizes through `_num_updates()` and `_episodes_per_update()`, the key of its logged loss
 in `_loss_metric`, and its model card in `_model_card_lines()`. State that must survive a resume besides
 Trainer's own (e.g. a buffer of generated completions) goes through `_loop_state` / `_load_loop_state`,
-saved per process next to the RNG state.
+saved per process next to the RNG state. With `args.health_checks`, each update's metrics pass through the
+health alarms (`rlhfkit.trainers.health`) under the names of `TRAINER_METRICS[_health_metrics]`.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from transformers.trainer_utils import TrainOutput
 from rlhfkit.rollout import HFGenerationBackend, forward_response, pad_left
 from rlhfkit.rollout.batch import RolloutBatch
 from rlhfkit.trainers.checkpointing import latest_checkpoint, load_state, save_state, verify_checkpoint
+from rlhfkit.trainers.health import HealthMonitor, monitor_for, watch, watch_judge
 from rlhfkit.trainers.sample_table import print_sample_table, save_samples
 from rlhfkit.trainers.sharded_generation import zero3_generation_context
 
@@ -39,6 +41,8 @@ class OnlineTrainerLoop:
     """Put before `RobustTrainerMixin, Trainer` in an online trainer's bases; see the module docstring."""
 
     _loss_metric = "loss"
+    _health_metrics: str | None = None  # the trainer's key in `health.TRAINER_METRICS`
+    health: HealthMonitor | None = None  # built by train(); set one first for other thresholds
 
     # ------------------------------------------------------------------ hooks
     def _rollout(self, update: int) -> tuple[RolloutBatch, dict[str, float]]:
@@ -94,6 +98,8 @@ class OnlineTrainerLoop:
         self.state.train_batch_size = args.per_device_train_batch_size
         self.is_in_train = True
         model.train()
+        if self.health is None and args.health_checks and self._health_metrics:
+            self.health = monitor_for(self._health_metrics)
         self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
         start_time, start_update, losses = time.time(), self.state.global_step, []
 
@@ -109,6 +115,7 @@ class OnlineTrainerLoop:
                 self.state.epoch = episodes / len(self.train_dataset)
                 metrics["eps"] = int((self.state.global_step - start_update) * per_update / (time.time() - start_time))
                 metrics["episode"] = episodes
+                metrics.update(watch(self.health, metrics, self.state.global_step, self.is_world_process_zero()))
                 losses.append(metrics[self._loss_metric])
                 self.control = self.callback_handler.on_step_end(args, self.state, self.control)
                 if self.control.should_log:
@@ -127,6 +134,11 @@ class OnlineTrainerLoop:
         self.is_in_train = False
         mean_loss = float(sum(losses) / len(losses)) if losses else 0.0
         return TrainOutput(self.state.global_step, mean_loss, {"train_loss": mean_loss})
+
+    def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
+        """Trainer's log; a judge's win rate logged on its own (by a callback) reaches the health alarms too."""
+        logs = {**logs, **watch_judge(self.health, logs, self.state.global_step, self.is_world_process_zero())}
+        super().log(logs, *args, **kwargs)
 
     def _resume(self, checkpoint: str | bool | None) -> None:
         """Load weights, optimizer, scheduler, Trainer state and RNG of a verified checkpoint (True: the newest)."""

@@ -144,6 +144,7 @@ class RLOOTrainer(OnlineTrainerLoop, RobustTrainerMixin, Trainer):
 
     # ------------------------------------------------------------------ the shared loop's hooks
     _loss_metric = "loss/policy_avg"
+    _health_metrics = "rloo"
 
     def _num_updates(self) -> int:
         return self.args.num_total_batches
@@ -196,6 +197,7 @@ class RLOOTrainer(OnlineTrainerLoop, RobustTrainerMixin, Trainer):
             "objective/rlhf_reward": gather(rlhf_reward).mean().item(),
             "objective/scores": gather(scores).mean().item(),
             "val/num_eos_tokens": gather(has_eos.sum()[None]).sum().item(),
+            "completions/mean_length": gather(batch.response_mask.sum(1).float()).mean().item(),
         }
         return batch.replace(scores=scores, advantages=advantages), metrics
 

@@ -14,12 +14,12 @@ from typing import Literal
 from transformers import TrainingArguments
 
 from rlhfkit.trainers.config_checks import exact_div
-from rlhfkit.trainers.config_fields import ZeRO3Generation, option
+from rlhfkit.trainers.config_fields import HealthChecks, ZeRO3Generation, option
 from rlhfkit.trainers.hf_trainer_config import DatasetNumProc, HFTrainerConfig
 
 
 @dataclass
-class RLOOConfig(DatasetNumProc, ZeRO3Generation, HFTrainerConfig):
+class RLOOConfig(DatasetNumProc, ZeRO3Generation, HealthChecks, HFTrainerConfig):
     """Configuration for `RLOOTrainer`; every `transformers.TrainingArguments` field also applies."""
 
     exp_name: str = option("rloo_config", "Name of this experiment (used in the run name).")

@@ -15,7 +15,13 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from rlhfkit.trainers.config_checks import check_field_types, exact_div
-from rlhfkit.trainers.config_fields import AccelerateTracking, NonfiniteStepLimit, ZeRO3Generation, option
+from rlhfkit.trainers.config_fields import (
+    AccelerateTracking,
+    HealthChecks,
+    NonfiniteStepLimit,
+    ZeRO3Generation,
+    option,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -28,7 +34,7 @@ def _default_exp_name() -> str:
 
 
 @dataclass
-class PPOConfig(AccelerateTracking, NonfiniteStepLimit, ZeRO3Generation):
+class PPOConfig(AccelerateTracking, NonfiniteStepLimit, ZeRO3Generation, HealthChecks):
     """Configuration for `PPOTrainer`.
 
     Sizes: each `step()` takes `batch_size` samples (per process); they are split into minibatches of

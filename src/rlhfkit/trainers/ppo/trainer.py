@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import gc
 import logging
 import time
@@ -30,6 +31,7 @@ from rlhfkit.rollout import HFGenerationBackend, SamplingParams, eval_mode, pad_
 from rlhfkit.rollout.batch import RolloutBatch
 from rlhfkit.rollout.scoring import ForwardOutput, forward_batch, forward_response
 from rlhfkit.trainers.guards import GracefulStop, NonFiniteGuard, any_across_ranks, loss_scaler_active
+from rlhfkit.trainers.health import HealthMonitor, monitor_for, watch, watch_judge
 from rlhfkit.trainers.optimizers import fused_optimizer_kwargs
 from rlhfkit.trainers.ppo import stats as ppo_stats
 from rlhfkit.trainers.ppo.config import PPOConfig
@@ -321,7 +323,14 @@ class PPOTrainer(TRLMethods, SavingMethods):
             gc.collect()
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
-        return ppo_stats.stats_to_python(stats)
+        stats = ppo_stats.stats_to_python(stats)
+        stats.update(watch(self.health, stats, self.current_step, self.accelerator.is_main_process))  # health/*
+        return stats
+
+    @functools.cached_property
+    def health(self) -> HealthMonitor | None:
+        """The health alarms of `step()` (docs/health.md); assign a `HealthMonitor` for other thresholds."""
+        return monitor_for("ppo", self.kl_ctl, self.config.global_batch_size) if self.config.health_checks else None
 
     def _pad_id(self) -> int:
         return self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
@@ -477,6 +486,7 @@ class PPOTrainer(TRLMethods, SavingMethods):
         if self.accelerator.num_processes > 1:
             rewards = self.accelerator.gather(rewards)
         logs = {**stats, **ppo_stats.reward_summary(rewards)}
+        logs.update(watch_judge(self.health, logs, self.current_step, self.accelerator.is_main_process))
         if self.accelerator.is_main_process and self.accelerator.trackers:
             self.accelerator.log(ppo_stats.tracker_scalars(logs), step=self.current_step)
             with contextlib.suppress(ValueError, ImportError):  # a table of samples, for wandb only
