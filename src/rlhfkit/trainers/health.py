@@ -326,7 +326,7 @@ class HealthMonitor:
         seen = [(label, self._series[name].latest, limit) for name, label, limit in limits if name in self._series]
         if not seen:
             return None
-        return [f"{label} {value:.3g} > {limit:.3g}" for label, value, limit in seen if value > limit]
+        return [f"{label} {value:.4g} > {limit:.4g}" for label, value, limit in seen if value > limit]
 
 
 def monitor_for(trainer: str, kl_controller: Any = None, samples_per_step: int = 0) -> HealthMonitor:
