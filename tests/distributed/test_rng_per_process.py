@@ -28,7 +28,7 @@ def test_ppo_resumed_on_two_processes_repeats_the_uninterrupted_run(tmp_path):
     assert load_state(checkpoint, "trainer_state")["num_processes"] == 2
     # one process resumes it too: with the state of process 0, and a warning naming the situation
     single = ppo_trainer(batch_size=2, adam=True)
-    with pytest.warns(UserWarning, match=r"written by 2 process\(es\), resumed on 1: only processes 0\.\.0"):
+    with pytest.warns(UserWarning, match=r"state of 2 process\(es\) and is resumed on 1: processes 0\.\.0"):
         single.load_checkpoint(str(checkpoint))
     assert torch.equal(torch.get_rng_state(), load_state(checkpoint, "rng_state_0")["torch"])
     assert single.current_step == 1
@@ -59,4 +59,4 @@ def test_one_process_checkpoint_resumed_on_two(rank, tmp_path, monkeypatch, recw
     checkpointing.load_training_checkpoint(folder, {})
     assert torch.equal(torch.get_rng_state(), saved if rank == 0 else own)
     warned = [str(w.message) for w in recwarn if "resumed on 2" in str(w.message)]
-    assert len(warned) == (rank == 0) and all("written by 1 process(es)" in m for m in warned)
+    assert len(warned) == (rank == 0) and all("random state of 1 process(es)" in m for m in warned)

@@ -473,9 +473,9 @@ def _restore_rng(folder: Path, state: dict[str, Any], generators: dict[str, torc
     rank, world = process_rank()
     saved = int(state.get("num_processes", 1))  # checkpoints before per-process files: the main process's only
     if saved != world and rank == 0:
-        warnings.warn(f"checkpoint {str(folder)!r} was written by {saved} process(es), resumed on {world}: only "
-                      f"processes 0..{min(saved, world) - 1} restore their random state (the others keep their "
-                      "seeded one), so the run will not repeat the uninterrupted one exactly", stacklevel=3)
+        warnings.warn(f"checkpoint {str(folder)!r} holds the random state of {saved} process(es) and is resumed on "
+                      f"{world}: processes 0..{min(saved, world) - 1} restore theirs, any others keep their seeded "
+                      "one, so the run will not repeat the uninterrupted one exactly", stacklevel=3)
     if rank < saved:
         set_rng_state(state["rng"] if saved == 1 else load_state(folder, RNG_NAME.format(rank=rank)), generators)
 
