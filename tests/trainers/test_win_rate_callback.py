@@ -138,3 +138,42 @@ def test_bad_arguments_fail_before_any_work(tmp_path, tokenizer):
     trainer.add_callback(WinRateCallback(_judge(), PROMPTS))  # no trainer to log through
     with pytest.raises(ValueError, match="trainer=trainer"):
         trainer.train()
+
+
+def test_works_in_the_hf_trainer_loop_of_sft(tmp_path):
+    import datasets
+
+    from rlhfkit.testing.training_args import few_step_args
+    from rlhfkit.trainers.sft import SFTTrainer
+    from rlhfkit.trainers.sft_config import SFTConfig
+
+    docs = ["the cat sat on the mat", "a dog ran far away today", "hello there friend", "rain on the town"]
+    args = few_step_args(SFTConfig, tmp_path / "out", per_device_train_batch_size=2, max_seq_length=32, max_steps=2)
+    trainer = SFTTrainer(model=tiny_model("llama"), args=args, processing_class=tiny_tokenizer(padding_side="right"),
+                         train_dataset=datasets.Dataset.from_list([{"text": d} for d in docs]))  # fmt: skip
+    trainer.add_callback(WinRateCallback(_judge(), PROMPTS[:3], trainer=trainer, every_n_steps=1, max_new_tokens=3))
+    trainer.train()
+    logged = [h for h in trainer.state.log_history if "eval/win_rate" in h]
+    assert [h["step"] for h in logged] == [1, 2] and all(set(KEYS) <= set(h) for h in logged)
+
+
+def test_a_peft_policy_is_judged_against_its_adapter_disabled_base(tmp_path, tokenizer):
+    from peft import LoraConfig
+
+    trainer = GRPOTrainer(
+        tiny_model("llama"), count_e, args=GRPOConfig(
+            output_dir=str(tmp_path / "out"), report_to="none", use_cpu=True, per_device_train_batch_size=8,
+            num_generations=4, max_completion_length=4, max_steps=2, save_strategy="no", disable_tqdm=True,
+            learning_rate=1e-2,
+        ),
+        train_dataset=toy_prompt_dataset(n=16), processing_class=tokenizer,
+        peft_config=LoraConfig(r=4, lora_alpha=8, task_type="CAUSAL_LM"),
+    )  # fmt: skip
+    callback = WinRateCallback(_judge(), PROMPTS[:4], trainer=trainer, every_n_steps=2, max_new_tokens=4)
+    trainer.add_callback(callback)
+    trainer.train()
+    assert callback.reference.kind == "base" and callback.reference.model is None  # no copy of the weights
+    (entry,) = [h for h in trainer.state.log_history if "eval/win_rate" in h]
+    assert entry["eval/win_rate_low"] <= entry["eval/win_rate"] <= entry["eval/win_rate_high"]
+    rows = [json.loads(r) for r in (tmp_path / "out" / "samples.jsonl").open()]
+    assert any(r["reference_response"] != r["response"] for r in rows)  # the base differs from the trained policy
