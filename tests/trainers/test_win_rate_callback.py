@@ -121,6 +121,14 @@ def test_ppo_users_merge_on_ppo_step_into_log_stats(tmp_path):
         assert torch.equal(param, start), name
     rows = [json.loads(r) for r in (tmp_path / "ppo" / "samples.jsonl").open()]
     assert [r["step"] for r in rows] == [2] * 4 and {r["table"] for r in rows} == {"win_rate"}
+    trainer.accelerator.end_training()  # the pairs also went to the accelerate TensorBoard tracker, as text
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tag, texts = "samples/win_rate/text_summary", []
+    for events in (tmp_path / "tb").rglob("events.out.tfevents.*"):  # accelerate keeps hparams in a file of their own
+        accumulator = EventAccumulator(str(events), size_guidance={"tensors": 0}).Reload()
+        texts += accumulator.Tensors(tag) if tag in accumulator.Tags()["tensors"] else []
+    assert [t.step for t in texts] == [2] and "reference_response" in texts[0].tensor_proto.string_val[0].decode()
 
 
 def test_bad_arguments_fail_before_any_work(tmp_path, tokenizer):

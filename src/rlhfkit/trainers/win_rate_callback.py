@@ -87,6 +87,8 @@ class WinRateCallback(TrainerCallback):
                 "WinRateCallback(judge, prompts, trainer=trainer) and add it with trainer.add_callback(...)"
             )
         _check_unsharded(self.trainer.accelerator)
+        if not callable(getattr(model, "generate", None)):
+            raise TypeError(f"WinRateCallback samples from the policy, but {type(model).__name__} cannot generate")
         if self.reference is None:
             self.reference = choose_reference(model, self.reference_model, argument="reference_model")
 
