@@ -122,7 +122,7 @@ class WinRateCallback(TrainerCallback):
         self, model: torch.nn.Module, tokenizer: Any, step: int, output_dir: str | None, trainer: Any = None
     ) -> dict[str, float]:
         """Sample policy and reference, judge the pairs, save them; returns the three `eval/win_rate*` metrics."""
-        tokenizer = self.tokenizer or tokenizer
+        tokenizer = self.tokenizer if self.tokenizer is not None else tokenizer
         if tokenizer is None:
             raise ValueError("WinRateCallback needs a tokenizer: pass tokenizer= or give the trainer a processing_class")
         policy_texts, reference_texts = self._sample(model, tokenizer, step)
