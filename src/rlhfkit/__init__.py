@@ -45,6 +45,7 @@ _LAZY: dict[str, str] = {
     "BaseJudge": "rlhfkit.judges.base",
     "BasePairwiseJudge": "rlhfkit.judges.base",
     "BaseRankJudge": "rlhfkit.judges.base",
+    "WinRateCallback": "rlhfkit.trainers.win_rate_callback",
     # misc
     "AdaptiveKLController": "rlhfkit.core.kl",
     "FixedKLController": "rlhfkit.core.kl",

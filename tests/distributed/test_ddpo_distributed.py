@@ -1,7 +1,8 @@
 """DDPOTrainer under 2 processes (gloo), with DDP and with FSDP2: one epoch trains the UNet's LoRA weights, the
 (gathered) weights stay identical on both ranks, the gradient check and clipping see the live (under FSDP2,
 sharded) parameters, not the ones the UNet had before `accelerator.prepare`, and a checkpoint written on every
-rank holds the whole weights: a new run, sharded or in one process, resumes from it with them and Adam's state."""
+rank holds the whole weights: a new run, sharded or in one process, resumes from it with them and Adam's state,
+and each rank's random state: the resumed 2-process run repeats the uninterrupted one exactly."""
 
 import pytest
 import torch
@@ -68,3 +69,14 @@ def test_ddpo_checkpoint_resumes_sharded_and_in_one_process(setting, results, tm
     assert len(adam) == len(trainer.trainable_params)
     assert all(s["step"] == 1 for s in adam.values())
     assert any(s["exp_avg"].abs().max() > 0 for s in adam.values())  # lora_A has no gradient while lora_B is 0
+
+
+@pytest.mark.parametrize("setting", ["ddp", "fsdp"])
+def test_ddpo_resumed_epoch_repeats_the_uninterrupted_one(setting, results):
+    """Both ranks sample the same prompts: only their own random states (each restored from the checkpoint's
+    `rng_state_<rank>`) make their images differ, and the resumed epoch 2 must match the uninterrupted one."""
+    _, (r0, r1) = results[setting]
+    assert r0["image_means"][1] != r1["image_means"][1]  # the ranks' noise differs in the uninterrupted run
+    for r in (r0, r1):
+        assert r["resumed_images_equal"]  # epoch 2's images, sampled again after resuming
+        assert r["epoch_2_moved"] > 0 and r["resumed_minus_continued"] == 0.0

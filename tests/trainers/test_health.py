@@ -321,3 +321,36 @@ def test_monitor_for_reads_the_adaptive_controllers_limit():
     assert controller.value == pytest.approx(0.2 * (1 + monitor.kl_hold_rate))
     fixed = monitor_for("ppo", FixedKLController(0.2), samples_per_step=256)
     assert fixed.kl_target is None and fixed.kl_hold_rate == 0.0
+
+
+@pytest.mark.slow
+def test_the_win_rate_callbacks_results_reach_the_reward_hacking_alarm(tmp_path):
+    from rlhfkit.judges import RuleJudge
+    from rlhfkit.tasks import KeywordReward, toy_prompt_dataset
+    from rlhfkit.testing import tiny_model, tiny_tokenizer
+    from rlhfkit.trainers.grpo import GRPOTrainer
+    from rlhfkit.trainers.grpo_config import GRPOConfig
+    from rlhfkit.trainers.win_rate_callback import WinRateCallback
+
+    def count_e(completions, **kwargs):
+        return KeywordReward("e")(completions)
+
+    config = GRPOConfig(
+        output_dir=str(tmp_path / "out"), report_to="none", use_cpu=True, per_device_train_batch_size=8,
+        num_generations=4, max_completion_length=5, max_steps=2, logging_steps=1, save_strategy="no",
+        disable_tqdm=True, seed=3, learning_rate=1e-3,
+    )  # fmt: skip
+    tokenizer = tiny_tokenizer(padding_side="left")
+    trainer = GRPOTrainer(
+        tiny_model("llama"), count_e, args=config, train_dataset=toy_prompt_dataset(n=16), processing_class=tokenizer
+    )
+    prompts = [f"Tell me about topic {i}:" for i in range(6)]
+    judge = RuleJudge.of_texts(KeywordReward("e"))
+    trainer.add_callback(WinRateCallback(judge, prompts, trainer=trainer, every_n_steps=1, max_new_tokens=4))
+    trainer.train()
+    judged = [h for h in trainer.state.log_history if "eval/win_rate" in h]
+    assert [h["step"] for h in judged] == [1, 2]
+    first, second = (h["eval/win_rate"] for h in judged)
+    assert "health/win_rate_drop" not in judged[0]  # one judge result: no trend yet
+    assert judged[1]["health/win_rate_drop"] == pytest.approx(max(first, second) - second)
+    assert "health/reward_hacking" in judged[1]

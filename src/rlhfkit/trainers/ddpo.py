@@ -379,14 +379,15 @@ class DDPOTrainer:
     def save_checkpoint(self, epoch: int) -> Path:
         """Write `checkpoint-<epochs done>` (trained weights, optimiser, RNG, counters), keep the newest
         `num_checkpoint_limit`. Format, checksums and lock: `rlhfkit.trainers.checkpointing`. Call it on every
-        rank: the main process writes, after (under FSDP) every rank has helped gather the shards."""
+        rank: the main process writes, after (under FSDP) every rank has helped gather the shards, and each
+        rank adds its own RNG state."""
         final = self.checkpoint_dir / f"checkpoint-{epoch + 1}"
         weights, extra = self.sd_pipeline.trainable_state_dict(), {"epoch": epoch, "global_step": self.global_step}
         if self._fsdp:  # whole tensors from the shards; the optimizer's too (`_checkpoint_parts` leaves it out)
             weights = gather_tensors(weights)
             extra["optimizer"] = gather_optimizer_state(self.unet, self.optimizer)
+        save_training_checkpoint(final, epoch + 1, weights, self._checkpoint_parts(), extra=extra)
         if self.accelerator.is_main_process:
-            save_training_checkpoint(final, epoch + 1, weights, self._checkpoint_parts(), extra=extra)
             prune_checkpoints(self.checkpoint_dir, self.config.num_checkpoint_limit, protect=(str(final),))
         return final
 

@@ -4,13 +4,47 @@ Under FSDP2 each rank holds a slice of every weight and of the optimizer's state
 collective (every rank calls it, in the same order) that leaves whole tensors for the main process to write,
 in the files of an unsharded run, so a single process loads them. Loading gives each rank its slice of the
 whole tensors that every rank has read.
+
+Each process also draws its own random numbers: `rng_state` takes one process's state, for it to restore alone.
 """
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
+import numpy as np
 import torch
+
+
+def process_rank() -> tuple[int, int]:
+    """This process's rank and the number of processes (0 and 1 outside torch.distributed)."""
+    dist = torch.distributed
+    return (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() else (0, 1)
+
+
+def rng_state(generators: dict[str, torch.Generator] | None = None) -> dict[str, Any]:
+    """Every RNG a training step draws from (python, numpy, torch, CUDA, and the trainer's own generators)."""
+    state = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "generators": {name: g.get_state() for name, g in (generators or {}).items()},
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any], generators: dict[str, torch.Generator] | None = None) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    np.random.set_state(tuple(state["numpy"]))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    for name, g in (generators or {}).items():
+        g.set_state(state["generators"][name])
 
 
 def _inner(optimizer: Any) -> torch.optim.Optimizer:

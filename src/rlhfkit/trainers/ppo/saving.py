@@ -92,14 +92,14 @@ class SavingMethods:
 
     def save_checkpoint(self, checkpoint_dir: str) -> None:
         """Everything a resumed run needs: weights (incl. value head), optimizer, scheduler, KL controller,
-        running score moments, RNG state and step counter. Atomic, with checksums (`checkpointing`)."""
+        running score moments, each process's RNG state and step counter. Atomic, with checksums
+        (`checkpointing`). Call it on every process."""
         self.accelerator.wait_for_everyone()
         weights, extra = self._gathered_weights(), None
         if self._fsdp:  # the optimizer's state is sharded too (`_checkpoint_parts` leaves it out): gathered alike
             extra = {"optimizer": gather_optimizer_state(self._train_model, self.optimizer)}
-        if self.accelerator.is_main_process:
-            save_training_checkpoint(checkpoint_dir, self.current_step, self.policy if weights is None else weights,
-                                     self._checkpoint_parts(), extra=extra)
+        save_training_checkpoint(checkpoint_dir, self.current_step, self.policy if weights is None else weights,
+                                 self._checkpoint_parts(), extra=extra)  # every rank adds its random state
         self.checkpoint_dir = str(checkpoint_dir)
 
     def load_checkpoint(self, checkpoint_dir: str) -> None:
@@ -113,7 +113,8 @@ class SavingMethods:
             self.policy.load_state_dict(shard_like(self.policy.state_dict(), whole))
             load_optimizer_state(self._train_model, self.optimizer, state["optimizer"])
         else:
-            load_model(self.policy, str(folder / WEIGHTS_FILE), device=str(self.current_device))
+            device = self.current_device  # safetensors takes "cpu", not the "cpu:0" of a multi-CPU run
+            load_model(self.policy, str(folder / WEIGHTS_FILE), device="cpu" if device.type == "cpu" else str(device))
         self.current_step = int(state["step"])
         self.policy_version += 1
 
