@@ -54,6 +54,8 @@ def test_logs_win_rate_with_its_interval_every_n_steps_and_the_reference_stays_f
 
     logged = [h for h in trainer.state.log_history if "eval/win_rate" in h]
     assert [h["step"] for h in logged] == [2, 4]
+    # every update's own metrics line is still logged, those at the win-rate steps included
+    assert [h["step"] for h in trainer.state.log_history if "loss" in h] == [1, 2, 3, 4]
     for entry in logged:
         assert 0.0 <= entry["eval/win_rate_low"] <= entry["eval/win_rate"] <= entry["eval/win_rate_high"] <= 1.0
     for name, param in callback.reference.model.named_parameters():  # the snapshot of the start, untouched

@@ -96,7 +96,10 @@ class WinRateCallback(TrainerCallback):
         if state.global_step % self.every_n_steps or not state.is_world_process_zero:
             return
         metrics = self.evaluate(model, processing_class, state.global_step, args.output_dir)
+        # `Trainer.log` clears `should_log`; keep it, or this update's own metrics line would be dropped
+        should_log = self.trainer.control.should_log
         self.trainer.log(dict(metrics))
+        self.trainer.control.should_log = control.should_log = should_log
 
     # ------------------------------------------------------------------ PPOTrainer
     def on_ppo_step(self, ppo_trainer: Any = None, step: int | None = None) -> dict[str, float]:
