@@ -57,13 +57,17 @@ def _split_output(output) -> tuple[torch.Tensor, torch.Tensor | None]:
     return output.logits, None
 
 
-def _logits_exceed_one_chunk(model: torch.nn.Module, tokens: int) -> bool:
+def logits_exceed_one_chunk(model: torch.nn.Module, tokens: int) -> bool:
     """Whether `tokens` rows of vocabulary logits outgrow one chunk of the memory-lean path.
 
     Below that size the chunked path is one chunk plus a recomputation in backward: no memory saved,
-    some time lost. A model whose vocabulary size is unknown takes the chunked path.
+    some time lost. The vocabulary size is looked up through DDP-style wrappers (`.module`), so a wrapped
+    policy and its unwrapped reference take the same path; a model whose size is unknown takes the chunked one.
     """
-    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+    vocab = None
+    while model is not None and vocab is None:
+        vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+        model = getattr(model, "module", None)
     return not isinstance(vocab, int) or tokens * vocab > CHUNK_ELEMENTS
 
 
@@ -138,7 +142,7 @@ def forward_response(
         attention_mask = torch.cat([query_mask.long(), response_mask.long()], dim=1)
         position_ids = position_ids_from_mask(attention_mask)
         rows = maybe_pack(model, input_ids, attention_mask, position_ids, length_r, packed)
-        if not return_logits and _logits_exceed_one_chunk(model, responses.numel()):
+        if not return_logits and logits_exceed_one_chunk(model, responses.numel()):
             # the (B, R, V) logits would not fit one chunk: project the vocabulary chunk by chunk instead
             options = dict(temperature=temperature, with_values=with_values, with_entropy=with_entropy)
             chunked = (
