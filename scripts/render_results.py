@@ -148,7 +148,9 @@ def render_demo_algos(records: list[Record]) -> list[str]:
             f"| `{algo}` | {pct(ev['win_rate_rl_vs_sft'])} ({pct(low)[:-1]}-{pct(high)}) | {ev['gold_score_rl']:.3f} | "
             f"{ev['kl_rl_to_sft']:.2f} | {'reused' if rl['reused'] else duration(rl['seconds'])} | {shared} |"
         )
-    return lines
+    notes = [by_algo[a].get("machine", {}).get("note", "") for a in by_algo]
+    where = "all on a shared machine, so noisy" if all("shared machine" in n for n in notes) else "see each file"
+    return lines + ["", f"RL stage: that stage's wall time ({where}; each file records the load average)."]
 
 
 def demo_records() -> list[str]:
