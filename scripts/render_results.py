@@ -96,7 +96,7 @@ def render_demo(records: list[Record]) -> list[str]:
         f"`{rec['command']}` ({algo}, seed {cfg['seed']}, size preset `{cfg['size']}`), offline on a "
         f"{machine['cores']}-core CPU ({machine['cpu']}, {threads} torch thread{'s' if threads != 1 else ''}): "
         f"**{duration(m['total_seconds'])}** wall time as the demo measures it, on {rec['date']} "
-        f"({machine['note']}; {load_text(machine)}, so the seconds are noisy). "
+        f"({load_text(machine)}, so the seconds are noisy; {machine['note']}). "
         f"Stages: {stage_times}. The policy is a {base['parameters'] / 1e6:.2f}M-parameter "
         f"{base['architecture'].capitalize()}; the gold judge is VADER sentiment; the RL stage only sees "
         "the learned reward model.",
@@ -123,6 +123,9 @@ def _shared_stages(rec: dict[str, Any], default: dict[str, Any]) -> str:
     cached = ("sft", "preferences", "reward")
     same = [STAGE_TITLES[n] for n in cached if ours[n]["config_hash"] == theirs[n]["config_hash"]]
     own = [STAGE_TITLES[n] for n in cached if STAGE_TITLES[n] not in same]
+    kind = ours["reward"].get("summary", {}).get("kind")
+    if kind and STAGE_TITLES["reward"] in own:  # say which: ppo-multi-adapter trains a reward adapter
+        own[own.index(STAGE_TITLES["reward"])] += f" ({kind})"
     return ", ".join(same) + (f"; its own {', '.join(own)}" if own else "")
 
 
