@@ -103,3 +103,19 @@ def test_demo_comparison_names_the_stages_each_run_reused():
     assert lines[2] == "| `rloo` | 80.5% (76.0-85.0%) | 0.500 | 4.86 | 1 min 5 s | (itself) |"
     assert lines[3].endswith("| SFT, preference pairs; its own reward model |")
     assert "Only the default" in render.render_demo_algos([record("rloo", "r")])[0]
+
+
+def test_recorder_writes_commit_command_and_machine(tmp_path):
+    record = _script("record_demo_result")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.json").write_text(json.dumps({"config": {"algo": "dpo", "num_threads": 1}, "evaluation": {}}))
+    argv = ["--algo", "dpo", "--no-run", "--output_dir", str(run), "--results", str(tmp_path / "results")]
+    assert record.main(argv) == 0
+    data = json.loads((tmp_path / "results" / "demo-dpo.json").read_text())
+    assert data["command"] == f"rlhfkit demo --algo dpo --output_dir {run}"
+    assert render.commit_of(data) == data["commit"] and len(data["commit"].split("-")[0]) == 12
+    assert data["machine"]["torch_threads"] == 1 and data["machine"]["load_average_before"] is None
+    assert data["metrics"]["config"]["algo"] == "dpo"
+    with pytest.raises(SystemExit):  # the folder holds a dpo run, not an rloo one
+        record.main(["--algo", "rloo", "--no-run", "--output_dir", str(run), "--results", str(tmp_path)])
