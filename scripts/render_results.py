@@ -230,7 +230,7 @@ def render_grpo_parity(records: list[Record]) -> list[str]:
     if differ:
         names = ", ".join(f"`{n}` (|dloss| {c['loss_diff']:.1e})" for n, c in differ.items())
         known = all(c.get("expected_difference") for c in differ.values())
-        text += f"; {'expected' if known else 'unexplained'}: {names}"
+        text += f"; {'expected to differ' if known else 'an unexplained difference'}: {names}"
     return [text + "."]
 
 
