@@ -1,13 +1,16 @@
 # Two entry points, both self-installing into .venv (idempotent):
 #   make demo   set up and run the main job
 #   make test   set up and run lint + the whole test suite
+# and `make results`: re-render the measured figures in README.md and docs/ from the committed result
+# files (results/*.json, benchmarks/*.json); re-measuring is scripts/record_demo_result.py (the demo)
+# or the benchmark script named in each file's "command".
 PYTHON ?= python3.11
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 EXTRAS := dev,diffusion,tracking,demo,quant
 
-.PHONY: setup demo test test-fast lint clean
+.PHONY: setup demo test test-fast lint results clean
 
 setup: $(STAMP)
 
@@ -19,6 +22,9 @@ $(STAMP): pyproject.toml constraints.txt
 
 demo: $(STAMP)
 	$(BIN)/rlhfkit demo $(ARGS)
+
+results:
+	$(PYTHON) scripts/render_results.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -1,0 +1,300 @@
+"""Render the measured figures of README.md and docs/*.md from the committed result files.
+
+A figure that a page states sits between `<!-- results:NAME -->` and `<!-- /results:NAME -->`; this
+script rewrites what is between the markers from the result file that `SOURCES[NAME]` names, and
+ends each block with a line naming that file, its commit and its command. So a page can only say
+what a result file says, and the file says where it came from.
+
+    python scripts/render_results.py            # rewrite the blocks (`make results`)
+    python scripts/render_results.py --check    # exit 1 and show the diff when a block is stale
+
+Re-measuring is separate: `scripts/record_demo_result.py` writes results/demo-<algo>.json, and each
+benchmark script writes its own benchmarks/<name>.json. Stdlib only, so the check is cheap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = ("README.md", "docs/*.md")
+BLOCK = re.compile(r"(<!-- results:(?P<name>[\w.-]+) -->\n)(?P<body>.*?)(<!-- /results:(?P=name) -->)", re.S)
+ALGO_ORDER = ("rloo", "dpo", "ppo", "ppo-multi-adapter")
+ALGO_TITLES = {"rloo": "RLOO", "ppo": "PPO", "ppo-multi-adapter": "PPO multi-adapter", "dpo": "DPO"}
+STAGE_TITLES = {"sft": "SFT", "preferences": "preference pairs", "reward": "reward model", "evaluation": "evaluation"}
+
+Record = tuple[str, dict[str, Any]]  # (path relative to ROOT, contents)
+
+
+# ---------------------------------------------------------------------- result files
+def commit_of(data: dict[str, Any]) -> str:
+    """The recorded commit (`commit`, or `git_commit` in the benchmark files), hashes cut to 12."""
+    commit = str(data.get("commit") or data.get("git_commit") or "")
+    head, dirty, tail = commit.partition("-")
+    return head[:12] + dirty + tail
+
+
+def load(path: str) -> Record:
+    """A result file, refused when it does not say which commit and command produced it."""
+    data = json.loads((ROOT / path).read_text("utf-8"))
+    missing = [key for key in ("commit", "command") if not (commit_of(data) if key == "commit" else data.get(key))]
+    if missing:
+        raise ValueError(f"{path}: result file lacks {' and '.join(missing)}; record it with its script")
+    return path, data
+
+
+def source_line(records: list[Record]) -> str:
+    parts = [f"`{path}` (commit `{commit_of(data)}`, command `{data['command']}`)" for path, data in records]
+    return ("Source: " if len(parts) == 1 else "Sources: ") + "; ".join(parts) + ". Rendered by `make results`."
+
+
+# ---------------------------------------------------------------------- formatting helpers
+def pct(fraction: float, digits: int = 1) -> str:
+    return f"{100 * fraction:.{digits}f}%"
+
+
+def duration(seconds: float) -> str:
+    minutes, secs = divmod(round(seconds), 60)
+    return f"{minutes} min {secs} s" if minutes else f"{secs} s"
+
+
+def note_text(data: dict[str, Any], before: str = " (", after: str = ")") -> str:
+    """The run's note on the machine, unless its command (quoted in the source line) already says it."""
+    note = data.get("note")
+    return "" if not note or note in data["command"] else f"{before}{note}{after}"
+
+
+def load_text(machine: dict[str, Any]) -> str:
+    before, after = machine.get("load_average_before"), machine.get("load_average_after")
+    said = [f"{values[0]:.1f} {when}" for when, values in (("before", before), ("after", after)) if values]
+    return f"1-minute load average {' and '.join(said)} the run" if said else "load not recorded"
+
+
+# ---------------------------------------------------------------------- demo blocks (README)
+def render_demo(records: list[Record]) -> list[str]:
+    (_, rec), = records
+    m, machine = rec["metrics"], rec["machine"]
+    cfg, ev, st = m["config"], m["evaluation"], m["stages"]
+    algo = ALGO_TITLES[cfg["algo"]]
+    stage_times = ", ".join(
+        f"{STAGE_TITLES.get(name, algo)} {'reused' if s['reused'] else duration(s['seconds'])}"
+        for name, s in st.items()
+        if name != "base"
+    )
+    base, rm, pairs = st["base"]["summary"], st["reward"]["summary"], st["preferences"]["summary"]
+    low, high = ev["win_rate_ci95"]
+    threads = machine.get("torch_threads")
+    kind = "" if rm["kind"] == "full reward model" else f" ({rm['kind']})"
+    return [
+        f"`{rec['command']}` ({algo}, seed {cfg['seed']}, size preset `{cfg['size']}`), offline on a "
+        f"{machine['cores']}-core CPU ({machine['cpu']}, {threads} torch thread{'s' if threads != 1 else ''}): "
+        f"**{duration(m['total_seconds'])}** wall time as the demo measures it, on {rec['date']} "
+        f"({load_text(machine)}, so the seconds are noisy; {machine['note']}). "
+        f"Stages: {stage_times}. The policy is a {base['parameters'] / 1e6:.2f}M-parameter "
+        f"{base['architecture'].capitalize()}; the gold judge is VADER sentiment; the RL stage only sees "
+        "the learned reward model.",
+        "",
+        f"| on {ev['num_prompts']} held-out review openings | SFT policy | {algo} policy |",
+        "|---|---|---|",
+        f"| win rate against SFT under the gold judge (ties count half) | 50% | "
+        f"**{pct(ev['win_rate_rl_vs_sft'])}** (95% CI {pct(low)[:-1]}-{pct(high)}) |",
+        f"| mean gold score (VADER compound, -1 to 1) | {ev['gold_score_sft']:.3f} | {ev['gold_score_rl']:.3f} |",
+        f"| positive reviews (gold score > 0.05) | {pct(ev['positive_share_sft'], 0)} | "
+        f"{pct(ev['positive_share_rl'], 0)} |",
+        f"| mean learned-reward score | {ev['learned_reward_sft']:.2f} | {ev['learned_reward_rl']:.2f} |",
+        f"| KL to the SFT policy (nats per completion) | 0 | {ev['kl_rl_to_sft']:.2f} |",
+        "",
+        f"The reward model{kind}, trained with `RewardTrainer` on {rm['pairs_train']:,} pairs of SFT "
+        f"samples labelled by the judge, ranks {pct(rm['heldout_accuracy'])} of {pairs['pairs_eval']} held-out "
+        "pairs correctly.",
+    ]
+
+
+def _shared_stages(rec: dict[str, Any], default: dict[str, Any]) -> str:
+    """Which cached stages a run shares with the default one (same stage config hash)."""
+    ours, theirs = rec["metrics"]["stages"], default["metrics"]["stages"]
+    cached = ("sft", "preferences", "reward")
+    same = [STAGE_TITLES[n] for n in cached if ours[n]["config_hash"] == theirs[n]["config_hash"]]
+    own = [STAGE_TITLES[n] for n in cached if STAGE_TITLES[n] not in same]
+    kind = ours["reward"].get("summary", {}).get("kind")
+    if kind and STAGE_TITLES["reward"] in own:  # say which: ppo-multi-adapter trains a reward adapter
+        own[own.index(STAGE_TITLES["reward"])] += f" ({kind})"
+    return ", ".join(same) + (f"; its own {', '.join(own)}" if own else "")
+
+
+def render_demo_algos(records: list[Record]) -> list[str]:
+    by_algo = {data["metrics"]["config"]["algo"]: data for _, data in records}
+    default = by_algo.get("rloo")
+    if default is None or len(by_algo) < 2:
+        return [
+            "Only the default algorithm has a recorded result; `python scripts/record_demo_result.py --algo dpo` "
+            "(or `ppo`, `ppo-multi-adapter`) measures another on the cached stages."
+        ]
+    lines = [
+        "| `--algo` | win rate against SFT (95% CI) | mean gold score | KL to SFT | RL stage "
+        "| cached stages shared with RLOO |",
+        "|---|---|---|---|---|---|",
+    ]
+    for algo in sorted(by_algo, key=ALGO_ORDER.index):
+        m = by_algo[algo]["metrics"]
+        ev, rl = m["evaluation"], m["stages"]["rl"]
+        low, high = ev["win_rate_ci95"]
+        shared = "(itself)" if algo == "rloo" else _shared_stages(by_algo[algo], default)
+        lines.append(
+            f"| `{algo}` | {pct(ev['win_rate_rl_vs_sft'])} ({pct(low)[:-1]}-{pct(high)}) | {ev['gold_score_rl']:.3f} | "
+            f"{ev['kl_rl_to_sft']:.2f} | {'reused' if rl['reused'] else duration(rl['seconds'])} | {shared} |"
+        )
+    notes = [by_algo[a].get("machine", {}).get("note", "") for a in by_algo]
+    where = "all on a shared machine, so noisy" if all("shared machine" in n for n in notes) else "see each file"
+    return lines + ["", f"RL stage: that stage's wall time ({where}; each file records the load average)."]
+
+
+def demo_records() -> list[str]:
+    found = {p.stem.removeprefix("demo-"): p for p in (ROOT / "results").glob("demo-*.json")}
+    return [str(found[a].relative_to(ROOT)) for a in ALGO_ORDER if a in found]
+
+
+# ---------------------------------------------------------------------- benchmark blocks (docs)
+def render_padding_free(records: list[Record]) -> list[str]:
+    (_, data), = records
+    runs = {r["variant"]: r for r in data["results"]}
+    padded, packed = runs["padded"], runs["packed"]
+    same = padded["loss"] == packed["loss"] and padded["grad_norm"] == packed["grad_norm"]
+    padding = 1 - data["real_tokens"] / data["padded_tokens"]
+    return [
+        f"`benchmarks/padding_free.py` times one forward+backward both ways: with {data['threads']} CPU threads"
+        f"{note_text(data)}, {data['rows']} rows of the test model "
+        f"`{data['model'].split()[-1]}` with {pct(padding, 0)} padding took {padded['median_seconds']:.2f} s padded "
+        f"and {packed['median_seconds']:.2f} s packed ({padded['median_seconds'] / packed['median_seconds']:.2f}x, "
+        f"medians of {data['repeats']}), with {'the same' if same else 'a different'} loss and gradient norm.",
+    ]
+
+
+def _large_vocab(data: dict[str, Any], trainer: str) -> tuple[list[str], dict[str, Any], dict[str, Any]]:
+    runs = {r["variant"]: r for r in data["results"] if r["trainer"] == trainer}
+    full, chunked = runs["full"], runs["chunked"]
+    table = [
+        "| | memory added by the step | loss | gradient norm |",
+        "|---|---|---|---|",
+        *(
+            f"| {label} | {r['step_rss_gb']:.2f} GB | {r['loss']:.6g} | {r['grad_norm']:.6g} |"
+            for label, r in (("full logits (before)", full), ("chunked (now)", chunked))
+        ),
+        "",
+    ]
+    return table, full, chunked
+
+
+def _seconds_line(data: dict[str, Any], full: dict[str, Any], chunked: dict[str, Any], why: str = "") -> str:
+    return (
+        f"Seconds of that run: {full['seconds']:.1f} s with full logits, {chunked['seconds']:.1f} s chunked{why}"
+        f"{note_text(data, '; ', '')} (the machine's load changes them, not the memory figures)."
+    )
+
+
+def render_large_vocab_dpo(records: list[Record]) -> list[str]:
+    (_, data), = records
+    table, full, chunked = _large_vocab(data, "dpo")
+    keys = set(full["metrics"]) & set(chunked["metrics"])
+    a, b = full["metrics"], chunked["metrics"]
+    worst = max(abs(a[k] - b[k]) / max(abs(a[k]), abs(b[k]), 1e-30) for k in keys)
+    return table + [
+        f"The {len(keys)} logged metrics agree to {worst:.0e} relative. " + _seconds_line(data, full, chunked)
+    ]
+
+
+def render_large_vocab_sft(records: list[Record]) -> list[str]:
+    (_, data), = records
+    table, full, chunked = _large_vocab(data, "sft")
+    why = ": backward computes the head's projection a second time" if chunked["seconds"] > full["seconds"] else ""
+    return table + [_seconds_line(data, full, chunked, why)]
+
+
+def render_grpo_parity(records: list[Record]) -> list[str]:
+    (_, data), = records
+    cases = data["results"]
+    exact = [n for n, c in cases.items() if c["loss_diff"] == 0 and c["grad_diff"] == 0]
+    differ = {n: c for n, c in cases.items() if not c["match"]}
+    text = (
+        f"In {len(cases) - len(differ)} of the {len(cases)} cases ({data['dtype']}, TRL {data['trl_version']}), "
+        f"loss, gradient and clip/KL statistics agree to {data['tolerance']:g}, {len(exact)} of them with loss "
+        "and gradient equal to the last bit"
+    )
+    if differ:
+        names = ", ".join(f"`{n}` (|dloss| {c['loss_diff']:.1e})" for n, c in differ.items())
+        known = all(c.get("expected_difference") for c in differ.values())
+        text += f"; {'expected to differ' if known else 'an unexplained difference'}: {names}"
+    return [text + "."]
+
+
+# block name -> (result files, formatter); demo-algos takes whichever results/demo-*.json exist
+SOURCES: dict[str, tuple[Callable[[], list[str]], Callable[[list[Record]], list[str]]]] = {
+    "demo": (lambda: ["results/demo-rloo.json"], render_demo),
+    "demo-algos": (demo_records, render_demo_algos),
+    "padding-free": (lambda: ["benchmarks/padding_free.json"], render_padding_free),
+    "large-vocab-dpo": (lambda: ["benchmarks/large_vocab_trainers.json"], render_large_vocab_dpo),
+    "large-vocab-sft": (lambda: ["benchmarks/large_vocab_trainers.json"], render_large_vocab_sft),
+    "grpo-parity": (lambda: ["benchmarks/grpo_parity.json"], render_grpo_parity),
+}
+
+
+def render_block(name: str) -> str:
+    if name not in SOURCES:
+        raise KeyError(f"results:{name}: no such block; known: {', '.join(SOURCES)}")
+    paths, formatter = SOURCES[name]
+    records = [load(p) for p in paths()]
+    return "\n".join(formatter(records) + ["", source_line(records)]) + "\n"
+
+
+def render_page(text: str) -> tuple[str, list[str]]:
+    """The page with every marked block re-rendered, and the names of its blocks."""
+    names: list[str] = []
+
+    def sub(match: re.Match) -> str:
+        names.append(match["name"])
+        return match.group(1) + render_block(match["name"]) + match.group(4)
+
+    return BLOCK.sub(sub, text), names
+
+
+def pages(root: Path = ROOT) -> list[Path]:
+    return sorted({p for pattern in PAGES for p in root.glob(pattern)})
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="Change nothing; exit 1 if a block is stale.")
+    args = parser.parse_args(argv)
+    stale, seen = [], set()
+    for page in pages():
+        old = page.read_text("utf-8")
+        new, names = render_page(old)
+        seen.update(names)
+        if new == old:
+            continue
+        rel = str(page.relative_to(ROOT))
+        stale.append(rel)
+        if args.check:
+            diff = difflib.unified_diff(old.splitlines(True), new.splitlines(True), rel, rel + " (rendered)")
+            sys.stdout.writelines(diff)
+        else:
+            page.write_text(new, encoding="utf-8")
+    unplaced = sorted(set(SOURCES) - seen)
+    if unplaced:
+        print(f"no page holds the block(s) {', '.join(unplaced)}; add <!-- results:NAME --> markers", file=sys.stderr)
+    if args.check and stale:
+        print(f"stale: {', '.join(stale)}; run `make results`", file=sys.stderr)
+    else:
+        print(f"{'rewrote' if stale else 'up to date:'} {', '.join(stale) or f'{len(seen)} blocks'}")
+    return 1 if (args.check and stale) or unplaced else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

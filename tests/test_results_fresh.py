@@ -1,0 +1,121 @@
+"""The measured figures in README.md and docs/ say exactly what the committed result files say.
+
+Fails when a `<!-- results:NAME -->` block differs from what `scripts/render_results.py` renders from
+its result file (fix: `make results`, or re-measure with the file's command), or when a result file
+does not name the commit and command it came from.
+"""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+render = _script("render_results")
+
+
+@pytest.mark.parametrize("page", render.pages(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_marked_blocks_match_the_result_files(page):
+    text = page.read_text("utf-8")
+    rendered, _ = render.render_page(text)
+    assert rendered == text, f"{page.relative_to(ROOT)} is stale: run `make results`"
+
+
+def test_every_block_is_on_a_page():
+    seen = set()
+    for page in render.pages():
+        seen.update(render.render_page(page.read_text("utf-8"))[1])
+    assert seen == set(render.SOURCES)
+
+
+def test_every_result_file_names_commit_and_command():
+    paths = {p for make_paths, _ in render.SOURCES.values() for p in make_paths()}
+    paths |= {str(p.relative_to(ROOT)) for p in (ROOT / "results").glob("*.json")}
+    assert "results/demo-rloo.json" in paths
+    for path in sorted(paths):
+        _, data = render.load(path)
+        assert render.commit_of(data) and data["command"], path
+
+
+def test_result_file_without_commit_is_refused(tmp_path):
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps({"command": "python bench.py", "results": []}))
+    with pytest.raises(ValueError, match="lacks commit"):
+        render.load(str(path))  # an absolute path: ROOT / path is path itself
+    path.write_text(json.dumps({"git_commit": "0123456789abcdef0123", "results": []}))
+    with pytest.raises(ValueError, match="lacks command"):
+        render.load(str(path))
+
+
+def test_commit_is_shortened_and_keeps_dirty():
+    assert render.commit_of({"git_commit": "e48664de2a108dacbbd2c96896ba677e84ed9c83-dirty"}) == "e48664de2a10-dirty"
+    assert render.commit_of({"commit": "36442f7"}) == "36442f7"
+
+
+def test_stale_block_is_rewritten_and_unknown_block_refused():
+    page = "intro\n<!-- results:padding-free -->\nthe old figure: 9.99x\n<!-- /results:padding-free -->\nrest\n"
+    rendered, names = render.render_page(page)
+    assert names == ["padding-free"]
+    assert "9.99x" not in rendered and rendered.startswith("intro\n") and rendered.endswith("\nrest\n")
+    assert "Source: `benchmarks/padding_free.json` (commit `" in rendered
+    assert render.render_page(rendered)[0] == rendered  # rendering twice changes nothing
+    with pytest.raises(KeyError, match="no-such-block"):
+        render.render_page("<!-- results:no-such-block -->\n<!-- /results:no-such-block -->")
+
+
+def test_padding_free_figures_are_computed_from_the_file():
+    data = {
+        "command": "python bench.py", "threads": 2, "note": "quiet", "rows": 4, "repeats": 3,
+        "model": "rlhfkit.testing llama",
+        "real_tokens": 75, "padded_tokens": 100,
+        "results": [
+            {"variant": "padded", "median_seconds": 1.2, "loss": 1.0, "grad_norm": 2.0},
+            {"variant": "packed", "median_seconds": 0.6, "loss": 1.0, "grad_norm": 2.0},
+        ],
+    }  # fmt: skip
+    (line,) = render.render_padding_free([("x.json", data)])
+    # 1 - 75/100 = 25% padding; 1.2 / 0.6 = 2.00x
+    assert "with 25% padding took 1.20 s padded and 0.60 s packed (2.00x, medians of 3)" in line
+    assert "the same loss" in line and "with 2 CPU threads (quiet), 4 rows" in line
+
+
+def test_demo_comparison_names_the_stages_each_run_reused():
+    def record(algo, reward_hash):
+        stages = {name: {"config_hash": "h"} for name in ("sft", "preferences")}
+        stages["reward"] = {"config_hash": reward_hash}
+        stages["rl"] = {"reused": False, "seconds": 65.4}
+        evaluation = {"win_rate_rl_vs_sft": 0.805, "win_rate_ci95": [0.76, 0.85], "gold_score_rl": 0.5}
+        evaluation["kl_rl_to_sft"] = 4.86
+        metrics = {"config": {"algo": algo}, "evaluation": evaluation, "stages": stages}
+        return f"results/demo-{algo}.json", {"metrics": metrics}
+
+    lines = render.render_demo_algos([record("rloo", "r"), record("ppo-multi-adapter", "adapter")])
+    assert lines[2] == "| `rloo` | 80.5% (76.0-85.0%) | 0.500 | 4.86 | 1 min 5 s | (itself) |"
+    assert lines[3].endswith("| SFT, preference pairs; its own reward model |")
+    assert "Only the default" in render.render_demo_algos([record("rloo", "r")])[0]
+
+
+def test_recorder_writes_commit_command_and_machine(tmp_path):
+    record = _script("record_demo_result")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.json").write_text(json.dumps({"config": {"algo": "dpo", "num_threads": 1}, "evaluation": {}}))
+    argv = ["--algo", "dpo", "--no-run", "--output_dir", str(run), "--results", str(tmp_path / "results")]
+    assert record.main(argv) == 0
+    data = json.loads((tmp_path / "results" / "demo-dpo.json").read_text())
+    assert data["command"] == f"rlhfkit demo --algo dpo --output_dir {run}"
+    assert render.commit_of(data) == data["commit"] and len(data["commit"].split("-")[0]) == 12
+    assert data["machine"]["torch_threads"] == 1 and data["machine"]["load_average_before"] is None
+    assert data["metrics"]["config"]["algo"] == "dpo"
+    with pytest.raises(SystemExit):  # the folder holds a dpo run, not an rloo one
+        record.main(["--algo", "rloo", "--no-run", "--output_dir", str(run), "--results", str(tmp_path)])
