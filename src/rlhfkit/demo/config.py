@@ -11,6 +11,9 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 ALGOS = ("rloo", "ppo", "ppo-multi-adapter", "dpo")
+# --task -> the RL algorithms it runs, the first being its default: sentiment learns from a reward model,
+# a verifiable task (rlhfkit.demo.verifiable) from its exact reward with GRPO
+TASK_ALGOS: dict[str, tuple[str, ...]] = {"sentiment": ALGOS, "addition": ("grpo",)}
 PPO_MINI_BATCHES = 4  # PPO mini-batches per rollout batch (rl_epochs passes over each)
 
 # preset -> values for the size fields left unset on the command line; "tiny" is "default" with
@@ -33,6 +36,8 @@ _LAPTOP: dict[str, Any] = dict(
     dpo_learning_rate=3e-4,
     response_length=48,
     eval_num_prompts=256,
+    temperature=0.7,
+    kl_coef=0.05,
 )
 PRESETS: dict[str, dict[str, Any]] = {
     "default": _LAPTOP,
@@ -47,6 +52,29 @@ PRESETS: dict[str, dict[str, Any]] = {
         "eval_num_prompts": 128,
     },
 }
+# --task addition: a short SFT warm start (imperfect on purpose), then GRPO on the exact reward; the fields
+# only the sentiment pipeline reads keep the laptop values
+_ADDITION: dict[str, Any] = {
+    **_LAPTOP,
+    "sft_steps": 450,
+    "sft_batch_size": 64,
+    "sft_learning_rate": 1e-3,
+    "rl_updates": 100,
+    "rl_batch_size": 256,
+    "rl_learning_rate": 1e-4,
+    "rl_epochs": 1,
+    "temperature": 1.0,
+    "kl_coef": 0.0,
+    "response_length": 5,
+    "eval_num_prompts": 1600,
+}
+TASK_PRESETS: dict[str, dict[str, dict[str, Any]]] = {
+    "sentiment": PRESETS,
+    "addition": {
+        "default": _ADDITION,
+        "tiny": {**_ADDITION, "sft_steps": 60, "rl_updates": 4, "rl_batch_size": 32, "eval_num_prompts": 64},
+    },
+}
 
 
 @dataclass
@@ -56,10 +84,18 @@ class DemoConfig:
     output_dir: str = field(
         default="outputs/demo", metadata={"help": "Folder for every stage and the report."}
     )
-    algo: str = field(
-        default="rloo",
+    task: str = field(
+        default="sentiment",
         metadata={
-            "help": f"RL stage: {', '.join(ALGOS)} (ppo-multi-adapter: one base, policy + reward adapters)."
+            "help": f"Demo task: {', '.join(TASK_ALGOS)} (sentiment: reward model + RL; addition: exact "
+            "reward + GRPO)."
+        },
+    )
+    algo: str | None = field(
+        default=None,
+        metadata={
+            "help": f"RL stage, default the task's first: {', '.join(ALGOS)} for sentiment (ppo-multi-adapter: "
+            "one base, policy + reward adapters); grpo for addition."
         },
     )
     size: str = field(
@@ -110,9 +146,14 @@ class DemoConfig:
         default=None, metadata={"help": "Optimisation passes over each batch of rollouts."}
     )
     rloo_k: int = field(default=4, metadata={"help": "RLOO: completions per prompt."})
-    kl_coef: float = field(default=0.05, metadata={"help": "Weight of the KL penalty to the SFT policy."})
-    temperature: float = field(
-        default=0.7, metadata={"help": "Sampling temperature for RL, pairs and evaluation."}
+    num_generations: int = field(
+        default=8, metadata={"help": "GRPO (--task addition): completions per prompt, one group."}
+    )
+    kl_coef: float | None = field(
+        default=None, metadata={"help": "Weight of the KL penalty to the SFT policy (GRPO's beta)."}
+    )
+    temperature: float | None = field(
+        default=None, metadata={"help": "Sampling temperature for RL, pairs and evaluation."}
     )
     response_length: int | None = field(default=None, metadata={"help": "Maximum new tokens per completion."})
     lora_r: int = field(
@@ -130,11 +171,16 @@ class DemoConfig:
     )
 
     def __post_init__(self):
+        if self.task not in TASK_ALGOS:
+            raise ValueError(f"--task must be one of {', '.join(TASK_ALGOS)}, got {self.task!r}")
         if self.size not in PRESETS:
             raise ValueError(f"--size must be one of {', '.join(PRESETS)}, got {self.size!r}")
-        if self.algo not in ALGOS:
-            raise ValueError(f"--algo must be one of {', '.join(ALGOS)}, got {self.algo!r}")
-        for name, value in PRESETS[self.size].items():
+        algos = TASK_ALGOS[self.task]
+        if self.algo is None:
+            self.algo = algos[0]
+        if self.algo not in algos:
+            raise ValueError(f"--algo must be one of {', '.join(algos)} for --task {self.task}, got {self.algo!r}")
+        for name, value in TASK_PRESETS[self.task][self.size].items():
             if getattr(self, name) is None:
                 setattr(self, name, value)
         self.validate()
@@ -175,6 +221,11 @@ class DemoConfig:
         if self.rloo_k < 2:
             raise ValueError(
                 f"--rloo_k must be >= 2 (the baseline averages the other k-1), got {self.rloo_k}"
+            )
+        if self.algo == "grpo" and (self.num_generations < 2 or self.rl_batch_size % self.num_generations):
+            raise ValueError(
+                f"--num_generations ({self.num_generations}) must be >= 2 and divide --rl_batch_size "
+                f"({self.rl_batch_size}): GRPO compares the completions within each group of a prompt"
             )
         if self.algo == "rloo" and self.rl_batch_size % self.rloo_k:
             raise ValueError(

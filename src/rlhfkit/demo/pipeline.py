@@ -68,6 +68,10 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     """Run (or reuse) every stage, write the report; returns the metrics written to metrics.json."""
     from transformers import set_seed
 
+    if cfg.task != "sentiment":  # a verifiable task: exact reward, GRPO, no reward model
+        from rlhfkit.demo.verifiable import run_verifiable_demo
+
+        return run_verifiable_demo(cfg)
     _quiet_runtime(cfg)
     console = _console()
     root = Path(cfg.output_dir)
