@@ -24,6 +24,9 @@ _LAZY: dict[str, str] = {
     # RLOO
     "RLOOConfig": "rlhfkit.trainers.rloo_config",
     "RLOOTrainer": "rlhfkit.trainers.rloo",
+    # GRPO
+    "GRPOConfig": "rlhfkit.trainers.grpo_config",
+    "GRPOTrainer": "rlhfkit.trainers.grpo",
     # reward / SFT / DPO
     "RewardConfig": "rlhfkit.trainers.reward_config",
     "RewardTrainer": "rlhfkit.trainers.reward",

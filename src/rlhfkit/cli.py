@@ -14,6 +14,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("rlhfkit.commands.demo", "run the complete offline RLHF pipeline (SFT -> reward model -> RL)"),
     "ppo": ("rlhfkit.commands.ppo", "classic PPO loop on a built-in task or local data"),
     "rloo": ("rlhfkit.commands.rloo", "REINFORCE leave-one-out training (RLOOTrainer)"),
+    "grpo": ("rlhfkit.commands.grpo", "group relative policy optimisation (GRPOTrainer)"),
     "reward": ("rlhfkit.commands.reward", "train a reward model on preference pairs"),
     "sft": ("rlhfkit.commands.sft", "supervised fine-tuning"),
     "dpo": ("rlhfkit.commands.dpo", "direct preference optimisation"),

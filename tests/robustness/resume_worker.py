@@ -49,6 +49,22 @@ def _hf_trainer(name: str, out: Path, kill: bool):
         )  # fmt: skip
         trainer = RLOOTrainer(config, tiny_tokenizer(padding_side="left"), tiny_model("llama"), tiny_model("llama"),
                               KeywordReward("e"), toy_prompt_dataset(n=16))  # fmt: skip
+    elif name == "grpo":  # three passes over each generation batch: checkpoint-2 falls inside one
+        from rlhfkit.tasks import KeywordReward, toy_prompt_dataset
+        from rlhfkit.testing import tiny_model, tiny_tokenizer
+        from rlhfkit.trainers.grpo import GRPOTrainer
+        from rlhfkit.trainers.grpo_config import GRPOConfig
+
+        def count_e(completions, **columns):
+            return KeywordReward("e")(completions)
+
+        config = GRPOConfig(
+            output_dir=str(out), report_to="none", use_cpu=True, per_device_train_batch_size=4, num_generations=2,
+            num_iterations=3, max_completion_length=4, max_steps=STEPS, logging_steps=1, disable_tqdm=True, seed=3,
+            learning_rate=1e-3, beta=0.05, **save,
+        )  # fmt: skip
+        trainer = GRPOTrainer(tiny_model("llama"), count_e, args=config, train_dataset=toy_prompt_dataset(n=16),
+                              processing_class=tiny_tokenizer(padding_side="left"))  # fmt: skip
     else:
         from hf_fixtures import build
 

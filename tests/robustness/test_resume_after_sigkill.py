@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 from rlhfkit.trainers.checkpointing import latest_checkpoint
 
 WORKER = Path(__file__).with_name("resume_worker.py")
-TRAINERS = ["ppo", "rloo", "reward", "sft", "dpo", "ddpo"]
+TRAINERS = ["ppo", "rloo", "grpo", "reward", "sft", "dpo", "ddpo"]
 
 
 def _worker(name: str, root: Path, mode: str) -> subprocess.CompletedProcess:

@@ -5,7 +5,8 @@ Values from the YAML file become parser defaults, so flags given on the command 
 it in LoRA. A Trainer-style command (sft, dpo, reward) is a `TrainerCommand` spec: which trainer,
 config and model class, and what to print at the end; `run_trainer_command` does the rest (parse,
 load data, tokenizer and model, train, save, evaluate, print a JSON summary). The online commands
-(ppo, rloo) use the same `ModelArguments`, `load_tokenizer` and `peft_config_from`. User errors
+(ppo, rloo) use the same `ModelArguments`, `load_tokenizer` and `peft_config_from`; grpo is a
+`TrainerCommand` with its own script arguments and `inputs` (prompts and reward functions). User errors
 (ValueError) become one line on stderr and exit code 2 (`run_main`).
 
 Set RLHFKIT_DEBUG=1 to get the full traceback instead of the one-line error.
@@ -237,6 +238,10 @@ class TrainerCommand:
     peft_task_type: str  # LoraConfig task_type for --use_peft
     summary: Callable[[Any], dict[str, Any]]
     model_kwargs: dict[str, Any] = field(default_factory=dict)
+    script_arguments: type = ScriptArguments
+    # (script_args) -> (train, eval or None, extra trainer keywords); default: `load_data`, no extras
+    inputs: Callable[[Any], tuple[Any, Any, dict[str, Any]]] | None = None
+    evaluate: bool = True  # run trainer.evaluate() on the eval split when there is one
 
     def main(self, argv: list[str] | None = None) -> int:
         return run_main(self.prog, lambda args: run_trainer_command(self, args), argv)
@@ -255,9 +260,12 @@ def run_trainer_command(command: TrainerCommand, argv: list[str] | None) -> int:
 
     config_class, trainer_class = _import(command.config), _import(command.trainer)
     script_args, config, model_args = parse_args(
-        (ScriptArguments, config_class, ModelArguments), argv, command.prog, command.description
+        (command.script_arguments, config_class, ModelArguments), argv, command.prog, command.description
     )
-    train_dataset, eval_dataset = load_data(script_args)
+    if command.inputs is None:
+        (train_dataset, eval_dataset), extra = load_data(script_args), {}
+    else:
+        train_dataset, eval_dataset, extra = command.inputs(script_args)
     tokenizer = load_tokenizer(model_args)
     model = load_model(model_args, getattr(transformers, command.auto_model), **command.model_kwargs)
     trainer = trainer_class(
@@ -267,12 +275,13 @@ def run_trainer_command(command: TrainerCommand, argv: list[str] | None) -> int:
         eval_dataset=eval_dataset,
         processing_class=tokenizer,
         peft_config=peft_config_from(model_args, command.peft_task_type),
+        **extra,
     )
     trainer.train()
     trainer.save_model(config.output_dir)
     tokenizer.save_pretrained(config.output_dir)
     summary = {"output_dir": config.output_dir, **command.summary(trainer)}
-    if eval_dataset is not None:
+    if eval_dataset is not None and command.evaluate:
         summary["eval"] = trainer.evaluate()
     print(json.dumps(summary, default=float))
     return 0

@@ -7,8 +7,20 @@ importable from here; they load on first use, so `import rlhfkit.core` itself st
 import importlib
 from typing import Any
 
-from rlhfkit.core.advantages import compute_gae, rloo_advantages, whitened_gae
-from rlhfkit.core.kl import KL_ESTIMATORS, AdaptiveKLController, FixedKLController, kl_penalty
+from rlhfkit.core.advantages import (
+    ADVANTAGE_ESTIMATORS,
+    compute_gae,
+    group_advantages,
+    rloo_advantages,
+    whitened_gae,
+)
+from rlhfkit.core.kl import (
+    KL_ESTIMATORS,
+    AdaptiveKLController,
+    FixedKLController,
+    kl_penalty,
+    per_token_kl,
+)
 from rlhfkit.core.logprobs import entropy_from_logits, full_kl_from_logits, selective_log_softmax
 from rlhfkit.core.losses import (
     DPO_LOSSES,
@@ -26,6 +38,13 @@ from rlhfkit.core.masking import (
     masked_var,
     masked_whiten,
     truncate_at_stop,
+)
+from rlhfkit.core.policy_losses import (
+    POLICY_LOSSES,
+    PolicyLossResult,
+    PolicyLossSpec,
+    entropy_mask,
+    policy_loss,
 )
 from rlhfkit.core.rewards import (
     RunningMoments,
@@ -55,11 +74,15 @@ def __getattr__(name: str) -> Any:
 
 # the lazy names stay out of __all__, so `from rlhfkit.core import *` does not load transformers
 __all__ = [
+    "ADVANTAGE_ESTIMATORS",
     "DPO_LOSSES",
     "KL_ESTIMATORS",
     "AdaptiveKLController",
     "FixedKLController",
+    "POLICY_LOSSES",
     "PolicyLossOutput",
+    "PolicyLossResult",
+    "PolicyLossSpec",
     "RunningMoments",
     "ValueLossOutput",
     "apply_missing_eos_penalty",
@@ -70,14 +93,18 @@ __all__ = [
     "compute_token_rewards",
     "dpo_loss",
     "entropy_from_logits",
+    "entropy_mask",
     "first_true_indices",
     "full_kl_from_logits",
+    "group_advantages",
     "kl_penalty",
     "last_true_indices",
     "masked_mean",
     "masked_var",
     "masked_whiten",
     "pairwise_reward_loss",
+    "per_token_kl",
+    "policy_loss",
     "ppo_policy_loss",
     "ppo_value_loss",
     "rloo_advantages",

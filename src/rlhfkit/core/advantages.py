@@ -1,12 +1,18 @@
-"""Advantage estimators: GAE for PPO, the leave-one-out baseline for RLOO.
+"""Advantage estimators: GAE for PPO, the leave-one-out baseline for RLOO, group-relative ones for GRPO.
 
 GAE (Schulman et al. 2016) runs over the response tokens. Positions where `mask` is False are
 skipped: they get zero advantage and return, and neither their reward nor their value reaches
 earlier steps (for right-padded responses the episode simply ends at the last real token, with a
 bootstrap value of 0). RLOO (Ahmadian et al. 2024) treats a whole completion as one action.
+
+`group_advantages` serves GRPO (Shao et al. 2024): the G completions of a prompt sit in consecutive
+rows and are compared with each other. A NaN reward ("no reward function applied") is left out of
+every mean and std and gets advantage 0. Stds are unbiased (Bessel), plus 1e-4, as TRL's GRPO.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
@@ -82,3 +88,89 @@ def rloo_advantages(rlhf_reward: torch.Tensor, rloo_k: int) -> torch.Tensor:
     baseline = (grouped.sum(0, keepdim=True) - grouped) / (rloo_k - 1)
     return (grouped - baseline).flatten()
 
+
+
+_STD_EPS = 1e-4  # TRL GRPO's epsilon, added to the std before dividing
+
+
+def _nan_std(values: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Unbiased std ignoring NaNs (NaN where fewer than two values are present), keepdim."""
+    dims = tuple(range(values.dim())) if dim is None else (dim,)
+    mean = torch.nanmean(values, dim=dims, keepdim=True)
+    count = (~values.isnan()).sum(dim=dims, keepdim=True)
+    sum_sq = ((values - mean) ** 2).nansum(dim=dims, keepdim=True)
+    return (sum_sq / (count - 1).clamp(min=1)).sqrt().masked_fill(count < 2, float("nan"))
+
+
+def _group_mean_baseline(grouped: torch.Tensor) -> torch.Tensor:
+    """(B, G) -> r - mean of its group (Shao et al. 2024)."""
+    return grouped - torch.nanmean(grouped, dim=1, keepdim=True)
+
+
+def _leave_one_out_baseline(grouped: torch.Tensor) -> torch.Tensor:
+    """(B, G) -> r - mean of the other G-1 rewards of its group (Ahmadian et al. 2024)."""
+    present = ~grouped.isnan()
+    others_sum = grouped.nansum(dim=1, keepdim=True) - grouped
+    others_count = present.sum(dim=1, keepdim=True).to(grouped.dtype) - 1
+    # a group with a single scored completion has no baseline: NaN, turned into advantage 0 later
+    return grouped - others_sum / others_count.clamp(min=1).masked_fill(others_count < 1, float("nan"))
+
+
+def _reinforce_pp_baseline(grouped: torch.Tensor) -> torch.Tensor:
+    """(B, G) -> group-centred rewards standardised over the whole batch (REINFORCE++-baseline, Hu et al. 2025).
+
+    The batch mean of the centred values is subtracted too (it is 0 unless a group has NaN rewards).
+    """
+    centred = _group_mean_baseline(grouped)
+    return (centred - torch.nanmean(centred)) / (_nan_std(centred) + _STD_EPS)
+
+
+# name -> fn(grouped rewards (B, G)) -> advantages (B, G) before `scale_rewards`
+ADVANTAGE_ESTIMATORS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "group_mean": _group_mean_baseline,
+    "rloo": _leave_one_out_baseline,
+    "reinforce_pp": _reinforce_pp_baseline,
+}
+
+# scale_rewards -> fn(grouped rewards (B, G)) -> std to divide by (broadcastable), or None
+_REWARD_SCALES: dict[str, Callable[[torch.Tensor], torch.Tensor | None]] = {
+    "group": lambda grouped: _nan_std(grouped, dim=1),
+    "batch": lambda grouped: _nan_std(grouped),
+    "none": lambda grouped: None,
+}
+
+
+def group_advantages(
+    rewards: torch.Tensor, group_size: int, estimator: str = "group_mean", scale_rewards: str = "group"
+) -> torch.Tensor:
+    """Group-relative advantages for GRPO-style training.
+
+    rewards: (N,) with N = B * group_size, group g in rows g*G .. g*G+G-1 (NaN = unscored).
+    estimator: a key of ADVANTAGE_ESTIMATORS. scale_rewards: "group" divides by the std of the raw
+    rewards of each group, "batch" by their std over the whole batch (+1e-4 both), "none" keeps
+    the scale. "reinforce_pp" standardises itself, so it takes scale_rewards="none" only.
+    Returns (N,), detached; 0 where the reward is NaN or a group's std is undefined.
+    """
+    if estimator not in ADVANTAGE_ESTIMATORS:
+        raise ValueError(f"unknown estimator {estimator!r}; valid: {', '.join(ADVANTAGE_ESTIMATORS)}")
+    if scale_rewards not in _REWARD_SCALES:
+        raise ValueError(f"unknown scale_rewards {scale_rewards!r}; valid: {', '.join(_REWARD_SCALES)}")
+    if estimator == "reinforce_pp" and scale_rewards != "none":
+        raise ValueError(
+            f"estimator='reinforce_pp' already divides by the batch std; pass scale_rewards='none', got {scale_rewards!r}"
+        )
+    if rewards.dim() != 1:
+        raise ValueError(f"rewards must be 1-D (N,), got shape {tuple(rewards.shape)}")
+    if group_size < 1 or rewards.numel() % group_size != 0:
+        raise ValueError(f"rewards has {rewards.numel()} entries, not a multiple of group_size={group_size}")
+    if group_size < 2 and (estimator == "rloo" or scale_rewards == "group"):
+        raise ValueError(
+            f"group_size must be >= 2 for estimator={estimator!r} with scale_rewards={scale_rewards!r}, got {group_size}"
+        )
+    with torch.no_grad():
+        grouped = rewards.detach().float().reshape(-1, group_size)
+        advantages = ADVANTAGE_ESTIMATORS[estimator](grouped)
+        std = _REWARD_SCALES[scale_rewards](grouped)
+        if std is not None:
+            advantages = advantages / (std + _STD_EPS)
+    return torch.nan_to_num(advantages.flatten(), nan=0.0)

@@ -3,7 +3,10 @@
 Estimators of KL(pi || pi_ref) at the sampled token (Schulman, "Approximating KL divergence"):
 "kl" is k1 = logp - ref (unbiased, can be negative), "mse" is k2 = 0.5 (logp - ref)^2, "k3" is
 exp(ref - logp) - (ref - logp) - 1 (unbiased, non-negative, low variance), "abs" is |logp - ref|
-and "full" is the exact KL summed over the vocabulary from both logit tensors.
+and "full" is the exact KL summed over the vocabulary from both logit tensors; "k1" and "k2" are
+aliases of "kl" and "mse". `per_token_kl` adds the importance-weighted ("unbiased") form of
+DeepSeek-V3.2: k * pi/pi_sampling, whose gradient is that of the reverse KL on samples drawn from
+an older policy (TRL's `use_bias_correction_kl`).
 The adaptive controller is the proportional controller of Ziegler et al. (2019).
 """
 
@@ -49,6 +52,9 @@ KL_ESTIMATORS: dict[str, Callable[..., torch.Tensor]] = {
     "k3": _kl_k3,
 }
 
+# Schulman's names for the same estimators
+KL_ALIASES = {"k1": "kl", "k2": "mse"}
+
 
 def kl_penalty(
     logprobs: torch.Tensor,
@@ -63,14 +69,38 @@ def kl_penalty(
     needed only for kind="full" (pass them already divided by the sampling temperature).
     Returns (B, T).
     """
-    estimator = KL_ESTIMATORS.get(kind)
+    estimator = KL_ESTIMATORS.get(KL_ALIASES.get(kind, kind))
     if estimator is None:
-        raise ValueError(f"unknown KL kind {kind!r}; valid kinds: {', '.join(KL_ESTIMATORS)}")
+        valid = ", ".join([*KL_ESTIMATORS, *KL_ALIASES])
+        raise ValueError(f"unknown KL kind {kind!r}; valid kinds: {valid}")
     if logprobs.shape != ref_logprobs.shape:
         raise ValueError(
             f"ref_logprobs shape {tuple(ref_logprobs.shape)} must equal logprobs {tuple(logprobs.shape)}"
         )
     return estimator(logprobs, ref_logprobs, logits, ref_logits)
+
+
+def per_token_kl(
+    logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    estimator: str = "k3",
+    sampling_logprobs: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Per-token KL(pi || pi_ref) for a policy loss, optionally importance-corrected.
+
+    logprobs (with gradient), ref_logprobs, sampling_logprobs: (B, T). With sampling_logprobs (the
+    policy that generated the tokens), the estimate is multiplied by exp(logprobs - sampling_logprobs),
+    which keeps its gradient: even on-policy, where the factor is 1, it changes the gradient.
+    Returns (B, T).
+    """
+    kl = kl_penalty(logprobs, ref_logprobs, estimator)
+    if sampling_logprobs is None:
+        return kl
+    if sampling_logprobs.shape != logprobs.shape:
+        raise ValueError(
+            f"sampling_logprobs shape {tuple(sampling_logprobs.shape)} must equal logprobs {tuple(logprobs.shape)}"
+        )
+    return kl * torch.exp(logprobs - sampling_logprobs.detach())
 
 
 class AdaptiveKLController:

@@ -2,7 +2,9 @@
 
 A reward source is one of:
 - a callable `completions -> scores` on the decoded text (also given `prompts=` when it takes that
-  keyword);
+  keyword); a score may be None, "not applicable": that source is left out of the row's weighted sum (a row
+  no source applies to scores NaN). A caller passing `function_kwargs` calls every function with exactly
+  those keywords instead (GRPO: `prompts`, `completions`, `completion_ids` and the dataset's other columns);
 - a sequence-classification reward model (one output), read at the last real token
   (`scoring.reward_model_scores`): on the policy's own token ids, or, when it has its own tokenizer
   (`reward_processing_class`), on prompt + completion text re-encoded with that tokenizer;
@@ -134,8 +136,12 @@ class RewardScorer:
         response_mask: torch.Tensor,
         prompts: list[str] | None = None,
         completions: list[str] | None = None,
+        function_kwargs: dict[str, Any] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Score a padded batch: queries (N, Lq) left-padded, responses (N, R) right-padded."""
+        """Score a padded batch: queries (N, Lq) left-padded, responses (N, R) right-padded.
+
+        Per-source scores are NaN where a function returned None.
+        """
         if self.needs_text and (prompts is None or completions is None):
             prompts = self._require_tokenizer().batch_decode(query_ids, skip_special_tokens=True)
             completions = [
@@ -147,7 +153,7 @@ class RewardScorer:
             ids = torch.cat([query_ids, responses], dim=1)
             return ids, torch.cat([query_mask.long(), response_mask.long()], dim=1)
 
-        return self._score(token_ids, prompts, completions, responses.shape[0], responses.device)
+        return self._score(token_ids, prompts, completions, responses.shape[0], responses.device, function_kwargs)
 
     def score_responses(
         self,
@@ -186,22 +192,28 @@ class RewardScorer:
         completions: list[str] | None,
         n: int,
         device: torch.device,
+        function_kwargs: dict[str, Any] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         per_source = torch.empty(len(self.sources), n, device=device)
+        applies = torch.ones(len(self.sources), n, dtype=torch.bool, device=device)
         ids = None
         for i, (source, reward_tokenizer) in enumerate(zip(self.sources, self.tokenizers)):
             if not isinstance(source, nn.Module):
-                values = self._call_function(source, completions, prompts, n)
+                values, applies[i] = self._call_function(source, completions, prompts, n, function_kwargs)
             elif reward_tokenizer is not None:
                 values = self._score_retokenized(source, reward_tokenizer, prompts, completions)
             else:
                 ids = token_ids() if ids is None else ids
                 values = self._model_scores(source, *ids)
-            if not torch.isfinite(values).all():
+            if not torch.isfinite(values[applies[i].to(values.device)]).all():
                 _warn_non_finite(source, values)
             per_source[i] = values.to(per_source)
         weights = torch.tensor(self.weights, device=per_source.device)
-        return (weights[:, None] * per_source).sum(0), per_source
+        weighted = weights[:, None] * per_source
+        if bool(applies.all()):
+            return weighted.sum(0), per_source
+        scores = torch.where(applies, weighted, 0.0).sum(0)
+        return scores.masked_fill(~applies.any(0), float("nan")), per_source
 
     @staticmethod
     def _model_scores(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -215,22 +227,28 @@ class RewardScorer:
         return scores
 
     def _call_function(
-        self, fn: Callable, completions: list[str], prompts: list[str], n: int
-    ) -> torch.Tensor:
-        result = fn(completions, prompts=prompts) if _accepts_prompts(fn) else fn(completions)
+        self, fn: Callable, completions: list[str], prompts: list[str], n: int, kwargs: dict | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(n,) float32 scores of a reward function, NaN where it returned None, and (n,) bool: not None."""
+        if kwargs is not None:
+            result = fn(**kwargs)
+        else:
+            result = fn(completions, prompts=prompts) if _accepts_prompts(fn) else fn(completions)
         if isinstance(result, torch.Tensor):
             result = result.detach().reshape(-1).tolist()
         try:
-            values = [float(v) for v in result]
+            applies = [v is not None for v in result]
+            values = [float(v) if ok else float("nan") for v, ok in zip(result, applies)]
         except (TypeError, ValueError) as err:
             raise ValueError(
-                f"{source_name(fn)} must return a list of numbers, got {type(result).__name__}"
+                f"{source_name(fn)} must return a list of numbers (or None), got {type(result).__name__}"
             ) from err
         if len(values) != n:
             raise ValueError(
                 f"{source_name(fn)} returned {len(values)} scores for {n} completions; expected one each"
             )
-        return torch.tensor(values, dtype=torch.float32, device=self.device)
+        device = self.device
+        return torch.tensor(values, dtype=torch.float32, device=device), torch.tensor(applies, device=device)
 
     def _score_retokenized(
         self, model: nn.Module, tokenizer: Any, prompts: list[str], completions: list[str]

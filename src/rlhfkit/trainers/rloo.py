@@ -19,18 +19,13 @@ of the k rows; `advantages` holds one number per completion.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
-import os
-import time
 from collections import defaultdict
-from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch import nn
-from transformers import ProgressCallback, Trainer, TrainerState
-from transformers.trainer_utils import TrainOutput
+from transformers import ProgressCallback, Trainer
 
 from rlhfkit.core import (
     masked_mean,
@@ -44,14 +39,13 @@ from rlhfkit.models.reference import choose_reference
 from rlhfkit.rollout import HFGenerationBackend, SamplingParams, forward_response, pad_left
 from rlhfkit.rollout.batch import RolloutBatch
 from rlhfkit.rollout.rewards import RewardScorer
-from rlhfkit.trainers.checkpointing import latest_checkpoint, verify_checkpoint
 from rlhfkit.trainers.guards import RobustTrainerMixin
 from rlhfkit.trainers.hf_trainer_setup import disable_dropout
+from rlhfkit.trainers.online_loop import OnlineTrainerLoop
 from rlhfkit.trainers.rloo_config import RLOOConfig
 from rlhfkit.trainers.rloo_data import PromptSchedule, check_prompts, datasets_by_argument, tokenize_datasets
 from rlhfkit.trainers.rloo_rewards import compute_rlhf_reward
-from rlhfkit.trainers.sample_table import RichProgressCallback, print_sample_table, save_samples
-from rlhfkit.trainers.sharded_generation import zero3_generation_context
+from rlhfkit.trainers.sample_table import RichProgressCallback
 
 
 def _check_arguments(config: Any, processing_class: Any, policy: Any, ref_policy: Any) -> None:
@@ -65,7 +59,7 @@ def _check_arguments(config: Any, processing_class: Any, policy: Any, ref_policy
             raise TypeError(f"{name} must be a loaded model (nn.Module), got {type(model).__name__}")
 
 
-class RLOOTrainer(RobustTrainerMixin, Trainer):
+class RLOOTrainer(OnlineTrainerLoop, RobustTrainerMixin, Trainer):
     """Trains `policy` with RLOO against a frozen `ref_policy`; see `RLOOConfig` for every option.
 
     `ref_policy=None` takes the reference from the policy (`rlhfkit.models.reference.choose_reference`):
@@ -153,75 +147,20 @@ class RLOOTrainer(RobustTrainerMixin, Trainer):
             self.remove_callback(ProgressCallback)
             self.add_callback(RichProgressCallback())
 
-    # ------------------------------------------------------------------ training loop
-    def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs: Any) -> TrainOutput:
-        args = self.args
-        num_updates = args.num_total_batches
-        if args.gradient_checkpointing:
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs)
-        self.create_optimizer_and_scheduler(num_training_steps=num_updates)
-        model, self.optimizer = self.accelerator.prepare(self.model, self.optimizer)
-        self.model_wrapped = model
-        self.state = TrainerState(
-            is_local_process_zero=self.is_local_process_zero(),
-            is_world_process_zero=self.is_world_process_zero(),
-            stateful_callbacks=dict(self.state.stateful_callbacks),
-        )
-        if resume_from_checkpoint is True:
-            resume_from_checkpoint = latest_checkpoint(args.output_dir)  # the newest intact one
-            if resume_from_checkpoint is None:
-                raise ValueError(
-                    f"resume_from_checkpoint=True but {args.output_dir} holds no intact checkpoint-* folder"
-                )
-        if resume_from_checkpoint:
-            verify_checkpoint(resume_from_checkpoint)  # a clear error naming a missing, corrupt or altered file
-            self._load_from_checkpoint(resume_from_checkpoint)
-            self._load_optimizer_and_scheduler(resume_from_checkpoint)
-            self.state = TrainerState.load_from_json(
-                os.path.join(resume_from_checkpoint, "trainer_state.json")
-            )
-            self._load_rng_state(resume_from_checkpoint)
-        self.state.max_steps = num_updates
-        self.state.num_train_epochs = math.ceil(num_updates * args.batch_size / len(self.train_dataset))
-        self.state.compute_steps(args, num_updates)
-        self.state.train_batch_size = args.per_device_train_batch_size
-        self.is_in_train = True
-        model.train()
-        self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
-        start_time, start_update, losses = time.time(), self.state.global_step, []
+    # ------------------------------------------------------------------ the shared loop's hooks
+    _loss_metric = "loss/policy_avg"
 
-        with self.graceful_stop:  # SIGINT/SIGTERM: finish the update, save, stop
-            for update in range(start_update, num_updates):
-                self.control = self.callback_handler.on_step_begin(args, self.state, self.control)
-                batch, metrics = self._rollout(update)
-                metrics.update(self._optimize(model, batch))
-                metrics["lr"] = self.lr_scheduler.get_last_lr()[0]
-                self.lr_scheduler.step()
-                self.state.global_step += 1
-                episodes = self.state.global_step * args.batch_size
-                self.state.epoch = episodes / len(self.train_dataset)
-                metrics["eps"] = int(
-                    (self.state.global_step - start_update) * args.batch_size / (time.time() - start_time)
-                )
-                metrics["episode"] = episodes
-                losses.append(metrics["loss/policy_avg"])
-                self.control = self.callback_handler.on_step_end(args, self.state, self.control)
-                if self.control.should_log:
-                    self.log(metrics)
-                    self.control.should_log = False
-                if self.control.should_save:
-                    self._save_checkpoint(model, trial=None)
-                    self.control = self.callback_handler.on_save(args, self.state, self.control)
-                freq = args.sample_generations_freq
-                if freq and self.state.global_step % freq == 0:
-                    self.generate_completions()
-                if self.control.should_training_stop:
-                    break
+    def _num_updates(self) -> int:
+        return self.args.num_total_batches
 
-        self.control = self.callback_handler.on_train_end(args, self.state, self.control)
-        self.is_in_train = False
-        mean_loss = float(sum(losses) / len(losses)) if losses else 0.0
-        return TrainOutput(self.state.global_step, mean_loss, {"train_loss": mean_loss})
+    def _episodes_per_update(self) -> int:
+        return self.args.batch_size
+
+    def _sample_generations_freq(self) -> int:
+        return self.args.sample_generations_freq
+
+    def _forward_chunk_size(self) -> int:
+        return self.args.local_rollout_forward_batch_size
 
     # ------------------------------------------------------------------ steps 1-6
     @torch.no_grad()
@@ -294,29 +233,9 @@ class RLOOTrainer(RobustTrainerMixin, Trainer):
         )
         return batch.trimmed()
 
-    def _reference_logprobs(self, batch: RolloutBatch) -> torch.Tensor:
-        """(N, R) logprobs of the responses under the reference (junk on padding: mask it)."""
-        with self.reference(self.accelerator.unwrap_model(self.model)) as ref_policy:
-            parts = [
-                forward_response(ref_policy, *chunk, temperature=self.args.temperature).logprobs
-                for chunk in self._forward_chunks(batch)
-            ]
-        return torch.cat(parts)
-
     def _score(self, batch: RolloutBatch) -> torch.Tensor:
         """(N,) scores of the completions from the reward model(s) / function(s)."""
         return torch.cat([self.scorer(*chunk)[0] for chunk in self._forward_chunks(batch)])
-
-    def _forward_chunks(self, batch: RolloutBatch) -> Iterator[tuple[torch.Tensor, ...]]:
-        """(query_ids, query_mask, responses, response_mask) of `local_rollout_forward_batch_size` rows at a time.
-
-        The queries keep the batch's width: `batch[rows]` would trim their shared left padding, which moves
-        logprobs and scores in the last float bits; kept so that a seed reproduces earlier runs exactly.
-        """
-        size = self.args.local_rollout_forward_batch_size
-        for start in range(0, len(batch), size):
-            rows = slice(start, start + size)
-            yield batch.query_ids[rows], batch.query_mask[rows], batch.responses[rows], batch.response_mask[rows]
 
     # ------------------------------------------------------------------ step 7
     def _optimize(self, model: nn.Module, batch: RolloutBatch) -> dict[str, float]:
@@ -373,84 +292,10 @@ class RLOOTrainer(RobustTrainerMixin, Trainer):
                 "val/ratio_var": masked_var(token_ratio, mask, unbiased=False),
             }
 
-    # ------------------------------------------------------------------ helpers
-    def _gathered_weights(self) -> contextlib.AbstractContextManager:
-        """Under DeepSpeed ZeRO-3, the policy's sharded weights gathered once per generation (unless told not to)."""
-        return zero3_generation_context(self.accelerator, self.model, self.args.ds3_gather_for_generation)
-
-    def _decode(self, queries: torch.Tensor, responses: torch.Tensor, response_mask: torch.Tensor):
-        tok = self.processing_class
-        prompts = tok.batch_decode(queries, skip_special_tokens=True)
-        completions = [
-            tok.decode(r[m], skip_special_tokens=True) for r, m in zip(responses, response_mask.bool())
-        ]
-        return prompts, completions
-
-    @torch.no_grad()
-    def generate_completions(self) -> dict[str, list] | dict[str, dict[str, list]]:
-        """Greedy completions of the first `num_sample_prompts` evaluation prompts: printed and saved.
-
-        With a dict of evaluation datasets, one table per dataset, saved under `output_dir/samples-<name>`,
-        and the samples are returned by name.
-        """
-        if isinstance(self.eval_dataset, dict):
-            return {
-                name: self._sample_completions(
-                    dataset, f" ({name})", os.path.join(self.args.output_dir, f"samples-{name}")
-                )
-                for name, dataset in self.eval_dataset.items()
-            }
-        dataset = self.eval_dataset if self.eval_dataset is not None else self.train_dataset
-        return self._sample_completions(dataset, "", self.args.output_dir)
-
-    def _sample_completions(self, dataset: Any, label: str, folder: str) -> dict[str, list]:
-        args = self.args
-        rows = dataset.select(range(min(args.num_sample_prompts, len(dataset))))["input_ids"]
-        pad_id = self.processing_class.pad_token_id
-        queries, masks = (
-            t.to(self.accelerator.device) for t in pad_left([torch.tensor(r) for r in rows], pad_id)
-        )
-        greedy = dataclasses.replace(self.sampling_params, do_sample=False)
-        sampler = HFGenerationBackend(
-            self.accelerator.unwrap_model(self.model), pad_id, weights_context=self._gathered_weights
-        )
-        out = sampler.generate(queries, masks, greedy)
-        responses, response_mask = out.responses, out.response_mask
-        prompts, completions = self._decode(queries, responses, response_mask)
-        scores, _ = self.scorer(queries, masks, responses, response_mask, prompts, completions)
-        samples = {"query": prompts, "model response": completions, "score": scores.tolist()}
-        if self.is_world_process_zero():
-            step = self.state.global_step
-            print_sample_table(
-                prompts, completions, samples["score"], title=f"sample completions{label}, update {step}"
-            )
-            save_samples(folder, step, prompts, completions, samples["score"])
-        return samples
-
-    def create_model_card(
-        self,
-        model_name: str | None = None,
-        dataset_name: str | None = None,
-        tags: str | list[str] | None = None,
-    ) -> None:
-        """Write a short README.md model card into output_dir."""
-        if not self.is_world_process_zero():
-            return
-        tags = [tags] if isinstance(tags, str) else list(tags or [])
-        tags = list(dict.fromkeys(tags + self._tag_names))
-        base = getattr(getattr(self.model, "config", None), "_name_or_path", None) or "unknown"
-        lines = [
-            "---",
-            "library_name: transformers",
-            "tags:",
-            *[f"- {t}" for t in tags],
-            "---",
-            "",
-            f"# {model_name or os.path.basename(os.path.normpath(self.args.output_dir))}",
-            "",
-            f"Fine-tuned from `{base}` with REINFORCE leave-one-out (RLOO) using rlhfkit"
-            + (f" on the `{dataset_name}` dataset." if dataset_name else "."),
-            "",
+    # ------------------------------------------------------------------ model card
+    def _model_card_lines(self) -> list[str]:
+        return [
+            "REINFORCE leave-one-out (RLOO)",
             f"- completions per prompt (rloo_k): {self.args.rloo_k}",
             f"- KL coefficient: {self.args.kl_coef}",
             f"- updates: {self.state.global_step}",
@@ -458,8 +303,4 @@ class RLOOTrainer(RobustTrainerMixin, Trainer):
             "",
             "RLOO: Ahmadian et al., *Back to Basics: Revisiting REINFORCE Style Optimization for Learning "
             "from Human Feedback in LLMs*, 2024 (arXiv:2402.14740).",
-            "",
         ]
-        os.makedirs(self.args.output_dir, exist_ok=True)
-        with open(os.path.join(self.args.output_dir, "README.md"), "w", encoding="utf-8") as fh:
-            fh.write("\n".join(lines))

@@ -20,17 +20,20 @@ def _context_length(model: Any) -> int | None:
     return None
 
 
-def tokenize_prompts(dataset: Any, tokenizer: Any, num_proc: int | None, what: str) -> Any:
+def tokenize_prompts(
+    dataset: Any, tokenizer: Any, num_proc: int | None, what: str, keep_columns: bool = False
+) -> Any:
     """A dataset with an "input_ids" column: kept as is, or built from a "prompt" column.
 
     A "prompt" may be a string or a list of chat messages (rendered with the tokenizer's chat template).
+    `keep_columns` keeps the other columns next to "input_ids" (GRPO hands them to reward functions).
     """
     if dataset is None:
         raise ValueError(f"{what} is required")
     if not hasattr(dataset, "column_names"):
         raise TypeError(f"{what} must be a datasets.Dataset with a 'prompt' column, got {type(dataset).__name__}")
     if len(dataset) == 0:
-        raise ValueError(f"{what} is empty: RLOO needs at least one prompt")
+        raise ValueError(f"{what} is empty: at least one prompt is needed")
     columns = list(dataset.column_names)
     if "input_ids" in columns:
         return dataset
@@ -49,21 +52,24 @@ def tokenize_prompts(dataset: Any, tokenizer: Any, num_proc: int | None, what: s
             ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
         return {"input_ids": list(ids)}
 
-    return dataset.map(encode, remove_columns=columns, num_proc=num_proc, desc=f"tokenising {what}")
+    removed = [] if keep_columns else columns
+    return dataset.map(encode, remove_columns=removed, num_proc=num_proc, desc=f"tokenising {what}")
 
 
-def tokenize_datasets(train_dataset: Any, eval_dataset: Any, tokenizer: Any, num_proc: int | None) -> tuple[Any, Any]:
+def tokenize_datasets(
+    train_dataset: Any, eval_dataset: Any, tokenizer: Any, num_proc: int | None, keep_columns: bool = False
+) -> tuple[Any, Any]:
     """`tokenize_prompts` over the train set and the evaluation set(s): None, one dataset, or a dict by name."""
-    train_dataset = tokenize_prompts(train_dataset, tokenizer, num_proc, "train_dataset")
+    train_dataset = tokenize_prompts(train_dataset, tokenizer, num_proc, "train_dataset", keep_columns)
     if isinstance(eval_dataset, dict):  # named evaluation sets: one sample table each
         if not eval_dataset:
             raise ValueError("eval_dataset is an empty dict; give at least one named dataset, or None")
         eval_dataset = {
-            name: tokenize_prompts(ds, tokenizer, num_proc, f"eval_dataset[{name!r}]")
+            name: tokenize_prompts(ds, tokenizer, num_proc, f"eval_dataset[{name!r}]", keep_columns)
             for name, ds in eval_dataset.items()
         }
     elif eval_dataset is not None:
-        eval_dataset = tokenize_prompts(eval_dataset, tokenizer, num_proc, "eval_dataset")
+        eval_dataset = tokenize_prompts(eval_dataset, tokenizer, num_proc, "eval_dataset", keep_columns)
     return train_dataset, eval_dataset
 
 

@@ -1,0 +1,239 @@
+"""GRPOConfig: TrainingArguments plus group-relative policy optimisation, with TRL's names and defaults.
+
+Sizes count completions. One update (one optimizer step, one `global_step`) trains on
+`per_device_train_batch_size * gradient_accumulation_steps` completions per process. One generation batch
+holds `per_device_train_batch_size * steps_per_generation` completions per process (`generation_batch_size`
+across processes): `num_generations` of each of its prompts, the group of a prompt on consecutive rows. It is
+trained on for `steps_per_generation / gradient_accumulation_steps` updates, `num_iterations` times over.
+
+Departures from TRL's defaults, for a CPU-first library: `gradient_checkpointing` and `bf16` stay off;
+`steps_per_generation` must be a multiple of `gradient_accumulation_steps` and each process's generation
+batch must hold whole groups (TRL lets a group span two micro-batches or two processes).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from rlhfkit.core.policy_losses import POLICY_LOSSES
+from rlhfkit.trainers.config_checks import exact_div
+from rlhfkit.trainers.hf_trainer_config import HFTrainerConfig, ModelInitKwargs
+
+LOSS_TYPES = tuple(POLICY_LOSSES)
+SCALE_REWARDS = ("group", "batch", "none")
+IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
+
+
+@dataclass
+class GRPOConfig(ModelInitKwargs, HFTrainerConfig):
+    """Configuration for `GRPOTrainer`; every `transformers.TrainingArguments` field also applies."""
+
+    learning_rate: float = field(default=1e-6, metadata={"help": "Initial AdamW learning rate (TRL's GRPO default)."})
+    logging_steps: float = field(default=10, metadata={"help": "Log the metrics every this many updates."})
+    remove_unused_columns: bool | None = field(
+        default=False, metadata={"help": "Kept False: every dataset column reaches the reward functions."}
+    )
+    # ---------------------------------------------------------------- data and generation
+    num_generations: int = field(
+        default=8, metadata={"help": "Completions sampled per prompt (the group; >= 2)."}
+    )
+    max_prompt_length: int | None = field(
+        default=512, metadata={"help": "Prompts longer than this many tokens keep their last ones (None: no limit)."}
+    )
+    max_completion_length: int = field(default=512, metadata={"help": "Maximum number of generated tokens."})
+    generation_batch_size: int | None = field(
+        default=None,
+        metadata={
+            "help": "Completions per generation, all processes. Default: per_device_train_batch_size * processes "
+            "* steps_per_generation. Give this or steps_per_generation, not both."
+        },
+    )
+    steps_per_generation: int | None = field(
+        default=None,
+        metadata={"help": "Micro-batches each generation feeds (default: gradient_accumulation_steps)."},
+    )
+    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature (also applied to logprobs)."})
+    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling: keep the top tokens up to this mass."})
+    top_k: int = field(default=0, metadata={"help": "Sample among the k most likely tokens (0: all)."})
+    min_p: float | None = field(
+        default=None, metadata={"help": "Drop tokens below min_p times the top token's probability."}
+    )
+    repetition_penalty: float = field(
+        default=1.0, metadata={"help": "Penalise tokens already in the prompt or completion (>1: fewer repeats)."}
+    )
+    generation_kwargs: dict | None = field(
+        default=None, metadata={"help": "Further transformers GenerationConfig settings; they win over the above."}
+    )
+    ds3_gather_for_generation: bool = field(
+        default=True,
+        metadata={"help": "DeepSpeed ZeRO-3 only: gather the policy weights for generation (faster)."},
+    )
+    # ---------------------------------------------------------------- the loss
+    beta: float = field(
+        default=0.0, metadata={"help": "KL coefficient. 0 (default): no reference model is built or loaded."}
+    )
+    num_iterations: int = field(
+        default=1, metadata={"help": "Passes over each generation batch (mu in the GRPO paper)."}
+    )
+    epsilon: float = field(default=0.2, metadata={"help": "Lower clipping range of the ratio (and upper by default)."})
+    epsilon_high: float | None = field(
+        default=None, metadata={"help": "Upper clipping range (DAPO's clip-higher); default: epsilon."}
+    )
+    delta: float | None = field(
+        default=None, metadata={"help": "Two-sided clipping: cap the ratio at delta for negative advantages (> 1)."}
+    )
+    importance_sampling_level: str = field(
+        default="token",
+        metadata={"help": "'token': one ratio per token; 'sequence': one per completion (GSPO)."},
+    )
+    loss_type: str = field(
+        default="dapo",
+        metadata={"help": "How token losses are aggregated: grpo, dr_grpo, dapo (default), bnpo, gspo or cispo."},
+    )
+    scale_rewards: str = field(
+        default="group",
+        metadata={"help": "Divide advantages by the reward std of the 'group', the 'batch', or 'none' (True/False)."},
+    )
+    mask_truncated_completions: bool = field(
+        default=False, metadata={"help": "Leave completions that hit max_completion_length out of the loss (DAPO)."}
+    )
+    reward_weights: list[float] | None = field(
+        default=None, metadata={"help": "One weight per reward function (default: all 1)."}
+    )
+    top_entropy_quantile: float = field(
+        default=1.0,
+        metadata={"help": "Train only on the top quantile of tokens by entropy (1.0: all; the paper uses 0.2)."},
+    )
+    use_bias_correction_kl: bool = field(
+        default=True,
+        metadata={"help": "Weight the per-token KL by the importance ratio (unbiased reverse-KL gradient)."},
+    )
+    sync_ref_model: bool = field(
+        default=False, metadata={"help": "Mix the reference toward the policy every ref_model_sync_steps (TR-DPO)."}
+    )
+    ref_model_mixup_alpha: float = field(
+        default=0.6, metadata={"help": "ref = alpha * policy + (1 - alpha) * ref at each sync."}
+    )
+    ref_model_sync_steps: int = field(default=512, metadata={"help": "Updates between two reference syncs."})
+    # ---------------------------------------------------------------- DAPO dynamic sampling (not in TRL)
+    dynamic_sampling: bool = field(
+        default=False,
+        metadata={
+            "help": "DAPO: drop groups whose rewards are all equal (no learning signal) and sample more prompts "
+            "until the generation batch is full, at most max_sampling_rounds rounds."
+        },
+    )
+    max_sampling_rounds: int = field(
+        default=3,
+        metadata={"help": "Dynamic sampling: generation rounds per batch at most; then dropped groups fill the rest."},
+    )
+    # ---------------------------------------------------------------- logging
+    log_completions: bool = field(
+        default=False, metadata={"help": "Print a table of sampled completions and rewards every logging step."}
+    )
+    num_completions_to_print: int | None = field(
+        default=None, metadata={"help": "Rows of that table (None: all)."}
+    )
+
+    def __post_init__(self):
+        # TRL accepted booleans for scale_rewards; the command line passes strings
+        alias = {True: "group", False: "none", "true": "group", "false": "none"}
+        key = self.scale_rewards.lower() if isinstance(self.scale_rewards, str) else self.scale_rewards
+        self.scale_rewards = alias.get(key, self.scale_rewards)
+        super().__post_init__()
+        self.compute_batch_sizes()
+
+    def validate(self) -> None:
+        positive = {
+            "num_generations": self.num_generations,
+            "max_completion_length": self.max_completion_length,
+            "num_iterations": self.num_iterations,
+            "ref_model_sync_steps": self.ref_model_sync_steps,
+            "max_sampling_rounds": self.max_sampling_rounds,
+        }
+        for name in ("max_prompt_length", "steps_per_generation", "generation_batch_size", "num_completions_to_print"):
+            if getattr(self, name) is not None:
+                positive[name] = getattr(self, name)
+        for name, value in positive.items():
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.num_generations < 2:
+            raise ValueError(
+                f"num_generations must be >= 2 (advantages compare the completions of one prompt), "
+                f"got {self.num_generations}"
+            )
+        self._check_choices()
+        self._check_ranges()
+        if self.steps_per_generation is not None and self.generation_batch_size is not None:
+            raise ValueError("give generation_batch_size or steps_per_generation, not both")
+        if self.reward_weights is not None and (
+            len(self.reward_weights) == 0 or not all(math.isfinite(w) for w in self.reward_weights)
+        ):
+            raise ValueError(f"reward_weights must be a non-empty list of finite numbers, got {self.reward_weights}")
+        if self.sync_ref_model and self.beta == 0:
+            raise ValueError("sync_ref_model needs beta > 0: with beta=0 there is no reference model to sync")
+
+    def _check_choices(self) -> None:
+        choices = {
+            "loss_type": (self.loss_type, LOSS_TYPES),
+            "scale_rewards": (self.scale_rewards, SCALE_REWARDS),
+            "importance_sampling_level": (self.importance_sampling_level, IMPORTANCE_SAMPLING_LEVELS),
+        }
+        for name, (value, allowed) in choices.items():
+            if value not in allowed:
+                raise ValueError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
+
+    def _check_ranges(self) -> None:
+        checks = {
+            "temperature": (self.temperature, lambda v: v > 0, "> 0"),
+            "top_p": (self.top_p, lambda v: 0 < v <= 1, "in (0, 1]"),
+            "top_k": (self.top_k, lambda v: v >= 0, ">= 0 (0: off)"),
+            "min_p": (self.min_p, lambda v: v is None or 0 <= v <= 1, "in [0, 1] or None"),
+            "repetition_penalty": (self.repetition_penalty, lambda v: v > 0, "> 0"),
+            "beta": (self.beta, lambda v: v >= 0, ">= 0"),
+            "epsilon": (self.epsilon, lambda v: v > 0, "> 0"),
+            "epsilon_high": (self.epsilon_high, lambda v: v is None or v > 0, "> 0 or None"),
+            "delta": (self.delta, lambda v: v is None or v > 1, "> 1 or None"),
+            "top_entropy_quantile": (self.top_entropy_quantile, lambda v: 0 <= v <= 1, "in [0, 1]"),
+            "ref_model_mixup_alpha": (self.ref_model_mixup_alpha, lambda v: 0 <= v <= 1, "in [0, 1]"),
+        }
+        for name, (value, ok, expected) in checks.items():
+            if not ok(value):
+                raise ValueError(f"{name} must be {expected}, got {value!r}")
+
+    def compute_batch_sizes(self) -> None:
+        """Fill in steps_per_generation / generation_batch_size and check that every division is exact."""
+        processes = self.world_size
+        per_step = self.per_device_train_batch_size * processes
+        if self.steps_per_generation is None and self.generation_batch_size is None:
+            self.steps_per_generation = self.gradient_accumulation_steps
+        elif self.steps_per_generation is None:
+            self.steps_per_generation = exact_div(
+                self.generation_batch_size, per_step,
+                "generation_batch_size by per_device_train_batch_size * number of processes",
+            )  # fmt: skip
+        self.generation_batch_size = per_step * self.steps_per_generation
+        exact_div(
+            self.steps_per_generation, self.gradient_accumulation_steps,
+            "steps_per_generation must be a multiple of gradient_accumulation_steps",
+        )  # fmt: skip
+        exact_div(
+            self.local_generation_batch_size, self.num_generations,
+            "per_device_train_batch_size * steps_per_generation (one process's completions per generation) "
+            "must be a multiple of num_generations",
+        )  # fmt: skip
+
+    @property
+    def local_generation_batch_size(self) -> int:
+        """Completions one process samples per generation."""
+        return self.per_device_train_batch_size * self.steps_per_generation
+
+    @property
+    def local_prompts_per_generation(self) -> int:
+        return self.local_generation_batch_size // self.num_generations
+
+    @property
+    def updates_per_generation(self) -> int:
+        """Optimizer steps one generation batch is split into (each pass over it)."""
+        return self.steps_per_generation // self.gradient_accumulation_steps

@@ -1,0 +1,62 @@
+"""`rlhfkit grpo` end to end: a built-in task with its own reward, a local dataset with a reward function
+given by import path and a local reward model, and clear errors for missing rewards."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from datasets import Dataset
+
+from rlhfkit.commands.grpo import main
+from rlhfkit.testing import tiny_model_path
+
+TINY_RUN = ["--per_device_train_batch_size", "8", "--num_generations", "4", "--max_completion_length", "4",
+            "--max_steps", "2", "--report_to", "none", "--use_cpu", "--logging_steps", "1", "--save_strategy",
+            "no", "--disable_tqdm", "true"]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_grpo_command_on_a_task_in_a_subprocess(tmp_path):
+    out = tmp_path / "run"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    args = ["--model_name_or_path", str(tiny_model_path("llama")), "--dataset_name", "keyword",
+            "--output_dir", str(out), "--beta", "0.05", "--loss_type", "grpo", "--scale_rewards", "false"]  # fmt: skip
+    result = subprocess.run([sys.executable, "-m", "rlhfkit", "grpo", *args, *TINY_RUN], env=env,
+                            capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["updates"] == 2 and summary["last_reward"] is not None
+    assert (out / "model.safetensors").exists()
+
+
+def test_grpo_command_with_import_path_rewards_and_a_reward_model(tmp_path, monkeypatch, capsys):
+    (tmp_path / "my_rewards.py").write_text(
+        "def has_e(prompts, completions, **columns):\n    return [float('e' in c) for c in completions]\n"
+    )
+    Dataset.from_dict({"prompt": ["the film was", "a story about"] * 4}).to_json(str(tmp_path / "data.jsonl"))
+    monkeypatch.chdir(tmp_path)
+    code = main([
+        "--model_name_or_path", str(tiny_model_path("llama")), "--dataset_name", str(tmp_path / "data.jsonl"),
+        "--output_dir", str(tmp_path / "run"), "--reward_funcs", "my_rewards.has_e",
+        "--reward_model_name_or_path", str(tiny_model_path("llama-reward")), "--reward_weights", "1.0", "0.5",
+        *TINY_RUN,
+    ])  # fmt: skip
+    assert code == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["updates"] == 2
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [([], "give --reward_funcs or --reward_model_name_or_path"), (["--reward_funcs", "nodots"], "dotted import path")],
+)
+def test_grpo_command_errors_name_the_flag(tmp_path, capsys, extra, message):
+    Dataset.from_dict({"prompt": ["a b"] * 8}).to_json(str(tmp_path / "data.jsonl"))
+    code = main(["--model_name_or_path", str(tiny_model_path("llama")), "--dataset_name",
+                 str(tmp_path / "data.jsonl"), "--output_dir", str(tmp_path / "run"), *extra, *TINY_RUN])  # fmt: skip
+    assert code == 2
+    assert message in capsys.readouterr().err
