@@ -50,3 +50,4 @@ def test_exact_match_reward_on_hand_examples():
     assert exact_match_reward(["a", "b"], chat, answer=["124", "124"], level=["x", "y"]) == [1.0, 0.0]
     with pytest.raises(ValueError, match="same length"):
         exact_match_reward(prompts, completions, answer=["85"])
+

@@ -56,12 +56,13 @@ PRESETS: dict[str, dict[str, Any]] = {
 # only the sentiment pipeline reads keep the laptop values
 _ADDITION: dict[str, Any] = {
     **_LAPTOP,
-    "sft_steps": 450,
+    "sft_steps": 1500,
     "sft_batch_size": 64,
     "sft_learning_rate": 1e-3,
-    "rl_updates": 100,
+    "sft_target_accuracy": 0.4,
+    "rl_updates": 150,
     "rl_batch_size": 256,
-    "rl_learning_rate": 1e-4,
+    "rl_learning_rate": 2e-4,
     "rl_epochs": 1,
     "temperature": 1.0,
     "kl_coef": 0.0,
@@ -124,6 +125,13 @@ class DemoConfig:
     sft_seq_length: int | None = field(default=None, metadata={"help": "Tokens per packed SFT block."})
     sft_learning_rate: float | None = field(
         default=None, metadata={"help": "SFT peak learning rate (cosine)."}
+    )
+    sft_target_accuracy: float | None = field(
+        default=None,
+        metadata={
+            "help": "--task addition: stop SFT early once greedy accuracy on 256 train problems reaches this "
+            "share (0: run all --sft_steps); the preset sets it so RL starts from an imperfect policy."
+        },
     )
     # 2. preference pairs and reward model
     pref_num_prompts: int | None = field(
@@ -236,6 +244,8 @@ class DemoConfig:
                 f"--rl_batch_size ({self.rl_batch_size}) must be a multiple of {PPO_MINI_BATCHES} for --algo "
                 f"{self.algo}: each PPO batch is split into {PPO_MINI_BATCHES} mini-batches"
             )
+        if self.sft_target_accuracy is not None and not 0.0 <= self.sft_target_accuracy < 1.0:
+            raise ValueError(f"--sft_target_accuracy must be in [0, 1), got {self.sft_target_accuracy}")
         if self.kl_coef < 0:
             raise ValueError(f"--kl_coef must be >= 0, got {self.kl_coef}")
         if self.num_threads < 0:

@@ -123,12 +123,25 @@ def write_report(
     """Write metrics.json, report.md and plots/*.png into `out`; returns the metrics dict."""
     metrics = write_metrics(cfg, out, stages, total_seconds)
     made = make_plots(out, stages, samples)
-    lines = _result_lines(cfg, stages) + _stage_lines(stages, total_seconds)
+    write_markdown(cfg, out, _result_lines(cfg, stages), stages, total_seconds, made, _sample_lines(cfg, samples))
+    return metrics
+
+
+def write_markdown(
+    cfg: DemoConfig,
+    out: Path,
+    result_lines: list[str],
+    stages: dict[str, StageResult],
+    total_seconds: float,
+    made: list[Path],
+    sample_lines: list[str],
+) -> None:
+    """report.md: the result, the stage table, the plots, the samples and the command that reproduces the run."""
+    lines = result_lines + _stage_lines(stages, total_seconds)
     lines += ["## Plots", ""] + [f"![{p.stem}](plots/{p.name})" for p in made]
-    lines += _sample_lines(cfg, samples)
+    lines += sample_lines
     lines += ["", "Reproduce: `rlhfkit demo " + " ".join(_flags(cfg)) + "`", ""]
     (out / "report.md").write_text("\n".join(lines), encoding="utf-8")
-    return metrics
 
 
 def _result_lines(cfg: DemoConfig, stages: dict[str, StageResult]) -> list[str]:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from rlhfkit.demo import pipeline, stages
-from rlhfkit.demo.cache import Stage, StageResult, run_stage
+from rlhfkit.demo.cache import Stage, StageResult
 from rlhfkit.demo.config import DemoConfig
 from rlhfkit.demo.evaluation import wilson_interval
 from rlhfkit.demo.sampling import sample_completions
@@ -55,7 +55,7 @@ def _addition() -> VerifiableTask:
 
 
 VERIFIABLE_TASKS: dict[str, Callable[[], VerifiableTask]] = {"addition": _addition}
-SFT_FIELDS = ("seed", "sft_steps", "sft_batch_size", "sft_learning_rate")
+SFT_FIELDS = ("seed", "sft_steps", "sft_batch_size", "sft_learning_rate", "sft_target_accuracy", "response_length")
 GRPO_FIELDS = (
     "seed", "rl_updates", "rl_batch_size", "rl_learning_rate", "rl_epochs", "num_generations", "kl_coef",
     "temperature", "response_length",
@@ -64,8 +64,33 @@ EVAL_FIELDS = ("seed", "eval_num_prompts", "temperature", "response_length")
 
 
 # ---------------------------------------------------------------------- 2. SFT warm start
+PROBE_SIZE, PROBE_EVERY = 256, 20  # train problems checked, and how often, for --sft_target_accuracy
+
+
+def _stop_at_accuracy(cfg: DemoConfig, task: VerifiableTask, tokenizer: Any, probe_seen: list[float]) -> Any:
+    """A callback ending SFT once greedy accuracy on PROBE_SIZE *train* problems reaches the target.
+
+    The point where a short SFT run starts to get answers right moves by a hundred steps or more from seed
+    to seed; stopping on accuracy puts every seed's warm start at the same, deliberately imperfect level.
+    """
+    from transformers import TrainerCallback
+
+    probe = task.prompt_dataset("train", n=PROBE_SIZE, seed=cfg.seed + 1)
+
+    class StopAtAccuracy(TrainerCallback):
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            if state.global_step % PROBE_EVERY == 0:
+                greedy = sample_completions(model, tokenizer, probe["prompt"], cfg.response_length, 1.0, 0, 256, True)
+                probe_seen.append(sum(task.reward(probe["prompt"], greedy.texts, answer=probe["answer"])) / PROBE_SIZE)
+                control.should_training_stop = probe_seen[-1] >= cfg.sft_target_accuracy
+            return control
+
+    return StopAtAccuracy()
+
+
 def train_sft(cfg: DemoConfig, task: VerifiableTask, base: StageResult, out: Path) -> dict[str, Any]:
-    """Completion-only next-token training on train problems, one problem per row."""
+    """Completion-only next-token training on train problems, one problem per row; with
+    `sft_target_accuracy` it stops early once the policy answers that share of train problems."""
     from rlhfkit.trainers.sft import SFTTrainer
     from rlhfkit.trainers.sft_config import SFTConfig
 
@@ -81,23 +106,49 @@ def train_sft(cfg: DemoConfig, task: VerifiableTask, base: StageResult, out: Pat
         logging_steps=max(1, cfg.sft_steps // 10),
         **stages.trainer_defaults(cfg, out),
     )
+    probe_seen: list[float] = []
+    callbacks = [_stop_at_accuracy(cfg, task, tokenizer, probe_seen)] if cfg.sft_target_accuracy else []
     trainer = SFTTrainer(
         model=str(base.path),
         args=args,
         train_dataset=task.sft_dataset(seed=cfg.seed),
         processing_class=tokenizer,
+        callbacks=callbacks,
     )
     result = trainer.train()
     trainer.model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     history = stages._save_logs(trainer, out)
     losses = [h["loss"] for h in history if "loss" in h]
-    return {"steps": result.global_step, "first_loss": losses[0], "final_loss": losses[-1]}
+    return {
+        "steps": result.global_step,
+        "first_loss": losses[0],
+        "final_loss": losses[-1],
+        "train_probe_accuracy": probe_seen[-1] if probe_seen else None,
+    }
 
 
 # ---------------------------------------------------------------------- 3. GRPO on the exact reward
+def _reward_bar(progress: Any, total: int) -> Any:
+    """A callback driving one progress bar that shows the latest mean reward (the trainer itself stays quiet)."""
+    from transformers import TrainerCallback
+
+    bar = progress.add_task("GRPO steps", total=total)
+
+    class RewardBar(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs and "reward" in logs:
+                description = f"GRPO steps  reward={logs['reward']:.3f}"
+                progress.update(bar, completed=state.global_step, description=description)
+
+    return RewardBar()
+
+
 def train_grpo(cfg: DemoConfig, task: VerifiableTask, sft: StageResult, out: Path) -> dict[str, Any]:
     """GRPO from the SFT policy on train problems; the reward function reads the "answer" column."""
+    from rich.progress import Progress
+    from transformers import PrinterCallback
+
     from rlhfkit import GRPOConfig, GRPOTrainer
 
     tokenizer = stages.load_tokenizer(sft.path)
@@ -112,7 +163,7 @@ def train_grpo(cfg: DemoConfig, task: VerifiableTask, sft: StageResult, out: Pat
         temperature=cfg.temperature,
         max_completion_length=cfg.response_length,
         logging_steps=1,
-        **stages.trainer_defaults(cfg, out),
+        **{**stages.trainer_defaults(cfg, out), "disable_tqdm": True},  # one bar below, not a log per step
     )
     trainer = GRPOTrainer(
         model=str(sft.path),
@@ -121,7 +172,10 @@ def train_grpo(cfg: DemoConfig, task: VerifiableTask, sft: StageResult, out: Pat
         train_dataset=task.prompt_dataset("train", seed=cfg.seed),
         processing_class=tokenizer,
     )
-    result = trainer.train()
+    trainer.remove_callback(PrinterCallback)  # with tqdm off, transformers would print every log
+    with Progress() as progress:
+        trainer.add_callback(_reward_bar(progress, cfg.rl_updates))
+        result = trainer.train()
     trainer.model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     shutil.rmtree(out / "trainer", ignore_errors=True)
@@ -139,9 +193,11 @@ def train_grpo(cfg: DemoConfig, task: VerifiableTask, sft: StageResult, out: Pat
 
 
 # ---------------------------------------------------------------------- 4. held-out accuracy
-def _accuracy(rewards: list[float]) -> dict[str, Any]:
+def _accuracy(metrics: dict[str, Any], key: str, rewards: list[float]) -> None:
+    """`key`: the share of exact answers; `key`_ci95: its 95% Wilson interval (rounded for reading)."""
     correct = int(sum(rewards))
-    return {"accuracy": correct / len(rewards), "correct": correct, "ci95": list(wilson_interval(correct, len(rewards)))}
+    metrics[key] = correct / len(rewards)
+    metrics[f"{key}_ci95"] = [round(bound, 4) for bound in wilson_interval(correct, len(rewards))]
 
 
 def evaluate(
@@ -160,9 +216,9 @@ def evaluate(
             policy, tokenizer, prompts, cfg.response_length, cfg.temperature, cfg.seed + 1000, 256
         )
         texts[name] = greedy.texts
-        metrics[f"greedy_{name}"] = _accuracy(task.reward(prompts, greedy.texts, answer=answers))
-        metrics[f"sampled_{name}"] = _accuracy(task.reward(prompts, sampled.texts, answer=answers))
-    metrics["lift_points"] = 100 * (metrics["greedy_rl"]["accuracy"] - metrics["greedy_sft"]["accuracy"])
+        _accuracy(metrics, f"greedy_{name}", task.reward(prompts, greedy.texts, answer=answers))
+        _accuracy(metrics, f"sampled_{name}", task.reward(prompts, sampled.texts, answer=answers))
+    metrics["lift_points"] = 100 * (metrics["greedy_rl"] - metrics["greedy_sft"])
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2), encoding="utf-8")
     with open(out / "samples.jsonl", "w", encoding="utf-8") as fh:
         for i, (prompt, answer) in enumerate(zip(prompts, answers)):
@@ -174,8 +230,6 @@ def evaluate(
 # ---------------------------------------------------------------------- the pipeline
 def run_verifiable_demo(cfg: DemoConfig) -> dict[str, Any]:
     """Base -> SFT warm start -> GRPO -> held-out accuracy, each stage cached; writes the report."""
-    from transformers import set_seed
-
     from rlhfkit.demo.verifiable_report import print_samples, write_report
 
     task = VERIFIABLE_TASKS[cfg.task]()
@@ -185,13 +239,7 @@ def run_verifiable_demo(cfg: DemoConfig) -> dict[str, Any]:
     root.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     results: dict[str, StageResult] = {}
-
-    def run(key: str, stage: Stage) -> StageResult:
-        set_seed(cfg.seed)  # each stage starts from the same RNG state, reused or not
-        result = run_stage(stage, root, fresh=cfg.fresh, announce=console.print)
-        pipeline._print_summary(console, stage, result)
-        results[key] = result
-        return result
+    run = pipeline.stage_runner(cfg, root, console, results)
 
     name = task.name
     base = run("base", Stage("base", "1/4 base model", cfg.values("model"), lambda out: stages.build_base(cfg, out)))
@@ -221,7 +269,7 @@ def run_verifiable_demo(cfg: DemoConfig) -> dict[str, Any]:
     metrics = write_report(cfg, task.description, root, results, samples, time.perf_counter() - start)
     ev = metrics["evaluation"]
     console.print(
-        f"[bold]held-out greedy accuracy: SFT {100 * ev['greedy_sft']['accuracy']:.1f}% -> GRPO "
-        f"{100 * ev['greedy_rl']['accuracy']:.1f}% ({ev['lift_points']:+.1f} points)[/]; report: {root / 'report.md'}"
+        f"[bold]held-out greedy accuracy: SFT {100 * ev['greedy_sft']:.1f}% -> GRPO "
+        f"{100 * ev['greedy_rl']:.1f}% ({ev['lift_points']:+.1f} points)[/]; report: {root / 'report.md'}"
     )
     return metrics

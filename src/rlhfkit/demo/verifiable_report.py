@@ -10,7 +10,7 @@ from typing import Any
 from rlhfkit.demo import plots
 from rlhfkit.demo.cache import StageResult
 from rlhfkit.demo.config import DemoConfig
-from rlhfkit.demo.report import _flags, _md_cell, _stage_lines, write_metrics
+from rlhfkit.demo.report import _md_cell, write_markdown, write_metrics
 
 
 def make_plots(out: Path, stages: dict[str, StageResult]) -> list[Path]:
@@ -34,17 +34,17 @@ def make_plots(out: Path, stages: dict[str, StageResult]) -> list[Path]:
     return made
 
 
-def _percent(result: dict[str, Any]) -> tuple[str, str]:
-    low, high = result["ci95"]
-    return f"{100 * result['accuracy']:.1f}%", f"{100 * low:.1f}-{100 * high:.1f}%"
+def _percent(ev: dict[str, Any], key: str) -> tuple[str, str]:
+    low, high = ev[f"{key}_ci95"]
+    return f"{100 * ev[key]:.1f}%", f"{100 * low:.1f}-{100 * high:.1f}%"
 
 
 def _result_lines(cfg: DemoConfig, description: str, stages: dict[str, StageResult]) -> list[str]:
     ev, base = stages["evaluation"].summary, stages["base"].summary
-    (sft_acc, sft_ci), (rl_acc, rl_ci) = _percent(ev["greedy_sft"]), _percent(ev["greedy_rl"])
+    (sft_acc, sft_ci), (rl_acc, rl_ci) = _percent(ev, "greedy_sft"), _percent(ev, "greedy_rl")
     rows = []
     for name, label in (("sft", "SFT warm start"), ("rl", "GRPO")):
-        greedy, sampled = _percent(ev[f"greedy_{name}"]), _percent(ev[f"sampled_{name}"])
+        greedy, sampled = _percent(ev, f"greedy_{name}"), _percent(ev, f"sampled_{name}")
         rows.append(f"| {label} | **{greedy[0]}** | {greedy[1]} | {sampled[0]} | {sampled[1]} |")
     return [
         f"# rlhfkit demo report: {cfg.task} (verifiable reward)",
@@ -91,11 +91,8 @@ def write_report(
     """Write metrics.json, report.md and plots/*.png into `out`; returns the metrics dict."""
     metrics = write_metrics(cfg, out, stages, total_seconds)
     made = make_plots(out, stages)
-    lines = _result_lines(cfg, description, stages) + _stage_lines(stages, total_seconds)
-    lines += ["## Plots", ""] + [f"![{p.stem}](plots/{p.name})" for p in made]
-    lines += _sample_lines(cfg, samples)
-    lines += ["", "Reproduce: `rlhfkit demo " + " ".join(_flags(cfg)) + "`", ""]
-    (out / "report.md").write_text("\n".join(lines), encoding="utf-8")
+    result_lines = _result_lines(cfg, description, stages)
+    write_markdown(cfg, out, result_lines, stages, total_seconds, made, _sample_lines(cfg, samples))
     return metrics
 
 
