@@ -18,7 +18,7 @@ MAX_FILE_LINES = 500
 MAX_FUNCTION_LINES = 80
 LAYERS = [
     {"core"},
-    {"models", "data", "tasks"},
+    {"models", "data", "tasks", "rewards"},
     {"rollout", "testing"},
     {"trainers"},
     {"demo"},

@@ -1,4 +1,4 @@
-"""GRPOTrainer under 2 processes (gloo, DDP): one update equals that of 1 process on the doubled batch for the
+"""GRPOTrainer under 2 processes (gloo; DDP and FSDP2): one update equals that of 1 process on the doubled batch for the
 step-normalised loss types, replicas stay identical, and reward statistics are gathered across ranks."""
 
 import pytest
@@ -9,9 +9,11 @@ from workers.grpo_fixtures import LOSS_TYPES, flat_params, grpo_trainer, synthet
 pytestmark = pytest.mark.slow
 
 
-def test_grpo_two_processes_equal_one_process_with_the_doubled_batch(tmp_path):
-    r0, r1 = launch("grpo_worker.py")
+@pytest.mark.parametrize("setting", ["ddp", "fsdp2"])
+def test_grpo_two_processes_equal_one_process_with_the_doubled_batch(setting, tmp_path):
+    r0, r1 = launch("grpo_worker.py", *(["--fsdp"] if setting == "fsdp2" else []))
     assert r0["world"] == 2
+    assert r0["sharded"] == r1["sharded"] == (setting == "fsdp2")
     start = flat_params(grpo_trainer(str(tmp_path), per_device=4).model)
     for loss_type in LOSS_TYPES:
         ref = grpo_trainer(str(tmp_path), per_device=4, loss_type=loss_type, beta=0.1 if loss_type == "dapo" else 0.0)
@@ -27,3 +29,4 @@ def test_grpo_two_processes_equal_one_process_with_the_doubled_batch(tmp_path):
     assert r0["max_rank_diff"] == 0.0
     scores = r0["local_scores"] + r1["local_scores"]
     assert r0["reward_metric"] == r1["reward_metric"] == pytest.approx(sum(scores) / len(scores), abs=1e-5)
+    assert r0["prompt_batches"] == r1["prompt_batches"] >= 1

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from datasets import Dataset
@@ -60,3 +61,11 @@ def test_grpo_command_errors_name_the_flag(tmp_path, capsys, extra, message):
                  str(tmp_path / "data.jsonl"), "--output_dir", str(tmp_path / "run"), *extra, *TINY_RUN])  # fmt: skip
     assert code == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_examples_script_is_the_command():
+    script = Path(__file__).resolve().parents[2] / "examples" / "scripts" / "grpo.py"
+    result = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "--num_generations" in result.stdout and "--reward_funcs" in result.stdout

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 CONFIGS = {
     "PPOConfig": "rlhfkit.trainers.ppo",
     "RLOOConfig": "rlhfkit.trainers.rloo_config",
+    "GRPOConfig": "rlhfkit.trainers.grpo_config",
     "RewardConfig": "rlhfkit.trainers.reward_config",
     "SFTConfig": "rlhfkit.trainers.sft_config",
     "DPOConfig": "rlhfkit.trainers.dpo_config",

@@ -19,6 +19,7 @@ METRICS = (
     "completions/mean_length", "completions/clipped_ratio", "completions/mean_terminated_length", "loss",
     "entropy", "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "clip_ratio/low_min",
     "clip_ratio/high_max", "sampling/sampling_logp_difference/mean", "sampling/sampling_logp_difference/max", "lr",
+    "num_tokens",
 )  # fmt: skip
 
 
@@ -69,6 +70,11 @@ def test_beta_zero_builds_no_reference_and_every_parameter_moves(tmp_path, token
     logs = trainer.state.log_history[0]
     assert set(METRICS) <= set(logs), set(METRICS) - set(logs)
     assert "kl" not in logs  # no KL term without a reference
+    tokens = _logged(trainer, "num_tokens")
+    assert 8 * 5 < tokens[0] < tokens[1]  # prompt + completion tokens so far, cumulative
+    trainer.create_model_card(dataset_name="toy")
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert "group relative policy optimisation (GRPO)" in card and "- grpo" in card and "`toy`" in card
 
 
 def test_beta_builds_a_frozen_reference_and_logs_kl(tmp_path, tokenizer):
@@ -166,7 +172,10 @@ def test_sampling_and_training_logprobs_agree(tmp_path, tokenizer):
     assert max(_logged(trainer, "sampling/sampling_logp_difference/max")) < 1e-4
 
 
-def test_num_iterations_reuses_the_batch_with_its_old_logprobs(tmp_path, tokenizer, monkeypatch):
+@pytest.mark.parametrize("reuse", [{"num_iterations": 2}, {"steps_per_generation": 4}])
+def test_a_reused_batch_trains_against_its_old_logprobs(tmp_path, tokenizer, monkeypatch, reuse):
+    # num_iterations=2: both updates pass over the same rows; steps_per_generation=4 (2 x accumulation):
+    # the second update takes the second half of the batch, after the first changed the policy
     calls = []
     real = grpo_module.policy_loss
 
@@ -175,8 +184,8 @@ def test_num_iterations_reuses_the_batch_with_its_old_logprobs(tmp_path, tokeniz
         return real(loss_type, logprobs, old_logprobs, *args, **kwargs)
 
     monkeypatch.setattr(grpo_module, "policy_loss", spy)
-    trainer = _trainer(tmp_path, tokenizer, num_iterations=2, max_steps=2, per_device_train_batch_size=4,
-                       gradient_accumulation_steps=2, epsilon=0.05)  # fmt: skip
+    trainer = _trainer(tmp_path, tokenizer, max_steps=2, per_device_train_batch_size=4, gradient_accumulation_steps=2,
+                       epsilon=0.05, **reuse)  # fmt: skip
     generated = []
     real_generate = trainer._generate
     monkeypatch.setattr(trainer, "_generate", lambda: generated.append(1) or real_generate())
@@ -188,6 +197,21 @@ def test_num_iterations_reuses_the_batch_with_its_old_logprobs(tmp_path, tokeniz
     assert (ratio - 1).abs().max() > 1e-3  # second pass: the policy moved away from the stored logprobs
     assert "sampling/sampling_logp_difference/mean" in trainer.state.log_history[0]
     assert "sampling/sampling_logp_difference/mean" not in trainer.state.log_history[1]
+
+
+def test_top_entropy_quantile_trains_on_the_most_uncertain_tokens(tmp_path, tokenizer, monkeypatch):
+    masks = []
+    real = grpo_module.policy_loss
+
+    def spy(*args, **kwargs):
+        masks.append((kwargs["entropy_mask"], args[4].bool()))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(grpo_module, "policy_loss", spy)
+    _trainer(tmp_path, tokenizer, top_entropy_quantile=0.25, max_steps=1).train()
+    (keep, loss_mask), = masks
+    assert not (keep & ~loss_mask).any()
+    assert 0.2 <= keep.sum() / loss_mask.sum() <= 0.35  # a quarter of the loss tokens (ties kept)
 
 
 def test_resume_mid_generation_continues_exactly(tmp_path, tokenizer):
@@ -203,6 +227,62 @@ def test_resume_mid_generation_continues_exactly(tmp_path, tokenizer):
     for (name, a), b in zip(full.model.named_parameters(), resumed.model.parameters()):
         torch.testing.assert_close(a, b, atol=0, rtol=0, msg=f"{name} differs after resuming")
     assert _logged(resumed, "reward") == _logged(full, "reward")
+    assert _logged(resumed, "num_tokens") == _logged(full, "num_tokens")
+
+
+def test_soft_overlong_penalty_counts_completion_tokens(tmp_path, tokenizer):
+    from rlhfkit.rewards import soft_overlong_penalty
+
+    # free up to 6 - 4 = 2 tokens, then -1/4 per token: completions of 5 tokens (no eos reached) score -0.75
+    trainer = _trainer(tmp_path, tokenizer, reward=soft_overlong_penalty(6, 4), max_completion_length=5, max_steps=1)
+    trainer.train()
+    lengths = trainer._buffer.response_mask.sum(1).float()
+    torch.testing.assert_close(trainer._buffer.scores, ((2 - lengths) / 4).clamp(-1, 0))
+    assert trainer.state.log_history[0]["rewards/soft_overlong_penalty/mean"] == pytest.approx(-0.75)
+
+
+def test_masked_truncated_completions_give_no_update(tmp_path, tokenizer):
+    # 3 tokens are too few for the tiny model to reach eos: every completion is cut, none is trained on
+    model = tiny_model("llama")
+    before = {k: v.clone() for k, v in model.named_parameters()}
+    trainer = _trainer(tmp_path, tokenizer, model=model, max_completion_length=3, mask_truncated_completions=True,
+                       max_steps=1, top_entropy_quantile=0.2)  # fmt: skip
+    trainer.train()
+    logs = trainer.state.log_history[0]
+    assert logs["completions/clipped_ratio"] == 1.0 and not trainer._buffer.loss_mask.any()
+    assert logs["loss"] == 0.0 and logs["skipped_nonfinite_steps"] == 0.0
+    assert all(torch.equal(before[k], v) for k, v in model.named_parameters())
+
+
+def test_sync_ref_model_mixes_the_reference_toward_the_policy(tmp_path, tokenizer):
+    trainer = _trainer(tmp_path, tokenizer, beta=0.1, sync_ref_model=True, ref_model_sync_steps=1,
+                       ref_model_mixup_alpha=0.25, max_steps=1)  # fmt: skip
+    ref_before = {k: v.clone() for k, v in trainer.reference.model.named_parameters()}
+    trainer.train()
+    for (name, ref), policy in zip(trainer.reference.model.named_parameters(), trainer.model.parameters()):
+        torch.testing.assert_close(ref, 0.25 * policy.detach() + 0.75 * ref_before[name], msg=name)
+
+
+def test_log_completions_prints_and_saves_a_table(tmp_path, tokenizer, capsys):
+    trainer = _trainer(tmp_path, tokenizer, log_completions=True, num_completions_to_print=3, max_steps=1)
+    trainer.train()
+    assert "completions, update 0" in capsys.readouterr().out
+    rows = (tmp_path / "out" / "samples.jsonl").read_text().splitlines()
+    assert len(rows) == 3
+
+
+def test_model_and_reward_model_given_as_local_paths(tmp_path):
+    from rlhfkit.testing import tiny_model_path
+
+    trainer = GRPOTrainer(
+        str(tiny_model_path("llama")), [str(tiny_model_path("llama-reward")), count_e],
+        args=_config(tmp_path, max_steps=1, reward_weights=[0.5, 1.0]), train_dataset=toy_prompt_dataset(n=16),
+    )  # fmt: skip
+    assert trainer.processing_class is not None and trainer.reward_func_names == ["llama-reward", "count_e"]
+    trainer.train()
+    logs = trainer.state.log_history[0]
+    expected = 0.5 * logs["rewards/llama-reward/mean"] + logs["rewards/count_e/mean"]
+    assert logs["reward"] == pytest.approx(expected, rel=1e-5)
 
 
 def test_bad_reward_funcs_and_datasets_fail_before_training(tmp_path, tokenizer):

@@ -20,6 +20,14 @@ def exact_div(a: int, b: int, what: str = "") -> int:
     return a // b
 
 
+def check_positive_integers(config: Any, names: tuple[str, ...], optional: tuple[str, ...] = ()) -> None:
+    """ValueError naming the first field of `names` (or of `optional`, unless None) that is not an integer >= 1."""
+    for name in (*names, *(n for n in optional if getattr(config, n) is not None)):
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
 def check_field_types(config: Any, skip_fields_of: type | None = None) -> None:
     """Raise a TypeError naming the field when a config value does not match its int/float/str/bool annotation.
 

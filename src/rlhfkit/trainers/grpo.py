@@ -32,12 +32,12 @@ from rlhfkit.core.kl import per_token_kl
 from rlhfkit.core.masking import masked_mean
 from rlhfkit.core.policy_losses import entropy_mask, policy_loss
 from rlhfkit.models.reference import choose_reference
-from rlhfkit.rollout import HFGenerationBackend, SamplingParams, forward_response
+from rlhfkit.rollout import HFGenerationBackend, SamplingParams, forward_response, pad_left
 from rlhfkit.rollout.batch import RolloutBatch
 from rlhfkit.rollout.rewards import RewardScorer
 from rlhfkit.trainers.grpo_config import GRPOConfig
 from rlhfkit.trainers.grpo_sampling import SampledGroups, completion_stats, fill_batch, reward_stats
-from rlhfkit.trainers.guards import RobustTrainerMixin
+from rlhfkit.trainers.guards import RobustTrainerMixin, any_across_ranks
 from rlhfkit.trainers.hf_trainer_setup import disable_dropout, load_model, load_policy, resolve_args
 from rlhfkit.trainers.online_loop import OnlineTrainerLoop
 from rlhfkit.trainers.rloo_data import PromptSchedule, check_prompts, datasets_by_argument, tokenize_datasets
@@ -229,6 +229,7 @@ class GRPOTrainer(OnlineTrainerLoop, RobustTrainerMixin, Trainer):
             groups, metrics = fill_batch(
                 self._sample_groups, args.local_prompts_per_generation, args.num_generations,
                 args.max_sampling_rounds, self.processing_class.pad_token_id,
+                any_process=lambda short: any_across_ranks(short, self.accelerator),
             )  # fmt: skip
         else:
             groups, metrics = self._sample_groups(), {}
@@ -249,6 +250,9 @@ class GRPOTrainer(OnlineTrainerLoop, RobustTrainerMixin, Trainer):
             counts = gather(torch.tensor(list(metrics.values()), device=lengths.device)[None])
             metrics = {"sampling/dropped_groups": counts[:, 0].sum().item(), "sampling/rounds": counts[:, 1].max().item()}
         metrics.update({k: v.item() for k, v in stats.items()})
+        tokens = gather((batch.query_mask.sum() + batch.response_mask.sum())[None]).sum().item()
+        self.state.num_input_tokens_seen += int(tokens)  # prompt + completion tokens, all processes (TRL)
+        metrics["num_tokens"] = self.state.num_input_tokens_seen
         self._log_completions(groups, batch)
         return batch, metrics
 
@@ -284,8 +288,6 @@ class GRPOTrainer(OnlineTrainerLoop, RobustTrainerMixin, Trainer):
         return batch.query_ids, batch.query_mask, batch.responses, batch.response_mask
 
     def _pad_prompts(self, rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        from rlhfkit.rollout import pad_left
-
         ids, mask = pad_left([torch.tensor(r, dtype=torch.long) for r in rows], self.processing_class.pad_token_id)
         return ids.to(self.accelerator.device), mask.to(self.accelerator.device)
 
@@ -306,13 +308,17 @@ class GRPOTrainer(OnlineTrainerLoop, RobustTrainerMixin, Trainer):
         print_sample_table(prompts, groups.completions[:n], scores, title=f"completions, update {self.state.global_step}")
         save_samples(args.output_dir, self.state.global_step, prompts, groups.completions[:n], scores)
 
+    def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
+        raise NotImplementedError(f"{OWNER} has no evaluation loop yet; log_completions shows sampled completions")
+
     # ------------------------------------------------------------------ the update
     def _optimize(self, model: nn.Module, batch: RolloutBatch) -> dict[str, float]:
         args = self.args
         processes = self.accelerator.num_processes
         # the loss is normalised over the whole step on every process: global counts / processes, so that
         # the gradients averaged by DDP equal those of one process holding every row
-        step_tokens = self.accelerator.gather(batch.loss_mask.sum()[None]).sum().item() / processes
+        # (at least one token: with every completion masked the loss is 0, not 0/0)
+        step_tokens = max(self.accelerator.gather(batch.loss_mask.sum()[None]).sum().item(), 1.0) / processes
         stats = defaultdict(list)
         micro_batches = list(batch.minibatches(args.per_device_train_batch_size))
         for i, (_, rows) in enumerate(micro_batches):
@@ -348,7 +354,7 @@ class GRPOTrainer(OnlineTrainerLoop, RobustTrainerMixin, Trainer):
         self.accelerator.backward(result.loss)
         stats = {
             "loss": result.loss.detach(),
-            "entropy": masked_mean(out.entropy, mask),
+            "entropy": masked_mean(out.entropy, rows.response_mask),  # every generated token, as TRL
             "clip_ratio/low_mean": result.clip_ratio_low,
             "clip_ratio/high_mean": result.clip_ratio_high,
             "clip_ratio/region_mean": result.clip_ratio_region,

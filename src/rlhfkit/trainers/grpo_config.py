@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass, field
 
 from rlhfkit.core.policy_losses import POLICY_LOSSES
-from rlhfkit.trainers.config_checks import exact_div
+from rlhfkit.trainers.config_checks import check_positive_integers, exact_div
 from rlhfkit.trainers.hf_trainer_config import HFTrainerConfig, ModelInitKwargs
 
 LOSS_TYPES = tuple(POLICY_LOSSES)
@@ -145,19 +145,11 @@ class GRPOConfig(ModelInitKwargs, HFTrainerConfig):
         self.compute_batch_sizes()
 
     def validate(self) -> None:
-        positive = {
-            "num_generations": self.num_generations,
-            "max_completion_length": self.max_completion_length,
-            "num_iterations": self.num_iterations,
-            "ref_model_sync_steps": self.ref_model_sync_steps,
-            "max_sampling_rounds": self.max_sampling_rounds,
-        }
-        for name in ("max_prompt_length", "steps_per_generation", "generation_batch_size", "num_completions_to_print"):
-            if getattr(self, name) is not None:
-                positive[name] = getattr(self, name)
-        for name, value in positive.items():
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        check_positive_integers(
+            self,
+            ("num_generations", "max_completion_length", "num_iterations", "ref_model_sync_steps", "max_sampling_rounds"),
+            optional=("max_prompt_length", "steps_per_generation", "generation_batch_size", "num_completions_to_print"),
+        )
         if self.num_generations < 2:
             raise ValueError(
                 f"num_generations must be >= 2 (advantages compare the completions of one prompt), "

@@ -79,15 +79,18 @@ def informative_groups(scores: torch.Tensor, group_size: int) -> torch.Tensor:
 
 
 def fill_batch(
-    sample: Callable[[], SampledGroups], num_groups: int, group_size: int, max_rounds: int, pad_token_id: int
+    sample: Callable[[], SampledGroups], num_groups: int, group_size: int, max_rounds: int, pad_token_id: int,
+    any_process: Callable[[bool], bool] = bool,
 ) -> tuple[SampledGroups, dict[str, float]]:
     """Call `sample()` until `num_groups` informative groups are collected or `max_rounds` rounds are done.
 
-    Extra informative groups of the last round are left out; a short batch is completed with dropped
-    groups, earliest first. Returns the groups and {"sampling/dropped_groups", "sampling/rounds"}.
+    With several processes, `any_process(flag)` says whether any of them is still short: all sample the same
+    number of rounds (the prompt schedule and any collective inside generation stay in step). Extra
+    informative groups are left out; a short batch is completed with dropped groups, earliest first.
+    Returns the groups and {"sampling/dropped_groups", "sampling/rounds"}.
     """
     kept, dropped, dropped_count, rounds = [], [], 0, 0
-    while len(kept) < num_groups and rounds < max_rounds:
+    while rounds < max_rounds and any_process(len(kept) < num_groups):
         groups = sample()
         rounds += 1
         useful = informative_groups(groups.batch.scores, group_size).tolist()

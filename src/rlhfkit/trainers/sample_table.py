@@ -87,7 +87,9 @@ class RichProgressCallback(TrainerCallback):
         if self.progress is None or not logs:
             return
         shown = {
-            k: logs[k] for k in ("objective/rlhf_reward", "objective/scores", "objective/kl") if k in logs
+            k: logs[k]
+            for k in ("objective/rlhf_reward", "objective/scores", "objective/kl", "reward", "kl")  # RLOO, GRPO
+            if k in logs
         }
         info = "  ".join(f"{k.split('/')[-1]}={v:.3g}" for k, v in shown.items())
         self.progress.update(self.task, info=info)

@@ -9,7 +9,8 @@ from rlhfkit.rollout.batch import RolloutBatch
 from rlhfkit.tasks import KeywordReward, toy_prompt_dataset
 from rlhfkit.testing import tiny_model, tiny_tokenizer
 
-SGD_LR = 0.5
+from .rl_fixtures import sgd
+
 LOSS_TYPES = ("dapo", "grpo", "dr_grpo")
 
 
@@ -29,10 +30,10 @@ def grpo_trainer(out: str, per_device: int, **kw):
     )  # fmt: skip
     cfg.update(kw)
     policy = tiny_model("llama")
+    cfg, optimizers = sgd(policy, cfg)
     return GRPOTrainer(
         policy, count_e, args=GRPOConfig(**cfg), train_dataset=toy_prompt_dataset(n=16),
-        processing_class=tiny_tokenizer(padding_side="left"),
-        optimizers=(torch.optim.SGD(policy.parameters(), lr=SGD_LR), None),
+        processing_class=tiny_tokenizer(padding_side="left"), optimizers=optimizers,
     )  # fmt: skip
 
 

@@ -12,6 +12,13 @@ from rlhfkit.testing import tiny_model, tiny_tokenizer, tiny_value_head_model
 SGD_LR = 0.5
 
 
+def sgd(policy, cfg: dict) -> tuple[dict, tuple]:
+    """Plain SGD for a Trainer-based trainer: (config keywords, optimizers)."""
+    if cfg.get("fsdp"):  # the Trainer refuses a ready-made optimizer under FSDP: the same SGD, built by it
+        return {"optim": "sgd", "learning_rate": SGD_LR, **cfg}, (None, None)
+    return cfg, (torch.optim.SGD(policy.parameters(), lr=SGD_LR), None)
+
+
 def rloo_trainer(out: str, per_device: int, **kw):
     from rlhfkit.trainers.rloo import RLOOTrainer
     from rlhfkit.trainers.rloo_config import RLOOConfig
@@ -23,11 +30,7 @@ def rloo_trainer(out: str, per_device: int, **kw):
     )  # fmt: skip
     cfg.update(kw)
     policy = tiny_model("llama")
-    if cfg.get("fsdp"):  # the Trainer refuses a ready-made optimizer under FSDP: the same SGD, built by it
-        cfg = {"optim": "sgd", "learning_rate": SGD_LR, **cfg}
-        optimizers = (None, None)
-    else:
-        optimizers = (torch.optim.SGD(policy.parameters(), lr=SGD_LR), None)
+    cfg, optimizers = sgd(policy, cfg)
     return RLOOTrainer(
         RLOOConfig(**cfg),
         tiny_tokenizer(padding_side="left"),

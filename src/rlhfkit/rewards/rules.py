@@ -1,0 +1,123 @@
+"""Exact-match accuracy, regex format check, length penalties (DAPO's soft overlong punishment).
+
+Lengths are counted in tokens when the trainer passes the `completion_ids` column, otherwise in
+characters of the completion text (a plain call from a notebook). Answers are compared after
+extracting the final answer (the last `\\boxed{...}`, else the text after the last `####`, else
+the whole text) and collapsing whitespace, on both the completion and the reference.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+RewardFn = Callable[..., list[float | None]]
+
+_BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
+_WHITESPACE = re.compile(r"\s+")
+
+
+def completion_text(completion: str | Sequence[dict[str, Any]]) -> str:
+    """A completion as text: a string as is, a conversation as its messages' contents joined."""
+    if isinstance(completion, str):
+        return completion
+    parts = []
+    for message in completion:
+        content = message.get("content", "")
+        if isinstance(content, list):  # multimodal content: a list of typed parts
+            content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
+        parts.append(content or "")
+    return "".join(parts)
+
+
+def final_answer(text: str) -> str:
+    """The answer part of a completion or reference, whitespace collapsed."""
+    boxed = _BOXED.findall(text)
+    if boxed:
+        text = boxed[-1]
+    elif "####" in text:
+        text = text.rsplit("####", 1)[1]
+    return _WHITESPACE.sub(" ", text).strip()
+
+
+def exact_match_reward(column: str = "solution") -> RewardFn:
+    """A reward of 1.0 when the completion's final answer equals the row's `column`, else 0.0.
+
+    A row whose reference is None, or a batch without that column, gets None (not applicable),
+    so the reward can sit beside others on a dataset where only some rows are verifiable.
+    """
+
+    def reward(prompts: list, completions: list, **columns: Any) -> list[float | None]:
+        references = columns.get(column)
+        if references is None:
+            return [None] * len(completions)
+        if len(references) != len(completions):
+            raise ValueError(f"column {column!r} has {len(references)} rows for {len(completions)} completions")
+        return [
+            None if ref is None else float(final_answer(completion_text(c)) == final_answer(str(ref)))
+            for c, ref in zip(completions, references)
+        ]
+
+    reward.__name__ = "accuracy_reward" if column == "solution" else f"accuracy_reward_{column}"
+    return reward
+
+
+accuracy_reward = exact_match_reward("solution")
+
+
+def format_reward(pattern: str = r"<think>.*?</think>\s*<answer>.*?</answer>", flags: int = re.DOTALL) -> RewardFn:
+    """1.0 when the whole completion (outer whitespace stripped) matches `pattern`, else 0.0.
+
+    The default is DeepSeek-R1's reasoning format; `flags` default to DOTALL so `.` spans lines.
+    """
+    compiled = re.compile(pattern, flags)
+
+    def reward(prompts: list, completions: list, **columns: Any) -> list[float | None]:
+        return [float(compiled.fullmatch(completion_text(c).strip()) is not None) for c in completions]
+
+    reward.__name__ = "format_reward"
+    return reward
+
+
+def _lengths(completions: list, completion_ids: list | None) -> list[int]:
+    if completion_ids is None:
+        return [len(completion_text(c)) for c in completions]
+    if len(completion_ids) != len(completions):
+        raise ValueError(f"completion_ids has {len(completion_ids)} rows for {len(completions)} completions")
+    return [len(ids) for ids in completion_ids]
+
+
+def length_penalty(target_length: int, coef: float = 0.01) -> RewardFn:
+    """-coef per unit of length beyond `target_length` (tokens, or characters without completion_ids); 0 within."""
+    if target_length < 0:
+        raise ValueError(f"target_length must be >= 0, got {target_length}")
+    if coef < 0:
+        raise ValueError(f"coef must be >= 0 (it is the size of a penalty), got {coef}")
+
+    def reward(prompts: list, completions: list, completion_ids: list | None = None, **columns: Any) -> list:
+        return [-coef * max(0, n - target_length) for n in _lengths(completions, completion_ids)]
+
+    reward.__name__ = "length_penalty"
+    return reward
+
+
+def soft_overlong_penalty(max_completion_length: int, overlong_buffer: int) -> RewardFn:
+    """DAPO's soft overlong punishment (Yu et al. 2025, eq. 13).
+
+    0 up to L_max - buffer, then linear down to -1 at L_max, and -1 beyond L_max. Lengths in tokens
+    when the trainer passes completion_ids, else in characters.
+    """
+    if max_completion_length <= 0:
+        raise ValueError(f"max_completion_length must be > 0, got {max_completion_length}")
+    if not 0 < overlong_buffer <= max_completion_length:
+        raise ValueError(
+            f"overlong_buffer must be in (0, max_completion_length={max_completion_length}], got {overlong_buffer}"
+        )
+    free = max_completion_length - overlong_buffer
+
+    def reward(prompts: list, completions: list, completion_ids: list | None = None, **columns: Any) -> list:
+        return [max(-1.0, min(0.0, (free - n) / overlong_buffer)) for n in _lengths(completions, completion_ids)]
+
+    reward.__name__ = "soft_overlong_penalty"
+    return reward
