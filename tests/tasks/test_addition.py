@@ -8,7 +8,6 @@ from rlhfkit.tasks.addition import (
     addition_problems,
     addition_prompt_dataset,
     addition_sft_dataset,
-    exact_match_reward,
 )
 
 
@@ -41,13 +40,12 @@ def test_datasets_hold_prompt_and_exact_answer():
     assert set(sft["prompt"]) <= train_prompts
 
 
-def test_exact_match_reward_on_hand_examples():
-    prompts = ["37+48="] * 6
-    completions = ["85", " 85\n", "851", "85 and", "58", ""]
-    assert exact_match_reward(prompts, completions, answer=["85"] * 6) == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0]
-    # conversational completions: the last message's content; other dataset columns are ignored
-    chat = [[{"role": "assistant", "content": "124"}], [{"role": "assistant", "content": "12"}]]
-    assert exact_match_reward(["a", "b"], chat, answer=["124", "124"], level=["x", "y"]) == [1.0, 0.0]
-    with pytest.raises(ValueError, match="same length"):
-        exact_match_reward(prompts, completions, answer=["85"])
+def test_the_answer_column_scores_completions_exactly():
+    from rlhfkit.rewards import exact_match_reward
 
+    reward = exact_match_reward("answer")  # what the demo's GRPO stage uses
+    rows = addition_prompt_dataset("test", n=2, seed=0)
+    right, other = rows["answer"]
+    completions = [right, f" {right}\n", right + "1", f"{right} and", other, ""]
+    answers = [right] * len(completions)
+    assert reward(rows["prompt"][:1] * 6, completions, answer=answers) == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0]

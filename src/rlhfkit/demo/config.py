@@ -62,7 +62,7 @@ _ADDITION: dict[str, Any] = {
     "sft_target_accuracy": 0.4,
     "rl_updates": 150,
     "rl_batch_size": 256,
-    "rl_learning_rate": 2e-4,
+    "rl_learning_rate": 1e-4,
     "rl_epochs": 1,
     "temperature": 1.0,
     "kl_coef": 0.0,

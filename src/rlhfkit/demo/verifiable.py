@@ -43,6 +43,7 @@ class VerifiableTask:
 
 
 def _addition() -> VerifiableTask:
+    from rlhfkit.rewards import exact_match_reward
     from rlhfkit.tasks import addition
 
     return VerifiableTask(
@@ -50,7 +51,7 @@ def _addition() -> VerifiableTask:
         "two-digit addition, `37+48=` -> `85`, scored by exact match",
         addition.addition_prompt_dataset,
         addition.addition_sft_dataset,
-        addition.exact_match_reward,
+        exact_match_reward("answer"),
     )
 
 

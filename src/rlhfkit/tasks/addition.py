@@ -3,15 +3,14 @@
 Problems are every `a+b=` with `a`, `b` in [10, 99], so each prompt is six characters (and six tokens
 of the tiny byte-level tokenizer). The train/test split is fixed by a hash of the *unordered* pair, so
 a held-out problem is never a train problem, nor a train problem with its operands swapped; `seed`
-only shuffles and subsamples within a split. The reward is exact match against the dataset's
-"answer" column, in the `fn(prompts, completions, **columns)` form GRPO reward functions take.
+only shuffles and subsamples within a split. The prompt datasets carry the exact answer in an "answer"
+column, which `rlhfkit.rewards.exact_match_reward("answer")` compares a completion with.
 """
 
 from __future__ import annotations
 
 import zlib
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rlhfkit.tasks.sampling import seeded_sample
 
@@ -66,26 +65,3 @@ def addition_sft_dataset(n: int | None = None, seed: int = 0) -> Dataset:
     return Dataset.from_dict(
         {"prompt": [addition_prompt(a, b) for a, b in pairs], "completion": [str(a + b) for a, b in pairs]}
     )
-
-
-def _completion_text(completion: Any) -> str:
-    """A completion as text: a string, or the content of the last message of a conversational one."""
-    if isinstance(completion, str):
-        return completion
-    if isinstance(completion, list) and completion and isinstance(completion[-1], dict):
-        return str(completion[-1].get("content", ""))
-    raise TypeError(f"a completion must be a string or a list of messages, got {type(completion).__name__}")
-
-
-def exact_match_reward(
-    prompts: Sequence[Any], completions: Sequence[Any], answer: Sequence[str], **columns: Any
-) -> list[float]:
-    """1.0 where the completion, stripped of surrounding whitespace, equals the answer; else 0.0.
-
-    Anything after the answer ("85 and", "851") makes it wrong: the model must also stop.
-    """
-    if len(completions) != len(answer):
-        raise ValueError(
-            f"completions and answer must have the same length, got {len(completions)} and {len(answer)}"
-        )
-    return [float(_completion_text(c).strip() == str(a).strip()) for c, a in zip(completions, answer)]
