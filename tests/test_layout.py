@@ -1,7 +1,7 @@
 """The source tree keeps its shape: files under 500 lines, functions under 80, imports in layers.
 
 Layers, lowest first (a module may import its own subpackage and any lower layer at module level):
-core < models, data, tasks < rollout, testing < trainers < demo < commands < cli < __main__. Imports inside
+core < models, data, tasks < rollout, testing < judges < trainers < demo < commands < cli < __main__. Imports inside
 functions and under TYPE_CHECKING are not counted: they run late, so they cannot form an import cycle.
 """
 
@@ -20,6 +20,7 @@ LAYERS = [
     {"core"},
     {"models", "data", "tasks", "rewards"},
     {"rollout", "testing"},
+    {"judges"},
     {"trainers"},
     {"demo"},
     {"commands"},

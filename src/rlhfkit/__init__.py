@@ -41,6 +41,11 @@ _LAZY: dict[str, str] = {
     "DDPOTrainer": "rlhfkit.trainers.ddpo",
     "DDPOStableDiffusionPipeline": "rlhfkit.models.sd_pipeline",
     "DefaultDDPOStableDiffusionPipeline": "rlhfkit.models.sd_pipeline",
+    # judges (TRL's interfaces; implementations in rlhfkit.judges)
+    "BaseJudge": "rlhfkit.judges.base",
+    "BasePairwiseJudge": "rlhfkit.judges.base",
+    "BaseRankJudge": "rlhfkit.judges.base",
+    "WinRateCallback": "rlhfkit.trainers.win_rate_callback",
     # misc
     "AdaptiveKLController": "rlhfkit.core.kl",
     "FixedKLController": "rlhfkit.core.kl",

@@ -8,20 +8,21 @@ import pytest
 
 from rlhfkit.commands import demo
 from rlhfkit.demo.config import TASK_PRESETS, DemoConfig
-from rlhfkit.demo.evaluation import wilson_interval
 
 
-def test_wilson_interval_hand_values():
+def test_accuracy_and_its_wilson_interval_hand_values():
+    from rlhfkit.demo.verifiable import _accuracy
+
+    metrics = {}
     # z = 1.96, z^2 = 3.8416. 0/10: centre = (0 + 0.19208) / 1.38416 = 0.13877 and the half-width is
     # 1.96 / 1.38416 * sqrt(3.8416 / 400) = 0.13877, so the interval is [0, 0.27754]
-    low, high = wilson_interval(0, 10)
-    assert low == 0.0 and high == pytest.approx(0.27754, abs=1e-5)
+    _accuracy(metrics, "none", [0.0] * 10)
+    assert metrics["none"] == 0.0 and metrics["none_ci95"] == [0.0, 0.2775]
     # 5/10: centre 0.5, half-width 1.41602 * sqrt(0.025 + 0.009604) = 0.26341
-    assert wilson_interval(5, 10) == pytest.approx((0.23659, 0.76341), abs=1e-5)
-    low, high = wilson_interval(10, 10)  # mirror image of 0/10
-    assert (low, high) == (pytest.approx(1 - 0.27754, abs=1e-5), 1.0)
-    with pytest.raises(ValueError, match="successes"):
-        wilson_interval(11, 10)
+    _accuracy(metrics, "half", [1.0, 0.0] * 5)
+    assert metrics["half"] == 0.5 and metrics["half_ci95"] == [0.2366, 0.7634]
+    _accuracy(metrics, "all", [1.0] * 10)  # mirror image of 0/10
+    assert metrics["all_ci95"] == [0.7225, 1.0]
 
 
 def test_task_picks_its_algorithm_and_preset():

@@ -1,6 +1,6 @@
 """Reward / SFT / DPO under 2 processes (gloo), with DDP and with FSDP2: identical (gathered) parameters on
-both ranks, and 2 x batch B matches 1 x batch 2B (parameters and every logged statistic, so the statistics are
-gathered across ranks)."""
+both ranks, 2 x batch B matches 1 x batch 2B (parameters and every logged statistic, so the statistics are
+gathered across ranks), and `save_model` writes the whole trained weights."""
 
 import pytest
 import torch
@@ -26,6 +26,8 @@ def test_two_processes_match_one_process_double_batch(name, two_process_results,
     assert r0["distributed_type"] == ("DistributedType.FSDP" if setting == "fsdp2" else "DistributedType.MULTI_CPU")
     assert r0["max_rank_diff"] == 0.0 and r0["params"] == r1["params"]
     assert r0["moved"] > 1e-4
+    # save_model wrote the whole trained weights (gathered from the shards under FSDP2)
+    assert r0["saved_equals_trained"] and r1["saved_equals_trained"]
     ref = build(name, str(tmp_path), per_device=4)
     ref.train()
     torch.testing.assert_close(torch.tensor(r0["params"]), flat_params(ref.model), rtol=1e-4, atol=1e-5)

@@ -38,3 +38,4 @@ def test_rloo_two_processes(setting, tmp_path):
     assert r0["stopped_at"] == r1["stopped_at"] == 2
     assert r0["stopped_by_signal"] and r1["stopped_by_signal"]
     assert r0["checkpoints"] == ["checkpoint-2"]
+    assert r0["checkpoint_equals_trained"] and r1["checkpoint_equals_trained"]

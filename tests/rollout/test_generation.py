@@ -235,3 +235,21 @@ def test_weights_context_is_entered_once_per_call(tokenizer):
     backend = HFGenerationBackend(model, tokenizer.pad_token_id, chunk_size=1, weights_context=gather)
     backend.generate(ids, mask, SamplingParams(max_new_tokens=2, do_sample=False))
     assert entered == [0]  # four chunks, one gathering
+
+
+def test_every_backend_gets_the_prompt_checks():
+    from rlhfkit.rollout import GenerationBackend
+    from rlhfkit.rollout.generation import GenerationOutput
+
+    class Echo(GenerationBackend):
+        """A stand-in backend: answers every prompt with its own tokens."""
+
+        def _sample(self, query_ids, query_mask, params, logprob_temperature):
+            return GenerationOutput(query_ids, query_mask.bool())
+
+    ids, mask = torch.tensor([[5, 6, 7]]), torch.ones(1, 3, dtype=torch.long)
+    with pytest.raises(ValueError, match="query_ids and query_mask"):
+        Echo().generate(ids, mask[:, :2], SamplingParams(max_new_tokens=2))
+    with pytest.raises(ValueError, match="query_ids and query_mask"):
+        Echo().generate(ids[0], mask[0], SamplingParams(max_new_tokens=2))
+    assert Echo().generate(ids, mask, SamplingParams(max_new_tokens=2)).responses.tolist() == [[5, 6, 7]]

@@ -172,3 +172,14 @@ def test_infinite_packing_and_plain_training_arguments(tmp_path, tok):
     assert isinstance(trainer.train_dataset, ConstantLengthDataset)
     trainer.train()  # 3 steps x 2 blocks = 6 blocks > one pass over the data (4 blocks): it cycles
     assert trainer.state.global_step == 3
+
+
+def test_a_keyword_of_another_trainer_is_refused_by_name(tmp_path, tok):
+    # max_length is DPO's and the reward trainer's keyword; SFT's is max_seq_length. Refused before any data work.
+    with pytest.raises(TypeError, match="max_length"):
+        SFTTrainer(model=tiny_model("llama"), args=_config(tmp_path), train_dataset=_text_ds(), processing_class=tok,
+                   max_length=16)
+    trainer = SFTTrainer(model=tiny_model("llama"), args=_config(tmp_path), train_dataset=_text_ds(),
+                         processing_class=tok, max_seq_length=16, dataset_batch_size=2)
+    assert (trainer.args.max_seq_length, trainer.args.dataset_batch_size) == (16, 2)
+    assert max(len(row["input_ids"]) for row in trainer.train_dataset) <= 16

@@ -7,8 +7,10 @@ line always wins over the preset. The "default" preset is the laptop demo (minut
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any
+
+from rlhfkit.trainers.config_fields import option
 
 ALGOS = ("rloo", "ppo", "ppo-multi-adapter", "dpo")
 # --task -> the RL algorithms it runs, the first being its default: sentiment learns from a reward model,
@@ -78,105 +80,71 @@ TASK_PRESETS: dict[str, dict[str, dict[str, Any]]] = {
 }
 
 
+def preset_size(help: str) -> Any:
+    """A size field: left unset (None), it takes the value of the `--size` preset (`PRESETS`)."""
+    return option(None, f"{help} Default: the --size preset's.")
+
+
 @dataclass
 class DemoConfig:
     """Flags of `rlhfkit demo`; sizes left unset come from the `--size` preset."""
 
-    output_dir: str = field(
-        default="outputs/demo", metadata={"help": "Folder for every stage and the report."}
+    output_dir: str = option("outputs/demo", "Folder for every stage and the report.")
+    task: str = option(
+        "sentiment",
+        f"Demo task: {', '.join(TASK_ALGOS)} (sentiment: reward model + RL; addition: exact reward + GRPO).",
     )
-    task: str = field(
-        default="sentiment",
-        metadata={
-            "help": f"Demo task: {', '.join(TASK_ALGOS)} (sentiment: reward model + RL; addition: exact "
-            "reward + GRPO)."
-        },
+    algo: str | None = option(
+        None,
+        f"RL stage, default the task's first: {', '.join(ALGOS)} for sentiment (ppo-multi-adapter: one base, "
+        "policy + reward adapters); grpo for addition.",
     )
-    algo: str | None = field(
-        default=None,
-        metadata={
-            "help": f"RL stage, default the task's first: {', '.join(ALGOS)} for sentiment (ppo-multi-adapter: "
-            "one base, policy + reward adapters); grpo for addition."
-        },
+    size: str = option("default", f"Preset for the stage sizes: {', '.join(PRESETS)} (tiny: CI).")
+    seed: int = option(0, "Seed of every stage (data order, sampling, init).")
+    fresh: bool = option(False, "Re-run every stage instead of reusing finished ones.")
+    model: str = option(
+        "llama", "Starting policy: a name from rlhfkit.testing (llama, llama-small, ...) or a local folder."
     )
-    size: str = field(
-        default="default", metadata={"help": f"Preset for the stage sizes: {', '.join(PRESETS)} (tiny: CI)."}
-    )
-    seed: int = field(default=0, metadata={"help": "Seed of every stage (data order, sampling, init)."})
-    fresh: bool = field(
-        default=False, metadata={"help": "Re-run every stage instead of reusing finished ones."}
-    )
-    model: str = field(
-        default="llama",
-        metadata={
-            "help": "Starting policy: a name from rlhfkit.testing (llama, llama-small, ...) or a local folder."
-        },
-    )
-    num_threads: int = field(
-        default=1,
-        metadata={
-            "help": "torch CPU threads (0: torch's default). The default 1 is fastest for models this small."
-        },
+    num_threads: int = option(
+        1, "torch CPU threads (0: torch's default). The default 1 is fastest for models this small."
     )
     # 1. supervised fine-tuning
-    sft_num_reviews: int | None = field(default=None, metadata={"help": "Reviews in the SFT corpus."})
-    sft_steps: int | None = field(default=None, metadata={"help": "SFT optimizer steps."})
-    sft_batch_size: int | None = field(default=None, metadata={"help": "Packed blocks per SFT step."})
-    sft_seq_length: int | None = field(default=None, metadata={"help": "Tokens per packed SFT block."})
-    sft_learning_rate: float | None = field(
-        default=None, metadata={"help": "SFT peak learning rate (cosine)."}
-    )
-    sft_target_accuracy: float | None = field(
-        default=None,
-        metadata={
-            "help": "--task addition: stop SFT early once greedy accuracy on 256 train problems reaches this "
-            "share (0: run all --sft_steps); the preset sets it so RL starts from an imperfect policy."
-        },
+    sft_num_reviews: int | None = preset_size("Reviews in the SFT corpus.")
+    sft_steps: int | None = preset_size("SFT optimizer steps.")
+    sft_batch_size: int | None = preset_size("Packed blocks per SFT step.")
+    sft_seq_length: int | None = preset_size("Tokens per packed SFT block.")
+    sft_learning_rate: float | None = preset_size("SFT peak learning rate (cosine).")
+    sft_target_accuracy: float | None = preset_size(
+        "--task addition: stop SFT early once greedy accuracy on 256 train problems reaches this share "
+        "(0: run all --sft_steps), so that RL starts from an imperfect policy."
     )
     # 2. preference pairs and reward model
-    pref_num_prompts: int | None = field(
-        default=None,
-        metadata={"help": "Train prompts sampled twice by the SFT policy and labelled by VADER."},
+    pref_num_prompts: int | None = preset_size(
+        "Train prompts sampled twice by the SFT policy and labelled by VADER."
     )
-    pref_eval_fraction: float = field(
-        default=0.15, metadata={"help": "Share of the preference pairs held out to measure reward accuracy."}
+    pref_eval_fraction: float = option(
+        0.15, "Share of the preference pairs held out to measure reward accuracy."
     )
-    rm_epochs: int | None = field(default=None, metadata={"help": "Reward-model epochs over the pairs."})
-    rm_batch_size: int | None = field(default=None, metadata={"help": "Pairs per reward-model step."})
-    rm_learning_rate: float | None = field(default=None, metadata={"help": "Reward-model learning rate."})
+    rm_epochs: int | None = preset_size("Reward-model epochs over the pairs.")
+    rm_batch_size: int | None = preset_size("Pairs per reward-model step.")
+    rm_learning_rate: float | None = preset_size("Reward-model learning rate.")
     # 3. reinforcement learning
-    rl_updates: int | None = field(
-        default=None, metadata={"help": "RL updates (RLOO/PPO); each samples rl_batch_size completions."}
-    )
-    rl_batch_size: int | None = field(default=None, metadata={"help": "Completions per RL update."})
-    rl_learning_rate: float | None = field(default=None, metadata={"help": "RL learning rate."})
-    rl_epochs: int | None = field(
-        default=None, metadata={"help": "Optimisation passes over each batch of rollouts."}
-    )
-    rloo_k: int = field(default=4, metadata={"help": "RLOO: completions per prompt."})
-    num_generations: int = field(
-        default=8, metadata={"help": "GRPO (--task addition): completions per prompt, one group."}
-    )
-    kl_coef: float | None = field(
-        default=None, metadata={"help": "Weight of the KL penalty to the SFT policy (GRPO's beta)."}
-    )
-    temperature: float | None = field(
-        default=None, metadata={"help": "Sampling temperature for RL, pairs and evaluation."}
-    )
-    response_length: int | None = field(default=None, metadata={"help": "Maximum new tokens per completion."})
-    lora_r: int = field(
-        default=16, metadata={"help": "ppo-multi-adapter: rank of the policy and reward LoRA adapters."}
-    )
-    dpo_epochs: int | None = field(default=None, metadata={"help": "DPO epochs over the preference pairs."})
-    dpo_beta: float = field(default=0.1, metadata={"help": "DPO beta (strength of the implicit KL)."})
-    dpo_learning_rate: float | None = field(default=None, metadata={"help": "DPO learning rate."})
+    rl_updates: int | None = preset_size("RL updates (RLOO/PPO); each samples rl_batch_size completions.")
+    rl_batch_size: int | None = preset_size("Completions per RL update.")
+    rl_learning_rate: float | None = preset_size("RL learning rate.")
+    rl_epochs: int | None = preset_size("Optimisation passes over each batch of rollouts.")
+    rloo_k: int = option(4, "RLOO: completions per prompt.")
+    num_generations: int = option(8, "GRPO (--task addition): completions per prompt, one group.")
+    kl_coef: float | None = preset_size("Weight of the KL penalty to the SFT policy (GRPO's beta).")
+    temperature: float | None = preset_size("Sampling temperature for RL, pairs and evaluation.")
+    response_length: int | None = preset_size("Maximum new tokens per completion.")
+    lora_r: int = option(16, "ppo-multi-adapter: rank of the policy and reward LoRA adapters.")
+    dpo_epochs: int | None = preset_size("DPO epochs over the preference pairs.")
+    dpo_beta: float = option(0.1, "DPO beta (strength of the implicit KL).")
+    dpo_learning_rate: float | None = preset_size("DPO learning rate.")
     # 4. evaluation
-    eval_num_prompts: int | None = field(
-        default=None, metadata={"help": "Held-out prompts judged for the win rate."}
-    )
-    eval_samples_shown: int = field(
-        default=6, metadata={"help": "Side-by-side completions printed and reported."}
-    )
+    eval_num_prompts: int | None = preset_size("Held-out prompts judged for the win rate.")
+    eval_samples_shown: int = option(6, "Side-by-side completions printed and reported.")
 
     def __post_init__(self):
         if self.task not in TASK_ALGOS:

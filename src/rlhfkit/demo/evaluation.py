@@ -37,17 +37,6 @@ def win_rate_interval(rate: float, n: int, z: float = 1.96) -> tuple[float, floa
     return max(0.0, rate - half), min(1.0, rate + half)
 
 
-def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """Wilson score interval of a success rate (95% at z=1.96); unlike the normal one it stays inside
-    [0, 1] and keeps a width at 0/n and n/n, where accuracies of small models often sit."""
-    if n < 1 or not 0 <= successes <= n:
-        raise ValueError(f"need 0 <= successes <= n and n >= 1, got successes={successes}, n={n}")
-    p, z2 = successes / n, z * z
-    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
-    half = z / (1 + z2 / n) * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n))
-    return max(0.0, centre - half), min(1.0, centre + half)
-
-
 @torch.no_grad()
 def learned_scores(reward_model, samples: Completions) -> list[float]:
     from rlhfkit.rollout.rewards import RewardScorer

@@ -25,8 +25,8 @@ from typing import Any
 from rlhfkit.demo import pipeline, stages
 from rlhfkit.demo.cache import Stage, StageResult
 from rlhfkit.demo.config import DemoConfig
-from rlhfkit.demo.evaluation import wilson_interval
 from rlhfkit.demo.sampling import sample_completions
+from rlhfkit.judges.win_rates import wilson_interval
 
 
 @dataclass(frozen=True)
@@ -198,7 +198,7 @@ def _accuracy(metrics: dict[str, Any], key: str, rewards: list[float]) -> None:
     """`key`: the share of exact answers; `key`_ci95: its 95% Wilson interval (rounded for reading)."""
     correct = int(sum(rewards))
     metrics[key] = correct / len(rewards)
-    metrics[f"{key}_ci95"] = [round(bound, 4) for bound in wilson_interval(correct, len(rewards))]
+    metrics[f"{key}_ci95"] = [round(bound, 4) for bound in wilson_interval(correct / len(rewards), len(rewards))]
 
 
 def evaluate(

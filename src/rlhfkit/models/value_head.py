@@ -211,19 +211,16 @@ class PreTrainedModelWrapper(nn.Module):
         )
 
     def sequence_reward_score(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        ppo_adapter_name: str = "default",
-        **kwargs: Any,
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs: Any
     ) -> torch.Tensor:
-        """One reward per sequence: `compute_reward_score` read at each row's last real token.
+        """One reward per sequence: `compute_reward_score` (which takes `kwargs`, e.g. ppo_adapter_name=)
+        read at each row's last real token.
 
         The last real token comes from `attention_mask`, so left and right padding give the same scores
         (what the reward model's sequence classifier outputs). Returns (B,) for a one-output head, else
         (B, num_labels).
         """
-        per_token = self.compute_reward_score(input_ids, attention_mask, ppo_adapter_name, **kwargs)
+        per_token = self.compute_reward_score(input_ids, attention_mask, **kwargs)
         mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
         rows = torch.arange(per_token.shape[0], device=per_token.device)
         scores = per_token[rows, last_true_indices(mask).to(per_token.device)]
@@ -252,13 +249,17 @@ class PreTrainedModelWrapper(nn.Module):
         """Base weights (or only the adapters of a PEFT model) + `value_head.safetensors`, all safetensors.
 
         kwargs (e.g. `max_shard_size`) go to the base model's `save_pretrained`. A loaded reward adapter is
-        not saved: it is an input, reloaded from its own folder.
+        not saved: it is an input, reloaded from its own folder. `state_dict` (this model's `state_dict()`
+        layout, e.g. gathered whole from FSDP shards) is written instead of the module's own tensors.
         """
         from safetensors.torch import save_file
 
         if kwargs.pop("safe_serialization", True) is False:
             raise ValueError("rlhfkit saves safetensors only; drop safe_serialization=False")
-        kwargs.pop("state_dict", None)
+        state_dict = kwargs.pop("state_dict", None)
+        if state_dict is not None:
+            heads = ("v_head.", "score.")
+            kwargs["state_dict"] = {k: v for k, v in state_dict.items() if not k.startswith(heads)}
         folder = Path(save_directory)
         folder.mkdir(parents=True, exist_ok=True)
         peft_model = adapters.peft_model_of(self)
@@ -275,7 +276,10 @@ class PreTrainedModelWrapper(nn.Module):
                 "reference_adapter": reference if reference in names else None,
             }
             (folder / ADAPTER_LAYOUT_FILE).write_text(json.dumps(layout, indent=2))
-        head = {f"v_head.{k}": v.detach().to("cpu", torch.float32).contiguous() for k, v in self.v_head.state_dict().items()}
+        if state_dict is None:
+            state_dict = {f"v_head.{k}": v for k, v in self.v_head.state_dict().items()}
+        head = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in state_dict.items()
+                if k.startswith("v_head.")}  # fmt: skip
         save_file(head, str(folder / VALUE_HEAD_FILE))
 
     def push_to_hub(self, repo_id: str, *args: Any, **kwargs: Any) -> Any:

@@ -12,7 +12,7 @@ import contextlib
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from transformers import GenerationConfig, LogitsProcessorList
@@ -131,11 +131,12 @@ class GenerationOutput:
     values: torch.Tensor | None = None  # (B, R) float32 value-head output at each token; junk where masked
 
 
-class GenerationBackend(Protocol):
+class GenerationBackend:
     """What trainers need from a sampler: left-padded prompts in, completions and their logprobs out.
 
     `HFGenerationBackend` runs transformers `generate` in-process; a server or a continuous-batching
-    engine can stand behind the same method without trainers changing.
+    engine can stand behind the same method without trainers changing: a backend checks nothing itself,
+    `generate` checks the prompts once for all of them and hands them to the backend's `_sample`.
     """
 
     def generate(
@@ -151,10 +152,19 @@ class GenerationBackend(Protocol):
         With `logprob_temperature`, also the logprob of every sampled token under softmax(raw model
         logits / logprob_temperature): the numbers a forward pass over prompt + completion gives.
         """
-        ...
+        if query_ids.shape != query_mask.shape or query_ids.dim() != 2:
+            raise ValueError(
+                f"query_ids and query_mask must both be (batch, length), got {tuple(query_ids.shape)} "
+                f"and {tuple(query_mask.shape)}"
+            )
+        return self._sample(query_ids, query_mask, params, logprob_temperature)
+
+    def _sample(self, query_ids, query_mask, params: SamplingParams, logprob_temperature) -> GenerationOutput:
+        """`generate` after its checks; what a backend implements."""
+        raise NotImplementedError
 
 
-class HFGenerationBackend:
+class HFGenerationBackend(GenerationBackend):
     """`GenerationBackend` over transformers `generate`, `chunk_size` prompts at a time (memory bound).
 
     Runs under `torch.no_grad` with dropout off (each submodule's mode restored after). Each chunk drops
@@ -197,19 +207,7 @@ class HFGenerationBackend:
         return config
 
     @torch.no_grad()
-    def generate(
-        self,
-        query_ids: torch.Tensor,
-        query_mask: torch.Tensor,
-        params: SamplingParams,
-        *,
-        logprob_temperature: float | None = None,
-    ) -> GenerationOutput:
-        if query_ids.shape != query_mask.shape or query_ids.dim() != 2:
-            raise ValueError(
-                f"query_ids and query_mask must both be (batch, length), got {tuple(query_ids.shape)} "
-                f"and {tuple(query_mask.shape)}"
-            )
+    def _sample(self, query_ids, query_mask, params: SamplingParams, logprob_temperature) -> GenerationOutput:
         config = self.generation_config(params)
         if logprob_temperature is not None and (config.num_beams or 1) > 1:
             raise ValueError("logprob_temperature needs one sequence per prompt: beam search (num_beams > 1) reorders rows")

@@ -7,12 +7,14 @@ why, once per model class, so the caller keeps the full-logits path.
 
 `chunked_response_outputs` then runs the model's own forward (so wrappers, adapters, gradient
 checkpointing and DDP hooks behave as usual) with `logits_to_keep=1`, catches the backbone's final
-hidden states with a forward hook, and scores the response tokens with `chunked_token_logprobs`.
+hidden states with a forward hook (`forward_hidden`), and scores the response tokens with
+`chunked_token_logprobs`; `chunked_label_logprobs` does the same for causal-LM labels (DPO, SFT).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Container
 from dataclasses import dataclass
 
 import torch
@@ -66,14 +68,24 @@ def _unwrap(model: nn.Module) -> tuple[nn.Module, str | None]:
     return model, "too many nested wrappers"
 
 
-def _inspect(model: nn.Module) -> LMHead | str:
+def known_base_model(model: nn.Module, known_model_types: Container[str], needed: str) -> nn.Module | str:
+    """The transformers model inside `model`'s wrappers when its `model_type` is one of `known_model_types`;
+    otherwise the reason why not (a wrapper that changes the computation, or a type not known to `needed`)."""
     base, reason = _unwrap(model)
     if reason is not None:
         return reason
-    config = getattr(base, "config", None)
-    model_type = getattr(config, "model_type", None)
-    if model_type not in _PLAIN_HEAD_MODEL_TYPES:
-        return f"model_type {model_type!r} is not known to project last_hidden_state with a plain head"
+    model_type = getattr(getattr(base, "config", None), "model_type", None)
+    if model_type not in known_model_types:
+        return f"model_type {model_type!r} is not known to {needed}"
+    return base
+
+
+def _inspect(model: nn.Module) -> LMHead | str:
+    base = known_base_model(model, _PLAIN_HEAD_MODEL_TYPES, "project last_hidden_state with a plain head")
+    if isinstance(base, str):
+        return base
+    config = base.config
+    model_type = config.model_type
     if getattr(config, "final_logit_softcapping", None) or getattr(config, "is_encoder_decoder", False):
         return "its logits are soft-capped or come from a decoder with its own head"
     head = base.get_output_embeddings()
@@ -114,6 +126,62 @@ def _last_hidden_state(output) -> torch.Tensor:
     return hidden if hidden is not None else output[0]
 
 
+def forward_hidden(model: nn.Module, head: LMHead, **inputs) -> tuple[object, torch.Tensor]:
+    """The model's own forward on `inputs` and its backbone's (B, T, H) final hidden states.
+
+    Only one position goes through the vocabulary projection (`logits_to_keep=1`): the caller projects the
+    hidden rows it needs in chunks, so the output's logits are not the (B, T, V) ones.
+    """
+    captured: list[torch.Tensor] = []
+    hook = head.backbone.register_forward_hook(lambda _m, _a, out: captured.append(_last_hidden_state(out)))
+    try:
+        output = model(**inputs, logits_to_keep=1)
+    finally:
+        hook.remove()
+    return output, captured[-1]
+
+
+def chunked_label_logprobs(
+    model: nn.Module,
+    labels: torch.Tensor,
+    *,
+    ignore_index: int = -100,
+    with_mean_logits: bool = False,
+    chunk_rows: int | None = None,
+    **inputs,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None:
+    """Causal-LM log-probs of the next label at every position, projected in chunks from the hidden states.
+
+    Args:
+        labels: (N, T) token ids, `ignore_index` where nothing is scored; position t is scored on labels[t + 1],
+            as transformers' causal-LM loss shifts them.
+        inputs: the model's forward keywords (input_ids, attention_mask, position_ids, use_cache, ...).
+        with_mean_logits: also return each position's logit averaged over the vocabulary, a logged
+            statistic: mean_v (h W_v + b_v) * s = (h . mean_v W_v + mean_v b_v) * s, so no vocabulary pass.
+    Returns:
+        (logprobs (N, T-1) float32, 0 where not scored; mask (N, T-1) bool, True = scored;
+        mean logits (N, T-1) float32 without gradient, or None), or None when `find_lm_head(model)` is None:
+        the caller then computes full logits. Only the scored rows are projected.
+    """
+    head = find_lm_head(model)
+    if head is None:
+        return None
+    _, hidden = forward_hidden(model, head, **inputs)
+    hidden, targets = hidden[:, :-1], labels[:, 1:].to(hidden.device)
+    mask = targets != ignore_index
+    scored = chunked_token_logprobs(
+        hidden[mask], head.weight, head.bias, targets[mask], temperature=1.0 / head.logit_scale, chunk_rows=chunk_rows
+    )
+    logprobs = torch.zeros(mask.shape, dtype=scored.dtype, device=scored.device).masked_scatter(mask, scored)
+    mean_logits = None
+    if with_mean_logits:
+        with torch.no_grad():
+            mean_row = head.weight.sum(0, dtype=torch.float32) / head.weight.shape[0]
+            mean_bias = 0.0 if head.bias is None else head.bias.float().mean()
+            mean_logits = (hidden.float() @ mean_row + mean_bias) * head.logit_scale
+    return logprobs, mask, mean_logits
+
+
 def chunked_response_outputs(
     model: nn.Module,
     input_ids: torch.Tensor,
@@ -143,19 +211,9 @@ def chunked_response_outputs(
     head = find_lm_head(model)
     if head is None:
         return None
-    captured: list[torch.Tensor] = []
-    hook = head.backbone.register_forward_hook(lambda _m, _a, out: captured.append(_last_hidden_state(out)))
-    try:
-        # logits_to_keep=1: the model's own head then projects one position only
-        output = model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            use_cache=False,
-            logits_to_keep=1,
-        )
-    finally:
-        hook.remove()
+    output, hidden = forward_hidden(
+        model, head, input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+    )
     # position t predicts token t+1: response tokens are predicted from positions Lq-1 .. Lq+R-2
     window = slice(-(responses.shape[1] + 1), -1)
     values = None
@@ -164,7 +222,7 @@ def chunked_response_outputs(
             raise ValueError("with_values=True needs a model with a value head (e.g. AutoModelForCausalLMWithValueHead)")
         values = output[2][:, window].float()
     result = chunked_token_logprobs(
-        captured[-1][:, window],
+        hidden[:, window],
         head.weight,
         head.bias,
         responses,

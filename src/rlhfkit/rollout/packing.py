@@ -22,7 +22,13 @@ from torch import nn
 from torch.nn import functional as F
 
 from rlhfkit.core.chunked_logprobs import chunked_token_logprobs
-from rlhfkit.rollout.lm_head import LMHead, _last_hidden_state, _unwrap, find_lm_head, warn_fallback_once
+from rlhfkit.rollout.lm_head import (
+    LMHead,
+    _last_hidden_state,
+    find_lm_head,
+    known_base_model,
+    warn_fallback_once,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -36,14 +42,10 @@ _logged_fallbacks: set[tuple[str, str]] = set()
 
 
 def _unsupported_reason(model: nn.Module) -> str | None:
-    base, reason = _unwrap(model)
-    if reason is not None:
-        return reason
-    config = getattr(base, "config", None)
-    model_type = getattr(config, "model_type", None)
-    if model_type not in _PACKABLE_MODEL_TYPES:
-        return f"model_type {model_type!r} is not known to mask packed rows apart"
-    attention = getattr(config, "_attn_implementation", None)
+    base = known_base_model(model, _PACKABLE_MODEL_TYPES, "mask packed rows apart")
+    if isinstance(base, str):
+        return base
+    attention = getattr(base.config, "_attn_implementation", None)
     if attention not in _PACKABLE_ATTENTION:
         return f"attention implementation {attention!r} is not one of {sorted(_PACKABLE_ATTENTION)}"
     return None

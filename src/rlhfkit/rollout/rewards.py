@@ -180,6 +180,20 @@ class RewardScorer:
 
         return self._score(token_ids, prompts, completions, len(responses), torch.device(self.device))
 
+    def score_texts(
+        self, prompts: Sequence[str], completions: Sequence[str]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Score prompt + completion strings (judges, evaluation); a model without its own tokenizer reads
+        them encoded with the policy's."""
+        if len(prompts) != len(completions):
+            raise ValueError(f"got {len(prompts)} prompts for {len(completions)} completions; expected one each")
+        prompts, completions = list(prompts), list(completions)
+
+        def token_ids() -> tuple[torch.Tensor, torch.Tensor]:
+            return self._encode(self._require_tokenizer(), prompts, completions)
+
+        return self._score(token_ids, prompts, completions, len(completions), torch.device(self.device))
+
     def _require_tokenizer(self) -> Any:
         if self.tokenizer is None:
             raise ValueError("RewardScorer needs the policy's tokenizer to decode or pad completions")
@@ -253,8 +267,11 @@ class RewardScorer:
     def _score_retokenized(
         self, model: nn.Module, tokenizer: Any, prompts: list[str], completions: list[str]
     ) -> torch.Tensor:
+        return self._model_scores(model, *self._encode(tokenizer, prompts, completions))
+
+    def _encode(
+        self, tokenizer: Any, prompts: list[str], completions: list[str]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         texts = [p + c for p, c in zip(prompts, completions)]
         batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=self.add_special_tokens)
-        return self._model_scores(
-            model, batch["input_ids"].to(self.device), batch["attention_mask"].to(self.device)
-        )
+        return batch["input_ids"].to(self.device), batch["attention_mask"].to(self.device)

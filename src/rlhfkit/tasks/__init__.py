@@ -17,6 +17,7 @@ from rlhfkit.tasks.reviews import (
     review_prompt_dataset,
     review_prompts,
     review_records,
+    review_references,
     review_sft_dataset,
 )
 from rlhfkit.tasks.toy import KeywordReward, LengthReward, token_count_reward, toy_prompt_dataset, toy_prompts
@@ -34,6 +35,7 @@ __all__ = [
     "review_prompt_dataset",
     "review_prompts",
     "review_records",
+    "review_references",
     "review_sft_dataset",
     "task_names",
     "token_count_reward",

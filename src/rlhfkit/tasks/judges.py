@@ -21,7 +21,8 @@ RewardFn = Callable[[list[str]], list[float]]
 class SentimentJudge:
     """Scores texts by VADER's compound sentiment in [-1, 1]; a reward callable for RLOO/PPO.
 
-    Example: `SentimentJudge()(["What a wonderful film."])` gives one positive float.
+    Example: `SentimentJudge()(["What a wonderful film."])` gives one positive float. As a pairwise judge
+    (`rlhfkit.judges`): `RuleJudge.of_texts(SentimentJudge())`, or `load_judge("positive-review")`.
     """
 
     def __init__(self) -> None:

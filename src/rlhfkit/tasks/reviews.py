@@ -106,6 +106,23 @@ def prompt_split(prompt: str, min_words: int = 4) -> str:
     return "test" if zlib.crc32(key.encode("utf-8")) % TEST_FRACTION_DEN == 0 else "train"
 
 
+def _review_openings(split: str, min_words: int, max_words: int) -> dict[str, str]:
+    """Opening of `min_words`..`max_words` words -> the rest of the first review it was cut from."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    if not 1 <= min_words <= max_words:
+        raise ValueError(f"need 1 <= min_words <= max_words, got min_words={min_words}, max_words={max_words}")
+    cut_rng = random.Random(f"review-prompts-{min_words}-{max_words}")
+    openings: dict[str, str] = {}
+    for text in review_corpus(PROMPT_POOL_SIZE, seed=0):
+        words = text.split()
+        k = cut_rng.randint(min_words, max_words)
+        prompt = " ".join(words[:k]).rstrip(",;.")
+        if len(prompt.split()) >= min_words and prompt_split(prompt, min_words) == split:
+            openings.setdefault(prompt, text[len(prompt) :])
+    return openings
+
+
 def review_prompts(
     split: str = "train", n: int | None = None, seed: int = 0, min_words: int = 4, max_words: int = 7
 ) -> list[str]:
@@ -114,19 +131,16 @@ def review_prompts(
     Prompts are cut from a fixed pool of reviews (seed 0), so both splits come from the same pool and
     are disjoint (see `prompt_split`). `seed` shuffles the prompts; `n=None` returns all of them.
     """
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    if not 1 <= min_words <= max_words:
-        raise ValueError(f"need 1 <= min_words <= max_words, got min_words={min_words}, max_words={max_words}")
-    cut_rng = random.Random(f"review-prompts-{min_words}-{max_words}")
-    prompts: dict[str, None] = {}  # ordered set
-    for text in review_corpus(PROMPT_POOL_SIZE, seed=0):
-        words = text.split()
-        k = cut_rng.randint(min_words, max_words)
-        prompt = " ".join(words[:k]).rstrip(",;.")
-        if len(prompt.split()) >= min_words and prompt_split(prompt, min_words) == split:
-            prompts[prompt] = None
-    return seeded_sample(sorted(prompts), split, n, seed)
+    return seeded_sample(sorted(_review_openings(split, min_words, max_words)), split, n, seed)
+
+
+def review_references(
+    split: str = "test", n: int | None = None, seed: int = 0, min_words: int = 4, max_words: int = 7
+) -> list[tuple[str, str]]:
+    """`review_prompts` with the rest of the review each was cut from: (prompt, reference completion) pairs,
+    the offline default reference of `rlhfkit judge`."""
+    openings = _review_openings(split, min_words, max_words)
+    return [(prompt, openings[prompt]) for prompt in seeded_sample(sorted(openings), split, n, seed)]
 
 
 def review_sft_dataset(n: int = 5000, seed: int = 0) -> Dataset:

@@ -7,7 +7,8 @@ falls back to the newest intact one. A full disk (ENOSPC) mid-save removes the s
 with `CheckpointWriteError`; the previous checkpoint is untouched. A lock file in the output folder
 (owner pid and host) keeps two runs from writing into the same folder.
 
-State other than weights is JSON plus safetensors (`save_state`/`load_state`): nothing is unpickled.
+State other than weights is JSON plus safetensors (`save_state`/`load_state`): nothing is unpickled; each
+process's random state is kept (`rng_state_<rank>`) and taken back by the process of that rank on resuming.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import errno
 import hashlib
 import json
 import os
-import random
 import re
 import shutil
 import socket
@@ -30,6 +30,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from rlhfkit.trainers.sharded_state import process_rank, rng_state, set_rng_state  # noqa: F401 (rng_*: API)
 
 CHECKPOINT_PREFIX = "checkpoint-"
 MANIFEST_FILE = "manifest.json"
@@ -241,6 +243,12 @@ def write_checkpoint(final_dir: str | os.PathLike, write: Callable[[Path], None]
     _recover_interrupted_replace(final)
     staged = _staging_folder(final)
     staged.mkdir()
+    _fill(staged, final, write)
+    return finish_checkpoint(staged, final, step)
+
+
+def _fill(staged: Path, final: Path, write: Callable[[Path], None]) -> None:
+    """`write(staged)`; on failure the staging folder goes (ENOSPC becomes a CheckpointWriteError)."""
     try:
         write(staged)
     except OSError as err:
@@ -249,7 +257,6 @@ def write_checkpoint(final_dir: str | os.PathLike, write: Callable[[Path], None]
     except BaseException:
         discard_staging(staged)
         raise
-    return finish_checkpoint(staged, final, step)
 
 
 def list_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
@@ -355,7 +362,7 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
     return verify_checkpoint(folder)
 
 
-# ------------------------------------------------------------------ JSON + safetensors state, RNG
+# ------------------------------------------------------------------ JSON + safetensors state
 
 
 def _encode(value: Any, tensors: dict[str, torch.Tensor]) -> Any:
@@ -410,34 +417,11 @@ def load_state(folder: str | os.PathLike, name: str) -> Any:
     return _decode(json.loads((Path(folder) / f"{name}.json").read_text(encoding="utf-8")), tensors)
 
 
-def rng_state(generators: dict[str, torch.Generator] | None = None) -> dict[str, Any]:
-    """Every RNG a training step draws from (python, numpy, torch, CUDA, and the trainer's own generators)."""
-    state = {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-        "torch": torch.get_rng_state(),
-        "generators": {name: g.get_state() for name, g in (generators or {}).items()},
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict[str, Any], generators: dict[str, torch.Generator] | None = None) -> None:
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    np.random.set_state(tuple(state["numpy"]))
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-    for name, g in (generators or {}).items():
-        g.set_state(state["generators"][name])
-
-
 # ------------------------------------------------------------------ a trainer's checkpoint: weights + state + RNG
 
 WEIGHTS_FILE = "model.safetensors"
 STATE_NAME = "trainer_state"  # trainer_state.json + trainer_state.safetensors
+RNG_NAME = "rng_state_{rank}"  # one per process (json + safetensors) when a checkpoint is written by several
 
 
 def save_training_checkpoint(
@@ -447,22 +431,53 @@ def save_training_checkpoint(
     """Write weights (a module, or a dict of tensors), the `state_dict()` of each of `parts` (optimizer,
     scheduler, ...; None is skipped), `extra` counters and the RNG of every generator, atomically.
 
+    Call it on every process: the main one writes weights and state, and under torch.distributed each adds its
+    random state (`rng_state_<rank>`) before the manifest covers them all (all must see the output folder).
     Takes the parent folder's lock, so two runs cannot write into the same place.
     """
     from safetensors.torch import save_file, save_model
 
-    lock_output_dir(Path(checkpoint_dir).parent)
-    state = {name: part.state_dict() if part is not None else None for name, part in parts.items()}
-    state.update(extra or {}, step=int(step), rng=rng_state(generators))
+    rank, world = process_rank()
+    final, rng = Path(checkpoint_dir), rng_state(generators)
+    staged = final.parent / f".{final.name}.tmp-ranks" / final.name  # a name every process can find
 
     def write(folder: Path) -> None:
         if isinstance(weights, torch.nn.Module):
             save_model(weights, str(folder / WEIGHTS_FILE))  # handles tied weights
         else:
             save_file({k: v.detach().contiguous().cpu() for k, v in weights.items()}, str(folder / WEIGHTS_FILE))
+        state = {name: part.state_dict() if part is not None else None for name, part in parts.items()}
+        state.update(extra or {}, step=int(step), rng=rng, num_processes=world)
         save_state(folder, STATE_NAME, state)
 
-    return write_checkpoint(checkpoint_dir, write, step)
+    if rank == 0:
+        lock_output_dir(final.parent)
+        shutil.rmtree(staged.parent, ignore_errors=True)  # left by a crash; the lock keeps other runs out
+        staged.mkdir(parents=True)
+        _fill(staged, final, write)
+    if world > 1:
+        torch.distributed.barrier()
+        if not staged.is_dir():  # the main process made it: this one does not see the same output folder
+            raise CheckpointWriteError(errno.ENOENT, f"process {rank} cannot see {str(staged)!r} (a shared disk?)")
+        _fill(staged, final, lambda folder: save_state(folder, RNG_NAME.format(rank=rank), rng))
+        torch.distributed.barrier()
+    if rank == 0:
+        finish_checkpoint(staged, final, step)
+    if world > 1:  # nobody goes on (or resumes) before the checkpoint is in place
+        torch.distributed.barrier()
+    return final
+
+
+def _restore_rng(folder: Path, state: dict[str, Any], generators: dict[str, torch.Generator] | None) -> None:
+    """Each process takes back its own random state; one the checkpoint has none for keeps its seeded one."""
+    rank, world = process_rank()
+    saved = int(state.get("num_processes", 1))  # checkpoints before per-process files: the main process's only
+    if saved != world and rank == 0:
+        warnings.warn(f"checkpoint {str(folder)!r} holds the random state of {saved} process(es) and is resumed on "
+                      f"{world}: processes 0..{min(saved, world) - 1} restore theirs, any others keep their seeded "
+                      "one, so the run will not repeat the uninterrupted one exactly", stacklevel=3)
+    if rank < saved:
+        set_rng_state(state["rng"] if saved == 1 else load_state(folder, RNG_NAME.format(rank=rank)), generators)
 
 
 def load_training_checkpoint(
@@ -481,5 +496,5 @@ def load_training_checkpoint(
     for name, part in parts.items():
         if part is not None and state.get(name) is not None:
             part.load_state_dict(state[name])
-    set_rng_state(state["rng"], generators)
+    _restore_rng(folder, state, generators)
     return folder, state

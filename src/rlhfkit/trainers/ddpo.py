@@ -33,6 +33,12 @@ from rlhfkit.trainers.checkpointing import (
 from rlhfkit.trainers.ddpo_config import DDPOConfig
 from rlhfkit.trainers.guards import GracefulStop, NonFiniteGuard, NonFiniteStepWarning, loss_scaler_active
 from rlhfkit.trainers.optimizers import fused_optimizer_kwargs
+from rlhfkit.trainers.sharded_state import (
+    gather_optimizer_state,
+    gather_tensors,
+    load_optimizer_state,
+    shard_like,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +82,7 @@ class DDPOTrainer:
         image_samples_hook: Callable[[Any, Any, Any], Any] | None = None,
     ):
         from accelerate import Accelerator
-        from accelerate.utils import ProjectConfiguration, set_seed
+        from accelerate.utils import DistributedType, ProjectConfiguration, set_seed
 
         _check_arguments(config, reward_function, prompt_function, sd_pipeline, image_samples_hook)
         self.config = config
@@ -100,6 +106,7 @@ class DDPOTrainer:
             **config.accelerator_kwargs,
         )
         _forget_stale_dataloaders(self.accelerator)
+        self._fsdp = self.accelerator.distributed_type == DistributedType.FSDP
         if config.log_with is not None:
             scalars = {k: v for k, v in config.to_dict().items() if isinstance(v, int | float | str | bool)}
             self.accelerator.init_trackers(config.tracker_project_name, config=scalars, init_kwargs=config.tracker_kwargs)
@@ -120,9 +127,11 @@ class DDPOTrainer:
             raise ValueError("sd_pipeline.trainable_parameters() is empty: nothing to train")
         for p in params:
             p.data = p.data.float()
-        self.trainable_params = params
         self.optimizer = self._make_optimizer(params)
         self.unet, self.optimizer = self.accelerator.prepare(sd_pipeline.unet, self.optimizer)
+        # taken after `prepare`: FSDP replaces the UNet's parameters by sharded ones (and switches the optimizer
+        # to them); the gradient check and clipping must read those
+        self.trainable_params = sd_pipeline.trainable_parameters()
 
         with torch.no_grad():
             neg = sd_pipeline.encode_prompts([config.negative_prompts], device=device)
@@ -150,7 +159,7 @@ class DDPOTrainer:
                 self.global_step = self.step(epoch, self.global_step)
                 self.first_epoch = epoch + 1
                 stop = self.graceful_stop.should_stop(self.accelerator)
-                if ((epoch + 1) % self.config.save_freq == 0 or stop) and self.accelerator.is_main_process:
+                if (epoch + 1) % self.config.save_freq == 0 or stop:
                     self.save_checkpoint(epoch)
                 if stop:
                     logger.warning("stopping after epoch %d on request; checkpoint saved", epoch)
@@ -321,9 +330,7 @@ class DDPOTrainer:
 
     def _fail_if_exhausted(self, epoch: int) -> None:
         """After too many non-finite steps in a row: save the (unchanged) weights, then raise."""
-        self.nonfinite_guard.fail_if_exhausted(
-            lambda: self.save_checkpoint(epoch) if self.accelerator.is_main_process else None
-        )
+        self.nonfinite_guard.fail_if_exhausted(lambda: self.save_checkpoint(epoch))
 
     def _make_optimizer(self, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
         cfg = self.config
@@ -361,28 +368,43 @@ class DDPOTrainer:
     # --------------------------------------------------------------------------------------------
     def save_pretrained(self, save_directory: str | Path) -> None:
         """Save the trained model in diffusers format (LoRA weights or a full pipeline)."""
+        if self._fsdp:  # the pipeline writes its own (here sharded) tensors; a checkpoint gathers them
+            raise NotImplementedError(
+                "DDPOTrainer.save_pretrained does not support a UNet sharded by FSDP yet: write a checkpoint "
+                "(save_checkpoint, on every rank), resume it in one process (DDPOConfig.resume_from) and call "
+                "save_pretrained there"
+            )
         self.sd_pipeline.save_pretrained(save_directory)
 
     def save_checkpoint(self, epoch: int) -> Path:
         """Write `checkpoint-<epochs done>` (trained weights, optimiser, RNG, counters), keep the newest
-        `num_checkpoint_limit`. Format, checksums and lock: `rlhfkit.trainers.checkpointing`."""
-        final = save_training_checkpoint(
-            self.checkpoint_dir / f"checkpoint-{epoch + 1}", epoch + 1, self.sd_pipeline.trainable_state_dict(),
-            self._checkpoint_parts(), extra={"epoch": epoch, "global_step": self.global_step},
-        )
-        prune_checkpoints(self.checkpoint_dir, self.config.num_checkpoint_limit, protect=(str(final),))
+        `num_checkpoint_limit`. Format, checksums and lock: `rlhfkit.trainers.checkpointing`. Call it on every
+        rank: the main process writes, after (under FSDP) every rank has helped gather the shards, and each
+        rank adds its own RNG state."""
+        final = self.checkpoint_dir / f"checkpoint-{epoch + 1}"
+        weights, extra = self.sd_pipeline.trainable_state_dict(), {"epoch": epoch, "global_step": self.global_step}
+        if self._fsdp:  # whole tensors from the shards; the optimizer's too (`_checkpoint_parts` leaves it out)
+            weights = gather_tensors(weights)
+            extra["optimizer"] = gather_optimizer_state(self.unet, self.optimizer)
+        save_training_checkpoint(final, epoch + 1, weights, self._checkpoint_parts(), extra=extra)
+        if self.accelerator.is_main_process:
+            prune_checkpoints(self.checkpoint_dir, self.config.num_checkpoint_limit, protect=(str(final),))
         return final
 
     def _load_checkpoint(self, path: Path) -> None:
         from safetensors.torch import load_file
 
         path, state = load_training_checkpoint(path, self._checkpoint_parts())
-        self.sd_pipeline.load_trainable_state_dict(load_file(str(path / WEIGHTS_FILE)))
+        weights = load_file(str(path / WEIGHTS_FILE))
+        if self._fsdp:  # every rank read the whole tensors; each keeps its own shard of them
+            weights = shard_like(self.sd_pipeline.trainable_state_dict(), weights)
+            load_optimizer_state(self.unet, self.optimizer, state["optimizer"])
+        self.sd_pipeline.load_trainable_state_dict(weights)
         self.first_epoch, self.global_step = state["epoch"] + 1, state["global_step"]
         logger.info("resumed from %s at epoch %d, global step %d", path, self.first_epoch, self.global_step)
 
     def _checkpoint_parts(self) -> dict[str, Any]:
-        return {"optimizer": self.optimizer, "stat_tracker": self.stat_tracker}
+        return {"optimizer": None if self._fsdp else self.optimizer, "stat_tracker": self.stat_tracker}
 
 
 def _forget_stale_dataloaders(accelerator: Any) -> None:

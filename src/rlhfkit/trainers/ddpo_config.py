@@ -3,90 +3,72 @@
 from __future__ import annotations
 
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 
 from rlhfkit.trainers.config_checks import check_field_types, exact_div
+from rlhfkit.trainers.config_fields import AccelerateTracking, NonfiniteStepLimit, option
 
 MIXED_PRECISION_CHOICES = ("no", "fp16", "bf16")
 
 
 @dataclass
-class DDPOConfig:
+class DDPOConfig(AccelerateTracking, NonfiniteStepLimit):
     """Configuration of a DDPO run (sampling, reward normalisation, PPO-style updates, logging)."""
 
-    run_name: str = field(default="", metadata={"help": "Name of the run; checkpoints go to logdir/run_name."})
-    seed: int = field(default=42, metadata={"help": "Random seed for sampling, prompts and initialisation."})
-    logdir: str = field(default="logs", metadata={"help": "Top-level folder for checkpoints and tracker logs."})
-    log_with: str | None = field(
-        default=None, metadata={"help": "Tracker for accelerate to log to, e.g. 'tensorboard' or 'wandb'."}
+    run_name: str = option("", "Name of the run; checkpoints go to logdir/run_name.")
+    seed: int = option(42, "Random seed for sampling, prompts and initialisation.")
+    logdir: str = option("logs", "Top-level folder for checkpoints and tracker logs.")
+    num_epochs: int = option(100, "Number of epochs (sample, score, train) to run.")
+    save_freq: int = option(1, "Save a checkpoint every this many epochs.")
+    num_checkpoint_limit: int = option(5, "Keep at most this many checkpoints.")
+    mixed_precision: str = option(
+        "fp16", "'no', 'fp16' or 'bf16'. fp16 needs a GPU: without one it falls back to 'no' with a warning."
     )
-    tracker_kwargs: dict = field(default_factory=dict, metadata={"help": "Keyword arguments for the tracker."})
-    accelerator_kwargs: dict = field(default_factory=dict, metadata={"help": "Extra keyword arguments for Accelerator."})
-    project_kwargs: dict = field(
-        default_factory=dict, metadata={"help": "Keyword arguments for accelerate's ProjectConfiguration."}
+    allow_tf32: bool = option(True, "Allow TF32 matmuls on Ampere and newer GPUs.")
+    resume_from: str = option(
+        "", "Checkpoint folder to resume from, or a checkpoints folder (the latest is used)."
     )
-    tracker_project_name: str = field(default="trl", metadata={"help": "Project name the trackers log under."})
-    num_epochs: int = field(default=100, metadata={"help": "Number of epochs (sample, score, train) to run."})
-    save_freq: int = field(default=1, metadata={"help": "Save a checkpoint every this many epochs."})
-    num_checkpoint_limit: int = field(default=5, metadata={"help": "Keep at most this many checkpoints."})
-    max_consecutive_nonfinite_steps: int = field(
-        default=3,
-        metadata={
-            "help": "An epoch with NaN/inf rewards, or an optimizer step with NaN/inf gradients, is skipped; after "
-            "this many in a row the trainer saves a checkpoint of its last good state and stops."
-        },
+    sample_num_steps: int = option(50, "Number of DDIM denoising steps per sample.")
+    sample_eta: float = option(1.0, "DDIM eta: noise level of each step, must be > 0.")
+    sample_guidance_scale: float = option(5.0, "Classifier-free guidance scale.")
+    sample_batch_size: int = option(1, "Images sampled per batch (per process).")
+    sample_num_batches_per_epoch: int = option(2, "Sampling batches per epoch.")
+    train_batch_size: int = option(1, "Trajectories per training batch (per process).")
+    train_use_8bit_adam: bool = option(False, "Use bitsandbytes' 8-bit AdamW.")
+    train_learning_rate: float = option(3e-4, "AdamW learning rate.")
+    train_adam_beta1: float = option(0.9, "AdamW beta1.")
+    train_adam_beta2: float = option(0.999, "AdamW beta2.")
+    train_adam_weight_decay: float = option(1e-4, "AdamW weight decay.")
+    train_adam_epsilon: float = option(1e-8, "AdamW epsilon.")
+    train_gradient_accumulation_steps: int = option(
+        1, "Training batches per optimiser step (each batch covers all its timesteps)."
     )
-    mixed_precision: str = field(
-        default="fp16",
-        metadata={"help": "'no', 'fp16' or 'bf16'. fp16 needs a GPU: without one it falls back to 'no' with a warning."},
+    train_max_grad_norm: float = option(1.0, "Gradient-norm clipping threshold.")
+    train_num_inner_epochs: int = option(1, "Passes over each epoch's samples.")
+    train_cfg: bool = option(True, "Use classifier-free guidance when re-scoring steps.")
+    train_adv_clip_max: float = option(5.0, "Advantages are clamped to +-this value.")
+    train_clip_range: float = option(1e-4, "PPO clip range of the probability ratio.")
+    train_timestep_fraction: float = option(
+        1.0, "Fraction of each trajectory's timesteps trained on (picked at random)."
     )
-    allow_tf32: bool = field(default=True, metadata={"help": "Allow TF32 matmuls on Ampere and newer GPUs."})
-    resume_from: str = field(
-        default="", metadata={"help": "Checkpoint folder to resume from, or a checkpoints folder (the latest is used)."}
+    train_use_lora: bool = option(True, "Train LoRA adapters on the UNet rather than the whole UNet.")
+    per_prompt_stat_tracking: bool = option(
+        False, "Normalise rewards per prompt (running history) instead of per batch."
     )
-    sample_num_steps: int = field(default=50, metadata={"help": "Number of DDIM denoising steps per sample."})
-    sample_eta: float = field(default=1.0, metadata={"help": "DDIM eta: noise level of each step, must be > 0."})
-    sample_guidance_scale: float = field(default=5.0, metadata={"help": "Classifier-free guidance scale."})
-    sample_batch_size: int = field(default=1, metadata={"help": "Images sampled per batch (per process)."})
-    sample_num_batches_per_epoch: int = field(default=2, metadata={"help": "Sampling batches per epoch."})
-    train_batch_size: int = field(default=1, metadata={"help": "Trajectories per training batch (per process)."})
-    train_use_8bit_adam: bool = field(default=False, metadata={"help": "Use bitsandbytes' 8-bit AdamW."})
-    train_learning_rate: float = field(default=3e-4, metadata={"help": "AdamW learning rate."})
-    train_adam_beta1: float = field(default=0.9, metadata={"help": "AdamW beta1."})
-    train_adam_beta2: float = field(default=0.999, metadata={"help": "AdamW beta2."})
-    train_adam_weight_decay: float = field(default=1e-4, metadata={"help": "AdamW weight decay."})
-    train_adam_epsilon: float = field(default=1e-8, metadata={"help": "AdamW epsilon."})
-    train_gradient_accumulation_steps: int = field(
-        default=1, metadata={"help": "Training batches per optimiser step (each batch covers all its timesteps)."}
+    per_prompt_stat_tracking_buffer_size: int = option(
+        16, "Rewards remembered per prompt for per-prompt normalisation."
     )
-    train_max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient-norm clipping threshold."})
-    train_num_inner_epochs: int = field(default=1, metadata={"help": "Passes over each epoch's samples."})
-    train_cfg: bool = field(default=True, metadata={"help": "Use classifier-free guidance when re-scoring steps."})
-    train_adv_clip_max: float = field(default=5.0, metadata={"help": "Advantages are clamped to +-this value."})
-    train_clip_range: float = field(default=1e-4, metadata={"help": "PPO clip range of the probability ratio."})
-    train_timestep_fraction: float = field(
-        default=1.0, metadata={"help": "Fraction of each trajectory's timesteps trained on (picked at random)."}
+    per_prompt_stat_tracking_min_count: int = option(
+        16, "Rewards a prompt needs before its own statistics are used."
     )
-    train_use_lora: bool = field(
-        default=True, metadata={"help": "Train LoRA adapters on the UNet rather than the whole UNet."}
+    async_reward_computation: bool = option(
+        False, "Compute rewards in a thread pool while sampling continues."
     )
-    per_prompt_stat_tracking: bool = field(
-        default=False, metadata={"help": "Normalise rewards per prompt (running history) instead of per batch."}
-    )
-    per_prompt_stat_tracking_buffer_size: int = field(
-        default=16, metadata={"help": "Rewards remembered per prompt for per-prompt normalisation."}
-    )
-    per_prompt_stat_tracking_min_count: int = field(
-        default=16, metadata={"help": "Rewards a prompt needs before its own statistics are used."}
-    )
-    async_reward_computation: bool = field(
-        default=False, metadata={"help": "Compute rewards in a thread pool while sampling continues."}
-    )
-    max_workers: int = field(default=2, metadata={"help": "Threads for asynchronous reward computation."})
-    negative_prompts: str = field(default="", metadata={"help": "Negative prompt used for classifier-free guidance."})
+    max_workers: int = option(2, "Threads for asynchronous reward computation.")
+    negative_prompts: str = option("", "Negative prompt used for classifier-free guidance.")
 
     def __post_init__(self) -> None:
         if self.mixed_precision is None:

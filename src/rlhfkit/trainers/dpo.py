@@ -18,29 +18,23 @@ from typing import Any
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
-from transformers import AutoModelForCausalLM, Trainer
+from transformers import AutoModelForCausalLM
 
 from rlhfkit.core.logprobs import selective_log_softmax
 from rlhfkit.core.losses import dpo_loss
 from rlhfkit.data.collators import DPODataCollatorWithPadding, cat_padded
 from rlhfkit.data.preference import prepare_dpo_dataset
 from rlhfkit.models.reference import Reference, choose_reference
-from rlhfkit.rollout.scoring import forward_accepts
+from rlhfkit.rollout.lm_head import chunked_label_logprobs
+from rlhfkit.rollout.scoring import _logits_exceed_one_chunk, forward_accepts
 from rlhfkit.trainers import hf_trainer_setup
 from rlhfkit.trainers.dpo_config import DPOConfig
-from rlhfkit.trainers.guards import RobustTrainerMixin
-from rlhfkit.trainers.hf_trainer_setup import (
-    MetricBuffer,
-    load_model,
-    load_policy,
-    prepare_splits,
-    resolve_args,
-)
+from rlhfkit.trainers.hf_trainer_setup import MetricBuffer, SeedKeywordTrainer, load_model, load_policy
 
 logger = logging.getLogger(__name__)
 
 
-class DPOTrainer(RobustTrainerMixin, Trainer):
+class DPOTrainer(SeedKeywordTrainer):
     """`transformers.Trainer` for DPO; seed 001's keyword arguments override the matching `args` fields.
 
     `ref_model=None` means, for a PEFT policy (or when `peft_config` is given): its frozen SFT
@@ -49,6 +43,10 @@ class DPOTrainer(RobustTrainerMixin, Trainer):
     Seed 001's `tokenizer=` is another name for `processing_class=`.
     """
 
+    config_class = DPOConfig
+    default_output_dir = "dpo_model"
+    seed_keywords = ("beta", "label_pad_token_id", "padding_value", "truncation_mode", "max_length",
+                     "max_prompt_length", "disable_dropout")
     # compute_loss returns a per-pair mean, so Trainer must divide by the accumulation steps itself
     loss_is_scaled_for_ga = False
 
@@ -62,32 +60,21 @@ class DPOTrainer(RobustTrainerMixin, Trainer):
         label_pad_token_id: int | None = None,
         padding_value: int | None = None,
         truncation_mode: str | None = None,
-        train_dataset: Any = None,
-        eval_dataset: Any = None,
-        processing_class: Any = None,
-        model_init: Callable | None = None,
-        callbacks: list | None = None,
-        optimizers: tuple = (None, None),
-        preprocess_logits_for_metrics: Callable | None = None,
-        max_length: int | None = None,
-        max_prompt_length: int | None = None,
-        peft_config: Any = None,
-        disable_dropout: bool | None = None,
-        compute_metrics: Callable | None = None,
-        *,
-        tokenizer: Any = None,
+        **kwargs: Any,
     ):
-        owner = "DPOTrainer"
-        args, processing_class = resolve_args(
-            owner, DPOConfig, "dpo_model", args, model, model_init, processing_class, tokenizer,
-            beta=beta,
-            label_pad_token_id=label_pad_token_id,
-            padding_value=padding_value,
-            truncation_mode=truncation_mode,
-            max_length=max_length,
-            max_prompt_length=max_prompt_length,
-            disable_dropout=disable_dropout,
+        """Seed 001's leading arguments in its order; the rest (train_dataset=, processing_class=/tokenizer=,
+        max_length=, peft_config=, compute_metrics=, ...) by keyword, as `SeedKeywordTrainer` takes them."""
+        self._ref_model_argument = ref_model
+        super().__init__(
+            model, args, data_collator, beta=beta, label_pad_token_id=label_pad_token_id,
+            padding_value=padding_value, truncation_mode=truncation_mode, **kwargs,
         )
+        if self.ref_model is not None:
+            self.ref_model = self.accelerator.prepare_model(self.ref_model, evaluation_mode=True)
+
+    def _setup(self, model: Any, args: DPOConfig, processing_class: Any, peft_config: Any) -> tuple[Any, Any]:
+        owner, ref_model = type(self).__name__, self._ref_model_argument
+        del self._ref_model_argument
         if model is None and ref_model is None and not args.reference_free:
             # the default reference is a copy of `model`, which model_init only builds later
             raise ValueError(
@@ -105,29 +92,12 @@ class DPOTrainer(RobustTrainerMixin, Trainer):
         self.label_pad_token_id = args.label_pad_token_id
         self.beta = args.beta
         self.loss_type = args.loss_type
-
-        train_dataset, eval_dataset = prepare_splits(
-            train_dataset, eval_dataset, lambda ds, arg: self._prepare(ds, processing_class, args, arg)
-        )
-        if data_collator is None:
-            data_collator = DPODataCollatorWithPadding(self.padding_value, self.label_pad_token_id)
         self._metrics = MetricBuffer()
         self.eval_samples: list[dict[str, str]] = []
-        super().__init__(
-            model=model,
-            args=args,
-            data_collator=data_collator,
-            train_dataset=train_dataset,
-            eval_dataset=eval_dataset,
-            processing_class=processing_class,
-            model_init=model_init,
-            compute_metrics=compute_metrics,
-            callbacks=callbacks,
-            optimizers=optimizers,
-            preprocess_logits_for_metrics=preprocess_logits_for_metrics,
-        )
-        if self.ref_model is not None:
-            self.ref_model = self.accelerator.prepare_model(self.ref_model, evaluation_mode=True)
+        return model, args
+
+    def _default_collator(self, args: DPOConfig, processing_class: Any) -> Callable:
+        return DPODataCollatorWithPadding(self.padding_value, self.label_pad_token_id)
 
     @staticmethod
     def _padding_value(args: DPOConfig, processing_class: Any) -> int:
@@ -236,6 +206,40 @@ class DPOTrainer(RobustTrainerMixin, Trainer):
         n = batch["chosen_input_ids"].shape[0]
         return logps[:n], logps[n:], logits[:n], logits[n:]
 
+    def _concatenated_logps(
+        self, model: nn.Module, batch: dict[str, torch.Tensor], with_mean_logits: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """(chosen_logps, rejected_logps, chosen mean logit, rejected mean logit), (B,) each; means None unless asked.
+
+        Training and the reference pass use it. When the (2B, T, V) logits would outgrow one chunk and the head
+        is a plain linear layer, the label tokens are scored in chunks from the final hidden states
+        (`rollout.lm_head`): no (2B, T', V) tensor. Otherwise, or when a subclass overrides
+        `concatenated_forward`, it is `concatenated_forward` plus `_mean_response_logit`: same numbers.
+        """
+        inputs = self.concatenated_inputs(batch)
+        labels, n, chunked = inputs["concatenated_labels"], batch["chosen_input_ids"].shape[0], None
+        own_forward = type(self).concatenated_forward is DPOTrainer.concatenated_forward
+        if own_forward and _logits_exceed_one_chunk(model, labels.numel()):
+            chunked = chunked_label_logprobs(
+                model, labels, ignore_index=self.label_pad_token_id, with_mean_logits=with_mean_logits,
+                input_ids=inputs["concatenated_input_ids"], attention_mask=inputs["concatenated_attention_mask"],
+                use_cache=False,
+            )  # fmt: skip
+        if chunked is None:  # full logits: small enough, a custom forward, or a head the chunked path lacks
+            chosen, rejected, logits_chosen, logits_rejected = self.concatenated_forward(model, batch)
+            if not with_mean_logits:
+                return chosen, rejected, None, None
+            # taken now, so the (B, T', V) logits are not alive during the reference pass
+            mean_chosen = self._mean_response_logit(logits_chosen, labels[:n])
+            return chosen, rejected, mean_chosen, self._mean_response_logit(logits_rejected, labels[n:])
+        logprobs, mask, mean_logits = chunked
+        logps = logprobs.sum(-1)
+        if not with_mean_logits:
+            return logps[:n], logps[n:], None, None
+        # over the positions that predict response tokens, as `_mean_response_logit` averages them
+        means = (mean_logits * mask).sum(1) / mask.sum(1).clamp(min=1)
+        return logps[:n], logps[n:], means[:n], means[n:]
+
     def _mean_response_logit(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Mean logit over the vocabulary at the positions that predict response tokens: (N, T', V) -> (N,).
 
@@ -280,7 +284,7 @@ class DPOTrainer(RobustTrainerMixin, Trainer):
             zeros = torch.zeros(batch["chosen_input_ids"].shape[0], device=batch["chosen_input_ids"].device)
             return zeros, zeros
         with torch.no_grad(), self._reference() as ref:
-            chosen, rejected, _, _ = self.concatenated_forward(ref, batch)
+            chosen, rejected, _, _ = self._concatenated_logps(ref, batch)
         return chosen, rejected
 
     # --- loss and metrics ---------------------------------------------------------------------------
@@ -319,15 +323,10 @@ class DPOTrainer(RobustTrainerMixin, Trainer):
         self, model: nn.Module, batch: dict[str, torch.Tensor], train_eval: str
     ) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
         """`get_batch_metrics` plus the per-pair implicit rewards (B, 2) [chosen, rejected]."""
-        # 1. policy log-probs of both responses, one forward pass
-        policy_chosen, policy_rejected, logits_chosen, logits_rejected = self.concatenated_forward(
-            model, batch
+        # 1. policy log-probs of both responses and their logged mean logits, one forward pass
+        policy_chosen, policy_rejected, logits_chosen, logits_rejected = self._concatenated_logps(
+            model, batch, with_mean_logits=True
         )
-        # the logged mean logits, taken now so the (B, T', V) logits are not alive during the reference pass
-        n = policy_chosen.shape[0]
-        labels = cat_padded(batch["chosen_labels"], batch["rejected_labels"], self.label_pad_token_id)
-        logits_chosen = self._mean_response_logit(logits_chosen, labels[:n])
-        logits_rejected = self._mean_response_logit(logits_rejected, labels[n:])
         # 2. reference log-probs (precomputed, or a no-grad forward)
         ref_chosen, ref_rejected = self.reference_logps(batch)
         # 3. DPO loss and implicit rewards beta * (log pi - log ref)

@@ -2,76 +2,48 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from rlhfkit.trainers.hf_trainer_config import HFTrainerConfig, ModelInitKwargs
+from rlhfkit.trainers.config_fields import option
+from rlhfkit.trainers.hf_trainer_config import HFTrainerConfig, MaxLength, ModelInitKwargs, TokenizesDatasets
 
 TRUNCATION_MODES = ("keep_end", "keep_start")
 
 
 @dataclass
-class DPOConfig(ModelInitKwargs, HFTrainerConfig):
+class DPOConfig(ModelInitKwargs, TokenizesDatasets, MaxLength, HFTrainerConfig):
     """Configuration for `DPOTrainer`; every `transformers.TrainingArguments` field also applies."""
 
-    beta: float = field(
-        default=0.1,
-        metadata={
-            "help": "Strength of the implicit KL to the reference: larger beta keeps the policy closer."
-        },
+    beta: float = option(
+        0.1, "Strength of the implicit KL to the reference: larger beta keeps the policy closer."
     )
-    loss_type: str = field(
-        default="sigmoid", metadata={"help": "DPO loss variant: 'sigmoid' (DPO), 'hinge' (SLiC) or 'ipo'."}
+    loss_type: str = option("sigmoid", "DPO loss variant: 'sigmoid' (DPO), 'hinge' (SLiC) or 'ipo'.")
+    label_smoothing: float = option(
+        0.0, "Assumed probability that a preference label is flipped (conservative DPO), in [0, 0.5)."
     )
-    label_smoothing: float = field(
-        default=0.0,
-        metadata={
-            "help": "Assumed probability that a preference label is flipped (conservative DPO), in [0, 0.5)."
-        },
+    reference_free: bool = option(
+        False, "Use a uniform reference (reference log-probs = 0) instead of a model."
     )
-    reference_free: bool = field(
-        default=False,
-        metadata={"help": "Use a uniform reference (reference log-probs = 0) instead of a model."},
+    max_prompt_length: int | None = option(
+        128, "Prompt tokens kept when prompt + response is longer than max_length. None: no limit."
     )
-    max_length: int | None = field(
-        default=512, metadata={"help": "Longest prompt + response, in tokens. None: no limit."}
+    truncation_mode: str = option(
+        "keep_end", "Which prompt tokens to keep when truncating: 'keep_end' (latest) or 'keep_start'."
     )
-    max_prompt_length: int | None = field(
-        default=128,
-        metadata={
-            "help": "Prompt tokens kept when prompt + response is longer than max_length. None: no limit."
-        },
+    label_pad_token_id: int = option(
+        -100, "Label value for positions that carry no loss (prompt and padding)."
     )
-    truncation_mode: str = field(
-        default="keep_end",
-        metadata={
-            "help": "Which prompt tokens to keep when truncating: 'keep_end' (latest) or 'keep_start'."
-        },
+    padding_value: int | None = option(
+        None, "Token id used to pad input_ids. None: the tokenizer's pad token."
     )
-    label_pad_token_id: int = field(
-        default=-100, metadata={"help": "Label value for positions that carry no loss (prompt and padding)."}
+    disable_dropout: bool = option(True, "Set dropout to 0 in the policy and reference models.")
+    precompute_ref_log_probs: bool = option(
+        False, "Compute reference log-probs once over the datasets, so a step runs only the policy."
     )
-    padding_value: int | None = field(
-        default=None, metadata={"help": "Token id used to pad input_ids. None: the tokenizer's pad token."}
+    generate_during_eval: bool = option(
+        False, "Log a few policy and reference generations at every evaluation."
     )
-    disable_dropout: bool = field(
-        default=True, metadata={"help": "Set dropout to 0 in the policy and reference models."}
-    )
-    precompute_ref_log_probs: bool = field(
-        default=False,
-        metadata={
-            "help": "Compute reference log-probs once over the datasets, so a step runs only the policy."
-        },
-    )
-    generate_during_eval: bool = field(
-        default=False, metadata={"help": "Log a few policy and reference generations at every evaluation."}
-    )
-    max_new_tokens_eval: int = field(
-        default=32, metadata={"help": "New tokens per generation when generate_during_eval is on."}
-    )
-    dataset_num_proc: int | None = field(default=None, metadata={"help": "Worker processes for tokenising."})
-    remove_unused_columns: bool = field(
-        default=False, metadata={"help": "Kept False: the pair columns are not arguments of forward()."}
-    )
+    max_new_tokens_eval: int = option(32, "New tokens per generation when generate_during_eval is on.")
 
     def validate(self) -> None:
         from rlhfkit.core.losses import DPO_LOSSES

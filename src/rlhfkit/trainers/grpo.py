@@ -41,7 +41,7 @@ from rlhfkit.trainers.guards import RobustTrainerMixin, any_across_ranks
 from rlhfkit.trainers.hf_trainer_setup import disable_dropout, load_model, load_policy, resolve_args
 from rlhfkit.trainers.online_loop import OnlineTrainerLoop
 from rlhfkit.trainers.rloo_data import PromptSchedule, check_prompts, datasets_by_argument, tokenize_datasets
-from rlhfkit.trainers.sample_table import RichProgressCallback, print_sample_table, save_samples
+from rlhfkit.trainers.sample_table import RichProgressCallback, print_sample_table, save_samples, text_writer
 
 OWNER = "GRPOTrainer"
 
@@ -306,7 +306,11 @@ class GRPOTrainer(OnlineTrainerLoop, RobustTrainerMixin, Trainer):
         prompts = self.processing_class.batch_decode(batch.query_ids[:n], skip_special_tokens=True)
         scores = batch.scores[:n].tolist()
         print_sample_table(prompts, groups.completions[:n], scores, title=f"completions, update {self.state.global_step}")
-        save_samples(args.output_dir, self.state.global_step, prompts, groups.completions[:n], scores)
+        per_source = {  # each reward function's own score, next to the weighted sum
+            f"score/{name}": values[:n].tolist() for name, values in zip(self.reward_func_names, groups.per_source)
+        } if len(self.reward_func_names) > 1 else None
+        save_samples(args.output_dir, self.state.global_step, prompts, groups.completions[:n], scores,
+                     table="completions", columns=per_source, writer=text_writer(self))
 
     def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
         raise NotImplementedError(f"{OWNER} has no evaluation loop yet; log_completions shows sampled completions")

@@ -14,10 +14,11 @@ batch must hold whole groups (TRL lets a group span two micro-batches or two pro
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from rlhfkit.core.policy_losses import POLICY_LOSSES
 from rlhfkit.trainers.config_checks import check_positive_integers, exact_div
+from rlhfkit.trainers.config_fields import ZeRO3Generation, option
 from rlhfkit.trainers.hf_trainer_config import HFTrainerConfig, ModelInitKwargs
 
 LOSS_TYPES = tuple(POLICY_LOSSES)
@@ -26,115 +27,48 @@ IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 
 
 @dataclass
-class GRPOConfig(ModelInitKwargs, HFTrainerConfig):
+class GRPOConfig(ZeRO3Generation, ModelInitKwargs, HFTrainerConfig):
     """Configuration for `GRPOTrainer`; every `transformers.TrainingArguments` field also applies."""
 
-    learning_rate: float = field(default=1e-6, metadata={"help": "Initial AdamW learning rate (TRL's GRPO default)."})
-    logging_steps: float = field(default=10, metadata={"help": "Log the metrics every this many updates."})
-    remove_unused_columns: bool | None = field(
-        default=False, metadata={"help": "Kept False: every dataset column reaches the reward functions."}
-    )
+    learning_rate: float = option(1e-6, "Initial AdamW learning rate (TRL's GRPO default).")
+    logging_steps: float = option(10, "Log the metrics every this many updates.")
+    remove_unused_columns: bool | None = option(False, "Kept False: every dataset column reaches the reward functions.")
     # ---------------------------------------------------------------- data and generation
-    num_generations: int = field(
-        default=8, metadata={"help": "Completions sampled per prompt (the group; >= 2)."}
-    )
-    max_prompt_length: int | None = field(
-        default=512, metadata={"help": "Prompts longer than this many tokens keep their last ones (None: no limit)."}
-    )
-    max_completion_length: int = field(default=512, metadata={"help": "Maximum number of generated tokens."})
-    generation_batch_size: int | None = field(
-        default=None,
-        metadata={
-            "help": "Completions per generation, all processes. Default: per_device_train_batch_size * processes "
-            "* steps_per_generation. Give this or steps_per_generation, not both."
-        },
-    )
-    steps_per_generation: int | None = field(
-        default=None,
-        metadata={"help": "Micro-batches each generation feeds (default: gradient_accumulation_steps)."},
-    )
-    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature (also applied to logprobs)."})
-    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling: keep the top tokens up to this mass."})
-    top_k: int = field(default=0, metadata={"help": "Sample among the k most likely tokens (0: all)."})
-    min_p: float | None = field(
-        default=None, metadata={"help": "Drop tokens below min_p times the top token's probability."}
-    )
-    repetition_penalty: float = field(
-        default=1.0, metadata={"help": "Penalise tokens already in the prompt or completion (>1: fewer repeats)."}
-    )
-    generation_kwargs: dict | None = field(
-        default=None, metadata={"help": "Further transformers GenerationConfig settings; they win over the above."}
-    )
-    ds3_gather_for_generation: bool = field(
-        default=True,
-        metadata={"help": "DeepSpeed ZeRO-3 only: gather the policy weights for generation (faster)."},
-    )
+    num_generations: int = option(8, "Completions sampled per prompt (the group; >= 2).")
+    max_prompt_length: int | None = option(512, "Prompts longer than this many tokens keep their last ones (None: no limit).")
+    max_completion_length: int = option(512, "Maximum number of generated tokens.")
+    generation_batch_size: int | None = option(None, "Completions per generation, all processes. Default: per_device_train_batch_size * processes "
+            "* steps_per_generation. Give this or steps_per_generation, not both.")
+    steps_per_generation: int | None = option(None, "Micro-batches each generation feeds (default: gradient_accumulation_steps).")
+    temperature: float = option(1.0, "Sampling temperature (also applied to logprobs).")
+    top_p: float = option(1.0, "Nucleus sampling: keep the top tokens up to this mass.")
+    top_k: int = option(0, "Sample among the k most likely tokens (0: all).")
+    min_p: float | None = option(None, "Drop tokens below min_p times the top token's probability.")
+    repetition_penalty: float = option(1.0, "Penalise tokens already in the prompt or completion (>1: fewer repeats).")
+    generation_kwargs: dict | None = option(None, "Further transformers GenerationConfig settings; they win over the above.")
     # ---------------------------------------------------------------- the loss
-    beta: float = field(
-        default=0.0, metadata={"help": "KL coefficient. 0 (default): no reference model is built or loaded."}
-    )
-    num_iterations: int = field(
-        default=1, metadata={"help": "Passes over each generation batch (mu in the GRPO paper)."}
-    )
-    epsilon: float = field(default=0.2, metadata={"help": "Lower clipping range of the ratio (and upper by default)."})
-    epsilon_high: float | None = field(
-        default=None, metadata={"help": "Upper clipping range (DAPO's clip-higher); default: epsilon."}
-    )
-    delta: float | None = field(
-        default=None, metadata={"help": "Two-sided clipping: cap the ratio at delta for negative advantages (> 1)."}
-    )
-    importance_sampling_level: str = field(
-        default="token",
-        metadata={"help": "'token': one ratio per token; 'sequence': one per completion (GSPO)."},
-    )
-    loss_type: str = field(
-        default="dapo",
-        metadata={"help": "How token losses are aggregated: grpo, dr_grpo, dapo (default), bnpo, gspo or cispo."},
-    )
-    scale_rewards: str = field(
-        default="group",
-        metadata={"help": "Divide advantages by the reward std of the 'group', the 'batch', or 'none' (True/False)."},
-    )
-    mask_truncated_completions: bool = field(
-        default=False, metadata={"help": "Leave completions that hit max_completion_length out of the loss (DAPO)."}
-    )
-    reward_weights: list[float] | None = field(
-        default=None, metadata={"help": "One weight per reward function (default: all 1)."}
-    )
-    top_entropy_quantile: float = field(
-        default=1.0,
-        metadata={"help": "Train only on the top quantile of tokens by entropy (1.0: all; the paper uses 0.2)."},
-    )
-    use_bias_correction_kl: bool = field(
-        default=True,
-        metadata={"help": "Weight the per-token KL by the importance ratio (unbiased reverse-KL gradient)."},
-    )
-    sync_ref_model: bool = field(
-        default=False, metadata={"help": "Mix the reference toward the policy every ref_model_sync_steps (TR-DPO)."}
-    )
-    ref_model_mixup_alpha: float = field(
-        default=0.6, metadata={"help": "ref = alpha * policy + (1 - alpha) * ref at each sync."}
-    )
-    ref_model_sync_steps: int = field(default=512, metadata={"help": "Updates between two reference syncs."})
+    beta: float = option(0.0, "KL coefficient. 0 (default): no reference model is built or loaded.")
+    num_iterations: int = option(1, "Passes over each generation batch (mu in the GRPO paper).")
+    epsilon: float = option(0.2, "Lower clipping range of the ratio (and upper by default).")
+    epsilon_high: float | None = option(None, "Upper clipping range (DAPO's clip-higher); default: epsilon.")
+    delta: float | None = option(None, "Two-sided clipping: cap the ratio at delta for negative advantages (> 1).")
+    importance_sampling_level: str = option("token", "'token': one ratio per token; 'sequence': one per completion (GSPO).")
+    loss_type: str = option("dapo", "How token losses are aggregated: grpo, dr_grpo, dapo (default), bnpo, gspo or cispo.")
+    scale_rewards: str = option("group", "Divide advantages by the reward std of the 'group', the 'batch', or 'none' (True/False).")
+    mask_truncated_completions: bool = option(False, "Leave completions that hit max_completion_length out of the loss (DAPO).")
+    reward_weights: list[float] | None = option(None, "One weight per reward function (default: all 1).")
+    top_entropy_quantile: float = option(1.0, "Train only on the top quantile of tokens by entropy (1.0: all; the paper uses 0.2).")
+    use_bias_correction_kl: bool = option(True, "Weight the per-token KL by the importance ratio (unbiased reverse-KL gradient).")
+    sync_ref_model: bool = option(False, "Mix the reference toward the policy every ref_model_sync_steps (TR-DPO).")
+    ref_model_mixup_alpha: float = option(0.6, "ref = alpha * policy + (1 - alpha) * ref at each sync.")
+    ref_model_sync_steps: int = option(512, "Updates between two reference syncs.")
     # ---------------------------------------------------------------- DAPO dynamic sampling (not in TRL)
-    dynamic_sampling: bool = field(
-        default=False,
-        metadata={
-            "help": "DAPO: drop groups whose rewards are all equal (no learning signal) and sample more prompts "
-            "until the generation batch is full, at most max_sampling_rounds rounds."
-        },
-    )
-    max_sampling_rounds: int = field(
-        default=3,
-        metadata={"help": "Dynamic sampling: generation rounds per batch at most; then dropped groups fill the rest."},
-    )
+    dynamic_sampling: bool = option(False, "DAPO: drop groups whose rewards are all equal (no learning signal) and sample more prompts "
+            "until the generation batch is full, at most max_sampling_rounds rounds.")
+    max_sampling_rounds: int = option(3, "Dynamic sampling: generation rounds per batch at most; then dropped groups fill the rest.")
     # ---------------------------------------------------------------- logging
-    log_completions: bool = field(
-        default=False, metadata={"help": "Print a table of sampled completions and rewards every logging step."}
-    )
-    num_completions_to_print: int | None = field(
-        default=None, metadata={"help": "Rows of that table (None: all)."}
-    )
+    log_completions: bool = option(False, "Print a table of sampled completions and rewards every logging step.")
+    num_completions_to_print: int | None = option(None, "Rows of that table (None: all).")
 
     def __post_init__(self):
         # TRL accepted booleans for scale_rewards; the command line passes strings

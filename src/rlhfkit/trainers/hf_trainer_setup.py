@@ -1,20 +1,24 @@
 """How the Trainer-style trainers (reward, SFT, DPO) set themselves up before `Trainer.__init__`.
 
-Each __init__ runs the same spine: `resolve_args` (config, keyword overrides, tokenizer), `load_policy`
-(a path is loaded, then wrapped with PEFT), `prepare_splits` (train and eval data); only what is
-particular to the algorithm stays inline in the trainer.
+`SeedKeywordTrainer.__init__` runs the same spine for each of them: `resolve_args` (config, keyword
+overrides, tokenizer), the trainer's `_setup` (for all: `load_policy`, a path is loaded, then wrapped with
+PEFT), `prepare_splits` (train and eval data), then `Trainer.__init__`; only what is particular to the
+algorithm stays in the trainer's hooks.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from torch import nn
+from transformers import Trainer
 
 from rlhfkit.models.peft_detection import is_peft_model
+from rlhfkit.trainers.guards import RobustTrainerMixin
 
 logger = logging.getLogger(__name__)
 
@@ -196,3 +200,76 @@ def prepare_splits(train_dataset: Any, eval_dataset: Any, prepare: Any) -> tuple
     if isinstance(eval_dataset, dict):
         return train, {k: prepare(v, f"eval_dataset[{k!r}]") for k, v in eval_dataset.items()}
     return train, prepare(eval_dataset, "eval_dataset")
+
+
+class SeedKeywordTrainer(RobustTrainerMixin, Trainer):
+    """Base of the Trainer-style trainers; seed 001's keyword arguments override the matching `args` fields.
+
+    A subclass names its config (`config_class`, `default_output_dir`), the config fields that may be given
+    as keywords (`seed_keywords`), and fills `_setup` (model and trainer state, before the data),
+    `_prepare` (one dataset) and `_default_collator`. Seed 001's `tokenizer=` is another name for
+    `processing_class=`.
+    """
+
+    config_class: ClassVar[type]
+    default_output_dir: ClassVar[str]
+    seed_keywords: ClassVar[tuple[str, ...]] = ()
+    default_compute_metrics: ClassVar[Callable | None] = None
+
+    def __init__(
+        self,
+        model: nn.Module | str | None = None,
+        args: Any = None,
+        data_collator: Callable | None = None,
+        train_dataset: Any = None,
+        eval_dataset: Any = None,
+        processing_class: Any = None,
+        model_init: Callable | None = None,
+        compute_metrics: Callable | None = None,
+        callbacks: list | None = None,
+        optimizers: tuple = (None, None),
+        preprocess_logits_for_metrics: Callable | None = None,
+        peft_config: Any = None,
+        *,
+        tokenizer: Any = None,
+        **overrides: Any,
+    ):
+        owner = type(self).__name__
+        unknown = sorted(set(overrides) - set(self.seed_keywords))
+        if unknown:
+            raise TypeError(f"{owner}.__init__() got unexpected keyword arguments {unknown}")
+        args, processing_class = resolve_args(
+            owner, self.config_class, self.default_output_dir, args, model, model_init, processing_class,
+            tokenizer, **overrides,
+        )
+        model, args = self._setup(model, args, processing_class, peft_config)
+        train_dataset, eval_dataset = prepare_splits(
+            train_dataset, eval_dataset, lambda ds, arg: self._prepare(ds, processing_class, args, arg)
+        )
+        if data_collator is None:
+            data_collator = self._default_collator(args, processing_class)
+        super().__init__(
+            model=model,
+            args=args,
+            data_collator=data_collator,
+            train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
+            processing_class=processing_class,
+            model_init=model_init,
+            compute_metrics=compute_metrics or self.default_compute_metrics,
+            callbacks=callbacks,
+            optimizers=optimizers,
+            preprocess_logits_for_metrics=preprocess_logits_for_metrics,
+        )
+
+    def _setup(self, model: Any, args: Any, processing_class: Any, peft_config: Any) -> tuple[Any, Any]:
+        """(model, args) after loading and wrapping the model; also sets the trainer's own state."""
+        raise NotImplementedError
+
+    def _prepare(self, dataset: Any, tokenizer: Any, args: Any, arg: str) -> Any:
+        """`dataset` (the argument named `arg`) in the form the collator expects."""
+        raise NotImplementedError
+
+    def _default_collator(self, args: Any, processing_class: Any) -> Callable:
+        """The collator used when none is passed."""
+        raise NotImplementedError

@@ -70,102 +70,95 @@ def _include_inputs(args: Any, on: bool) -> None:
         args.include_for_metrics = [*(args.include_for_metrics or []), "inputs"]
 
 
-# old name -> (its transformers 4 default, what replaces it, how to move a value there or None to drop it)
-REMOVED_TRAINING_ARGS: dict[str, tuple[Any, str, Callable[[Any, Any], None] | None]] = {
-    "evaluation_strategy": ("no", "eval_strategy", _set("eval_strategy")),
-    "no_cuda": (False, "use_cpu", _set("use_cpu")),
-    "per_gpu_train_batch_size": (None, "per_device_train_batch_size", _set("per_device_train_batch_size")),
-    "per_gpu_eval_batch_size": (None, "per_device_eval_batch_size", _set("per_device_eval_batch_size")),
-    "warmup_ratio": (0.0, "warmup_steps (a float in [0, 1) is a fraction of the steps)", _warmup_ratio),
-    "logging_dir": (None, "the TENSORBOARD_LOGGING_DIR environment variable", _logging_dir),
-    "push_to_hub_model_id": (None, "hub_model_id", _set("hub_model_id")),
-    "push_to_hub_organization": (None, "hub_model_id='organization/name'", _organization),
-    "push_to_hub_token": (None, "hub_token", _set("hub_token")),
-    "torchdynamo": (None, "torch_compile_backend", _set("torch_compile_backend")),
-    "adafactor": (False, "optim='adafactor'", _flag("optim", "adafactor")),
+# old name -> (its transformers 4 default, what replaces it, how to move a value there or None to drop it,
+# its transformers 4 annotation, which is also its HfArgumentParser type)
+REMOVED_TRAINING_ARGS: dict[str, tuple[Any, str, Callable[[Any, Any], None] | None, str]] = {
+    "evaluation_strategy": ("no", "eval_strategy", _set("eval_strategy"), "str"),
+    "no_cuda": (False, "use_cpu", _set("use_cpu"), "bool"),
+    "per_gpu_train_batch_size": (
+        None,
+        "per_device_train_batch_size",
+        _set("per_device_train_batch_size"),
+        "int | None",
+    ),
+    "per_gpu_eval_batch_size": (
+        None,
+        "per_device_eval_batch_size",
+        _set("per_device_eval_batch_size"),
+        "int | None",
+    ),
+    "warmup_ratio": (
+        0.0,
+        "warmup_steps (a float in [0, 1) is a fraction of the steps)",
+        _warmup_ratio,
+        "float",
+    ),
+    "logging_dir": (None, "the TENSORBOARD_LOGGING_DIR environment variable", _logging_dir, "str | None"),
+    "push_to_hub_model_id": (None, "hub_model_id", _set("hub_model_id"), "str | None"),
+    "push_to_hub_organization": (None, "hub_model_id='organization/name'", _organization, "str | None"),
+    "push_to_hub_token": (None, "hub_token", _set("hub_token"), "str | None"),
+    "torchdynamo": (None, "torch_compile_backend", _set("torch_compile_backend"), "str | None"),
+    "adafactor": (False, "optim='adafactor'", _flag("optim", "adafactor"), "bool"),
     "group_by_length": (
         False,
         "train_sampling_strategy='group_by_length'",
         _flag("train_sampling_strategy", "group_by_length"),
+        "bool",
     ),
-    "include_inputs_for_metrics": (False, "include_for_metrics=['inputs']", _include_inputs),
-    "fsdp_min_num_params": (0, "fsdp_config={'min_num_params': ...}", _fsdp_key("min_num_params")),
+    "include_inputs_for_metrics": (False, "include_for_metrics=['inputs']", _include_inputs, "bool"),
+    "fsdp_min_num_params": (0, "fsdp_config={'min_num_params': ...}", _fsdp_key("min_num_params"), "int"),
     "fsdp_transformer_layer_cls_to_wrap": (
         None,
         "fsdp_config={'transformer_layer_cls_to_wrap': ...}",
         _fsdp_key("transformer_layer_cls_to_wrap"),
+        "str | None",
     ),
     # no successor: the value is dropped
     "overwrite_output_dir": (
         False,
         "output_dir is never refused; resume with resume_from_checkpoint",
         None,
+        "bool",
     ),
-    "save_safetensors": (True, "weights are always saved as safetensors", None),
-    "use_mps_device": (False, "an MPS device is used automatically (use_cpu=True opts out)", None),
-    "jit_mode_eval": (False, "no transformers 5 equivalent", None),
-    "use_ipex": (False, "no transformers 5 equivalent", None),
-    "fp16_opt_level": ("O1", "no transformers 5 equivalent; fp16/bf16 use torch.amp", None),
-    "half_precision_backend": ("auto", "no transformers 5 equivalent; fp16/bf16 use torch.amp", None),
-    "fp16_backend": ("auto", "no transformers 5 equivalent; fp16/bf16 use torch.amp", None),
-    "tpu_num_cores": (None, "no transformers 5 equivalent", None),
-    "tpu_metrics_debug": (False, "debug='tpu_metrics_debug'", _flag("debug", "tpu_metrics_debug")),
-    "past_index": (-1, "no transformers 5 equivalent", None),
-    "tp_size": (0, "use parallelism_config (accelerate ParallelismConfig)", None),
-    "use_legacy_prediction_loop": (False, "no transformers 5 equivalent", None),
-    "mp_parameters": ("", "no transformers 5 equivalent", None),
-    "ray_scope": ("last", "no transformers 5 equivalent", None),
-    "include_tokens_per_second": (False, "use include_num_input_tokens_seen", None),
+    "save_safetensors": (True, "weights are always saved as safetensors", None, "bool | None"),
+    "use_mps_device": (False, "an MPS device is used automatically (use_cpu=True opts out)", None, "bool"),
+    "jit_mode_eval": (False, "no transformers 5 equivalent", None, "bool"),
+    "use_ipex": (False, "no transformers 5 equivalent", None, "bool"),
+    "fp16_opt_level": ("O1", "no transformers 5 equivalent; fp16/bf16 use torch.amp", None, "str"),
+    "half_precision_backend": ("auto", "no transformers 5 equivalent; fp16/bf16 use torch.amp", None, "str"),
+    "fp16_backend": ("auto", "no transformers 5 equivalent; fp16/bf16 use torch.amp", None, "str"),
+    "tpu_num_cores": (None, "no transformers 5 equivalent", None, "int | None"),
+    "tpu_metrics_debug": (False, "debug='tpu_metrics_debug'", _flag("debug", "tpu_metrics_debug"), "bool"),
+    "past_index": (-1, "no transformers 5 equivalent", None, "int"),
+    "tp_size": (0, "use parallelism_config (accelerate ParallelismConfig)", None, "int | None"),
+    "use_legacy_prediction_loop": (False, "no transformers 5 equivalent", None, "bool"),
+    "mp_parameters": ("", "no transformers 5 equivalent", None, "str"),
+    "ray_scope": ("last", "no transformers 5 equivalent", None, "str | None"),
+    "include_tokens_per_second": (False, "use include_num_input_tokens_seen", None, "bool | None"),
 }
 
 _warned: set[str] = set()
 
 
 def _help(name: str) -> str:
-    _, replacement, move = REMOVED_TRAINING_ARGS[name]
+    _, replacement, move, _ = REMOVED_TRAINING_ARGS[name]
     action = "mapped to" if move is not None else "ignored:"
     return f"Removed in transformers 5, accepted for TRL compatibility and {action} {replacement}."
 
 
-def _legacy(name: str) -> Any:
-    return field(default=REMOVED_TRAINING_ARGS[name][0], metadata={"help": _help(name)})
+def _with_removed_fields(cls: type) -> type:
+    """Give `cls` one field per REMOVED_TRAINING_ARGS entry, as if declared in its body (for @dataclass)."""
+    cls.__annotations__ = {name: entry[3] for name, entry in REMOVED_TRAINING_ARGS.items()}
+    for name, entry in REMOVED_TRAINING_ARGS.items():
+        setattr(cls, name, field(default=entry[0], metadata={"help": _help(name)}))
+    return cls
 
 
 @dataclass
+@_with_removed_fields
 class LegacyTrainingArguments(TrainingArguments):
     """`TrainingArguments` that also takes the names transformers 5 removed (see REMOVED_TRAINING_ARGS)."""
 
-    evaluation_strategy: str = _legacy("evaluation_strategy")
-    no_cuda: bool = _legacy("no_cuda")
-    per_gpu_train_batch_size: int | None = _legacy("per_gpu_train_batch_size")
-    per_gpu_eval_batch_size: int | None = _legacy("per_gpu_eval_batch_size")
-    warmup_ratio: float = _legacy("warmup_ratio")
-    logging_dir: str | None = _legacy("logging_dir")
-    push_to_hub_model_id: str | None = _legacy("push_to_hub_model_id")
-    push_to_hub_organization: str | None = _legacy("push_to_hub_organization")
-    push_to_hub_token: str | None = _legacy("push_to_hub_token")
-    torchdynamo: str | None = _legacy("torchdynamo")
-    adafactor: bool = _legacy("adafactor")
-    group_by_length: bool = _legacy("group_by_length")
-    include_inputs_for_metrics: bool = _legacy("include_inputs_for_metrics")
-    fsdp_min_num_params: int = _legacy("fsdp_min_num_params")
-    fsdp_transformer_layer_cls_to_wrap: str | None = _legacy("fsdp_transformer_layer_cls_to_wrap")
-    overwrite_output_dir: bool = _legacy("overwrite_output_dir")
-    save_safetensors: bool | None = _legacy("save_safetensors")
-    use_mps_device: bool = _legacy("use_mps_device")
-    jit_mode_eval: bool = _legacy("jit_mode_eval")
-    use_ipex: bool = _legacy("use_ipex")
-    fp16_opt_level: str = _legacy("fp16_opt_level")
-    half_precision_backend: str = _legacy("half_precision_backend")
-    fp16_backend: str = _legacy("fp16_backend")
-    tpu_num_cores: int | None = _legacy("tpu_num_cores")
-    tpu_metrics_debug: bool = _legacy("tpu_metrics_debug")
-    past_index: int = _legacy("past_index")
-    tp_size: int | None = _legacy("tp_size")
-    use_legacy_prediction_loop: bool = _legacy("use_legacy_prediction_loop")
-    mp_parameters: str = _legacy("mp_parameters")
-    ray_scope: str | None = _legacy("ray_scope")
-    include_tokens_per_second: bool | None = _legacy("include_tokens_per_second")
     def __post_init__(self):
         apply_removed_training_args(self)
         super().__post_init__()
@@ -173,7 +166,7 @@ class LegacyTrainingArguments(TrainingArguments):
 
 def apply_removed_training_args(args: Any) -> None:
     """Move each removed name set away from its old default to its successor, warn once per name, reset it."""
-    for name, (old_default, replacement, move) in REMOVED_TRAINING_ARGS.items():
+    for name, (old_default, replacement, move, _) in REMOVED_TRAINING_ARGS.items():
         value = getattr(args, name, old_default)
         if value == old_default:
             continue

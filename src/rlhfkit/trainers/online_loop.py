@@ -29,7 +29,7 @@ from transformers.trainer_utils import TrainOutput
 from rlhfkit.rollout import HFGenerationBackend, forward_response, pad_left
 from rlhfkit.rollout.batch import RolloutBatch
 from rlhfkit.trainers.checkpointing import latest_checkpoint, load_state, save_state, verify_checkpoint
-from rlhfkit.trainers.sample_table import print_sample_table, save_samples
+from rlhfkit.trainers.sample_table import print_sample_table, save_samples, text_writer
 from rlhfkit.trainers.sharded_generation import zero3_generation_context
 
 LOOP_STATE_NAME = "online_loop_state"  # <name>_<rank>.json + .safetensors in each checkpoint
@@ -228,7 +228,8 @@ class OnlineTrainerLoop:
             print_sample_table(
                 prompts, completions, samples["score"], title=f"sample completions{label}, update {step}"
             )
-            save_samples(folder, step, prompts, completions, samples["score"])
+            table = os.path.basename(folder) if label else "samples"  # samples-<eval set name>
+            save_samples(folder, step, prompts, completions, samples["score"], table=table, writer=text_writer(self))
         return samples
 
     def create_model_card(

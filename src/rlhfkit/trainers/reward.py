@@ -16,19 +16,12 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from transformers import AutoModelForSequenceClassification, Trainer
+from transformers import AutoModelForSequenceClassification
 
 from rlhfkit.core.losses import pairwise_reward_loss
 from rlhfkit.data.collators import RewardDataCollatorWithPadding, cat_padded
 from rlhfkit.data.preference import prepare_reward_dataset
-from rlhfkit.trainers.guards import RobustTrainerMixin
-from rlhfkit.trainers.hf_trainer_setup import (
-    MetricBuffer,
-    disable_dropout,
-    load_policy,
-    prepare_splits,
-    resolve_args,
-)
+from rlhfkit.trainers.hf_trainer_setup import MetricBuffer, SeedKeywordTrainer, disable_dropout, load_policy
 from rlhfkit.trainers.reward_config import RewardConfig
 
 logger = logging.getLogger(__name__)
@@ -45,7 +38,7 @@ def compute_accuracy(eval_pred) -> dict[str, float]:
     return {"accuracy": float(wins.mean())}
 
 
-class RewardTrainer(RobustTrainerMixin, Trainer):
+class RewardTrainer(SeedKeywordTrainer):
     """`transformers.Trainer` for reward models (AutoModelForSequenceClassification, num_labels=1).
 
     Keyword arguments `max_length` and `peft_config` follow seed 001; `max_length` overrides
@@ -56,63 +49,32 @@ class RewardTrainer(RobustTrainerMixin, Trainer):
     column is subtracted from the score gap inside the loss.
     """
 
+    config_class = RewardConfig
+    default_output_dir = "reward_model"
+    seed_keywords = ("max_length",)
+    default_compute_metrics = staticmethod(compute_accuracy)
     # compute_loss returns a per-pair mean, so Trainer must divide by the accumulation steps itself
     loss_is_scaled_for_ga = False
 
-    def __init__(
-        self,
-        model: nn.Module | str | None = None,
-        args: RewardConfig | None = None,
-        data_collator: Callable | None = None,
-        train_dataset: Any = None,
-        eval_dataset: Any = None,
-        processing_class: Any = None,
-        model_init: Callable | None = None,
-        compute_metrics: Callable | None = None,
-        callbacks: list | None = None,
-        optimizers: tuple = (None, None),
-        preprocess_logits_for_metrics: Callable | None = None,
-        max_length: int | None = None,
-        peft_config: Any = None,
-        *,
-        tokenizer: Any = None,
-    ):
-        owner = "RewardTrainer"
-        args, processing_class = resolve_args(
-            owner, RewardConfig, "reward_model", args, model, model_init, processing_class, tokenizer,
-            max_length=max_length,
+    def _setup(self, model: Any, args: RewardConfig, processing_class: Any, peft_config: Any) -> tuple[Any, Any]:
+        model = load_policy(
+            model, AutoModelForSequenceClassification, {"num_labels": 1}, peft_config, type(self).__name__
         )
-        model = load_policy(model, AutoModelForSequenceClassification, {"num_labels": 1}, peft_config, owner)
         if model is not None:
             if args.disable_dropout:
                 disable_dropout(model)
             self._ensure_pad_token(model, processing_class)
-
         self.overlong_counts: dict[str, dict[str, int]] = {}
-        train_dataset, eval_dataset = prepare_splits(
-            train_dataset, eval_dataset, lambda ds, arg: self._prepare(ds, processing_class, args, arg)
-        )
-        if data_collator is None:
-            if processing_class is None:
-                raise ValueError(
-                    f"{owner}: the default RewardDataCollatorWithPadding needs `processing_class` "
-                    "(or `tokenizer`)"
-                )
-            data_collator = RewardDataCollatorWithPadding(processing_class)
         self._metrics = MetricBuffer()
-        super().__init__(
-            model=model,
-            args=args,
-            data_collator=data_collator,
-            train_dataset=train_dataset,
-            eval_dataset=eval_dataset,
-            processing_class=processing_class,
-            model_init=model_init,
-            compute_metrics=compute_metrics or compute_accuracy,
-            callbacks=callbacks,
-            optimizers=optimizers,
-            preprocess_logits_for_metrics=preprocess_logits_for_metrics,
-        )
+        return model, args
+
+    def _default_collator(self, args: RewardConfig, processing_class: Any) -> Callable:
+        if processing_class is None:
+            raise ValueError(
+                f"{type(self).__name__}: the default RewardDataCollatorWithPadding needs `processing_class` "
+                "(or `tokenizer`)"
+            )
+        return RewardDataCollatorWithPadding(processing_class)
 
     @staticmethod
     def _ensure_pad_token(model: nn.Module, tokenizer: Any) -> None:

@@ -2,47 +2,29 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from rlhfkit.trainers.hf_trainer_config import HFTrainerConfig
+from rlhfkit.trainers.config_fields import option
+from rlhfkit.trainers.hf_trainer_config import HFTrainerConfig, MaxLength, TokenizesDatasets
 
 OVERLONG_POLICIES = ("drop", "truncate")
 
 
 @dataclass
-class RewardConfig(HFTrainerConfig):
+class RewardConfig(TokenizesDatasets, MaxLength, HFTrainerConfig):
     """Configuration for `RewardTrainer`; every `transformers.TrainingArguments` field also applies."""
 
-    max_length: int | None = field(
-        default=512,
-        metadata={"help": "Longest tokenised chosen/rejected sequence (prompt included). None: no limit."},
+    overlong_policy: str = option(
+        "drop",
+        "What to do with a pair where either side is longer than max_length: 'drop' the pair, or 'truncate' "
+        "both sides to max_length tokens (keeping the start). The count is logged.",
     )
-    overlong_policy: str = field(
-        default="drop",
-        metadata={
-            "help": "What to do with a pair where either side is longer than max_length: 'drop' the pair, "
-            "or 'truncate' both sides to max_length tokens (keeping the start). The count is logged."
-        },
+    center_rewards_coefficient: float | None = option(
+        None,
+        "Weight of the reward-centering term coef * mean((r_chosen + r_rejected)^2), which keeps scores "
+        "near zero mean (Eisenstein et al. 2023). None or 0 disables it.",
     )
-    center_rewards_coefficient: float | None = field(
-        default=None,
-        metadata={
-            "help": "Weight of the reward-centering term coef * mean((r_chosen + r_rejected)^2), which keeps "
-            "scores near zero mean (Eisenstein et al. 2023). None or 0 disables it."
-        },
-    )
-    dataset_num_proc: int | None = field(
-        default=None, metadata={"help": "Worker processes for tokenising raw text datasets."}
-    )
-    disable_dropout: bool = field(
-        default=False, metadata={"help": "Set every dropout probability in the model to 0."}
-    )
-    remove_unused_columns: bool = field(
-        default=False,
-        metadata={
-            "help": "Kept False: the pair columns (input_ids_chosen, ...) are not forward() arguments."
-        },
-    )
+    disable_dropout: bool = option(False, "Set every dropout probability in the model to 0.")
 
     def validate(self) -> None:
         if self.max_length is not None and self.max_length < 2:

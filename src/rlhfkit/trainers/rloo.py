@@ -108,15 +108,10 @@ class RLOOTrainer(OnlineTrainerLoop, RobustTrainerMixin, Trainer):
         for what, dataset in datasets_by_argument(train_dataset, eval_dataset).items():
             check_prompts(dataset, what, config.response_length, models)
 
+        # Trainer's leading arguments, in its order: model, args, data_collator, the datasets, processing_class
         super().__init__(
-            model=policy,
-            args=config,
-            data_collator=data_collator,
-            train_dataset=train_dataset,
-            eval_dataset=eval_dataset,
-            processing_class=processing_class,
-            callbacks=callbacks,
-            optimizers=optimizers,
+            policy, config, data_collator, train_dataset, eval_dataset, processing_class,
+            callbacks=callbacks, optimizers=optimizers,
         )
         config.world_size = self.accelerator.num_processes
         config.compute_batch_sizes(len(train_dataset))

@@ -8,164 +8,95 @@ An "episode" is one completion. One update (one optimizer-scheduler step, one `g
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 from transformers import TrainingArguments
 
 from rlhfkit.trainers.config_checks import exact_div
-from rlhfkit.trainers.hf_trainer_config import HFTrainerConfig
+from rlhfkit.trainers.config_fields import ZeRO3Generation, option
+from rlhfkit.trainers.hf_trainer_config import DatasetNumProc, HFTrainerConfig
 
 
 @dataclass
-class RLOOConfig(HFTrainerConfig):
+class RLOOConfig(DatasetNumProc, ZeRO3Generation, HFTrainerConfig):
     """Configuration for `RLOOTrainer`; every `transformers.TrainingArguments` field also applies."""
 
-    exp_name: str = field(
-        default="rloo_config", metadata={"help": "Name of this experiment (used in the run name)."}
+    exp_name: str = option("rloo_config", "Name of this experiment (used in the run name).")
+    reward_model_path: str = option(
+        "EleutherAI/pythia-160m",
+        "Local folder of the reward model (a sequence-classification model with one output).",
     )
-    reward_model_path: str = field(
-        default="EleutherAI/pythia-160m",
-        metadata={
-            "help": "Local folder of the reward model (a sequence-classification model with one output)."
-        },
+    sft_model_path: str = option(
+        "EleutherAI/pythia-160m",
+        "Local folder of the SFT model that initialises the policy and the reference policy.",
     )
-    sft_model_path: str = field(
-        default="EleutherAI/pythia-160m",
-        metadata={
-            "help": "Local folder of the SFT model that initialises the policy and the reference policy."
-        },
+    num_ppo_epochs: int = option(
+        4, "Passes over each batch of rollouts (1 with num_mini_batches=1: plain REINFORCE)."
     )
-    num_ppo_epochs: int = field(
-        default=4,
-        metadata={"help": "Passes over each batch of rollouts (1 with num_mini_batches=1: plain REINFORCE)."},
+    whiten_rewards: bool = option(
+        False, "Divide the RLHF rewards of a batch by their standard deviation (the mean is kept)."
     )
-    whiten_rewards: bool = field(
-        default=False,
-        metadata={
-            "help": "Divide the RLHF rewards of a batch by their standard deviation (the mean is kept)."
-        },
+    kl_coef: float = option(0.05, "Weight beta of the KL penalty against the reference.")
+    cliprange: float = option(0.2, "Clipping range of the sequence-level probability ratio.")
+    rloo_k: int = option(2, "Completions sampled per prompt; each is baselined by the other k-1 (>= 2).")
+    normalize_reward: bool = option(
+        False,
+        "Reinforce++: standardise the raw scores of a batch to mean 0, std 1 and clip them to "
+        "[-reward_clip_range, reward_clip_range], before the KL penalty is added.",
     )
-    kl_coef: float = field(
-        default=0.05, metadata={"help": "Weight beta of the KL penalty against the reference."}
+    reward_clip_range: float = option(
+        10.0, "Clip range for the normalised scores (used with normalize_reward)."
     )
-    cliprange: float = field(
-        default=0.2, metadata={"help": "Clipping range of the sequence-level probability ratio."}
+    normalize_advantage: bool = option(
+        False, "Reinforce++: standardise the advantages of a batch to mean 0, std 1."
     )
-    rloo_k: int = field(
-        default=2,
-        metadata={"help": "Completions sampled per prompt; each is baselined by the other k-1 (>= 2)."},
+    token_level_kl: bool = option(
+        False,
+        "Apply the KL penalty per token (Reinforce++ eq. 1) instead of once per sequence. With the k1 "
+        "estimator both give the same total reward per completion. Default False.",
     )
-    normalize_reward: bool = field(
-        default=False,
-        metadata={
-            "help": "Reinforce++: standardise the raw scores of a batch to mean 0, std 1 and clip them to "
-            "[-reward_clip_range, reward_clip_range], before the KL penalty is added."
-        },
+    logging_steps: float = option(
+        1,
+        "Log the metrics every this many updates. Default 1: every update, as seed 000's RLOO does "
+        "(TrainingArguments' own default is 500).",
     )
-    reward_clip_range: float = field(
-        default=10.0, metadata={"help": "Clip range for the normalised scores (used with normalize_reward)."}
+    num_mini_batches: int = option(1, "Mini-batches each batch of rollouts is split into.")
+    total_episodes: int | None = option(
+        None, "Completions to train on in total. Default: num_train_epochs * len(train_dataset)."
     )
-    normalize_advantage: bool = field(
-        default=False,
-        metadata={"help": "Reinforce++: standardise the advantages of a batch to mean 0, std 1."},
+    local_rollout_forward_batch_size: int = option(
+        64, "Sequences per generation / scoring forward pass (bounds rollout memory)."
     )
-    token_level_kl: bool = field(
-        default=False,
-        metadata={
-            "help": "Apply the KL penalty per token (Reinforce++ eq. 1) instead of once per sequence. "
-            "With the k1 estimator both give the same total reward per completion. Default False."
-        },
+    num_sample_generations: int = option(
+        10, "How many times during training to print and save sample completions (0: never)."
     )
-    ds3_gather_for_generation: bool = field(
-        default=True,
-        metadata={
-            "help": "DeepSpeed ZeRO-3 only: gather the policy weights for generation (faster); False lets a "
-            "policy larger than one GPU train, generating more slowly."
-        },
+    num_sample_prompts: int = option(4, "Evaluation prompts shown in each sample-completion table.")
+    response_length: int = option(53, "Maximum number of generated tokens per completion.")
+    stop_token: Literal["eos"] | None = option(
+        None, "'eos': cut completions after the tokenizer's eos token. Default None."
     )
-    max_consecutive_nonfinite_steps: int = field(
-        default=3,
-        metadata={
-            "help": "Optimizer steps with a NaN/inf score or gradient are skipped; after this many in a row "
-            "the run saves its last good state and stops with an error."
-        },
+    stop_token_id: int | None = option(
+        None, "Token id after which completions are cut (overrides stop_token)."
     )
-    logging_steps: float = field(
-        default=1,
-        metadata={
-            "help": "Log the metrics every this many updates. Default 1: every update, as seed 000's RLOO "
-            "does (TrainingArguments' own default is 500)."
-        },
+    temperature: float = option(0.7, "Sampling temperature (also applied to logprobs).")
+    missing_eos_penalty: float | None = option(
+        None, "Subtracted from the score of each completion that never emits the eos token."
     )
-    num_mini_batches: int = field(
-        default=1, metadata={"help": "Mini-batches each batch of rollouts is split into."}
-    )
-    total_episodes: int | None = field(
-        default=None,
-        metadata={
-            "help": "Completions to train on in total. Default: num_train_epochs * len(train_dataset)."
-        },
-    )
-    local_rollout_forward_batch_size: int = field(
-        default=64,
-        metadata={"help": "Sequences per generation / scoring forward pass (bounds rollout memory)."},
-    )
-    num_sample_generations: int = field(
-        default=10,
-        metadata={"help": "How many times during training to print and save sample completions (0: never)."},
-    )
-    num_sample_prompts: int = field(
-        default=4, metadata={"help": "Evaluation prompts shown in each sample-completion table."}
-    )
-    response_length: int = field(
-        default=53, metadata={"help": "Maximum number of generated tokens per completion."}
-    )
-    stop_token: Literal["eos"] | None = field(
-        default=None,
-        metadata={"help": "'eos': cut completions after the tokenizer's eos token. Default None."},
-    )
-    stop_token_id: int | None = field(
-        default=None, metadata={"help": "Token id after which completions are cut (overrides stop_token)."}
-    )
-    temperature: float = field(
-        default=0.7, metadata={"help": "Sampling temperature (also applied to logprobs)."}
-    )
-    missing_eos_penalty: float | None = field(
-        default=None,
-        metadata={"help": "Subtracted from the score of each completion that never emits the eos token."},
-    )
-    reward_weights: list[float] | None = field(
-        default=None,
-        metadata={
-            "help": "One weight per reward function when several are given; the score is their weighted sum."
-        },
-    )
-    dataset_num_proc: int | None = field(
-        default=None, metadata={"help": "Worker processes for tokenising prompts."}
+    reward_weights: list[float] | None = option(
+        None, "One weight per reward function when several are given; the score is their weighted sum."
     )
 
     # derived in compute_batch_sizes; listed as fields so they are saved with the config
-    world_size: int | None = field(default=None, metadata={"help": "Derived: number of processes."})
-    num_total_batches: int | None = field(default=None, metadata={"help": "Derived: number of updates."})
-    micro_batch_size: int | None = field(
-        default=None, metadata={"help": "Derived: per_device_train_batch_size * world_size."}
+    world_size: int | None = option(None, "Derived: number of processes.")
+    num_total_batches: int | None = option(None, "Derived: number of updates.")
+    micro_batch_size: int | None = option(None, "Derived: per_device_train_batch_size * world_size.")
+    local_batch_size: int | None = option(
+        None, "Derived: completions per process per update (per_device * accumulation * mini-batches)."
     )
-    local_batch_size: int | None = field(
-        default=None,
-        metadata={
-            "help": "Derived: completions per process per update (per_device * accumulation * mini-batches)."
-        },
-    )
-    batch_size: int | None = field(
-        default=None, metadata={"help": "Derived: completions per update, all processes."}
-    )
-    local_mini_batch_size: int | None = field(
-        default=None, metadata={"help": "Derived: local_batch_size / num_mini_batches."}
-    )
-    mini_batch_size: int | None = field(
-        default=None, metadata={"help": "Derived: batch_size / num_mini_batches."}
-    )
+    batch_size: int | None = option(None, "Derived: completions per update, all processes.")
+    local_mini_batch_size: int | None = option(None, "Derived: local_batch_size / num_mini_batches.")
+    mini_batch_size: int | None = option(None, "Derived: batch_size / num_mini_batches.")
 
     def __post_init__(self):
         super().__post_init__()

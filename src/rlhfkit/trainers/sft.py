@@ -14,15 +14,15 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch import nn
 from torch.utils.data import IterableDataset
-from transformers import AutoModelForCausalLM, Trainer
+from transformers import AutoModelForCausalLM
 
 from rlhfkit.data.collators import SFTDataCollator
 from rlhfkit.data.packing import ConstantLengthDataset
 from rlhfkit.data.preparation import check_not_empty, prepare_sft_dataset
-from rlhfkit.trainers.guards import RobustTrainerMixin
-from rlhfkit.trainers.hf_trainer_setup import apply_overrides, load_policy, prepare_splits, resolve_args
+from rlhfkit.rollout.lm_head import chunked_label_logprobs
+from rlhfkit.rollout.scoring import _logits_exceed_one_chunk
+from rlhfkit.trainers.hf_trainer_setup import SeedKeywordTrainer, apply_overrides, load_policy
 from rlhfkit.trainers.sft_config import SFTConfig
 
 logger = logging.getLogger(__name__)
@@ -34,7 +34,7 @@ def packed_collator(features: list[dict]) -> dict[str, torch.Tensor]:
     return {k: torch.stack([torch.as_tensor(f[k], dtype=torch.long) for f in features]) for k in keys}
 
 
-class SFTTrainer(RobustTrainerMixin, Trainer):
+class SFTTrainer(SeedKeywordTrainer):
     """`transformers.Trainer` for supervised fine-tuning; seed 001's keyword arguments override `args`.
 
     `model` may be a local path (loaded with AutoModelForCausalLM and `args.model_init_kwargs`);
@@ -42,44 +42,18 @@ class SFTTrainer(RobustTrainerMixin, Trainer):
     Seed 001's `tokenizer=` is another name for `processing_class=`.
     """
 
-    def __init__(
-        self,
-        model: nn.Module | str | None = None,
-        args: SFTConfig | None = None,
-        data_collator: Callable | None = None,
-        train_dataset: Any = None,
-        eval_dataset: Any = None,
-        processing_class: Any = None,
-        model_init: Callable | None = None,
-        compute_metrics: Callable | None = None,
-        callbacks: list | None = None,
-        optimizers: tuple = (None, None),
-        preprocess_logits_for_metrics: Callable | None = None,
-        peft_config: Any = None,
-        dataset_text_field: str | None = None,
-        packing: bool | None = None,
-        formatting_func: Callable | None = None,
-        max_seq_length: int | None = None,
-        infinite: bool | None = None,
-        num_of_sequences: int | None = None,
-        chars_per_token: float | None = None,
-        dataset_num_proc: int | None = None,
-        dataset_batch_size: int | None = None,
-        *,
-        tokenizer: Any = None,
-    ):
-        owner = "SFTTrainer"
-        args, processing_class = resolve_args(
-            owner, SFTConfig, "sft_model", args, model, model_init, processing_class, tokenizer,
-            dataset_text_field=dataset_text_field,
-            packing=packing,
-            max_seq_length=max_seq_length,
-            infinite=infinite,
-            num_of_sequences=num_of_sequences,
-            chars_per_token=chars_per_token,
-            dataset_num_proc=dataset_num_proc,
-            dataset_batch_size=dataset_batch_size,
-        )
+    config_class = SFTConfig
+    default_output_dir = "sft_model"
+    seed_keywords = ("dataset_text_field", "packing", "max_seq_length", "infinite", "num_of_sequences",
+                     "chars_per_token", "dataset_num_proc", "dataset_batch_size")
+
+    def __init__(self, *args: Any, formatting_func: Callable | None = None, **kwargs: Any):
+        """The arguments of `SeedKeywordTrainer`, the `seed_keywords`, and `formatting_func`."""
+        self.formatting_func = formatting_func
+        super().__init__(*args, **kwargs)
+
+    def _setup(self, model: Any, args: SFTConfig, processing_class: Any, peft_config: Any) -> tuple[Any, Any]:
+        owner = type(self).__name__
         if processing_class is None:
             raise ValueError(f"{owner}: `processing_class` (or `tokenizer`) is required")
         if processing_class.pad_token is None:
@@ -88,28 +62,10 @@ class SFTTrainer(RobustTrainerMixin, Trainer):
         if args.max_seq_length is None:
             default_length = min(int(getattr(processing_class, "model_max_length", 1024) or 1024), 1024)
             args = apply_overrides(args, owner, max_seq_length=default_length)
+        return model, args
 
-        self.formatting_func = formatting_func
-        train_dataset, eval_dataset = prepare_splits(
-            train_dataset, eval_dataset, lambda ds, arg: self._prepare(ds, processing_class, args, arg)
-        )
-        if data_collator is None:
-            data_collator = (
-                packed_collator if args.packing else SFTDataCollator(processing_class.pad_token_id)
-            )
-        super().__init__(
-            model=model,
-            args=args,
-            data_collator=data_collator,
-            train_dataset=train_dataset,
-            eval_dataset=eval_dataset,
-            processing_class=processing_class,
-            model_init=model_init,
-            compute_metrics=compute_metrics,
-            callbacks=callbacks,
-            optimizers=optimizers,
-            preprocess_logits_for_metrics=preprocess_logits_for_metrics,
-        )
+    def _default_collator(self, args: SFTConfig, processing_class: Any) -> Callable:
+        return packed_collator if args.packing else SFTDataCollator(processing_class.pad_token_id)
 
     def _prepare(self, dataset: Any, tokenizer: Any, args: SFTConfig, arg: str) -> Any:
         if dataset is None or isinstance(dataset, IterableDataset) or not hasattr(dataset, "column_names"):
@@ -156,9 +112,38 @@ class SFTTrainer(RobustTrainerMixin, Trainer):
         return datasets.Dataset.from_list(blocks)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """transformers' causal-LM loss; without (B, T, V) logits when they would outgrow one chunk.
+
+        Then the label tokens are scored in chunks from the final hidden states (`rollout.lm_head`), with the
+        same reduction as transformers 5: summed and divided by `num_items_in_batch` (the label tokens of the
+        whole accumulated batch) when the Trainer passes it to a model that accepts loss kwargs, else a mean
+        over this batch's label tokens. Label smoothing, `compute_loss_func`, `return_outputs` (evaluation
+        and predictions want the logits) and heads that are not plain linear layers keep the logits path.
+        """
         # a training forward needs no KV cache (building one costs memory); for a packed block an empty
         # cache would also hide the document boundaries from the mask builder
         inputs = {**inputs, "use_cache": False}
-        return super().compute_loss(
-            model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
-        )
+        chunked = None
+        if (
+            not return_outputs
+            and self.label_smoother is None
+            and self.compute_loss_func is None
+            and "labels" in inputs
+            and "shift_labels" not in inputs
+            and not getattr(getattr(self.accelerator, "parallelism_config", None), "sp_enabled", False)
+            and _logits_exceed_one_chunk(model, inputs["labels"].numel())
+        ):
+            forward = {k: v for k, v in inputs.items() if k != "labels"}
+            chunked = chunked_label_logprobs(model, inputs["labels"], **forward)
+        if chunked is None:
+            return super().compute_loss(
+                model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
+            )
+        logprobs, mask, _ = chunked
+        if not (self.model_accepts_loss_kwargs and num_items_in_batch is not None):
+            return -logprobs.sum() / mask.sum()
+        loss = -logprobs.sum() / torch.as_tensor(num_items_in_batch, device=logprobs.device)
+        if self.args.average_tokens_across_devices:  # Trainer.compute_loss rescales the model's loss so
+            n_gpu = self.args.n_gpu
+            loss = loss * (self.accelerator.num_processes // self.get_tp_size() if n_gpu <= 1 else n_gpu)
+        return loss

@@ -2,60 +2,38 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from rlhfkit.trainers.hf_trainer_config import HFTrainerConfig, ModelInitKwargs
+from rlhfkit.trainers.config_fields import option
+from rlhfkit.trainers.hf_trainer_config import HFTrainerConfig, ModelInitKwargs, TokenizesDatasets
 
 
 @dataclass
-class SFTConfig(ModelInitKwargs, HFTrainerConfig):
+class SFTConfig(ModelInitKwargs, TokenizesDatasets, HFTrainerConfig):
     """Configuration for `SFTTrainer`; every `transformers.TrainingArguments` field also applies."""
 
-    dataset_text_field: str = field(
-        default="text",
-        metadata={"help": "Column holding the training text (ignored for formatting_func/chat data)."},
+    dataset_text_field: str = option(
+        "text", "Column holding the training text (ignored for formatting_func/chat data)."
     )
-    packing: bool = field(
-        default=False,
-        metadata={"help": "Pack documents into fixed max_seq_length blocks (ConstantLengthDataset)."},
+    packing: bool = option(False, "Pack documents into fixed max_seq_length blocks (ConstantLengthDataset).")
+    max_seq_length: int | None = option(
+        None, "Tokens per example (or per packed block). None: min(tokenizer.model_max_length, 1024)."
     )
-    max_seq_length: int | None = field(
-        default=None,
-        metadata={
-            "help": "Tokens per example (or per packed block). None: min(tokenizer.model_max_length, 1024)."
-        },
+    infinite: bool = option(
+        False, "With packing: cycle through the dataset forever (then max_steps must be set)."
     )
-    infinite: bool = field(
-        default=False,
-        metadata={"help": "With packing: cycle through the dataset forever (then max_steps must be set)."},
+    num_of_sequences: int = option(1024, "With packing: documents read into the buffer before tokenising it.")
+    chars_per_token: float = option(
+        3.6, "With packing: estimated characters per token, sizing the text buffer."
     )
-    num_of_sequences: int = field(
-        default=1024, metadata={"help": "With packing: documents read into the buffer before tokenising it."}
+    append_concat_token: bool = option(True, "With packing: put the EOS token between packed documents.")
+    completion_only_loss: bool = option(
+        False,
+        "Train only on completion tokens: the 'completion' column of prompt/completion data, or the last "
+        "assistant message of conversational data. Not available with packing.",
     )
-    chars_per_token: float = field(
-        default=3.6,
-        metadata={"help": "With packing: estimated characters per token, sizing the text buffer."},
-    )
-    append_concat_token: bool = field(
-        default=True, metadata={"help": "With packing: put the EOS token between packed documents."}
-    )
-    completion_only_loss: bool = field(
-        default=False,
-        metadata={
-            "help": "Train only on completion tokens: the 'completion' column of prompt/completion data, "
-            "or the "
-            "last assistant message of conversational data. Not available with packing."
-        },
-    )
-    dataset_num_proc: int | None = field(
-        default=None, metadata={"help": "Worker processes for tokenising (unpacked datasets only)."}
-    )
-    dataset_batch_size: int = field(
-        default=1000,
-        metadata={"help": "Examples tokenised per batch; <= 0 tokenises the whole dataset at once."},
-    )
-    remove_unused_columns: bool = field(
-        default=False, metadata={"help": "Kept False: the trainer drops the columns it does not use itself."}
+    dataset_batch_size: int = option(
+        1000, "Examples tokenised per batch; <= 0 tokenises the whole dataset at once."
     )
 
     def validate(self) -> None:

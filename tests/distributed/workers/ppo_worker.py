@@ -10,7 +10,7 @@ import sys
 
 import torch
 from launch import save_result
-from rl_fixtures import fixed_ppo_batch, flat_trainable, ppo_trainer
+from rl_fixtures import fixed_ppo_batch, flat_trainable, ppo_rank_rollout, ppo_trainer
 
 fsdp = "--fsdp" in sys.argv
 config_kw = {"max_grad_norm": 0.05}  # binds (the gradient norm is ~6): clipping of averaged/sharded gradients
@@ -36,11 +36,7 @@ trainer = ppo_trainer(batch_size=2, **config_kw)
 prompts = [torch.tensor([5 + rank, 17, 42]), torch.tensor([60, 61 + rank])]
 if fsdp:  # C. each rank generates for its own prompts with the sharded policy, before and after training
     result["greedy_start"] = [o.tolist() for o in trainer.generate(prompts, max_new_tokens=4, do_sample=False)]
-g = torch.Generator().manual_seed(100 + rank)  # each rank samples its own rollout
-queries = [torch.randint(5, 200, (3,), generator=g) for _ in range(2)]
-responses = [torch.randint(5, 200, (4,), generator=g) for _ in range(2)]
-scores = [torch.tensor(10.0 * rank + 1.0), torch.tensor(10.0 * rank + 2.0)]
-stats = trainer.step(queries, responses, scores)
+stats = trainer.step(*ppo_rank_rollout(rank))
 params = flat_trainable(trainer.model)
 everyone = trainer.accelerator.gather(params[None])
 result.update(

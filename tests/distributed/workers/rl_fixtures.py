@@ -67,8 +67,9 @@ def flat_params(model) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
-def ppo_trainer(batch_size: int, **config_kw):
-    """PPOTrainer with plain SGD (updates are linear in the gradient, so rank averaging is visible exactly)."""
+def ppo_trainer(batch_size: int, adam: bool = False, **config_kw):
+    """PPOTrainer with plain SGD (updates are linear in the gradient, so rank averaging is visible exactly),
+    or with `adam` (an optimizer with state, for checkpoints)."""
 
     from rlhfkit import PPOConfig, PPOTrainer
 
@@ -77,8 +78,17 @@ def ppo_trainer(batch_size: int, **config_kw):
     config = PPOConfig(
         batch_size=batch_size, mini_batch_size=batch_size, ppo_epochs=1, seed=7, learning_rate=1.0, **config_kw
     )
-    sgd = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=SGD_LR)
-    return PPOTrainer(config, model, tokenizer=tiny_tokenizer(padding_side="left"), optimizer=sgd)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.Adam(params, lr=1e-2) if adam else torch.optim.SGD(params, lr=SGD_LR)
+    return PPOTrainer(config, model, tokenizer=tiny_tokenizer(padding_side="left"), optimizer=optimizer)
+
+
+def ppo_rank_rollout(rank: int):
+    """Rank `rank`'s own (queries, responses, scores) of 2 samples, as each rank samples its own rollout."""
+    g = torch.Generator().manual_seed(100 + rank)
+    queries = [torch.randint(5, 200, (3,), generator=g) for _ in range(2)]
+    responses = [torch.randint(5, 200, (4,), generator=g) for _ in range(2)]
+    return queries, responses, [torch.tensor(10.0 * rank + 1.0), torch.tensor(10.0 * rank + 2.0)]
 
 
 def fixed_ppo_batch(trainer, rows: list[int]):

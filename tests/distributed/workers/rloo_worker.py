@@ -2,7 +2,8 @@
 
 A. one optimisation step (step 7) on each rank's half of a fixed rollout, with SGD;
 B. a full `train()` of 2 updates: replicas stay identical, and gathered stats cover both ranks;
-C. SIGINT on rank 0 only: both ranks stop after the same update and one checkpoint is written.
+C. SIGINT on rank 0 only: both ranks stop after the same update and one checkpoint is written, holding the
+   whole trained policy.
 With `--fsdp` the policy is sharded by accelerate's FSDP2 (parameters are gathered whole before they are compared).
 """
 
@@ -11,8 +12,10 @@ import signal
 import sys
 import tempfile
 
+import torch
 from launch import save_result
 from rl_fixtures import flat_params, rloo_trainer, synthetic_rloo_rollout
+from safetensors.torch import load_file
 
 fsdp = "--fsdp" in sys.argv
 settings = {}
@@ -66,4 +69,11 @@ result["stopped_at"] = trainer.state.global_step
 result["stopped_by_signal"] = trainer.stopped_by_signal
 trainer.accelerator.wait_for_everyone()
 result["checkpoints"] = sorted(p for p in os.listdir(stop_dir) if "checkpoint" in p)
+# the checkpoint holds the whole trained policy (under FSDP2 gathered from the shards)
+saved = load_file(os.path.join(stop_dir, "checkpoint-2", "model.safetensors"))
+names = [n for n, _ in trainer.policy.named_parameters()]
+trained = flat_params(trainer.policy)
+result["checkpoint_equals_trained"] = sorted(saved) == sorted(names) and torch.equal(
+    torch.cat([saved[n].reshape(-1) for n in names]), trained
+)
 save_result(result)

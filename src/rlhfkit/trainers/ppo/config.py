@@ -11,10 +11,11 @@ import logging
 import os
 import sys
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from rlhfkit.trainers.config_checks import check_field_types, exact_div
+from rlhfkit.trainers.config_fields import AccelerateTracking, NonfiniteStepLimit, ZeRO3Generation, option
 
 logger = logging.getLogger(__name__)
 
@@ -27,7 +28,7 @@ def _default_exp_name() -> str:
 
 
 @dataclass
-class PPOConfig:
+class PPOConfig(AccelerateTracking, NonfiniteStepLimit, ZeRO3Generation):
     """Configuration for `PPOTrainer`.
 
     Sizes: each `step()` takes `batch_size` samples (per process); they are split into minibatches of
@@ -35,126 +36,78 @@ class PPOConfig:
     (`backward_batch_size`). `batch_size` must be a multiple of `backward_batch_size`.
     """
 
-    exp_name: str = field(default_factory=_default_exp_name, metadata={"help": "Name of this experiment."})
-    seed: int = field(default=0, metadata={"help": "Seed for python, numpy and torch at trainer construction."})
-    log_with: str | None = field(
-        default=None,
-        metadata={"help": "Tracker for log_stats: 'tensorboard', 'wandb', 'all' or None (no tracker)."},
+    exp_name: str = option(help="Name of this experiment.", default_factory=_default_exp_name)
+    seed: int = option(0, "Seed for python, numpy and torch at trainer construction.")
+    task_name: str | None = option(None, "Name of the task (recorded in the model card).")
+    model_name: str | None = option(None, "Name or path of the policy model.")
+    query_dataset: str | None = option(None, "Name of the prompt dataset (for records).")
+    reward_model: str | None = option(None, "Name of the reward model (for records).")
+    remove_unused_columns: bool = option(
+        True, "Drop dataset columns the model's forward does not take (query/response/label stay)."
     )
-    task_name: str | None = field(default=None, metadata={"help": "Name of the task (recorded in the model card)."})
-    model_name: str | None = field(default=None, metadata={"help": "Name or path of the policy model."})
-    query_dataset: str | None = field(default=None, metadata={"help": "Name of the prompt dataset (for records)."})
-    reward_model: str | None = field(default=None, metadata={"help": "Name of the reward model (for records)."})
-    remove_unused_columns: bool = field(
-        default=True,
-        metadata={"help": "Drop dataset columns the model's forward does not take (query/response/label stay)."},
+    push_to_hub_if_best_kwargs: dict[str, Any] = option(
+        help="Accepted for compatibility and unused: rlhfkit never uploads.", default_factory=dict
     )
-    tracker_kwargs: dict[str, Any] = field(
-        default_factory=dict, metadata={"help": "Keyword arguments for the tracker's init (e.g. wandb run name)."}
+    steps: int = option(20000, "Number of PPO steps a training loop should run.")
+    learning_rate: float = option(1e-5, "Adam learning rate (default optimizer).")
+    adap_kl_ctrl: bool = option(True, "Adapt the KL coefficient towards `target`.")
+    init_kl_coef: float = option(0.2, "Initial KL coefficient (the fixed one when adap_kl_ctrl is off).")
+    kl_penalty: str = option(
+        "kl",
+        "Per-token KL estimate in the reward: 'kl' (logp - ref), 'abs', 'mse' (half squared), 'full' (exact "
+        "KL over the vocabulary) or 'k3'.",
     )
-    accelerator_kwargs: dict[str, Any] = field(
-        default_factory=dict, metadata={"help": "Keyword arguments for accelerate.Accelerator."}
+    target: float = option(6.0, "Target KL (summed over a response) of the adaptive controller.")
+    horizon: float = option(10000.0, "Horizon of the adaptive KL controller, in samples.")
+    gamma: float = option(1.0, "Discount factor of GAE.")
+    lam: float = option(0.95, "Lambda of GAE.")
+    cliprange: float = option(0.2, "Clip range of the policy ratio.")
+    cliprange_value: float = option(0.2, "Clip range of the value prediction.")
+    vf_coef: float = option(0.1, "Weight of the value loss in the total loss.")
+    batch_size: int = option(256, "Samples per step() call (per process).")
+    forward_batch_size: int | None = option(None, "DEPRECATED alias of mini_batch_size; sets it when given.")
+    mini_batch_size: int = option(
+        1, "Samples per forward/backward pass; also the chunk size of no-grad passes."
     )
-    project_kwargs: dict[str, Any] = field(
-        default_factory=dict,
-        metadata={"help": "Keyword arguments for accelerate's ProjectConfiguration (e.g. logging_dir)."},
+    gradient_accumulation_steps: int = option(
+        1, "Minibatches whose gradients are summed before one optimizer step."
     )
-    tracker_project_name: str = field(default="trl", metadata={"help": "Project name given to the tracker."})
-    push_to_hub_if_best_kwargs: dict[str, Any] = field(
-        default_factory=dict, metadata={"help": "Accepted for compatibility and unused: rlhfkit never uploads."}
+    world_size: int | None = option(None, "Number of processes; set by the trainer, do not set by hand.")
+    ppo_epochs: int = option(4, "Optimisation passes over each batch.")
+    max_grad_norm: float | None = option(None, "Clip gradients to this norm (None: off).")
+    optimize_cuda_cache: bool | None = option(None, "DEPRECATED alias of optimize_device_cache.")
+    optimize_device_cache: bool = option(
+        False, "Free cached accelerator memory after every step (slower, leaner)."
     )
-    steps: int = field(default=20000, metadata={"help": "Number of PPO steps a training loop should run."})
-    learning_rate: float = field(default=1e-5, metadata={"help": "Adam learning rate (default optimizer)."})
-    adap_kl_ctrl: bool = field(default=True, metadata={"help": "Adapt the KL coefficient towards `target`."})
-    init_kl_coef: float = field(
-        default=0.2, metadata={"help": "Initial KL coefficient (the fixed one when adap_kl_ctrl is off)."}
+    early_stopping: bool = option(
+        False, "Stop the PPO epochs of a step once the policy KL exceeds 1.5 * target_kl."
     )
-    kl_penalty: str = field(
-        default="kl",
-        metadata={
-            "help": "Per-token KL estimate in the reward: 'kl' (logp - ref), 'abs', 'mse' (half squared), "
-            "'full' (exact KL over the vocabulary) or 'k3'."
-        },
+    target_kl: float = option(1.0, "Policy KL at which early stopping triggers (x1.5).")
+    compare_steps: int = option(
+        1, "Steps between best-model comparisons (kept for compatibility; unused offline)."
     )
-    target: float = field(default=6.0, metadata={"help": "Target KL (summed over a response) of the adaptive controller."})
-    horizon: float = field(default=10000.0, metadata={"help": "Horizon of the adaptive KL controller, in samples."})
-    gamma: float = field(default=1.0, metadata={"help": "Discount factor of GAE."})
-    lam: float = field(default=0.95, metadata={"help": "Lambda of GAE."})
-    cliprange: float = field(default=0.2, metadata={"help": "Clip range of the policy ratio."})
-    cliprange_value: float = field(default=0.2, metadata={"help": "Clip range of the value prediction."})
-    vf_coef: float = field(default=0.1, metadata={"help": "Weight of the value loss in the total loss."})
-    batch_size: int = field(default=256, metadata={"help": "Samples per step() call (per process)."})
-    forward_batch_size: int | None = field(
-        default=None, metadata={"help": "DEPRECATED alias of mini_batch_size; sets it when given."}
+    ratio_threshold: float = option(
+        10.0, "Skip a minibatch (no backward, no optimizer step) whose mean ratio exceeds this."
     )
-    mini_batch_size: int = field(
-        default=1, metadata={"help": "Samples per forward/backward pass; also the chunk size of no-grad passes."}
+    use_score_scaling: bool = option(False, "Divide scores by their running std.")
+    use_score_norm: bool = option(
+        False, "With use_score_scaling: also subtract the running mean (ignored without it)."
     )
-    gradient_accumulation_steps: int = field(
-        default=1, metadata={"help": "Minibatches whose gradients are summed before one optimizer step."}
+    score_clip: float | None = option(None, "Clip (scaled) scores to [-score_clip, score_clip].")
+    whiten_rewards: bool = option(False, "Whiten per-token rewards before GAE.")
+    is_encoder_decoder: bool | None = option(None, "Set by the trainer from the model.")
+    is_peft_model: bool | None = option(None, "Set by the trainer from the model.")
+    backward_batch_size: int | None = option(None, "Derived: mini_batch_size * gradient_accumulation_steps.")
+    global_backward_batch_size: int | None = option(None, "Derived: backward_batch_size * world_size.")
+    reuse_generation_outputs: bool = option(
+        True,
+        "step() takes the old logprobs and values that generate() computed while sampling the same (query, "
+        "response) pairs, instead of a second forward pass of the policy (equal up to float rounding). It "
+        "falls back to the forward pass for responses generate() did not sample, or sampled before an "
+        "optimizer step, and for bf16/fp16 policies (whose cached decoding rounds differently). Set False "
+        "if you change the policy's weights yourself between generate() and step().",
     )
-    world_size: int | None = field(
-        default=None, metadata={"help": "Number of processes; set by the trainer, do not set by hand."}
-    )
-    ppo_epochs: int = field(default=4, metadata={"help": "Optimisation passes over each batch."})
-    max_grad_norm: float | None = field(default=None, metadata={"help": "Clip gradients to this norm (None: off)."})
-    optimize_cuda_cache: bool | None = field(
-        default=None, metadata={"help": "DEPRECATED alias of optimize_device_cache."}
-    )
-    optimize_device_cache: bool = field(
-        default=False, metadata={"help": "Free cached accelerator memory after every step (slower, leaner)."}
-    )
-    early_stopping: bool = field(
-        default=False, metadata={"help": "Stop the PPO epochs of a step once the policy KL exceeds 1.5 * target_kl."}
-    )
-    target_kl: float = field(default=1.0, metadata={"help": "Policy KL at which early stopping triggers (x1.5)."})
-    compare_steps: int = field(
-        default=1, metadata={"help": "Steps between best-model comparisons (kept for compatibility; unused offline)."}
-    )
-    ratio_threshold: float = field(
-        default=10.0,
-        metadata={"help": "Skip a minibatch (no backward, no optimizer step) whose mean ratio exceeds this."},
-    )
-    use_score_scaling: bool = field(default=False, metadata={"help": "Divide scores by their running std."})
-    use_score_norm: bool = field(
-        default=False,
-        metadata={"help": "With use_score_scaling: also subtract the running mean (ignored without it)."},
-    )
-    score_clip: float | None = field(default=None, metadata={"help": "Clip (scaled) scores to [-score_clip, score_clip]."})
-    whiten_rewards: bool = field(default=False, metadata={"help": "Whiten per-token rewards before GAE."})
-    is_encoder_decoder: bool | None = field(default=None, metadata={"help": "Set by the trainer from the model."})
-    is_peft_model: bool | None = field(default=None, metadata={"help": "Set by the trainer from the model."})
-    backward_batch_size: int | None = field(
-        default=None, metadata={"help": "Derived: mini_batch_size * gradient_accumulation_steps."}
-    )
-    global_backward_batch_size: int | None = field(
-        default=None, metadata={"help": "Derived: backward_batch_size * world_size."}
-    )
-    ds3_gather_for_generation: bool = field(
-        default=True,
-        metadata={
-            "help": "DeepSpeed ZeRO-3 only: gather the policy weights once for generation (faster); False lets a "
-            "policy larger than one GPU train, generating more slowly."
-        },
-    )
-    max_consecutive_nonfinite_steps: int = field(
-        default=3,
-        metadata={
-            "help": "A step with NaN/inf scores, or an optimizer step with NaN/inf gradients, is skipped; after "
-            "this many in a row the trainer saves its last good state (to its last checkpoint_dir) and stops."
-        },
-    )
-    reuse_generation_outputs: bool = field(
-        default=True,
-        metadata={
-            "help": "step() takes the old logprobs and values that generate() computed while sampling the same "
-            "(query, response) pairs, instead of a second forward pass of the policy (equal up to float rounding). "
-            "It falls back to the forward pass for responses generate() did not sample, or sampled before an "
-            "optimizer step, and for bf16/fp16 policies (whose cached decoding rounds differently). Set False "
-            "if you change the policy's weights yourself between generate() and step()."
-        },
-    )
-    global_batch_size: int | None = field(default=None, metadata={"help": "Derived: batch_size * world_size."})
+    global_batch_size: int | None = option(None, "Derived: batch_size * world_size.")
 
     def __post_init__(self) -> None:
         check_field_types(self)

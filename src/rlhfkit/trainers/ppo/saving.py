@@ -1,5 +1,10 @@
 """Saving a PPO run: the trained policy (`save_pretrained`, `push_to_hub`, a model card) and resumable
-checkpoints (`save_checkpoint` / `load_checkpoint`, through `trainers.checkpointing`)."""
+checkpoints (`save_checkpoint` / `load_checkpoint`, through `trainers.checkpointing`).
+
+Under FSDP each rank holds shards: every rank takes part in gathering whole tensors (weights, and the
+optimizer's state keyed by parameter name), and the main process writes them, in the same files as an
+unsharded run, so a plain single-process model loads them.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ from typing import Any
 
 from rlhfkit.trainers.checkpointing import WEIGHTS_FILE, load_training_checkpoint, save_training_checkpoint
 from rlhfkit.trainers.ppo import stats as ppo_stats
+from rlhfkit.trainers.sharded_state import gather_optimizer_state, load_optimizer_state, shard_like
 
 
 class SavingMethods:
@@ -20,14 +26,20 @@ class SavingMethods:
         `save_checkpoint` for atomic, resumable snapshots).
         """
         self.accelerator.wait_for_everyone()
+        full = self._gathered_weights()
         if self.accelerator.is_main_process:
-            self._write_pretrained(save_directory)
+            self._write_pretrained(save_directory, full)
 
     save_model = save_pretrained
 
-    def _write_pretrained(self, save_directory: str) -> None:
+    def _gathered_weights(self) -> dict[str, Any] | None:
+        """Under FSDP, the policy's whole tensors (a collective: call on every rank; only the main process
+        gets them, on the CPU); None when the policy is not sharded."""
+        return self.accelerator.get_state_dict(self._train_model) if self._fsdp else None
+
+    def _write_pretrained(self, save_directory: str, state_dict: dict[str, Any] | None = None) -> None:
         Path(save_directory).mkdir(parents=True, exist_ok=True)
-        self.policy.save_pretrained(save_directory)
+        self.policy.save_pretrained(save_directory, **({} if state_dict is None else {"state_dict": state_dict}))
         self.tokenizer.save_pretrained(save_directory)
         self.create_model_card(save_directory)
 
@@ -57,12 +69,13 @@ class SavingMethods:
                 "trainer.save_pretrained(folder) and upload that folder later"
             )
         self.accelerator.wait_for_everyone()
+        full = self._gathered_weights()
         if not self.accelerator.is_main_process:
             return None
         api = HfApi(token=token)
         api.create_repo(repo_id, private=private, exist_ok=True)
         with tempfile.TemporaryDirectory() as folder:
-            self._write_pretrained(folder)
+            self._write_pretrained(folder, full)
             return api.upload_folder(
                 repo_id=repo_id, folder_path=folder, commit_message=commit_message, revision=branch,
                 create_pr=create_pr,
@@ -79,21 +92,32 @@ class SavingMethods:
 
     def save_checkpoint(self, checkpoint_dir: str) -> None:
         """Everything a resumed run needs: weights (incl. value head), optimizer, scheduler, KL controller,
-        running score moments, RNG state and step counter. Atomic, with checksums (`checkpointing`)."""
+        running score moments, each process's RNG state and step counter. Atomic, with checksums
+        (`checkpointing`). Call it on every process."""
         self.accelerator.wait_for_everyone()
-        if self.accelerator.is_main_process:
-            save_training_checkpoint(checkpoint_dir, self.current_step, self.policy, self._checkpoint_parts())
+        weights, extra = self._gathered_weights(), None
+        if self._fsdp:  # the optimizer's state is sharded too (`_checkpoint_parts` leaves it out): gathered alike
+            extra = {"optimizer": gather_optimizer_state(self._train_model, self.optimizer)}
+        save_training_checkpoint(checkpoint_dir, self.current_step, self.policy if weights is None else weights,
+                                 self._checkpoint_parts(), extra=extra)  # every rank adds its random state
         self.checkpoint_dir = str(checkpoint_dir)
 
     def load_checkpoint(self, checkpoint_dir: str) -> None:
         """Restore a `save_checkpoint` folder (or the newest intact `checkpoint-<step>` in a folder)."""
-        from safetensors.torch import load_model
+        from safetensors.torch import load_file, load_model
 
         folder, state = load_training_checkpoint(checkpoint_dir, self._checkpoint_parts())
-        load_model(self.policy, str(folder / WEIGHTS_FILE), device=str(self.current_device))
+        if self._fsdp:  # every rank reads the whole tensors and keeps its own shard of them (not torch's
+            # set_model_state_dict or accelerate's loader: they do not expect the value head's key layout)
+            whole = load_file(str(folder / WEIGHTS_FILE))
+            self.policy.load_state_dict(shard_like(self.policy.state_dict(), whole))
+            load_optimizer_state(self._train_model, self.optimizer, state["optimizer"])
+        else:
+            device = self.current_device  # safetensors takes "cpu", not the "cpu:0" of a multi-CPU run
+            load_model(self.policy, str(folder / WEIGHTS_FILE), device="cpu" if device.type == "cpu" else str(device))
         self.current_step = int(state["step"])
         self.policy_version += 1
 
     def _checkpoint_parts(self) -> dict[str, Any]:
-        return {"optimizer": self.optimizer, "lr_scheduler": self.lr_scheduler, "kl_ctl": self.kl_ctl,
-                "running": self.running}
+        return {"optimizer": None if self._fsdp else self.optimizer, "lr_scheduler": self.lr_scheduler,
+                "kl_ctl": self.kl_ctl, "running": self.running}

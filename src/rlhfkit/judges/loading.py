@@ -1,0 +1,77 @@
+"""One `--judge_model` value to a judge: a local reward-model folder, a local causal-LM folder, or a built-in
+rule judge (the reward of a built-in task: `positive-review`, `keyword`, `length`).
+
+Offline: a name that is neither on disk nor built in is refused with the flag's name, never downloaded.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rlhfkit.data.loading import offline_error
+from rlhfkit.judges.base import BasePairwiseJudge
+from rlhfkit.judges.lm import LMPairwiseJudge
+from rlhfkit.judges.scored import RewardModelJudge, RuleJudge
+from rlhfkit.tasks import get_task, task_names
+
+
+def rule_judge_names() -> list[str]:
+    """Names `load_judge` accepts as built-in rule judges: the built-in tasks, judged by their reward."""
+    return task_names()
+
+
+def _own_tokenizer(path: Path, fallback: Any, trust_remote_code: bool) -> Any:
+    """The folder's tokenizer when it ships one, else `fallback` (the policy's)."""
+    if (path / "tokenizer_config.json").exists() or (path / "tokenizer.json").exists():
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+        if tokenizer.pad_token is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        return tokenizer
+    if fallback is None:
+        raise ValueError(f"judge model folder {str(path)!r} has no tokenizer and no policy tokenizer was given")
+    return fallback
+
+
+def load_judge(
+    judge_model: str,
+    tokenizer: Any = None,
+    *,
+    device: Any = "cpu",
+    dtype: Any = "auto",
+    trust_remote_code: bool = False,
+    flag: str = "--judge_model",
+) -> BasePairwiseJudge:
+    """The pairwise judge that `judge_model` names; `tokenizer` (the policy's) serves a folder without one.
+
+    A folder whose config names a `...ForSequenceClassification` architecture is a reward model
+    (`RewardModelJudge`); any other model folder is read as a causal LM judge (`LMPairwiseJudge`).
+    """
+    if not judge_model:
+        raise ValueError(f"{flag} is required: a local causal LM folder, a local reward-model folder or one of "
+                         f"the built-in rule judges ({', '.join(rule_judge_names())})")
+    path = Path(judge_model).expanduser()
+    if not path.exists():
+        if judge_model in rule_judge_names():
+            return RuleJudge.of_texts(get_task(judge_model).reward_fn)
+        hint = (
+            "Pass a local causal LM folder, a local reward-model folder (sequence classification, one output) or "
+            f"a built-in rule judge: {', '.join(rule_judge_names())}"
+        )
+        raise offline_error(flag, judge_model, hint, kind="folder or built-in judge")
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    if not (path / "config.json").is_file():
+        raise ValueError(f"{flag} {judge_model!r} is a path but not a model folder (no config.json)")
+    config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    options = {"trust_remote_code": trust_remote_code, "dtype": dtype}
+    judge_tokenizer = _own_tokenizer(path, tokenizer, trust_remote_code)
+    if any(arch.endswith("ForSequenceClassification") for arch in config.architectures or []):
+        model = AutoModelForSequenceClassification.from_pretrained(path, **options).to(device)
+        return RewardModelJudge(model, judge_tokenizer)
+    if config.is_encoder_decoder:
+        raise ValueError(f"{flag} {judge_model!r} is an encoder-decoder model; the LM judge needs a causal LM")
+    model = AutoModelForCausalLM.from_pretrained(path, **options).to(device)
+    return LMPairwiseJudge(model, judge_tokenizer)
