@@ -83,7 +83,8 @@ def _stop_at_accuracy(cfg: DemoConfig, task: VerifiableTask, tokenizer: Any, pro
             if state.global_step % PROBE_EVERY == 0:
                 greedy = sample_completions(model, tokenizer, probe["prompt"], cfg.response_length, 1.0, 0, 256, True)
                 probe_seen.append(sum(task.reward(probe["prompt"], greedy.texts, answer=probe["answer"])) / PROBE_SIZE)
-                control.should_training_stop = probe_seen[-1] >= cfg.sft_target_accuracy
+                if probe_seen[-1] >= cfg.sft_target_accuracy:  # never un-stop the trainer's own max_steps stop
+                    control.should_training_stop = True
             return control
 
     return StopAtAccuracy()
