@@ -105,7 +105,7 @@ def train_sft(cfg: DemoConfig, task: VerifiableTask, base: StageResult, out: Pat
         learning_rate=cfg.sft_learning_rate,
         lr_scheduler_type="constant_with_warmup",
         warmup_steps=0.1,
-        logging_steps=max(1, cfg.sft_steps // 10),
+        logging_steps=PROBE_EVERY,  # the run may stop long before sft_steps: log often enough to plot
         **stages.trainer_defaults(cfg, out),
     )
     probe_seen: list[float] = []
