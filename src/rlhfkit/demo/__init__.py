@@ -3,6 +3,8 @@
 Modules: `config` (DemoConfig and size presets), `cache` (cached stages with done-markers),
 `stages` (base model, SFT, preference pairs, reward model), `rl` (one function per algorithm),
 `evaluation` (win rate and friends), `report` and `plots`, and `pipeline.run_demo` tying them together.
+`--task addition` runs `verifiable` instead (SFT warm start -> GRPO on an exact reward -> held-out accuracy,
+reported by `verifiable_report`).
 Heavy libraries load inside the functions that use them.
 """
 

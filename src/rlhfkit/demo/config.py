@@ -13,6 +13,9 @@ from typing import Any
 from rlhfkit.trainers.config_fields import option
 
 ALGOS = ("rloo", "ppo", "ppo-multi-adapter", "dpo")
+# --task -> the RL algorithms it runs, the first being its default: sentiment learns from a reward model,
+# a verifiable task (rlhfkit.demo.verifiable) from its exact reward with GRPO
+TASK_ALGOS: dict[str, tuple[str, ...]] = {"sentiment": ALGOS, "addition": ("grpo",)}
 PPO_MINI_BATCHES = 4  # PPO mini-batches per rollout batch (rl_epochs passes over each)
 
 # preset -> values for the size fields left unset on the command line; "tiny" is "default" with
@@ -35,6 +38,8 @@ _LAPTOP: dict[str, Any] = dict(
     dpo_learning_rate=3e-4,
     response_length=48,
     eval_num_prompts=256,
+    temperature=0.7,
+    kl_coef=0.05,
 )
 PRESETS: dict[str, dict[str, Any]] = {
     "default": _LAPTOP,
@@ -49,6 +54,30 @@ PRESETS: dict[str, dict[str, Any]] = {
         "eval_num_prompts": 128,
     },
 }
+# --task addition: a short SFT warm start (imperfect on purpose), then GRPO on the exact reward; the fields
+# only the sentiment pipeline reads keep the laptop values
+_ADDITION: dict[str, Any] = {
+    **_LAPTOP,
+    "sft_steps": 1500,
+    "sft_batch_size": 64,
+    "sft_learning_rate": 1e-3,
+    "sft_target_accuracy": 0.4,
+    "rl_updates": 150,
+    "rl_batch_size": 256,
+    "rl_learning_rate": 1e-4,
+    "rl_epochs": 1,
+    "temperature": 1.0,
+    "kl_coef": 0.0,
+    "response_length": 5,
+    "eval_num_prompts": 1600,
+}
+TASK_PRESETS: dict[str, dict[str, dict[str, Any]]] = {
+    "sentiment": PRESETS,
+    "addition": {
+        "default": _ADDITION,
+        "tiny": {**_ADDITION, "sft_steps": 60, "rl_updates": 4, "rl_batch_size": 32, "eval_num_prompts": 64},
+    },
+}
 
 
 def preset_size(help: str) -> Any:
@@ -61,8 +90,14 @@ class DemoConfig:
     """Flags of `rlhfkit demo`; sizes left unset come from the `--size` preset."""
 
     output_dir: str = option("outputs/demo", "Folder for every stage and the report.")
-    algo: str = option(
-        "rloo", f"RL stage: {', '.join(ALGOS)} (ppo-multi-adapter: one base, policy + reward adapters)."
+    task: str = option(
+        "sentiment",
+        f"Demo task: {', '.join(TASK_ALGOS)} (sentiment: reward model + RL; addition: exact reward + GRPO).",
+    )
+    algo: str | None = option(
+        None,
+        f"RL stage, default the task's first: {', '.join(ALGOS)} for sentiment (ppo-multi-adapter: one base, "
+        "policy + reward adapters); grpo for addition.",
     )
     size: str = option("default", f"Preset for the stage sizes: {', '.join(PRESETS)} (tiny: CI).")
     seed: int = option(0, "Seed of every stage (data order, sampling, init).")
@@ -79,6 +114,10 @@ class DemoConfig:
     sft_batch_size: int | None = preset_size("Packed blocks per SFT step.")
     sft_seq_length: int | None = preset_size("Tokens per packed SFT block.")
     sft_learning_rate: float | None = preset_size("SFT peak learning rate (cosine).")
+    sft_target_accuracy: float | None = preset_size(
+        "--task addition: stop SFT early once greedy accuracy on 256 train problems reaches this share "
+        "(0: run all --sft_steps), so that RL starts from an imperfect policy."
+    )
     # 2. preference pairs and reward model
     pref_num_prompts: int | None = preset_size(
         "Train prompts sampled twice by the SFT policy and labelled by VADER."
@@ -95,8 +134,9 @@ class DemoConfig:
     rl_learning_rate: float | None = preset_size("RL learning rate.")
     rl_epochs: int | None = preset_size("Optimisation passes over each batch of rollouts.")
     rloo_k: int = option(4, "RLOO: completions per prompt.")
-    kl_coef: float = option(0.05, "Weight of the KL penalty to the SFT policy.")
-    temperature: float = option(0.7, "Sampling temperature for RL, pairs and evaluation.")
+    num_generations: int = option(8, "GRPO (--task addition): completions per prompt, one group.")
+    kl_coef: float | None = preset_size("Weight of the KL penalty to the SFT policy (GRPO's beta).")
+    temperature: float | None = preset_size("Sampling temperature for RL, pairs and evaluation.")
     response_length: int | None = preset_size("Maximum new tokens per completion.")
     lora_r: int = option(16, "ppo-multi-adapter: rank of the policy and reward LoRA adapters.")
     dpo_epochs: int | None = preset_size("DPO epochs over the preference pairs.")
@@ -107,11 +147,16 @@ class DemoConfig:
     eval_samples_shown: int = option(6, "Side-by-side completions printed and reported.")
 
     def __post_init__(self):
+        if self.task not in TASK_ALGOS:
+            raise ValueError(f"--task must be one of {', '.join(TASK_ALGOS)}, got {self.task!r}")
         if self.size not in PRESETS:
             raise ValueError(f"--size must be one of {', '.join(PRESETS)}, got {self.size!r}")
-        if self.algo not in ALGOS:
-            raise ValueError(f"--algo must be one of {', '.join(ALGOS)}, got {self.algo!r}")
-        for name, value in PRESETS[self.size].items():
+        algos = TASK_ALGOS[self.task]
+        if self.algo is None:
+            self.algo = algos[0]
+        if self.algo not in algos:
+            raise ValueError(f"--algo must be one of {', '.join(algos)} for --task {self.task}, got {self.algo!r}")
+        for name, value in TASK_PRESETS[self.task][self.size].items():
             if getattr(self, name) is None:
                 setattr(self, name, value)
         self.validate()
@@ -153,6 +198,11 @@ class DemoConfig:
             raise ValueError(
                 f"--rloo_k must be >= 2 (the baseline averages the other k-1), got {self.rloo_k}"
             )
+        if self.algo == "grpo" and (self.num_generations < 2 or self.rl_batch_size % self.num_generations):
+            raise ValueError(
+                f"--num_generations ({self.num_generations}) must be >= 2 and divide --rl_batch_size "
+                f"({self.rl_batch_size}): GRPO compares the completions within each group of a prompt"
+            )
         if self.algo == "rloo" and self.rl_batch_size % self.rloo_k:
             raise ValueError(
                 f"--rl_batch_size ({self.rl_batch_size}) must be a multiple of --rloo_k ({self.rloo_k})"
@@ -162,6 +212,8 @@ class DemoConfig:
                 f"--rl_batch_size ({self.rl_batch_size}) must be a multiple of {PPO_MINI_BATCHES} for --algo "
                 f"{self.algo}: each PPO batch is split into {PPO_MINI_BATCHES} mini-batches"
             )
+        if self.sft_target_accuracy is not None and not 0.0 <= self.sft_target_accuracy < 1.0:
+            raise ValueError(f"--sft_target_accuracy must be in [0, 1), got {self.sft_target_accuracy}")
         if self.kl_coef < 0:
             raise ValueError(f"--kl_coef must be >= 0, got {self.kl_coef}")
         if self.num_threads < 0:

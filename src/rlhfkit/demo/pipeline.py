@@ -13,6 +13,7 @@ and at the top: report.md, metrics.json, plots/.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -66,22 +67,17 @@ def _print_summary(console, stage: Stage, result: StageResult) -> None:
 
 def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     """Run (or reuse) every stage, write the report; returns the metrics written to metrics.json."""
-    from transformers import set_seed
+    if cfg.task != "sentiment":  # a verifiable task: exact reward, GRPO, no reward model
+        from rlhfkit.demo.verifiable import run_verifiable_demo
 
+        return run_verifiable_demo(cfg)
     _quiet_runtime(cfg)
     console = _console()
     root = Path(cfg.output_dir)
     root.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     results: dict[str, StageResult] = {}
-
-    def run(key: str, stage: Stage) -> StageResult:
-        set_seed(cfg.seed)  # each stage starts from the same RNG state, reused or not
-        result = run_stage(stage, root, fresh=cfg.fresh, announce=console.print)
-        _print_summary(console, stage, result)
-        results[key] = result
-        return result
-
+    run = stage_runner(cfg, root, console, results)
     base = run(
         "base", Stage("base", "1/6 base model", cfg.values("model"), lambda out: stages.build_base(cfg, out))
     )
@@ -137,6 +133,22 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     metrics = write_report(cfg, root, results, samples, time.perf_counter() - start)
     _print_outcome(console, cfg.algo, metrics["evaluation"], root)
     return metrics
+
+
+def stage_runner(
+    cfg: DemoConfig, root: Path, console: Any, results: dict[str, StageResult]
+) -> Callable[[str, Stage], StageResult]:
+    """`run(key, stage)`: run or reuse the stage under `root`, print its summary, keep it in `results[key]`."""
+    from transformers import set_seed
+
+    def run(key: str, stage: Stage) -> StageResult:
+        set_seed(cfg.seed)  # each stage starts from the same RNG state, reused or not
+        result = run_stage(stage, root, fresh=cfg.fresh, announce=console.print)
+        _print_summary(console, stage, result)
+        results[key] = result
+        return result
+
+    return run
 
 
 def _quiet_runtime(cfg: DemoConfig) -> None:

@@ -91,18 +91,13 @@ def make_plots(out: Path, stages: dict[str, StageResult], samples: list[dict[str
     return made
 
 
-def write_report(
-    cfg: DemoConfig,
-    out: Path,
-    stages: dict[str, StageResult],
-    samples: list[dict[str, Any]],
-    total_seconds: float,
+def write_metrics(
+    cfg: DemoConfig, out: Path, stages: dict[str, StageResult], total_seconds: float
 ) -> dict[str, Any]:
-    """Write metrics.json, report.md and plots/*.png into `out`; returns the metrics dict."""
-    evaluation = stages["evaluation"].summary
+    """metrics.json: the config, the evaluation stage's summary, and each stage's summary and time."""
     metrics = {
         "config": asdict(cfg),
-        "evaluation": evaluation,
+        "evaluation": stages["evaluation"].summary,
         "stages": {
             name: {
                 "summary": s.summary,
@@ -115,13 +110,38 @@ def write_report(
         "total_seconds": round(total_seconds, 2),
     }
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2, default=str), encoding="utf-8")
+    return metrics
+
+
+def write_report(
+    cfg: DemoConfig,
+    out: Path,
+    stages: dict[str, StageResult],
+    samples: list[dict[str, Any]],
+    total_seconds: float,
+) -> dict[str, Any]:
+    """Write metrics.json, report.md and plots/*.png into `out`; returns the metrics dict."""
+    metrics = write_metrics(cfg, out, stages, total_seconds)
     made = make_plots(out, stages, samples)
-    lines = _result_lines(cfg, stages) + _stage_lines(stages, total_seconds)
+    write_markdown(cfg, out, _result_lines(cfg, stages), stages, total_seconds, made, _sample_lines(cfg, samples))
+    return metrics
+
+
+def write_markdown(
+    cfg: DemoConfig,
+    out: Path,
+    result_lines: list[str],
+    stages: dict[str, StageResult],
+    total_seconds: float,
+    made: list[Path],
+    sample_lines: list[str],
+) -> None:
+    """report.md: the result, the stage table, the plots, the samples and the command that reproduces the run."""
+    lines = result_lines + _stage_lines(stages, total_seconds)
     lines += ["## Plots", ""] + [f"![{p.stem}](plots/{p.name})" for p in made]
-    lines += _sample_lines(cfg, samples)
+    lines += sample_lines
     lines += ["", "Reproduce: `rlhfkit demo " + " ".join(_flags(cfg)) + "`", ""]
     (out / "report.md").write_text("\n".join(lines), encoding="utf-8")
-    return metrics
 
 
 def _result_lines(cfg: DemoConfig, stages: dict[str, StageResult]) -> list[str]:
@@ -187,10 +207,12 @@ def _sample_lines(cfg: DemoConfig, samples: list[dict[str, Any]]) -> list[str]:
 
 def _flags(cfg: DemoConfig) -> list[str]:
     """The command line that reproduces this run: algo, size, seed and every flag off its preset value."""
-    preset = DemoConfig(algo=cfg.algo, size=cfg.size)
+    preset = DemoConfig(task=cfg.task, algo=cfg.algo, size=cfg.size)
     flags = [f"--algo {cfg.algo}", f"--size {cfg.size}", f"--seed {cfg.seed}"]
+    if cfg.task != "sentiment":
+        flags.insert(0, f"--task {cfg.task}")
     for f in fields(cfg):
-        if f.name in ("algo", "size", "seed", "output_dir", "fresh"):
+        if f.name in ("task", "algo", "size", "seed", "output_dir", "fresh"):
             continue
         value = getattr(cfg, f.name)
         if value != getattr(preset, f.name):

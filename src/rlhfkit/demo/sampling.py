@@ -1,4 +1,4 @@
-"""Sampling completions of review openings from a policy, shared by the preference and evaluation stages."""
+"""Sampling completions of prompts from a policy, shared by the preference and evaluation stages."""
 
 from __future__ import annotations
 
@@ -44,12 +44,17 @@ def sample_completions(
     temperature: float,
     seed: int,
     chunk_size: int = 64,
+    greedy: bool = False,
 ) -> Completions:
-    """One sampled completion per prompt (pure sampling at `temperature`), cut after eos."""
+    """One sampled completion per prompt (pure sampling at `temperature`), cut after eos.
+
+    `greedy=True` takes the most likely token at each step instead (`temperature` and `seed` unused).
+    """
     device = next(model.parameters()).device
     query_ids, query_mask = encode_prompts(tokenizer, prompts, device)
+    sampling = dict(temperature=temperature, top_k=0, top_p=1.0) if not greedy else {}
     params = SamplingParams(
-        max_new_tokens=max_new_tokens, temperature=temperature, top_k=0, top_p=1.0,
+        max_new_tokens=max_new_tokens, do_sample=not greedy, **sampling,
         stop_token_ids=None if tokenizer.eos_token_id is None else (tokenizer.eos_token_id,),
     )
     from rich.progress import Progress

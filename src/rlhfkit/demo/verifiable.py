@@ -1,0 +1,277 @@
+"""`rlhfkit demo --task addition`: a verifiable task, learned from its exact reward with GRPO.
+
+No reward model and no judge: a completion is right or wrong by exact match against the answer.
+Stage folders under `output_dir` (cached and reused like the sentiment demo's):
+  base/                  the tokenizer and the untrained tiny policy
+  sft-<task>/            a short SFT warm start on train problems (imperfect on purpose)
+  rl-grpo-<task>/        the GRPO policy, curves.json (mean reward per step)
+  evaluation-<task>/     metrics.json, samples.jsonl: held-out accuracy of the SFT and GRPO policies
+and at the top: report.md, metrics.json, plots/.
+
+Accuracy is the share of held-out problems whose *greedy* completion is exactly the answer (what a user
+of the model sees, with no sampling luck); the sampled accuracy at the RL temperature is reported beside it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rlhfkit.demo import pipeline, stages
+from rlhfkit.demo.cache import Stage, StageResult
+from rlhfkit.demo.config import DemoConfig
+from rlhfkit.demo.sampling import sample_completions
+from rlhfkit.judges.win_rates import wilson_interval
+
+
+@dataclass(frozen=True)
+class VerifiableTask:
+    """Data and exact reward of a task: `prompt_dataset(split, n, seed)` gives "prompt" and "answer"
+    columns, `sft_dataset(n, seed)` "prompt" and "completion", and `reward(prompts, completions, answer)`
+    one float per completion (the GRPO reward-function form)."""
+
+    name: str
+    description: str
+    prompt_dataset: Callable[..., Any]
+    sft_dataset: Callable[..., Any]
+    reward: Callable[..., list[float]]
+
+
+def _addition() -> VerifiableTask:
+    from rlhfkit.rewards import exact_match_reward
+    from rlhfkit.tasks import addition
+
+    return VerifiableTask(
+        "addition",
+        "two-digit addition, `37+48=` -> `85`, scored by exact match",
+        addition.addition_prompt_dataset,
+        addition.addition_sft_dataset,
+        exact_match_reward("answer"),
+    )
+
+
+VERIFIABLE_TASKS: dict[str, Callable[[], VerifiableTask]] = {"addition": _addition}
+SFT_FIELDS = ("seed", "sft_steps", "sft_batch_size", "sft_learning_rate", "sft_target_accuracy", "response_length")
+GRPO_FIELDS = (
+    "seed", "rl_updates", "rl_batch_size", "rl_learning_rate", "rl_epochs", "num_generations", "kl_coef",
+    "temperature", "response_length",
+)  # fmt: skip
+EVAL_FIELDS = ("seed", "eval_num_prompts", "temperature", "response_length")
+
+
+# ---------------------------------------------------------------------- 2. SFT warm start
+PROBE_SIZE, PROBE_EVERY = 256, 20  # train problems checked, and how often, for --sft_target_accuracy
+
+
+def _stop_at_accuracy(cfg: DemoConfig, task: VerifiableTask, tokenizer: Any, probe_seen: list[float]) -> Any:
+    """A callback ending SFT once greedy accuracy on PROBE_SIZE *train* problems reaches the target.
+
+    The point where a short SFT run starts to get answers right moves by a hundred steps or more from seed
+    to seed; stopping on accuracy puts every seed's warm start at the same, deliberately imperfect level.
+    """
+    from transformers import TrainerCallback
+
+    probe = task.prompt_dataset("train", n=PROBE_SIZE, seed=cfg.seed + 1)
+
+    class StopAtAccuracy(TrainerCallback):
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            if state.global_step % PROBE_EVERY == 0:
+                greedy = sample_completions(model, tokenizer, probe["prompt"], cfg.response_length, 1.0, 0, 256, True)
+                probe_seen.append(sum(task.reward(probe["prompt"], greedy.texts, answer=probe["answer"])) / PROBE_SIZE)
+                if probe_seen[-1] >= cfg.sft_target_accuracy:  # never un-stop the trainer's own max_steps stop
+                    control.should_training_stop = True
+            return control
+
+    return StopAtAccuracy()
+
+
+def train_sft(cfg: DemoConfig, task: VerifiableTask, base: StageResult, out: Path) -> dict[str, Any]:
+    """Completion-only next-token training on train problems, one problem per row; with
+    `sft_target_accuracy` it stops early once the policy answers that share of train problems."""
+    from rlhfkit.trainers.sft import SFTTrainer
+    from rlhfkit.trainers.sft_config import SFTConfig
+
+    tokenizer = stages.load_tokenizer(base.path)
+    args = SFTConfig(
+        completion_only_loss=True,
+        max_seq_length=32,
+        per_device_train_batch_size=cfg.sft_batch_size,
+        max_steps=cfg.sft_steps,
+        learning_rate=cfg.sft_learning_rate,
+        lr_scheduler_type="constant_with_warmup",
+        warmup_steps=0.1,
+        logging_steps=PROBE_EVERY,  # the run may stop long before sft_steps: log often enough to plot
+        **stages.trainer_defaults(cfg, out),
+    )
+    probe_seen: list[float] = []
+    callbacks = [_stop_at_accuracy(cfg, task, tokenizer, probe_seen)] if cfg.sft_target_accuracy else []
+    trainer = SFTTrainer(
+        model=str(base.path),
+        args=args,
+        train_dataset=task.sft_dataset(seed=cfg.seed),
+        processing_class=tokenizer,
+        callbacks=callbacks,
+    )
+    result = trainer.train()
+    trainer.model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    history = stages._save_logs(trainer, out)
+    losses = [h["loss"] for h in history if "loss" in h]
+    return {
+        "steps": result.global_step,
+        "first_loss": losses[0],
+        "final_loss": losses[-1],
+        "train_probe_accuracy": probe_seen[-1] if probe_seen else None,
+    }
+
+
+# ---------------------------------------------------------------------- 3. GRPO on the exact reward
+def _reward_bar(progress: Any, total: int) -> Any:
+    """A callback driving one progress bar that shows the latest mean reward (the trainer itself stays quiet)."""
+    from transformers import TrainerCallback
+
+    bar = progress.add_task("GRPO steps", total=total)
+
+    class RewardBar(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs and "reward" in logs:
+                description = f"GRPO steps  reward={logs['reward']:.3f}"
+                progress.update(bar, completed=state.global_step, description=description)
+
+    return RewardBar()
+
+
+def train_grpo(cfg: DemoConfig, task: VerifiableTask, sft: StageResult, out: Path) -> dict[str, Any]:
+    """GRPO from the SFT policy on train problems; the reward function reads the "answer" column."""
+    from rich.progress import Progress
+    from transformers import PrinterCallback
+
+    from rlhfkit import GRPOConfig, GRPOTrainer
+
+    tokenizer = stages.load_tokenizer(sft.path)
+    args = GRPOConfig(
+        per_device_train_batch_size=cfg.rl_batch_size,
+        num_generations=cfg.num_generations,
+        max_steps=cfg.rl_updates,
+        num_iterations=cfg.rl_epochs,
+        learning_rate=cfg.rl_learning_rate,
+        lr_scheduler_type="constant",
+        beta=cfg.kl_coef,
+        temperature=cfg.temperature,
+        max_completion_length=cfg.response_length,
+        logging_steps=1,
+        **{**stages.trainer_defaults(cfg, out), "disable_tqdm": True},  # one bar below, not a log per step
+    )
+    trainer = GRPOTrainer(
+        model=str(sft.path),
+        reward_funcs=task.reward,
+        args=args,
+        train_dataset=task.prompt_dataset("train", seed=cfg.seed),
+        processing_class=tokenizer,
+    )
+    trainer.remove_callback(PrinterCallback)  # with tqdm off, transformers would print every log
+    with Progress() as progress:
+        trainer.add_callback(_reward_bar(progress, cfg.rl_updates))
+        result = trainer.train()
+    trainer.model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    shutil.rmtree(out / "trainer", ignore_errors=True)
+    history = [dict(h) for h in trainer.state.log_history]
+    (out / "log_history.json").write_text(json.dumps(history, indent=1, default=float), encoding="utf-8")
+    logged = [h for h in history if "reward" in h]
+    curves = {"step": [h["step"] for h in logged], "reward": [h["reward"] for h in logged]}
+    (out / "curves.json").write_text(json.dumps(curves, indent=1), encoding="utf-8")
+    head, tail = curves["reward"][:5], curves["reward"][-5:]
+    return {
+        "steps": result.global_step,
+        "reward_start": sum(head) / max(1, len(head)),
+        "reward_end": sum(tail) / max(1, len(tail)),
+    }
+
+
+# ---------------------------------------------------------------------- 4. held-out accuracy
+def _accuracy(metrics: dict[str, Any], key: str, rewards: list[float]) -> None:
+    """`key`: the share of exact answers; `key`_ci95: its 95% Wilson interval (rounded for reading)."""
+    correct = int(sum(rewards))
+    metrics[key] = correct / len(rewards)
+    metrics[f"{key}_ci95"] = [round(bound, 4) for bound in wilson_interval(correct / len(rewards), len(rewards))]
+
+
+def evaluate(
+    cfg: DemoConfig, task: VerifiableTask, sft: StageResult, rl: StageResult, out: Path
+) -> dict[str, Any]:
+    """Greedy and sampled accuracy of the SFT and GRPO policies on held-out problems; samples.jsonl."""
+    tokenizer = stages.load_tokenizer(sft.path)
+    held_out = task.prompt_dataset("test", n=cfg.eval_num_prompts, seed=cfg.seed)
+    prompts, answers = held_out["prompt"], held_out["answer"]
+    metrics: dict[str, Any] = {"task": task.name, "num_prompts": len(prompts)}
+    texts: dict[str, list[str]] = {}
+    for name, stage in (("sft", sft), ("rl", rl)):
+        policy = stages.load_policy(stage.path)
+        greedy = sample_completions(policy, tokenizer, prompts, cfg.response_length, 1.0, cfg.seed, 256, True)
+        sampled = sample_completions(
+            policy, tokenizer, prompts, cfg.response_length, cfg.temperature, cfg.seed + 1000, 256
+        )
+        texts[name] = greedy.texts
+        _accuracy(metrics, f"greedy_{name}", task.reward(prompts, greedy.texts, answer=answers))
+        _accuracy(metrics, f"sampled_{name}", task.reward(prompts, sampled.texts, answer=answers))
+    metrics["lift_points"] = 100 * (metrics["greedy_rl"] - metrics["greedy_sft"])
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2), encoding="utf-8")
+    with open(out / "samples.jsonl", "w", encoding="utf-8") as fh:
+        for i, (prompt, answer) in enumerate(zip(prompts, answers)):
+            row = {"prompt": prompt, "answer": answer, "sft": texts["sft"][i], "rl": texts["rl"][i]}
+            fh.write(json.dumps(row) + "\n")
+    return metrics
+
+
+# ---------------------------------------------------------------------- the pipeline
+def run_verifiable_demo(cfg: DemoConfig) -> dict[str, Any]:
+    """Base -> SFT warm start -> GRPO -> held-out accuracy, each stage cached; writes the report."""
+    from rlhfkit.demo.verifiable_report import print_samples, write_report
+
+    task = VERIFIABLE_TASKS[cfg.task]()
+    pipeline._quiet_runtime(cfg)
+    console = pipeline._console()
+    root = Path(cfg.output_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    results: dict[str, StageResult] = {}
+    run = pipeline.stage_runner(cfg, root, console, results)
+
+    name = task.name
+    base = run("base", Stage("base", "1/4 base model", cfg.values("model"), lambda out: stages.build_base(cfg, out)))
+    sft = run(
+        "sft",
+        Stage(
+            f"sft-{name}", f"2/4 SFT warm start ({name})", cfg.values(*SFT_FIELDS),
+            lambda out: train_sft(cfg, task, base, out), [base],
+        ),
+    )  # fmt: skip
+    rl = run(
+        "rl",
+        Stage(
+            f"rl-grpo-{name}", "3/4 GRPO on the exact reward", cfg.values(*GRPO_FIELDS),
+            lambda out: train_grpo(cfg, task, sft, out), [sft],
+        ),
+    )  # fmt: skip
+    evaluated = run(
+        "evaluation",
+        Stage(
+            f"evaluation-{name}", "4/4 held-out accuracy", cfg.values(*EVAL_FIELDS),
+            lambda out: evaluate(cfg, task, sft, rl, out), [sft, rl],
+        ),
+    )  # fmt: skip
+    samples = [json.loads(line) for line in (evaluated.path / "samples.jsonl").read_text("utf-8").splitlines()]
+    print_samples(samples[: cfg.eval_samples_shown], console)
+    metrics = write_report(cfg, task.description, root, results, samples, time.perf_counter() - start)
+    ev = metrics["evaluation"]
+    console.print(
+        f"[bold]held-out greedy accuracy: SFT {100 * ev['greedy_sft']:.1f}% -> GRPO "
+        f"{100 * ev['greedy_rl']:.1f}% ({ev['lift_points']:+.1f} points)[/]; report: {root / 'report.md'}"
+    )
+    return metrics
