@@ -51,8 +51,8 @@ def run_args(args: argparse.Namespace, model: str, mode: str) -> argparse.Namesp
 def measure(args: argparse.Namespace, data: dict) -> None:
     log_dir = args.work_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
-    started = time.monotonic()
-    for repeat in range(args.repeats):
+    started, first = time.monotonic(), 1 + max((r["repeat"] for r in data["runs"]), default=-1)
+    for repeat in range(first, first + args.repeats):
         order = list(bench.LIBRARIES) if repeat % 2 == 0 else list(reversed(bench.LIBRARIES))
         for mode in args.modes:
             for model in args.models:
@@ -61,7 +61,7 @@ def measure(args: argparse.Namespace, data: dict) -> None:
                         data["info"]["note"] = f"--time-budget {args.time_budget} min cut the last repeat(s) short"
                         return
                     for library in order:
-                        bench.log(f"repeat {repeat + 1}/{args.repeats} {mode} {model} {name} {library} ...")
+                        bench.log(f"repeat {repeat + 1}/{first + args.repeats} {mode} {model} {name} {library} ...")
                         result = bench.run_one(library, bench.WORKLOADS[name], model, run_args(args, model, mode), log_dir)
                         result.update(repeat=repeat, mode=mode, load_average_after=list(os.getloadavg()))
                         if "error" in result:
@@ -101,7 +101,9 @@ def summarize(data: dict) -> list[dict]:
             row["speed_ratio"] = k["completions_per_second"] / t["completions_per_second"]
             row["cpu_ratio"] = t["cpu_seconds_per_step"] / k["cpu_seconds_per_step"]
             row["memory_ratio"] = k["peak_rss_mb"] / t["peak_rss_mb"]
-            row["speed_ok"] = row["speed_ratio"] >= SPEED_TARGET
+            # wall clock on a shared machine swings both ways: the target counts as met only when the
+            # CPU-time ratio (disturbed less by other processes) agrees
+            row["speed_ok"] = min(row["speed_ratio"], row["cpu_ratio"]) >= SPEED_TARGET
             row["memory_ok"] = row["memory_ratio"] <= 1.0
         rows.append(row)
     return rows
@@ -109,6 +111,10 @@ def summarize(data: dict) -> list[dict]:
 
 def _f(x, spec=".2f") -> str:
     return "-" if x is None else format(x, spec)
+
+
+def _runs(d: dict) -> str:
+    return ", ".join(f"{x:.1f}" for x in d.get("all_completions_per_second", [])) or "-"
 
 
 def _lengths(d: dict) -> str:
@@ -136,18 +142,21 @@ def markdown(data: dict) -> str:
         "`eos`: generation stops at the eos token. Lengths are min / median / mean / max over every timed "
         "completion of every run.", "",
         f"Targets (issue 17): completions per second >= {SPEED_TARGET}x TRL's, peak memory no higher.", "",
-        "| mode | model | workload | rlhfkit compl/s | TRL compl/s | speed ratio (>= 1.5x) | CPU-time ratio | "
+        "The speed target counts as met only where both the wall-clock ratio and the CPU-time ratio reach it.", "",
+        "| mode | model | workload | rlhfkit compl/s | TRL compl/s | speed ratio, target 1.5x (wall / CPU) | "
+        "rlhfkit runs compl/s | TRL runs compl/s | "
         "rlhfkit peak MiB | TRL peak MiB | memory ratio (<= 1x) | rlhfkit loop MiB | TRL loop MiB | "
         "rlhfkit lengths | TRL lengths | runs |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         k, t = row.get("rlhfkit", {}), row.get("trl", {})
-        speed = "-" if "speed_ratio" not in row else f"{row['speed_ratio']:.2f}x {'met' if row['speed_ok'] else 'NOT MET'}"
+        speed = "-" if "speed_ratio" not in row else \
+            f"{row['speed_ratio']:.2f}x / {row['cpu_ratio']:.2f}x {'met' if row['speed_ok'] else 'NOT MET'}"
         mem = "-" if "memory_ratio" not in row else f"{row['memory_ratio']:.2f}x {'met' if row['memory_ok'] else 'NOT MET'}"
         out.append(
             f"| {row['mode']} | {row['model']} | {row['workload']} | {_f(k.get('completions_per_second'))} | "
-            f"{_f(t.get('completions_per_second'))} | {speed} | {_f(row.get('cpu_ratio'))}x | "
+            f"{_f(t.get('completions_per_second'))} | {speed} | {_runs(k)} | {_runs(t)} | "
             f"{_f(k.get('peak_rss_mb'), '.0f')} | {_f(t.get('peak_rss_mb'), '.0f')} | {mem} | "
             f"{_f(k.get('loop_rss_mb'), '.0f')} | {_f(t.get('loop_rss_mb'), '.0f')} | {_lengths(k)} | {_lengths(t)} | "
             f"{k.get('runs', 0)}+{t.get('runs', 0)} |")
@@ -189,6 +198,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--work-dir", default=str(bench.DEFAULT_WORK))
     parser.add_argument("--output-dir", default=str(HERE))
     parser.add_argument("--render", default=None, metavar="JSON", help="only rewrite GRPO_RESULTS.md from this JSON")
+    parser.add_argument("--resume", default=None, metavar="JSON", help="add --repeats more repeats to this JSON's runs")
     args = parser.parse_args(argv)
     for name, valid in (("models", STEPS), ("workloads", ("grpo", "grpo-kl")), ("modes", MODES)):
         values = [v for v in getattr(args, name).split(",") if v]
@@ -224,6 +234,9 @@ def main(argv: list[str] | None = None) -> int:
             "threads": args.threads, "warmup": args.warmup, "steps": STEPS, "repeats": args.repeats}
     baselines = bench.import_baselines(args, [bench.WORKLOADS[w] for w in args.workloads])
     data = {"info": info, "import_baselines": baselines, "runs": []}
+    if args.resume:  # earlier repeats of the same command (the commit and command recorded are this call's)
+        old = json.loads(Path(args.resume).read_text())
+        data["runs"], info["resumed_from"] = old["runs"], {k: old["info"][k] for k in ("commit", "command", "date")}
     measure(args, data)
     write(args.output_dir, data, final=True)
     failed = [r for r in data["runs"] if "error" in r]
