@@ -58,6 +58,10 @@ WORKLOADS = {
         Workload("sft", "trl-new", "episodes_per_second", 1.0, "SFT, batch 16 x 128 tokens"),
         Workload("reward", "trl-new", "episodes_per_second", 1.0, "reward model, batch 16 pairs x 64 tokens"),
         Workload("dpo", "trl-new", "episodes_per_second", 1.0, "DPO, batch 16 pairs, 32 prompt + 32 answer tokens"),
+        Workload("grpo", "trl-new", "episodes_per_second", 1.5,
+                 "GRPO, 4 prompts x 4 generations = 16 completions per optimizer step, 48 tokens, beta=0 "
+                 "(benchmarks/grpo_bench.py runs it; results in GRPO_RESULTS.md)"),
+        Workload("grpo-kl", "trl-new", "episodes_per_second", 1.5, "as grpo with beta=0.04 (a reference model)"),
         Workload("ddpo", "trl-0.11", "episodes_per_second", None, "DDPO, 8 images x 10 DDIM steps, tiny SD (one size: listed as tiny)",
                  sizes=("tiny",)),
     )
@@ -183,7 +187,8 @@ def roofline(args: argparse.Namespace, models: list[str]) -> dict:
 
 
 TRAINER_CLASS = {"ppo": "PPOTrainer", "rloo-old": "RLOOTrainer", "rloo": "RLOOTrainer", "sft": "SFTTrainer",
-                 "reward": "RewardTrainer", "dpo": "DPOTrainer", "ddpo": "DDPOTrainer"}
+                 "reward": "RewardTrainer", "dpo": "DPOTrainer", "ddpo": "DDPOTrainer",
+                 "grpo": "GRPOTrainer", "grpo-kl": "GRPOTrainer"}
 
 
 def import_baselines(args: argparse.Namespace, workloads: list[Workload]) -> dict[str, float]:

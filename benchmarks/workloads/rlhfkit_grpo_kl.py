@@ -1,0 +1,11 @@
+"""rlhfkit: GRPOTrainer as rlhfkit_grpo.py with beta=0.04 (a frozen reference model; see _grpo_loop.py)."""
+
+from _common import workload_args
+
+if __name__ == "__main__":
+    args = workload_args(__doc__)
+    from _grpo_loop import run
+
+    from rlhfkit import GRPOConfig, GRPOTrainer
+
+    run(args, "rlhfkit", "grpo-kl", GRPOConfig, GRPOTrainer)
