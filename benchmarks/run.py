@@ -432,6 +432,9 @@ def markdown(rows: list[dict], info: dict, roof: dict) -> str:
     findings = HERE / "FINDINGS.md"
     if findings.is_file():  # hand-written analysis of the latest full run (profiles, missed targets)
         out += ["", findings.read_text().strip()]
+    large_vocab = HERE / "large_vocab" / "TABLES.md"
+    if info.get("include_large_vocab", True) and large_vocab.is_file():  # written by scaling.py
+        out += ["", large_vocab.read_text().strip()]
     out += ["", "## Workloads", ""]
     out += [f"- `{w.name}`: {w.what} (TRL side: {info['trl_versions'].get(w.trl_venv, w.trl_venv)})"
             for w in WORKLOADS.values()]
@@ -459,11 +462,13 @@ def _repo_relative(path: Path) -> str:
 
 
 def git_commit() -> str:
-    """The checkout's commit, with `-dirty` when tracked files differ from it (the figures name their code)."""
+    """The checkout's commit, with `-dirty` when the measured code (src/, the harness and its workloads)
+    differs from it: the figures name their code, while notes and docs may be edited during a run."""
     root = Path(__file__).resolve().parents[1]
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "src",
+                                "benchmarks/workloads", "benchmarks/run.py", "benchmarks/prepare.py"], cwd=root,
                                capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
@@ -568,6 +573,7 @@ def main(argv: list[str] | None = None) -> int:
         "versions": rlhfkit_versions(rlhfkit_python(args)), "trl_versions": trl_versions(
             sorted({w.trl_venv for w in workloads}) if "trl" in args.libraries else []), "threads": args.threads,
         "steps": args.steps, "warmup": args.warmup, "repeats": args.repeats, "eos": args.eos,
+        "include_large_vocab": not args.name, "max_rss_gb": args.max_rss_gb,
     }
     log_dir = args.work_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
