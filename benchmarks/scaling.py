@@ -114,15 +114,17 @@ def markdown(rows: list[dict], sources: dict[str, dict]) -> str:
            "after, its log). Tiny Llama (hidden 64, 2 layers, untied head) with word-level tokenizers of 1,000 to "
            "151,936 tokens (`prepare.py`), 6-token queries, 16 completions per step, float32, 2 threads, 1 timed "
            "step per run, no warm-up step. **Timings come from a shared 2-core machine** on which other sessions "
-           "ran tests at the same time (load averages 2 to 9): each ratio is taken within a pair of runs that "
+           f"ran tests at the same time (1-minute load averages {_load_range(rows)} around the runs): each ratio is taken within a pair of runs that "
            "ran back to back, libraries alternating which goes first, and the table gives every pair's ratio. "
            "Memory figures are not affected by load. Loop memory is the peak RSS above the same trainer's "
            "import-only baseline. A run whose RSS passed the limit named in its JSON (`max_rss_gb`) was stopped "
            "and is listed as OOM with the size it had reached.", ""]
     for name, info in sources.items():
-        out.append(f"- `large_vocab/{name}`: commit {info['commit']}, `{info['command']}`, {info['date']}")
+        stopped = "" if info.get("complete", True) else " (stopped before its last run: the runs it lists are complete)"
+        out.append(f"- `large_vocab/{name}`: commit {info['commit']}, `{info['command']}`, {info['date']}{stopped}")
     out += ["", "| workload | vocab | length | rlhfkit s/step | TRL s/step | rlhfkit loop GiB | TRL loop GiB | "
-            "speed ratio per pair | loop memory ratio | against the targets |", "|---|---|---|---|---|---|---|---|---|---|"]
+            "speed ratio per pair | loop memory ratio | against the targets | load before-after (rlhfkit; TRL) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         if row["eos"]:
             continue
@@ -130,7 +132,7 @@ def markdown(rows: list[dict], sources: dict[str, dict]) -> str:
         ratios = ", ".join(f"{x:.2f}x" for x in row["pair_speed_ratios"]) or "-"
         mem = f"{row['loop_memory_ratio']:.2f}x" if "loop_memory_ratio" in row else "-"
         out.append(f"| {row['workload']} | {row['vocab']:,} | {row['length']} | {ks} | {ts} | {km} | {tm} | {ratios} | "
-                   f"{mem} | {_verdict(row)} |")
+                   f"{mem} | {_verdict(row)} | {_loads(row)} |")
     eos_rows = [r for r in rows if r["eos"]]
     if eos_rows:
         out += ["", "### Realistic setting: completions stop at eos", "",
@@ -145,6 +147,18 @@ def markdown(rows: list[dict], sources: dict[str, dict]) -> str:
             out.append(f"| {row['workload']} | {row['length']} | {_eps(k)} | {_eps(t)} | {_spans(k)} | {_spans(t)} | "
                        f"{', '.join(f'{x:.2f}x' for x in row['pair_speed_ratios']) or '-'} | {_verdict(row)} |")
     return "\n".join(out) + "\n"
+
+
+def _loads(row: dict) -> str:
+    def one(side: dict) -> str:
+        return ", ".join(f"{a:.1f}-{b:.1f}" for a, b in side["loads"] if a is not None and b is not None) or "-"
+
+    return f"{one(row['rlhfkit'])}; {one(row['trl'])}"
+
+
+def _load_range(rows: list[dict]) -> str:
+    loads = [x for r in rows for lib in LIBRARIES for pair in r[lib]["loads"] for x in pair if x is not None]
+    return f"{min(loads):.1f} to {max(loads):.1f}" if loads else "not recorded"
 
 
 def _eps(side: dict) -> str:
@@ -202,7 +216,7 @@ def main() -> None:
     folder = Path(args.folder)
     runs = load(folder)
     rows = points(runs)
-    sources = {p.name: {k: json.loads(p.read_text())["info"].get(k) for k in ("commit", "command", "date")}
+    sources = {p.name: {k: json.loads(p.read_text())["info"].get(k) for k in ("commit", "command", "date", "complete")}
                for p in sorted(folder.glob("results-*.json"))}
     text = markdown(rows, sources)
     for workload in sorted({r["workload"] for r in rows}):
