@@ -55,6 +55,8 @@ def points(runs: list[dict]) -> list[dict]:
             if ok:
                 side["seconds_per_step"] = statistics.median(r["seconds_per_step"] for r in ok)
                 side["episodes_per_second"] = statistics.median(r["episodes_per_second"] for r in ok)
+                if all(r.get("cpu_seconds_per_step") for r in ok):
+                    side["cpu_seconds_per_step"] = statistics.median(r["cpu_seconds_per_step"] for r in ok)
                 side["peak_mb"] = max(r["os_peak_rss_mb"] for r in ok)
                 if all("loop_mb" in r for r in ok):
                     side["loop_mb"] = max(r["loop_mb"] for r in ok)
@@ -195,18 +197,27 @@ def plot(rows: list[dict], workload: str, out: Path) -> bool:
     for col, (series, x_key, x_label) in enumerate(((by_length, "length", "completion length (vocabulary 151,936)"),
                                                     (by_vocab, "vocab", "vocabulary (completions of 256 tokens)"))):
         for row_i, (metric, y_label) in enumerate((("loop_mb", "loop memory above imports (GiB)"),
-                                                    ("seconds_per_step", "seconds per step"))):
+                                                    ("seconds_per_step", "seconds per step (wall; CPU dotted)"))):
             ax = axes[row_i][col]
             for library, style in (("rlhfkit", "o-"), ("trl", "s--")):
+                name = "rlhfkit" if library == "rlhfkit" else "TRL"
                 xs = [r[x_key] for r in series if metric in r[library]]
                 ys = [r[library][metric] / (1024 if metric == "loop_mb" else 1) for r in series if metric in r[library]]
-                line = ax.plot(xs, ys, style, label=library if library == "rlhfkit" else "TRL")[0]
+                line = ax.plot(xs, ys, style, label=name)[0]
+                if metric == "seconds_per_step":  # CPU seconds: what a busy machine disturbs less
+                    cpu = [(r[x_key], r[library]["cpu_seconds_per_step"]) for r in series
+                           if "cpu_seconds_per_step" in r[library]]
+                    ax.plot([x for x, _ in cpu], [y for _, y in cpu], style[0] + ":", mfc="none",
+                            color=line.get_color(), label=f"{name} CPU s")
                 ooms = [r[x_key] for r in series if r[library].get("errors") and not r[library].get("runs")]
                 for x in ooms:
                     ax.axvline(x, color=line.get_color(), linestyle=":", alpha=0.7)
                     ax.annotate(f"{'TRL' if library == 'trl' else library} OOM", (x, ax.get_ylim()[1] * 0.9),
                                 color=line.get_color(), rotation=90, ha="right", va="top", fontsize=8)
             ax.set_xscale("log", base=2)
+            ticks = sorted({r[x_key] for r in series})
+            ax.set_xticks(ticks, [f"{x:,}" for x in ticks])
+            ax.minorticks_off()
             ax.set_xlabel(x_label)
             ax.set_ylabel(y_label)
             ax.grid(True, alpha=0.3)
