@@ -66,6 +66,7 @@ def points(runs: list[dict]) -> list[dict]:
             row[library] = side
         row["pair_speed_ratios"] = _pair_ratios(mine)
         row["pair_cpu_ratios"] = _pair_ratios(mine, "cpu_seconds_per_step")
+        row["pair_token_ratios"] = _pair_ratios(mine, "tokens_per_second")
         k, t = row["rlhfkit"], row["trl"]
         if "loop_mb" in k and "loop_mb" in t and t["loop_mb"] > 0:
             row["loop_memory_ratio"] = k["loop_mb"] / t["loop_mb"]
@@ -83,7 +84,7 @@ def _pair_ratios(runs: list[dict], metric: str = "episodes_per_second") -> list[
         if set(pair) != set(LIBRARIES) or not all(pair[lib].get(metric) for lib in LIBRARIES):
             continue
         k, t = pair["rlhfkit"][metric], pair["trl"][metric]
-        ratios.append(k / t if metric == "episodes_per_second" else t / k)
+        ratios.append(t / k if metric == "cpu_seconds_per_step" else k / t)
     return ratios
 
 
@@ -150,13 +151,14 @@ def markdown(rows: list[dict], sources: dict[str, dict]) -> str:
                 "at temperature 1 (`prepare.py`), so lengths spread out geometrically up to the 256-token limit. "
                 "Lengths are those of the timed steps' completions, per run.", "",
                 "| workload | max length | rlhfkit completions/s | TRL completions/s | rlhfkit lengths min/median/max (mean) | "
-                "TRL lengths min/median/max (mean) | ratio per pair | CPU-time ratio per pair | against the target |",
-                "|---|---|---|---|---|---|---|---|---|"]
+                "TRL lengths min/median/max (mean) | ratio per pair | CPU-time ratio per pair | "
+                "generated tokens/s ratio per pair | against the target |", "|---|---|---|---|---|---|---|---|---|---|"]
         for row in eos_rows:
             k, t = row["rlhfkit"], row["trl"]
             out.append(f"| {row['workload']} | {row['length']} | {_eps(k)} | {_eps(t)} | {_spans(k)} | {_spans(t)} | "
                        f"{', '.join(f'{x:.2f}x' for x in row['pair_speed_ratios']) or '-'} | "
-                       f"{', '.join(f'{x:.2f}x' for x in row['pair_cpu_ratios']) or '-'} | {_verdict(row)} |")
+                       f"{', '.join(f'{x:.2f}x' for x in row['pair_cpu_ratios']) or '-'} | "
+                       f"{', '.join(f'{x:.2f}x' for x in row['pair_token_ratios']) or '-'} | {_verdict(row)} |")
     return "\n".join(out) + "\n"
 
 
