@@ -112,6 +112,8 @@ def _verdict(row: dict) -> str:
         parts.append(f"speed {median:.2f}x {verdict} (>= {speed_target}x)")
     elif row["rlhfkit"].get("runs") and row["trl"].get("errors"):
         parts.append("TRL ran out of memory; rlhfkit ran")
+    elif row["trl"].get("runs") and row["rlhfkit"].get("errors"):
+        parts.append("MISSED: rlhfkit ran out of memory; TRL ran")
     if not row["eos"] and "loop_memory_ratio" in row:
         met = row["loop_memory_ratio"] <= TARGETS["memory"]
         parts.append(f"memory {row['loop_memory_ratio']:.2f}x {'met' if met else 'MISSED'} (<= 0.33x)")
