@@ -128,8 +128,9 @@ def markdown(rows: list[dict], sources: dict[str, dict]) -> str:
            "step per run, no warm-up step. **Timings come from a shared 2-core machine** on which other sessions "
            f"ran tests at the same time (1-minute load averages {_load_range(rows)} around the runs): each ratio is taken within a pair of runs that "
            "ran back to back, libraries alternating which goes first, and the table gives every pair's ratio. "
-           "Memory figures are not affected by load. Loop memory is the peak RSS above the same trainer's "
-           "import-only baseline. A run whose RSS passed the limit named in its JSON (`max_rss_gb`) was stopped "
+           "Memory figures do not depend on load, but the peak RSS of the same work can differ between runs "
+           "(FINDINGS.md): where a point ran twice, the larger peak is shown. Loop memory is the peak RSS above "
+           "the same trainer's import-only baseline. A run whose RSS passed the limit named in its JSON (`max_rss_gb`) was stopped "
            "and is listed as OOM with the size it had reached.", ""]
     for name, info in sources.items():
         stopped = "" if info.get("complete", True) else " (stopped before its last run: the runs it lists are complete)"
