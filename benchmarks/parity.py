@@ -15,6 +15,7 @@ from pathlib import Path
 
 TOLERANCE = 1e-4
 NUM_PROMPTS = 4
+SIZES = ("tiny", "small", "v1k", "v8k", "v32k", "v152k", "v152k-eos")  # those prepare.py has written are checked
 
 
 def dump(work: Path, tag: str) -> list[Path]:
@@ -23,19 +24,14 @@ def dump(work: Path, tag: str) -> list[Path]:
     import transformers
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
-    prompts = []
-    with open(work / "data" / "prompts.jsonl", encoding="utf-8") as fh:
-        for line in fh:
-            prompts.append(json.loads(line))
-            if len(prompts) == NUM_PROMPTS:
-                break
     out_dir = work / "parity"
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
-    for size in ("tiny", "small"):
+    for size in SIZES:
         policy_dir, reward_dir = work / "models" / f"{size}-policy", work / "models" / f"{size}-reward"
         if not policy_dir.is_dir():
             continue
+        prompts = _prompts(work / "data" / ("lv" if size.startswith("v") else "") / "prompts.jsonl")
         tokenizer = AutoTokenizer.from_pretrained(policy_dir)
         ids = [tokenizer(p["prompt"], add_special_tokens=False)["input_ids"] for p in prompts]
         if ids != [p["input_ids"] for p in prompts]:
@@ -52,6 +48,16 @@ def dump(work: Path, tag: str) -> list[Path]:
         written.append(path)
     sd_path = _dump_sd(work, tag)
     return written + ([sd_path] if sd_path else [])
+
+
+def _prompts(path: Path) -> list[dict]:
+    prompts = []
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            prompts.append(json.loads(line))
+            if len(prompts) == NUM_PROMPTS:
+                break
+    return prompts
 
 
 def _dump_sd(work: Path, tag: str) -> Path | None:
@@ -82,7 +88,7 @@ def compare(work: Path) -> bool:
     import numpy as np
 
     ok = True
-    for size in ("tiny", "small", "sd"):
+    for size in (*SIZES, "sd"):
         dumps = sorted((work / "parity").glob(f"*-{size}.npz"))
         if len(dumps) < 2:
             print(f"[parity] {size}: only {len(dumps)} dump(s), nothing to compare")

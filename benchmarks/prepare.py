@@ -26,6 +26,12 @@ PREF_PROMPT_TOKENS = 32
 PREF_COMPLETION_TOKENS = 32
 PREF_ROWS = 512
 SIZES = {"tiny": ("llama", "llama-reward"), "small": ("llama-small", None)}
+# Large-vocabulary models (issue 16): hidden 64, 2 layers, vocabularies up to Qwen2's 151,936 tokens.
+# `v152k-eos` is v152k whose eos logit is raised so sampled completions stop at spread-out lengths.
+VOCAB_SIZES = {"v1k": 1000, "v8k": 8192, "v32k": 32000, "v152k": 151_936, "v152k-eos": 151_936}
+LV_QUERY_TOKENS = 6
+LV_LENGTHS = (64, 128, 256, 512, 1024)  # completion lengths the large-vocabulary preference data come in
+EOS_MEAN_LENGTH = 128  # v152k-eos: expected tokens before eos at temperature 1 (geometric)
 FORMAT = 4  # bump when the written files change
 
 
@@ -93,6 +99,95 @@ def write_models(work: Path, sizes: list[str]) -> dict:
         info[size] = {"policy_params": _count_params(policy_out), "reward_params": _count_params(reward_out),
                       "config": json.loads((policy_out / "config.json").read_text())}
     return info
+
+
+def _word_tokenizer(vocab_size: int):
+    """A word-level tokenizer with `vocab_size` ids: 0 eos/bos, 1 pad, then words w2, w3, ...
+
+    Text of n space-separated words is exactly n tokens and decodes back to itself, so both libraries
+    see the same token counts whether they pass ids (rlhfkit) or decode and re-tokenise text (TRL 1.16).
+    """
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
+
+    vocab = {"<|endoftext|>": 0, "<|pad|>": 1, **{f"w{i}": i for i in range(2, vocab_size)}}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<|pad|>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.add_special_tokens([AddedToken("<|endoftext|>", special=True), AddedToken("<|pad|>", special=True)])
+    return tokenizer
+
+
+def _raise_eos(model, mean_length: int) -> None:
+    """Make eos about 1/mean_length likely at every position (temperature 1), whatever the context.
+
+    Every token embedding gets a shared offset along hidden dimension 0, so the normalised final hidden
+    state always has a large, steady component there; eos's head row reads it. Other logits stay near
+    uniform, so sampled lengths spread out geometrically (some stop at once, some run to the limit).
+    """
+    import math
+
+    import torch
+
+    with torch.no_grad():
+        emb = model.get_input_embeddings().weight
+        emb[:, 0] += 4 * emb[:, 1:].std()
+        probe = torch.randint(2, emb.shape[0], (8, 32))
+        hidden = model.model(input_ids=probe).last_hidden_state[..., 0].mean()
+        vocab = emb.shape[0]
+        target = math.log(vocab / (mean_length - 1))  # p(eos) = e^z / (e^z + V) = 1 / mean_length
+        head = model.get_output_embeddings().weight
+        head[0] = 0.0
+        head[0, 0] = target / hidden
+
+
+def write_vocab_model(work: Path, name: str) -> dict:
+    """Policy and reward model of one large-vocabulary size, built from a seeded config."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    vocab_size = VOCAB_SIZES[name]
+    config = LlamaConfig(
+        vocab_size=vocab_size, hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=4, max_position_embeddings=2048, tie_word_embeddings=False,
+        bos_token_id=0, eos_token_id=0, pad_token_id=1,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    if name.endswith("-eos"):
+        _raise_eos(model, EOS_MEAN_LENGTH)
+    policy_out, reward_out = work / "models" / f"{name}-policy", work / "models" / f"{name}-reward"
+    shutil.rmtree(policy_out, ignore_errors=True)
+    shutil.rmtree(reward_out, ignore_errors=True)
+    model.save_pretrained(policy_out)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=_word_tokenizer(vocab_size), bos_token="<|endoftext|>",
+                                        eos_token="<|endoftext|>", pad_token="<|pad|>", padding_side="left",
+                                        model_max_length=4096)
+    tokenizer.save_pretrained(policy_out)
+    _reward_from_policy(policy_out, reward_out)
+    for folder in (policy_out, reward_out):
+        _compat_config(folder)
+        _compat_tokenizer(folder)
+    return {"policy_params": _count_params(policy_out), "reward_params": _count_params(reward_out),
+            "config": json.loads((policy_out / "config.json").read_text())}
+
+
+def write_vocab_data(work: Path) -> None:
+    """6-token prompts and fixed-length preference pairs over words w2..w999 (valid in every vocabulary)."""
+    rng = random.Random(0)
+    data = work / "data" / "lv"
+    data.mkdir(parents=True, exist_ok=True)
+
+    def words(n: int) -> list[int]:
+        return [rng.randrange(2, 1000) for _ in range(n)]
+
+    def text(ids: list[int]) -> str:
+        return " ".join(f"w{i}" for i in ids)
+
+    prompts = [words(LV_QUERY_TOKENS) for _ in range(NUM_PROMPTS)]
+    _write_jsonl(data / "prompts.jsonl", [{"prompt": text(p), "input_ids": p} for p in prompts])
+    for length in LV_LENGTHS:
+        rows = [{"prompt": text(words(LV_QUERY_TOKENS)), "chosen": " " + text(words(length)),
+                 "rejected": " " + text(words(length))} for _ in range(64)]
+        _write_jsonl(data / f"preference-{length}.jsonl", rows)
 
 
 def write_sd_pipeline(work: Path) -> None:
@@ -202,16 +297,21 @@ def _write_jsonl(path: Path, rows: list[dict]) -> None:
 
 def prepare(work: Path, sizes: list[str] = ("tiny", "small"), sd: bool = True, force: bool = False) -> dict:
     """Build what is asked for once; what meta.json already lists (same FORMAT) is kept."""
-    bad = [s for s in sizes if s not in SIZES]
+    bad = [s for s in sizes if s not in SIZES and s not in VOCAB_SIZES]
     if bad:
-        raise ValueError(f"sizes: unknown {bad}; expected some of {list(SIZES)}")
+        raise ValueError(f"sizes: unknown {bad}; expected some of {list(SIZES) + list(VOCAB_SIZES)}")
     meta_path = work / "data" / "meta.json"
     meta = json.loads(meta_path.read_text()) if meta_path.is_file() and not force else {}
     if meta.get("format") != FORMAT:
         meta = {"format": FORMAT, "models": {}, "sd": False}
     missing = [s for s in sizes if s not in meta["models"]]
-    if missing:
-        meta["models"].update(write_models(work, missing))
+    if [s for s in missing if s in SIZES]:
+        meta["models"].update(write_models(work, [s for s in missing if s in SIZES]))
+    for name in (s for s in missing if s in VOCAB_SIZES):
+        meta["models"][name] = write_vocab_model(work, name)
+    if any(s in VOCAB_SIZES for s in sizes) and not meta.get("lv_data"):
+        write_vocab_data(work)
+        meta["lv_data"] = {"query_tokens": LV_QUERY_TOKENS, "preference_lengths": list(LV_LENGTHS)}
     if sd and not meta.get("sd"):
         write_sd_pipeline(work)
         meta["sd"] = True
@@ -228,7 +328,8 @@ def prepare(work: Path, sizes: list[str] = ("tiny", "small"), sd: bool = True, f
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work-dir", default=str(Path(__file__).parent / ".work"))
-    parser.add_argument("--sizes", default="tiny,small", help="comma list of model sizes: tiny, small")
+    parser.add_argument("--sizes", default="tiny,small",
+                        help=f"comma list of model sizes: {', '.join(list(SIZES) + list(VOCAB_SIZES))}")
     parser.add_argument("--sd", action="store_true", help="also write the tiny Stable Diffusion (DDPO)")
     parser.add_argument("--force", action="store_true", help="rebuild even if meta.json is current")
     args = parser.parse_args()

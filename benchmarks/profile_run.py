@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/profile_run.py rlhfkit ppo --model tiny --steps 2
     benchmarks/.venvs/trl-0.11/bin/python benchmarks/profile_run.py trl ppo --model tiny
+    .venv/bin/python benchmarks/profile_run.py rlhfkit ppo-lv --model v152k --length 256 --warmup 0 --steps 1
 
 Only the timed steps matter, but cProfile sees the whole script: model loading and imports show up under
 their own names (`from_pretrained`, `_find_and_load`) and are easy to skip. `--sort tottime` lists the
@@ -28,6 +29,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--length", type=int, default=None, help="completion length of a *-lv workload")
+    parser.add_argument("--eos", action="store_true", help="completions stop at eos")
     parser.add_argument("--sort", default="cumulative", choices=["cumulative", "tottime"])
     parser.add_argument("--top", type=int, default=40)
     parser.add_argument("--filter", default="", help="only list functions whose location contains this text")
@@ -40,6 +43,7 @@ def main() -> None:
     sys.path.insert(0, str(script.parent))
     sys.argv = [str(script), "--work-dir", args.work_dir, "--model", args.model, "--steps", str(args.steps),
                 "--warmup", str(args.warmup), "--threads", str(args.threads)]
+    sys.argv += (["--length", str(args.length)] if args.length else []) + (["--eos"] if args.eos else [])
     profiler = cProfile.Profile()
     profiler.enable()
     try:

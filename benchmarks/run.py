@@ -1,12 +1,16 @@
 """Benchmark rlhfkit against TRL on the same tiny offline models: the one command (GitHub issue 9).
 
     python benchmarks/run.py [--workloads ppo,rloo,...] [--models tiny,small] [--repeats 3] [--quick]
+    python benchmarks/run.py --workloads ppo-lv,rloo-lv,dpo-lv --models v152k --lengths 256,1024 --name lv
 
 Steps: create the TRL venvs (benchmarks/setup_trl.sh), write models and data into benchmarks/.work
 (prepare.py), check that every venv computes identical logits (parity.py), measure this CPU's matmul
 throughput (roofline.py), then run every (repeat, model, workload) for both libraries, alternating which
 library goes first, each run in its own subprocess with 2 threads. Results: a JSON file with every run and
 a markdown table of medians (benchmarks/RESULTS.md; --quick writes under benchmarks/.work/quick instead).
+The large-vocabulary workloads (`*-lv`, issue 16) run on the v1k ... v152k models at `--lengths`; a child
+whose resident memory passes `--max-rss-gb` (or that leaves the machine under 1 GiB available) is stopped and
+recorded as out of memory at that size. benchmarks/scaling.py draws their curves.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ HERE = Path(__file__).resolve().parent
 DEFAULT_WORK = HERE / ".work"
 VENVS = HERE / ".venvs"
 RESULT_PREFIX = "BENCH_RESULT "
+LV_SIZES = ("v1k", "v8k", "v32k", "v152k", "v152k-eos")  # prepare.VOCAB_SIZES
+MIN_AVAILABLE_GB = 1.0  # a child is stopped before the machine itself runs out of memory
 
 
 @dataclass(frozen=True)
@@ -41,6 +47,7 @@ class Workload:
     target: float | None  # minimum rlhfkit/TRL ratio of `metric` (None: speed not targeted)
     what: str
     sizes: tuple[str, ...] = ("tiny", "small")  # model sizes it runs on
+    length: int | None = None  # default completion length where the workload takes --lengths
 
     def script(self, library: str) -> Path:
         return HERE / "workloads" / f"{library}_{self.name.replace('-', '_')}.py"
@@ -64,6 +71,15 @@ WORKLOADS = {
         Workload("grpo-kl", "trl-new", "episodes_per_second", 1.5, "as grpo with beta=0.04 (a reference model)"),
         Workload("ddpo", "trl-0.11", "episodes_per_second", None, "DDPO, 8 images x 10 DDIM steps, tiny SD (one size: listed as tiny)",
                  sizes=("tiny",)),
+        Workload("ppo-lv", "trl-0.11", "episodes_per_second", 1.3,
+                 "classic PPO at a large vocabulary: 16 episodes of 6-token queries, minibatch 4, 1 PPO epoch",
+                 sizes=LV_SIZES, length=256),
+        Workload("rloo-lv", "trl-new", "episodes_per_second", 1.3,
+                 "RLOO at a large vocabulary: 4 prompts x k=4 of 6 tokens, temperature 1, one optimizer step",
+                 sizes=LV_SIZES, length=256),
+        Workload("dpo-lv", "trl-new", "episodes_per_second", 1.3,
+                 "DPO at a large vocabulary: 16 pairs of a 6-token prompt and two answers of the given length",
+                 sizes=LV_SIZES, length=256),
     )
 }
 LIBRARIES = ("rlhfkit", "trl")
@@ -87,7 +103,9 @@ def venv_python(library: str, workload: Workload, args: argparse.Namespace) -> s
     return str(VENVS / workload.trl_venv / "bin" / "python")
 
 
-def child_env(threads: int) -> dict[str, str]:
+def child_env(threads: int, library: str | None = None) -> dict[str, str]:
+    """The children's environment; the rlhfkit side imports this checkout's src, whichever checkout the
+    rlhfkit venv was installed from, so the figures belong to the commit results.json names."""
     env = dict(os.environ)
     env.update({
         "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "OPENBLAS_NUM_THREADS": str(threads),
@@ -97,36 +115,47 @@ def child_env(threads: int) -> dict[str, str]:
         "WANDB_DISABLED": "true", "DISABLE_MLFLOW_INTEGRATION": "TRUE",
     })
     env.pop("PYTHONPATH", None)  # each venv sees only its own packages
+    if library == "rlhfkit":
+        env["PYTHONPATH"] = str(HERE.parent / "src")
     return env
 
 
-def run_one(library: str, workload: Workload, model: str, args: argparse.Namespace, log_dir: Path) -> dict:
+def run_one(library: str, workload: Workload, model: str, args: argparse.Namespace, log_dir: Path,
+            length: int | None = None) -> dict:
     """One subprocess; its peak RSS comes from the OS (wait4's ru_maxrss) as well as from the child itself."""
     cmd = [venv_python(library, workload, args), str(workload.script(library)), "--work-dir", str(args.work_dir),
            "--model", model, "--steps", str(args.steps), "--warmup", str(args.warmup),
            "--seed", str(args.seed), "--threads", str(args.threads)]
     if args.eos:
         cmd.append("--eos")
+    if length is not None:
+        cmd += ["--length", str(length)]
     load_before = os.getloadavg()[0]
-    log_path = log_dir / f"{library}-{workload.name}-{model}-{int(time.time() * 1000)}.log"
+    log_path = log_dir / f"{library}-{workload.name}-{model}-{length}-{int(time.time() * 1000)}.log"
+    where = {"library": library, "workload": workload.name, "model": model, "length": length}
     start = time.perf_counter()
     with open(log_path, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=child_env(args.threads),
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=child_env(args.threads, library),
                                 cwd=HERE / "workloads")
         try:
-            _, status, usage = _wait4(proc, args.timeout)
+            _, status, usage = _wait4(proc, args.timeout, args.max_rss_gb)
         except TimeoutError:
             proc.kill()
             proc.wait()
-            return {"library": library, "workload": workload.name, "model": model, "error": "timeout",
-                    "log": _repo_relative(log_path)}
+            return {**where, "error": "timeout", "log": _repo_relative(log_path)}
+        except MemoryError as exc:
+            proc.kill()
+            proc.wait()
+            log(f"  stopped: {exc}")
+            return {**where, "error": "out of memory", "oom": str(exc), "log": _repo_relative(log_path),
+                    "load_average_before": load_before, "load_average_after": os.getloadavg()[0]}
     wall = time.perf_counter() - start
     text = log_path.read_text(errors="replace")
     # progress bars may share the line: take what follows the marker
     lines = [ln[ln.index(RESULT_PREFIX):] for ln in text.splitlines() if RESULT_PREFIX in ln]
     if os.waitstatus_to_exitcode(status) != 0 or not lines:
         tail = "\n".join(text.splitlines()[-15:])
-        return {"library": library, "workload": workload.name, "model": model, "log": _repo_relative(log_path),
+        return {**where, "log": _repo_relative(log_path),
                 "error": f"exit code {os.waitstatus_to_exitcode(status)}", "tail": tail}
     result = json.loads(lines[-1][len(RESULT_PREFIX):])
     result.update({
@@ -134,13 +163,17 @@ def run_one(library: str, workload: Workload, model: str, args: argparse.Namespa
         "process_cpu_seconds": usage.ru_utime + usage.ru_stime,
         "process_wall_seconds": wall,
         "load_average_before": load_before,
+        "load_average_after": os.getloadavg()[0],
+        "length": length,
         "log": _repo_relative(log_path),
     })
     return result
 
 
-def _wait4(proc: subprocess.Popen, timeout: float):
+def _wait4(proc: subprocess.Popen, timeout: float, max_rss_gb: float | None = None):
+    """Wait for `proc`; MemoryError when its RSS passes `max_rss_gb` or the machine nears running out."""
     deadline = time.monotonic() + timeout
+    peak = 0.0
     while True:
         pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
         if pid == proc.pid:
@@ -148,7 +181,28 @@ def _wait4(proc: subprocess.Popen, timeout: float):
             return pid, status, usage
         if time.monotonic() > deadline:
             raise TimeoutError
+        if max_rss_gb:
+            rss, available = _meminfo_gb(proc.pid)
+            peak = max(peak, rss)
+            if rss > max_rss_gb or available < MIN_AVAILABLE_GB:
+                raise MemoryError(f"resident memory reached {peak:.1f} GiB (limit {max_rss_gb:g} GiB, "
+                                  f"{available:.1f} GiB left available on the machine)")
         time.sleep(0.05)
+
+
+def _meminfo_gb(pid: int) -> tuple[float, float]:
+    """(resident GiB of `pid`, GiB available on the machine), from /proc."""
+    rss = available = float("inf")
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                rss = int(line.split()[1]) / 2**20
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                available = int(line.split()[1]) / 2**20
+    except (OSError, ValueError):
+        return 0.0, float("inf")  # the child is exiting: nothing to stop
+    return (0.0 if rss == float("inf") else rss), available
 
 
 # ---------------------------------------------------------------------------------------------- set-up
@@ -168,7 +222,7 @@ def setup(args: argparse.Namespace, workloads: list[Workload]) -> dict:
             old.unlink()
         for tag, python in [("rlhfkit", rlhfkit_python(args))] + [(v, str(VENVS / v / "bin" / "python")) for v in venvs]:
             subprocess.run([python, str(HERE / "parity.py"), "dump", "--tag", tag, "--work-dir", str(args.work_dir)],
-                           check=True, env=child_env(args.threads), stdout=subprocess.DEVNULL,
+                           check=True, env=child_env(args.threads, tag), stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL)
         check = subprocess.run([sys.executable, str(HERE / "parity.py"), "compare", "--work-dir", str(args.work_dir)],
                                capture_output=True, text=True, env=child_env(args.threads))
@@ -188,7 +242,8 @@ def roofline(args: argparse.Namespace, models: list[str]) -> dict:
 
 TRAINER_CLASS = {"ppo": "PPOTrainer", "rloo-old": "RLOOTrainer", "rloo": "RLOOTrainer", "sft": "SFTTrainer",
                  "reward": "RewardTrainer", "dpo": "DPOTrainer", "ddpo": "DDPOTrainer",
-                 "grpo": "GRPOTrainer", "grpo-kl": "GRPOTrainer"}
+                 "grpo": "GRPOTrainer", "grpo-kl": "GRPOTrainer", "ppo-lv": "PPOTrainer",
+                 "rloo-lv": "RLOOTrainer", "dpo-lv": "DPOTrainer"}
 
 
 def import_baselines(args: argparse.Namespace, workloads: list[Workload]) -> dict[str, float]:
@@ -202,7 +257,7 @@ def import_baselines(args: argparse.Namespace, workloads: list[Workload]) -> dic
             key = (python, TRAINER_CLASS[workload.name])
             if key not in cache:
                 proc = subprocess.run([python, "import_baseline.py", TRAINER_CLASS[workload.name], "--package", library],
-                                      capture_output=True, text=True, env=child_env(args.threads),
+                                      capture_output=True, text=True, env=child_env(args.threads, library),
                                       cwd=HERE / "workloads")
                 lines = [ln[ln.index(RESULT_PREFIX):] for ln in proc.stdout.splitlines() if RESULT_PREFIX in ln]
                 if proc.returncode != 0 or not lines:
@@ -219,14 +274,17 @@ def summarize(runs: list[dict], meta: dict, roof: dict, baselines: dict[str, flo
     from roofline import floor_seconds, model_flops_per_step
 
     rows = []
-    keys = sorted({(r["workload"], r["model"]) for r in runs}, key=lambda k: (list(WORKLOADS).index(k[0]), k[1]))
-    for workload_name, model in keys:
+    keys = sorted({(r["workload"], r["model"], r.get("length")) for r in runs},
+                  key=lambda k: (list(WORKLOADS).index(k[0]), k[1], k[2] or 0))
+    for workload_name, model, length in keys:
         row: dict = {"workload": workload_name, "model": model}
+        if length is not None:
+            row["length"] = length
         for library in LIBRARIES:
-            ok = [r for r in runs if (r["workload"], r["model"], r["library"]) == (workload_name, model, library)
-                  and "error" not in r]
-            errors = [r for r in runs if (r["workload"], r["model"], r["library"]) == (workload_name, model, library)
-                      and "error" in r]
+            mine = [r for r in runs
+                    if (r["workload"], r["model"], r.get("length"), r["library"]) == (workload_name, model, length, library)]
+            ok = [r for r in mine if "error" not in r]
+            errors = [r for r in mine if "error" in r]
             if errors:
                 row[f"{library}_error"] = errors[-1]["error"]
             if not ok:
@@ -262,8 +320,17 @@ def summarize(runs: list[dict], meta: dict, roof: dict, baselines: dict[str, flo
             row["speed_target"] = workload.target
             row["speed_ok"] = None if workload.target is None else row["speed_ratio"] >= workload.target
             row["memory_ok"] = row["memory_ratio"] <= 1.0
+            k_loop = row["rlhfkit"]["os_peak_rss_mb"] - row["rlhfkit"].get("import_rss_mb", float("nan"))
+            t_loop = row["trl"]["os_peak_rss_mb"] - row["trl"].get("import_rss_mb", float("nan"))
+            if k_loop == k_loop and t_loop == t_loop and t_loop > 0:  # both import baselines known
+                row["loop_memory_ratio"] = k_loop / t_loop
         rows.append(row)
     return rows
+
+
+def _label(row: dict) -> str:
+    """The model column: the size, and the completion length where the workload takes one."""
+    return row["model"] + (f" @{row['length']}" if row.get("length") is not None else "")
 
 
 def _fmt(x, spec=".3g") -> str:
@@ -300,7 +367,7 @@ def markdown(rows: list[dict], info: dict, roof: dict) -> str:
             f"{row['memory_ratio']:.2f}x {'ok' if row['memory_ok'] else 'MISSED'}"
         trl_version = info["trl_versions"].get(workload.trl_venv, workload.trl_venv)
         out.append(
-            f"| {row['workload']} | {row['model']} | {trl_version} | {_fmt(k.get('seconds_per_step'))} | "
+            f"| {row['workload']} | {_label(row)} | {trl_version} | {_fmt(k.get('seconds_per_step'))} | "
             f"{_fmt(t.get('seconds_per_step'))} | {_fmt(k.get('episodes_per_second'))} | "
             f"{_fmt(t.get('episodes_per_second'))} | {_fmt(k.get('tokens_per_second'), '.0f')} | "
             f"{_fmt(t.get('tokens_per_second'), '.0f')} | {_fmt(k.get('os_peak_rss_mb'), '.0f')} | "
@@ -323,7 +390,7 @@ def markdown(rows: list[dict], info: dict, roof: dict) -> str:
             d = row.get(library, {})
             peak, base = d.get("os_peak_rss_mb"), d.get("import_rss_mb")
             cells += [_fmt(peak, ".0f"), _fmt(base, ".0f"), _fmt(None if peak is None or base is None else peak - base, ".0f")]
-        out.append(f"| {row['workload']} | {row['model']} | " + " | ".join(cells) + " |")
+        out.append(f"| {row['workload']} | {_label(row)} | " + " | ".join(cells) + " |")
     phase_rows = [r for r in rows if any("phases" in r.get(lib, {}) for lib in LIBRARIES)]
     if phase_rows:
         out += ["", "## Where a PPO step goes (median seconds per step)", "",
@@ -338,7 +405,7 @@ def markdown(rows: list[dict], info: dict, roof: dict) -> str:
                 if ph:
                     keys = ("generate", "reward_model", "forward_pass", "compute_rewards", "compute_advantages",
                             "optimize_step", "calc_stats", "total")
-                    out.append(f"| {row['model']} | {library} | " + " | ".join(_fmt(ph.get(k), ".3f") for k in keys) + " |")
+                    out.append(f"| {_label(row)} | {library} | " + " | ".join(_fmt(ph.get(k), ".3f") for k in keys) + " |")
     out += ["", "## Roofline", "",
             "Matmul throughput of this CPU at the models' shapes (GFLOP/s, measured by roofline.py) next to the "
             "model FLOP/s each training step achieves (estimated: 6 * params * tokens for training, "
@@ -363,13 +430,16 @@ def markdown(rows: list[dict], info: dict, roof: dict) -> str:
         target = row.get("speed_target")
         bound = _fmt(row.get("max_speed_ratio"), ".2f") + "x" if row.get("max_speed_ratio") else "-"
         bound += f" ({target}x)" if target else ""
-        out.append(f"| {row['workload']} | {row['model']} | {_fmt(k.get('model_gflops_per_second'), '.2f')} | "
+        out.append(f"| {row['workload']} | {_label(row)} | {_fmt(k.get('model_gflops_per_second'), '.2f')} | "
                    f"{_fmt(t.get('model_gflops_per_second'), '.2f')} | {best:.1f} | "
                    f"{_fmt(row.get('floor_seconds'), '.3f')} | {_fmt(k.get('seconds_per_step'), '.3f')} | "
                    f"{_fmt(t.get('seconds_per_step'), '.3f')} | {bound} |")
     findings = HERE / "FINDINGS.md"
     if findings.is_file():  # hand-written analysis of the latest full run (profiles, missed targets)
         out += ["", findings.read_text().strip()]
+    large_vocab = HERE / "large_vocab" / "TABLES.md"
+    if info.get("include_large_vocab", True) and large_vocab.is_file():  # written by scaling.py
+        out += ["", large_vocab.read_text().strip()]
     out += ["", "## Workloads", ""]
     out += [f"- `{w.name}`: {w.what} (TRL side: {info['trl_versions'].get(w.trl_venv, w.trl_venv)})"
             for w in WORKLOADS.values()]
@@ -397,11 +467,13 @@ def _repo_relative(path: Path) -> str:
 
 
 def git_commit() -> str:
-    """The checkout's commit, with `-dirty` when tracked files differ from it (the figures name their code)."""
+    """The checkout's commit, with `-dirty` when the measured code (src/, the harness and its workloads)
+    differs from it: the figures name their code, while notes and docs may be edited during a run."""
     root = Path(__file__).resolve().parents[1]
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "src",
+                                "benchmarks/workloads", "benchmarks/run.py", "benchmarks/prepare.py"], cwd=root,
                                capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
@@ -424,7 +496,14 @@ def machine() -> str:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma list of {', '.join(WORKLOADS)}")
-    parser.add_argument("--models", default="tiny,small", help="comma list of tiny, small")
+    parser.add_argument("--models", default="tiny,small",
+                        help=f"comma list of tiny, small (and, for the *-lv workloads, {', '.join(LV_SIZES)})")
+    parser.add_argument("--lengths", default=None,
+                        help="comma list of completion lengths for the *-lv workloads (default: 256)")
+    parser.add_argument("--max-rss-gb", type=float, default=20.0,
+                        help="stop a run whose resident memory passes this many GiB and record it as out of memory")
+    parser.add_argument("--name", default=None,
+                        help="results-NAME.json / RESULTS-NAME.md instead of results.json / RESULTS.md")
     parser.add_argument("--libraries", default="rlhfkit,trl", help="comma list of rlhfkit, trl")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=None, help="timed steps per run (default 5; --quick 2)")
@@ -447,8 +526,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.workloads = [w for w in args.workloads.split(",") if w]
     args.models = [m for m in args.models.split(",") if m]
+    try:
+        args.lengths = [int(x) for x in args.lengths.split(",") if x] if args.lengths else []
+    except ValueError:
+        parser.error(f"--lengths: expected a comma list of integers, got {args.lengths!r}")
+    if any(n < 1 for n in args.lengths):
+        parser.error(f"--lengths must be >= 1, got {args.lengths}")
     args.libraries = [x for x in args.libraries.split(",") if x]
-    for name, values, valid in (("--workloads", args.workloads, WORKLOADS), ("--models", args.models, ("tiny", "small")),
+    for name, values, valid in (("--workloads", args.workloads, WORKLOADS),
+                                ("--models", args.models, ("tiny", "small") + LV_SIZES),
                                 ("--libraries", args.libraries, LIBRARIES)):
         bad = [v for v in values if v not in valid]
         if bad or not values:
@@ -483,7 +569,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     workloads = [WORKLOADS[w] for w in args.workloads]
     meta = setup(args, workloads)
-    roof = roofline(args, args.models)
+    roof = roofline(args, [m for m in args.models if m in ("tiny", "small")])
     baselines = {} if args.quick else import_baselines(args, workloads)
     info = {
         "machine": machine(),
@@ -492,6 +578,7 @@ def main(argv: list[str] | None = None) -> int:
         "versions": rlhfkit_versions(rlhfkit_python(args)), "trl_versions": trl_versions(
             sorted({w.trl_venv for w in workloads}) if "trl" in args.libraries else []), "threads": args.threads,
         "steps": args.steps, "warmup": args.warmup, "repeats": args.repeats, "eos": args.eos,
+        "include_large_vocab": not args.name, "max_rss_gb": args.max_rss_gb,
     }
     log_dir = args.work_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -500,37 +587,35 @@ def main(argv: list[str] | None = None) -> int:
     stopped_early = False
     for repeat in range(args.repeats):
         order = list(args.libraries) if repeat % 2 == 0 else list(reversed(args.libraries))
-        for model in args.models:
-            for workload in workloads:
-                # both libraries of a pair run, or neither: a budget cut never leaves one side's repeat alone
-                pair_cost = sum(last_duration.get((lib, workload.name, model), 0) for lib in order)
-                if args.time_budget and repeat > 0 and time.monotonic() - started + pair_cost > 60 * args.time_budget:
-                    stopped_early = True
+        for model, length, workload in _points(args, workloads):
+            # both libraries of a pair run, or neither: a budget cut never leaves one side's repeat alone
+            pair_cost = sum(last_duration.get((lib, workload.name, model, length), 0) for lib in order)
+            if args.time_budget and repeat > 0 and time.monotonic() - started + pair_cost > 60 * args.time_budget:
+                stopped_early = True
+                continue
+            for library in order:
+                if not workload.script(library).exists():
+                    log(f"skip {library}/{workload.name}: no script {workload.script(library).name}")
                     continue
-                for library in order:
-                    if model not in workload.sizes:
-                        continue
-                    if not workload.script(library).exists():
-                        log(f"skip {library}/{workload.name}: no script {workload.script(library).name}")
-                        continue
-                    key = (library, workload.name, model)
-                    log(f"repeat {repeat + 1}/{args.repeats} {model} {workload.name} {library} ...")
-                    t0 = time.monotonic()
-                    result = run_one(library, workload, model, args, log_dir)
-                    last_duration[key] = time.monotonic() - t0
-                    result["repeat"] = repeat
-                    loads.append(os.getloadavg()[0])
-                    if "error" in result:
-                        log(f"  FAILED ({result['error']}); log: {result['log']}\n{result.get('tail', '')}")
-                    else:
-                        log(f"  {result['seconds_per_step']:.3f} s/step, {result['episodes_per_second']:.2f} eps, "
-                            f"peak {result['os_peak_rss_mb']:.0f} MiB (load {result['load_average_before']:.1f})")
-                    runs.append(result)
-                    write_outputs(args, info, meta, roof, baselines, runs, loads, final=False)
+                key = (library, workload.name, model, length)
+                log(f"repeat {repeat + 1}/{args.repeats} {model} {workload.name} {library}"
+                    + (f" length {length}" if length else "") + " ...")
+                t0 = time.monotonic()
+                result = run_one(library, workload, model, args, log_dir, length)
+                last_duration[key] = time.monotonic() - t0
+                result["repeat"] = repeat
+                loads.append(os.getloadavg()[0])
+                if "error" in result:
+                    log(f"  FAILED ({result['error']}); log: {result['log']}\n{result.get('tail', '')}")
+                else:
+                    log(f"  {result['seconds_per_step']:.3f} s/step, {result['episodes_per_second']:.2f} eps, "
+                        f"peak {result['os_peak_rss_mb']:.0f} MiB (load {result['load_average_before']:.1f})")
+                runs.append(result)
+                write_outputs(args, info, meta, roof, baselines, runs, loads, final=False)
     if runs and not args.quick:  # the roofline is a best case: measure again now and keep the better rate
         import roofline as roof_module
 
-        roof = roof_module.merge(roof, roofline(args, args.models))
+        roof = roof_module.merge(roof, roofline(args, [m for m in args.models if m in ("tiny", "small")]))
     if stopped_early:
         log(f"--time-budget {args.time_budget} min reached: later repeats were cut short")
         info["note"] = f"--time-budget {args.time_budget} min cut the last repeat(s) short; see the runs column"
@@ -539,11 +624,28 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if failed else 0
 
 
+def _points(args: argparse.Namespace, workloads: list[Workload]) -> list[tuple[str, int | None, Workload]]:
+    """(model, completion length, workload) in run order; lengths only for workloads that take them."""
+    points = []
+    for model in args.models:
+        for workload in workloads:
+            if model not in workload.sizes:
+                continue
+            lengths = (args.lengths or [workload.length]) if workload.length is not None else [None]
+            points += [(model, length, workload) for length in lengths]
+    order = {(m, lv): n for n, (m, lv) in enumerate(dict.fromkeys((m, lv) for m, lv, _ in points))}
+    return sorted(points, key=lambda p: order[(p[0], p[1])])  # all workloads of one (model, length) together
+
+
 def rlhfkit_versions(python: str) -> str:
     code = ("import rlhfkit, torch, transformers; "
             "print(f'rlhfkit {rlhfkit.__version__} (transformers {transformers.__version__}), torch {torch.__version__}')")
-    out = subprocess.run([python, "-c", code], capture_output=True, text=True)
-    return out.stdout.strip() or f"rlhfkit import failed in {python}"
+    out = subprocess.run([python, "-c", code + "; print(rlhfkit.__file__)"], capture_output=True, text=True,
+                         env=child_env(1, "rlhfkit"))
+    lines = out.stdout.strip().splitlines()
+    if len(lines) != 2:
+        return f"rlhfkit import failed in {python}"
+    return f"{lines[0]} from {_repo_relative(Path(lines[1]).parent)}"
 
 
 def write_outputs(args, info, meta, roof, baselines, runs, loads, *, final: bool) -> None:
@@ -553,11 +655,11 @@ def write_outputs(args, info, meta, roof, baselines, runs, loads, *, final: bool
                 load=f"{min(loads):.1f} to {max(loads):.1f}" if loads else "n/a",
                 complete=final)
     args.output_dir.mkdir(parents=True, exist_ok=True)
-    stem = "results-eos" if args.eos else "results"
+    stem = f"results-{args.name}" if args.name else "results-eos" if args.eos else "results"
     (args.output_dir / f"{stem}.json").write_text(
         json.dumps({"info": info, "meta": meta, "roofline": roof, "import_baselines": baselines,
                     "summary": rows, "runs": runs}, indent=2) + "\n")
-    md_name = "RESULTS-eos.md" if args.eos else "RESULTS.md"
+    md_name = f"RESULTS-{args.name}.md" if args.name else "RESULTS-eos.md" if args.eos else "RESULTS.md"
     (args.output_dir / md_name).write_text(markdown(rows, info, roof))
     if final:
         log(f"wrote {args.output_dir / md_name} and {stem}.json")

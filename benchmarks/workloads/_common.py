@@ -54,7 +54,8 @@ def limit_threads(n: int) -> None:
 def workload_args(description: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--work-dir", required=True, help="benchmarks/.work (models/ and data/ inside)")
-    parser.add_argument("--model", default="tiny", choices=["tiny", "small"], help="model size")
+    parser.add_argument("--model", default="tiny", help="model size: tiny, small or a large-vocabulary v1k ... v152k-eos")
+    parser.add_argument("--length", type=int, default=None, help="completion length (default: the workload's)")
     parser.add_argument("--steps", type=int, default=5, help="timed steps after warmup")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps first")
     parser.add_argument("--seed", type=int, default=0)
@@ -63,6 +64,10 @@ def workload_args(description: str) -> argparse.Namespace:
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                         help="cpu (the benchmark's setting) or cuda (benchmarks/gpu/run_gpu.py)")
     args = parser.parse_args()
+    if not (Path(args.work_dir) / "models" / f"{args.model}-policy").is_dir():
+        parser.error(f"--model {args.model}: no {args.model}-policy folder under {args.work_dir}/models (prepare.py)")
+    if args.length is not None and args.length < 1:
+        parser.error(f"--length must be >= 1, got {args.length}")
     if args.steps < 1 or args.warmup < 0:
         parser.error(f"--steps must be >= 1 and --warmup >= 0, got {args.steps} and {args.warmup}")
     limit_threads(args.threads)
@@ -80,6 +85,17 @@ def workload_args(description: str) -> argparse.Namespace:
 def model_dir(args: argparse.Namespace, kind: str = "policy") -> str:
     """Folder of the policy ("policy") or the reward model ("reward") of the chosen size."""
     return str(args.work_dir / "models" / f"{args.model}-{kind}")
+
+
+def data_dir(args: argparse.Namespace) -> Path:
+    """Prompts and pairs for the model's tokenizer: data/lv for the word-level large-vocabulary models."""
+    return args.work_dir / "data" / ("lv" if args.model.startswith("v") else "")
+
+
+def length_summary(lengths: list[int]) -> dict:
+    """min / median / max / mean of completion lengths (the spread the --eos setting reports)."""
+    return {"min": min(lengths), "median": statistics.median(lengths), "max": max(lengths),
+            "mean": sum(lengths) / len(lengths), "count": len(lengths)}
 
 
 def read_jsonl(path: Path) -> list[dict]:

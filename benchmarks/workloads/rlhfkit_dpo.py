@@ -2,18 +2,23 @@
 
 from _common import workload_args
 
-if __name__ == "__main__":
+
+def main(workload: str = "dpo") -> None:
     args = workload_args(__doc__)
-    from _supervised import PAIR_MAX_LENGTH, run
+    from _supervised import run
     from transformers import AutoModelForCausalLM
 
     from rlhfkit import DPOConfig, DPOTrainer
 
     def make(common, path, tokenizer, data, callbacks):
-        config = DPOConfig(**common, beta=0.1, max_length=PAIR_MAX_LENGTH, max_prompt_length=64)
+        config = DPOConfig(**common, beta=0.1, max_prompt_length=64)
         model = AutoModelForCausalLM.from_pretrained(path)
         ref_model = AutoModelForCausalLM.from_pretrained(path)
         return DPOTrainer(model=model, ref_model=ref_model, args=config, train_dataset=data,
                           processing_class=tokenizer, callbacks=callbacks)
 
-    run(args, "rlhfkit", "dpo", make)
+    run(args, "rlhfkit", workload, make)
+
+
+if __name__ == "__main__":
+    main()

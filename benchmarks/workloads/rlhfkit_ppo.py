@@ -2,10 +2,15 @@
 
 from _common import workload_args
 
-if __name__ == "__main__":
+
+def main(workload: str = "ppo") -> None:
     args = workload_args(__doc__)
     from _ppo_loop import run
 
     from rlhfkit import AutoModelForCausalLMWithValueHead, PPOConfig, PPOTrainer
 
-    run(args, "rlhfkit", PPOConfig, PPOTrainer, AutoModelForCausalLMWithValueHead)
+    run(args, "rlhfkit", PPOConfig, PPOTrainer, AutoModelForCausalLMWithValueHead, workload)
+
+
+if __name__ == "__main__":
+    main()

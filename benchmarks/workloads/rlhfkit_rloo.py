@@ -2,10 +2,15 @@
 
 from _common import workload_args
 
-if __name__ == "__main__":
+
+def main(workload: str = "rloo") -> None:
     args = workload_args(__doc__)
     from _rloo_loop import run
 
     from rlhfkit import RLOOConfig, RLOOTrainer
 
-    run(args, "rlhfkit", "rloo", 1, RLOOConfig, RLOOTrainer)
+    run(args, "rlhfkit", workload, 1, RLOOConfig, RLOOTrainer)
+
+
+if __name__ == "__main__":
+    main()

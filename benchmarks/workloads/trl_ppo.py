@@ -2,9 +2,14 @@
 
 from _common import workload_args
 
-if __name__ == "__main__":
+
+def main(workload: str = "ppo") -> None:
     args = workload_args(__doc__)
     from _ppo_loop import run
     from trl import AutoModelForCausalLMWithValueHead, PPOConfig, PPOTrainer
 
-    run(args, "trl", PPOConfig, PPOTrainer, AutoModelForCausalLMWithValueHead)
+    run(args, "trl", PPOConfig, PPOTrainer, AutoModelForCausalLMWithValueHead, workload)
+
+
+if __name__ == "__main__":
+    main()
