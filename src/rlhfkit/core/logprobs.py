@@ -25,8 +25,10 @@ def rows_per_chunk(vocab_size: int, chunk_rows: int | None) -> int:
 
 
 def _float32_chunks(flat_logits: torch.Tensor, rows: int) -> Iterator[tuple[int, torch.Tensor]]:
-    for start in range(0, flat_logits.size(0), rows):
-        yield start, flat_logits[start : start + rows].float()
+    # `split`, not slicing: the backward of one slice allocates a zero tensor as large as all the logits,
+    # once per chunk; that of `split` assembles the gradient once
+    for i, chunk in enumerate(flat_logits.split(rows)):
+        yield i * rows, chunk.float()
 
 
 def _map_rows(
