@@ -7,27 +7,26 @@ import math
 import pytest
 import torch
 
-from rlhfkit.demo.evaluation import kl_to_reference, learned_scores, win_rate, win_rate_interval
+from rlhfkit.demo.evaluation import judgements, kl_to_reference, learned_scores
 from rlhfkit.demo.sampling import sample_completions
+from rlhfkit.judges import TIE, win_rate
 from rlhfkit.testing import tiny_model, tiny_tokenizer
 
 
-def test_win_rate_counts_ties_half():
-    # pairs: win, tie, loss, win -> (1 + 0.5 + 0 + 1) / 4 = 0.625
-    assert win_rate([0.9, 0.2, -0.1, 0.5], [0.1, 0.2, 0.3, -0.5]) == pytest.approx(0.625)
-    assert win_rate([0.0, 0.0], [0.0, 0.0]) == 0.5
+def test_judgements_from_gold_scores_and_their_win_rate():
+    # pairs [sft, rl]: win, tie, loss, win -> (1 + 0.5 + 0 + 1) / 4 = 0.625, Wilson interval on n = 4
+    verdicts = judgements([0.9, 0.2, -0.1, 0.5], [0.1, 0.2, 0.3, -0.5])
+    assert verdicts == [1, TIE, 0, 1]
+    rate, low, high = win_rate(verdicts, model_index=1)
+    assert rate == pytest.approx(0.625)
+    # centre (0.625 + 3.8415/8) / (1 + 3.8415/4) = 0.5638; half 1.96/1.9604 * sqrt(0.05859 + 0.06002) = 0.3443
+    assert low == pytest.approx(0.2194, abs=1e-3) and high == pytest.approx(0.9081, abs=1e-3)
+    assert judgements([0.0, 0.0], [0.0, 0.0]) == [TIE, TIE]
 
 
-def test_win_rate_rejects_mismatched_lists():
+def test_judgements_reject_mismatched_lists():
     with pytest.raises(ValueError, match="equally long"):
-        win_rate([1.0], [1.0, 2.0])
-
-
-def test_win_rate_interval():
-    # p = 0.5, n = 100: half width 1.96 * sqrt(0.25 / 100) = 0.098
-    low, high = win_rate_interval(0.5, 100)
-    assert low == pytest.approx(0.402) and high == pytest.approx(0.598)
-    assert win_rate_interval(1.0, 10) == (1.0, 1.0)
+        judgements([1.0], [1.0, 2.0])
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,8 @@
 
 Modules: `config` (DemoConfig and size presets), `cache` (cached stages with done-markers),
 `stages` (base model, SFT, preference pairs, reward model), `rl` (one function per algorithm),
-`evaluation` (win rate and friends), `report` and `plots`, and `pipeline.run_demo` tying them together.
+`evaluation` (win rate and friends), `report` and `plots`, and `pipeline.run_demo` tying them together;
+`dependencies` checks the optional `demo` extra before the first stage.
 `--task addition` runs `verifiable` instead (SFT warm start -> GRPO on an exact reward -> held-out accuracy,
 reported by `verifiable_report`).
 Heavy libraries load inside the functions that use them.
@@ -14,7 +15,10 @@ __all__ = ["ALGOS", "PRESETS", "DemoConfig", "run_demo"]
 
 
 def run_demo(cfg: DemoConfig):
-    """Run the demo pipeline (see `rlhfkit.demo.pipeline`)."""
+    """Run the demo pipeline (see `rlhfkit.demo.pipeline`), after checking the `demo` extra is installed."""
+    from rlhfkit.demo.dependencies import check_demo_dependencies
+
+    check_demo_dependencies(cfg.task)  # before any stage: a missing module fails now, not minutes in
     from rlhfkit.demo.pipeline import run_demo as _run
 
     return _run(cfg)

@@ -1,14 +1,14 @@
 """Evaluation on held-out prompts: the RL policy against the SFT policy, judged by the gold judge.
 
 Both policies sample one completion per test prompt (same temperature and seed). The gold judge
-(VADER) scores each whole review; the win rate counts a win as 1 and a tie as 1/2. Also reported:
+(VADER) scores each whole review; the win rate is `rlhfkit.judges.win_rate` (a tie counts half, 95% Wilson
+interval), the same as the win-rate callback and `rlhfkit judge` report. Also reported:
 mean gold score, mean learned-reward score, and KL(RL || SFT) of the RL samples, summed over tokens.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -19,22 +19,16 @@ from rlhfkit.demo.cache import StageResult
 from rlhfkit.demo.config import DemoConfig
 from rlhfkit.demo.sampling import Completions, sample_completions
 from rlhfkit.demo.stages import load_policy, load_reward_model, load_tokenizer
+from rlhfkit.judges import TIE, win_rate
 
 
-def win_rate(scores: Sequence[float], baseline_scores: Sequence[float]) -> float:
-    """Share of prompts where `scores` beats `baseline_scores`; a tie counts as half a win."""
+def judgements(scores: Sequence[float], baseline_scores: Sequence[float]) -> list[int]:
+    """Pairwise verdicts on `[baseline, model]` from per-prompt scores: 1 = the model wins, 0 = it loses, TIE."""
     if len(scores) != len(baseline_scores) or not scores:
         raise ValueError(
             f"need two equally long non-empty score lists, got {len(scores)} and {len(baseline_scores)}"
         )
-    wins = sum(1.0 if a > b else 0.5 if a == b else 0.0 for a, b in zip(scores, baseline_scores))
-    return wins / len(scores)
-
-
-def win_rate_interval(rate: float, n: int, z: float = 1.96) -> tuple[float, float]:
-    """Normal-approximation 95% interval of a win rate measured on n prompts."""
-    half = z * math.sqrt(max(rate * (1 - rate), 0.0) / n)
-    return max(0.0, rate - half), min(1.0, rate + half)
+    return [1 if a > b else TIE if a == b else 0 for a, b in zip(scores, baseline_scores)]
 
 
 @torch.no_grad()
@@ -94,14 +88,14 @@ def evaluate(
             "learned": learned_scores(reward_model, samples),
         }
     kl = kl_to_reference(rl_policy, sft_policy, results["rl"]["samples"], cfg.temperature)
-    rate = win_rate(results["rl"]["gold"], results["sft"]["gold"])
-    low, high = win_rate_interval(rate, len(prompts))
+    verdicts = judgements(results["rl"]["gold"], results["sft"]["gold"])
+    rate, low, high = win_rate(verdicts, model_index=1)
     metrics = {
         "algo": cfg.algo,
         "num_prompts": len(prompts),
         "win_rate_rl_vs_sft": rate,
         "win_rate_ci95": [low, high],
-        "ties": sum(a == b for a, b in zip(results["rl"]["gold"], results["sft"]["gold"])),
+        "ties": verdicts.count(TIE),
         "kl_rl_to_sft": _mean(kl),
     }
     for name in ("sft", "rl"):

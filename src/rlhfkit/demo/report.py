@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, fields
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -121,27 +123,29 @@ def write_report(
     total_seconds: float,
 ) -> dict[str, Any]:
     """Write metrics.json, report.md and plots/*.png into `out`; returns the metrics dict."""
-    metrics = write_metrics(cfg, out, stages, total_seconds)
-    made = make_plots(out, stages, samples)
-    write_markdown(cfg, out, _result_lines(cfg, stages), stages, total_seconds, made, _sample_lines(cfg, samples))
-    return metrics
+    plotted = partial(make_plots, out, stages, samples)
+    return write_files(cfg, out, stages, total_seconds, plotted, _result_lines(cfg, stages), _sample_lines(cfg, samples))
 
 
-def write_markdown(
+def write_files(
     cfg: DemoConfig,
     out: Path,
-    result_lines: list[str],
     stages: dict[str, StageResult],
     total_seconds: float,
-    made: list[Path],
+    make_task_plots: Callable[[], list[Path]],
+    result_lines: list[str],
     sample_lines: list[str],
-) -> None:
-    """report.md: the result, the stage table, the plots, the samples and the command that reproduces the run."""
+) -> dict[str, Any]:
+    """metrics.json, the task's plots, then report.md: the result, the stage table, the plots, the samples
+    and the command that reproduces the run. Every task's report; the task gives its plots and lines."""
+    metrics = write_metrics(cfg, out, stages, total_seconds)
+    made = make_task_plots()
     lines = result_lines + _stage_lines(stages, total_seconds)
     lines += ["## Plots", ""] + [f"![{p.stem}](plots/{p.name})" for p in made]
     lines += sample_lines
     lines += ["", "Reproduce: `rlhfkit demo " + " ".join(_flags(cfg)) + "`", ""]
     (out / "report.md").write_text("\n".join(lines), encoding="utf-8")
+    return metrics
 
 
 def _result_lines(cfg: DemoConfig, stages: dict[str, StageResult]) -> list[str]:

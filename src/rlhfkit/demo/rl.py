@@ -22,6 +22,7 @@ from rlhfkit.demo.stages import (
     load_pairs,
     load_reward_model,
     load_tokenizer,
+    online_rl_defaults,
     trainer_defaults,
 )
 
@@ -74,11 +75,8 @@ def train_rloo(cfg: DemoConfig, sft: StageResult, reward: StageResult, preferenc
         rloo_k=cfg.rloo_k,
         total_episodes=cfg.rl_updates * cfg.rl_batch_size,
         num_ppo_epochs=cfg.rl_epochs,
-        learning_rate=cfg.rl_learning_rate,
-        lr_scheduler_type="constant",
         kl_coef=cfg.kl_coef,
         response_length=cfg.response_length,
-        temperature=cfg.temperature,
         stop_token="eos",
         local_rollout_forward_batch_size=64,
         num_sample_generations=0,
@@ -86,7 +84,7 @@ def train_rloo(cfg: DemoConfig, sft: StageResult, reward: StageResult, preferenc
         logging_first_step=True,
         sft_model_path=str(sft.path),
         reward_model_path=str(reward.path),
-        **trainer_defaults(cfg, out),
+        **online_rl_defaults(cfg, out),
     )
     policy = AutoModelForCausalLM.from_pretrained(sft.path, dtype=torch.float32)
     ref_policy = AutoModelForCausalLM.from_pretrained(sft.path, dtype=torch.float32)

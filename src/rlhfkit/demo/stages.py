@@ -48,6 +48,16 @@ def trainer_defaults(cfg: DemoConfig, output_dir: Path) -> dict[str, Any]:
     )
 
 
+def online_rl_defaults(cfg: DemoConfig, output_dir: Path) -> dict[str, Any]:
+    """`trainer_defaults` plus what the online RL stages (RLOO, GRPO) share: a constant learning rate, the sampling temperature."""
+    return dict(
+        trainer_defaults(cfg, output_dir),
+        learning_rate=cfg.rl_learning_rate,
+        lr_scheduler_type="constant",
+        temperature=cfg.temperature,
+    )
+
+
 def _save_logs(trainer, folder: Path) -> list[dict[str, Any]]:
     """Write the trainer's log history (and drop its unused scratch folder)."""
     shutil.rmtree(folder / "trainer", ignore_errors=True)

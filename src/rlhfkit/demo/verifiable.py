@@ -19,6 +19,7 @@ import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -158,14 +159,11 @@ def train_grpo(cfg: DemoConfig, task: VerifiableTask, sft: StageResult, out: Pat
         per_device_train_batch_size=cfg.rl_batch_size,
         num_generations=cfg.num_generations,
         max_steps=cfg.rl_updates,
-        num_iterations=cfg.rl_epochs,
-        learning_rate=cfg.rl_learning_rate,
-        lr_scheduler_type="constant",
-        beta=cfg.kl_coef,
-        temperature=cfg.temperature,
-        max_completion_length=cfg.response_length,
         logging_steps=1,
-        **{**stages.trainer_defaults(cfg, out), "disable_tqdm": True},  # one bar below, not a log per step
+        num_iterations=cfg.rl_epochs,
+        beta=cfg.kl_coef,
+        max_completion_length=cfg.response_length,
+        **{**stages.online_rl_defaults(cfg, out), "disable_tqdm": True},  # one bar below, not a log per step
     )
     trainer = GRPOTrainer(
         model=str(sft.path),
@@ -232,7 +230,8 @@ def evaluate(
 # ---------------------------------------------------------------------- the pipeline
 def run_verifiable_demo(cfg: DemoConfig) -> dict[str, Any]:
     """Base -> SFT warm start -> GRPO -> held-out accuracy, each stage cached; writes the report."""
-    from rlhfkit.demo.verifiable_report import print_samples, write_report
+    from rlhfkit.demo import verifiable_report as task_report
+    from rlhfkit.demo.report import write_files
 
     task = VERIFIABLE_TASKS[cfg.task]()
     pipeline._quiet_runtime(cfg)
@@ -244,31 +243,21 @@ def run_verifiable_demo(cfg: DemoConfig) -> dict[str, Any]:
     run = pipeline.stage_runner(cfg, root, console, results)
 
     name = task.name
-    base = run("base", Stage("base", "1/4 base model", cfg.values("model"), lambda out: stages.build_base(cfg, out)))
-    sft = run(
-        "sft",
-        Stage(
-            f"sft-{name}", f"2/4 SFT warm start ({name})", cfg.values(*SFT_FIELDS),
-            lambda out: train_sft(cfg, task, base, out), [base],
-        ),
-    )  # fmt: skip
-    rl = run(
-        "rl",
-        Stage(
-            f"rl-grpo-{name}", "3/4 GRPO on the exact reward", cfg.values(*GRPO_FIELDS),
-            lambda out: train_grpo(cfg, task, sft, out), [sft],
-        ),
-    )  # fmt: skip
-    evaluated = run(
-        "evaluation",
-        Stage(
-            f"evaluation-{name}", "4/4 held-out accuracy", cfg.values(*EVAL_FIELDS),
-            lambda out: evaluate(cfg, task, sft, rl, out), [sft, rl],
-        ),
-    )  # fmt: skip
+    run("base", Stage("base", "1/4 base model", cfg.values("model"), lambda out: stages.build_base(cfg, out)))
+    chain = (  # key, stage folder, title, the config fields it depends on, what it runs, the stages it reads
+        ("sft", f"sft-{name}", f"2/4 SFT warm start ({name})", SFT_FIELDS, train_sft, ("base",)),
+        ("rl", f"rl-grpo-{name}", "3/4 GRPO on the exact reward", GRPO_FIELDS, train_grpo, ("sft",)),
+        ("evaluation", f"evaluation-{name}", "4/4 held-out accuracy", EVAL_FIELDS, evaluate, ("sft", "rl")),
+    )
+    for key, folder, title, fields, compute, reads in chain:
+        parents = [results[k] for k in reads]  # compute(cfg, task, *parents, out)
+        run(key, Stage(folder, title, cfg.values(*fields), partial(compute, cfg, task, *parents), parents))
+    evaluated = results["evaluation"]
     samples = [json.loads(line) for line in (evaluated.path / "samples.jsonl").read_text("utf-8").splitlines()]
-    print_samples(samples[: cfg.eval_samples_shown], console)
-    metrics = write_report(cfg, task.description, root, results, samples, time.perf_counter() - start)
+    task_report.print_samples(samples[: cfg.eval_samples_shown], console)
+    lines = task_report.result_lines(cfg, task.description, results), task_report.sample_lines(cfg, samples)
+    plotted = partial(task_report.make_plots, root, results)
+    metrics = write_files(cfg, root, results, time.perf_counter() - start, plotted, *lines)
     ev = metrics["evaluation"]
     console.print(
         f"[bold]held-out greedy accuracy: SFT {100 * ev['greedy_sft']:.1f}% -> GRPO "

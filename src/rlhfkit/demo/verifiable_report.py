@@ -10,7 +10,7 @@ from typing import Any
 from rlhfkit.demo import plots
 from rlhfkit.demo.cache import StageResult
 from rlhfkit.demo.config import DemoConfig
-from rlhfkit.demo.report import _md_cell, write_markdown, write_metrics
+from rlhfkit.demo.report import _md_cell
 
 
 def make_plots(out: Path, stages: dict[str, StageResult]) -> list[Path]:
@@ -39,7 +39,7 @@ def _percent(ev: dict[str, Any], key: str) -> tuple[str, str]:
     return f"{100 * ev[key]:.1f}%", f"{100 * low:.1f}-{100 * high:.1f}%"
 
 
-def _result_lines(cfg: DemoConfig, description: str, stages: dict[str, StageResult]) -> list[str]:
+def result_lines(cfg: DemoConfig, description: str, stages: dict[str, StageResult]) -> list[str]:
     ev, base = stages["evaluation"].summary, stages["base"].summary
     (sft_acc, sft_ci), (rl_acc, rl_ci) = _percent(ev, "greedy_sft"), _percent(ev, "greedy_rl")
     rows = []
@@ -69,7 +69,7 @@ def _result_lines(cfg: DemoConfig, description: str, stages: dict[str, StageResu
     ]
 
 
-def _sample_lines(cfg: DemoConfig, samples: Sequence[dict[str, Any]]) -> list[str]:
+def sample_lines(cfg: DemoConfig, samples: Sequence[dict[str, Any]]) -> list[str]:
     lines = ["", "## Sample completions (held-out, greedy)", "", "| prompt | answer | SFT | GRPO |", "|---|---|---|---|"]
     for row in samples[: cfg.eval_samples_shown]:
         marks = {name: "✓" if row[name].strip() == row["answer"] else "✗" for name in ("sft", "rl")}
@@ -78,22 +78,6 @@ def _sample_lines(cfg: DemoConfig, samples: Sequence[dict[str, Any]]) -> list[st
             f"{_md_cell(row['rl'])} {marks['rl']} |"
         )
     return lines
-
-
-def write_report(
-    cfg: DemoConfig,
-    description: str,
-    out: Path,
-    stages: dict[str, StageResult],
-    samples: Sequence[dict[str, Any]],
-    total_seconds: float,
-) -> dict[str, Any]:
-    """Write metrics.json, report.md and plots/*.png into `out`; returns the metrics dict."""
-    metrics = write_metrics(cfg, out, stages, total_seconds)
-    made = make_plots(out, stages)
-    result_lines = _result_lines(cfg, description, stages)
-    write_markdown(cfg, out, result_lines, stages, total_seconds, made, _sample_lines(cfg, samples))
-    return metrics
 
 
 def print_samples(samples: Sequence[dict[str, Any]], console=None) -> None:
