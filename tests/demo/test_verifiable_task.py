@@ -27,11 +27,11 @@ def test_accuracy_and_its_wilson_interval_hand_values():
 
 def test_task_picks_its_algorithm_and_preset():
     cfg = DemoConfig(task="addition", size="tiny")
-    assert cfg.algo == "grpo" and cfg.kl_coef == 0.0 and cfg.temperature == 1.0
+    assert cfg.algo == "grpo" and cfg.kl_coef == 0.0 and cfg.temperature == 0.4
     assert cfg.rl_updates == TASK_PRESETS["addition"]["tiny"]["rl_updates"]
     sentiment = DemoConfig()
     assert (sentiment.task, sentiment.algo, sentiment.temperature, sentiment.kl_coef) == ("sentiment", "rloo", 0.7, 0.05)
-    assert DemoConfig(task="addition", temperature=0.5).temperature == 0.5  # a flag beats the preset
+    assert DemoConfig(task="addition", temperature=0.9).temperature == 0.9  # a flag beats the preset
 
 
 @pytest.mark.parametrize(
