@@ -20,6 +20,9 @@ HERE = Path(__file__).resolve().parent
 VOCAB = {"v1k": 1000, "v8k": 8192, "v32k": 32000, "v152k": 151_936, "v152k-eos": 151_936}  # prepare.VOCAB_SIZES
 TARGETS = {"memory": 1 / 3, "speed": 1.3, "eos_speed": 1.5}  # issue 16
 LIBRARIES = ("rlhfkit", "trl")
+# Workloads whose earlier runs measured code that has since changed: only these files count for them.
+# dpo-lv: the runs before results-dpo-main.json measured DPO before its chunked logprob path landed.
+CURRENT_ONLY = {"dpo-lv": {"results-dpo-main.json"}}
 
 
 def load(folder: Path) -> list[dict]:
@@ -29,6 +32,8 @@ def load(folder: Path) -> list[dict]:
         data = json.loads(path.read_text())
         baselines = data.get("import_baselines", {})
         for run in data["runs"]:
+            if path.name not in CURRENT_ONLY.get(run["workload"], {path.name}):
+                continue
             run = dict(run, source=path.name, commit=data["info"].get("commit"), eos=data["info"].get("eos", False))
             base = baselines.get(f"{run['library']}/{run['workload']}")
             if "os_peak_rss_mb" in run and base is not None:
