@@ -98,6 +98,21 @@ def length_summary(lengths: list[int]) -> dict:
             "mean": sum(lengths) / len(lengths), "count": len(lengths)}
 
 
+def record_lengths(obj, method: str, mask_of) -> list[list[int]]:
+    """Wrap `obj.<method>` so each call appends its completions' lengths (`mask_of(result)` is the (N, R)
+    completion mask); returns the list it fills, one entry per call (warm-up calls included)."""
+    lengths: list[list[int]] = []
+    original = getattr(obj, method)
+
+    def recorded(*args, **kwargs):
+        result = original(*args, **kwargs)
+        lengths.append(mask_of(result).sum(1).tolist())
+        return result
+
+    setattr(obj, method, recorded)
+    return lengths
+
+
 def read_jsonl(path: Path) -> list[dict]:
     with open(path, encoding="utf-8") as fh:
         return [json.loads(line) for line in fh if line.strip()]

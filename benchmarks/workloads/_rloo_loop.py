@@ -27,6 +27,7 @@ def run(args, library: str, workload: str, epochs: int, RLOOConfig, RLOOTrainer)
         length_summary,
         model_dir,
         read_jsonl,
+        record_lengths,
         step_callback,
         trainer_args_common,
     )
@@ -51,16 +52,10 @@ def run(args, library: str, workload: str, epochs: int, RLOOConfig, RLOOTrainer)
         total_episodes=BATCH * steps, local_rollout_forward_batch_size=BATCH, num_sample_generations=0,
         stop_token="eos" if args.eos else None, temperature=1.0 if workload == "rloo-lv" else 0.7, kl_coef=0.05,
     )
-    clock, lengths = StepClock(), []
+    clock = StepClock()
     trainer = RLOOTrainer(config, tokenizer, policy, ref_policy, reward, dataset, callbacks=[step_callback(clock)])
-    rollout = trainer._rollout
-
-    def recorded_rollout(*a, **kw):  # completion lengths of every rollout, warm-up ones dropped below
-        batch, metrics = rollout(*a, **kw)
-        lengths.append(batch.response_mask.sum(1).tolist())
-        return batch, metrics
-
-    trainer._rollout = recorded_rollout
+    # completion lengths of every rollout, warm-up ones dropped below
+    lengths = record_lengths(trainer, "_rollout", lambda out: out[0].response_mask)
     trainer.train()
     timed = [n for step in lengths[args.warmup:] for n in step]
     emit(args, library, workload, clock.step_times(args.warmup), cpu_times=clock.cpu_times(args.warmup), episodes_per_step=BATCH,

@@ -23,6 +23,7 @@ def main(workload: str = "rloo") -> None:
         length_summary,
         model_dir,
         read_jsonl,
+        record_lengths,
         step_callback,
         trainer_args_common,
     )
@@ -46,19 +47,13 @@ def main(workload: str = "rloo") -> None:
         max_completion_length=length, temperature=1.0 if workload == "rloo-lv" else 0.7, top_k=0, top_p=1.0,
         beta=0.05, num_iterations=1, generation_kwargs=None if args.eos else {"min_new_tokens": length},
     )
-    clock, lengths = StepClock(), []
+    clock = StepClock()
     trainer = RLOOTrainer(
         model=policy, reward_funcs=reward, args=config, train_dataset=dataset, processing_class=tokenizer,
         reward_processing_classes=reward_tokenizer, callbacks=[step_callback(clock)],
     )
-    generate = trainer._generate_and_score_completions
-
-    def recorded_generate(inputs):  # completion lengths of every generation round, warm-up ones dropped below
-        out = generate(inputs)
-        lengths.append(out["completion_mask"].sum(1).tolist())
-        return out
-
-    trainer._generate_and_score_completions = recorded_generate
+    # completion lengths of every generation round, warm-up ones dropped below
+    lengths = record_lengths(trainer, "_generate_and_score_completions", lambda out: out["completion_mask"])
     trainer.train()
     timed = [n for step in lengths[args.warmup:] for n in step]
     emit(args, "trl", workload, clock.step_times(args.warmup), cpu_times=clock.cpu_times(args.warmup),
