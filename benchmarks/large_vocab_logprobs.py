@@ -97,14 +97,19 @@ def _estimated_straightforward_gb(length: int) -> float:
     return 3 * BATCH * (length + 1) * VOCAB * 4 / 2**30
 
 
+def worker_result(command: list[str], prefix: str, **identity) -> dict:
+    """Run a worker subprocess; its `prefix`-marked JSON line, else `identity` plus the tail of its error output."""
+    proc = subprocess.run(command, capture_output=True, text=True, check=False)
+    for line in proc.stdout.splitlines():
+        if line.startswith(prefix):
+            return json.loads(line[len(prefix) :])
+    return {**identity, "error": (proc.stderr or proc.stdout)[-2000:]}
+
+
 def _run_variant(variant: str, length: int, args: argparse.Namespace) -> dict:
     command = [sys.executable, __file__, "--worker", variant, "--lengths", str(length), "--device", args.device,
                "--threads", str(args.threads)]  # fmt: skip
-    proc = subprocess.run(command, capture_output=True, text=True, check=False)
-    for line in proc.stdout.splitlines():
-        if line.startswith(RESULT_PREFIX):
-            return json.loads(line[len(RESULT_PREFIX) :])
-    return {"variant": variant, "response_length": length, "error": (proc.stderr or proc.stdout)[-2000:]}
+    return worker_result(command, RESULT_PREFIX, variant=variant, response_length=length)
 
 
 def _git_commit() -> str:

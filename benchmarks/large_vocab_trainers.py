@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from large_vocab_logprobs import HIDDEN, LAYERS, VOCAB, _git_commit, _rss_gb, limit_threads
+from large_vocab_logprobs import HIDDEN, LAYERS, VOCAB, _git_commit, _rss_gb, limit_threads, worker_result
 
 HERE = Path(__file__).resolve().parent
 BATCH, LENGTH, PROMPT = 4, 512, 32
@@ -122,11 +121,7 @@ def _worker(trainer_name: str, variant: str, threads: int) -> dict:
 
 def _run(trainer_name: str, variant: str, threads: int) -> dict:
     command = [sys.executable, __file__, "--worker", trainer_name, variant, "--threads", str(threads)]
-    proc = subprocess.run(command, capture_output=True, text=True, check=False)
-    for line in proc.stdout.splitlines():
-        if line.startswith(RESULT_PREFIX):
-            return json.loads(line[len(RESULT_PREFIX) :])
-    return {"trainer": trainer_name, "variant": variant, "error": (proc.stderr or proc.stdout)[-2000:]}
+    return worker_result(command, RESULT_PREFIX, trainer=trainer_name, variant=variant)
 
 
 def main() -> None:
