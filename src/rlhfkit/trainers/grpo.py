@@ -32,7 +32,7 @@ from rlhfkit.core.kl import per_token_kl
 from rlhfkit.core.masking import masked_mean
 from rlhfkit.core.policy_losses import entropy_mask, policy_loss
 from rlhfkit.models.reference import choose_reference
-from rlhfkit.rollout import HFGenerationBackend, SamplingParams, forward_response, pad_left
+from rlhfkit.rollout import SamplingParams, forward_response
 from rlhfkit.rollout.batch import RolloutBatch
 from rlhfkit.rollout.rewards import RewardScorer
 from rlhfkit.trainers.grpo_config import GRPOConfig
@@ -259,15 +259,12 @@ class GRPOTrainer(OnlineTrainerLoop, RobustTrainerMixin, Trainer):
 
     def _sample_groups(self) -> SampledGroups:
         """One round: the next batch of prompts, `num_generations` completions each, decoded and scored."""
-        args, tok = self.args, self.processing_class
+        args = self.args
         rows = self.train_dataset[self.schedule.indices(self._prompt_batches)]
         self._prompt_batches += 1
         repeat = [i for i in range(len(rows["input_ids"])) for _ in range(args.num_generations)]
         query_ids, query_mask = self._pad_prompts([rows["input_ids"][i] for i in repeat])
-        sampler = HFGenerationBackend(
-            self.accelerator.unwrap_model(self.model), tok.pad_token_id, weights_context=self._gathered_weights
-        )
-        out = sampler.generate(query_ids, query_mask, self.sampling_params, logprob_temperature=args.temperature)
+        out = self._sampler().generate(query_ids, query_mask, self.sampling_params, logprob_temperature=args.temperature)
         batch = RolloutBatch(query_ids, query_mask, out.responses, out.response_mask, out.response_mask, logprobs=out.logprobs)
         batch = batch.trimmed()
         if args.mask_truncated_completions:  # DAPO: a cut-off completion is no evidence either way
@@ -287,10 +284,6 @@ class GRPOTrainer(OnlineTrainerLoop, RobustTrainerMixin, Trainer):
     @staticmethod
     def _rollout_tensors(batch: RolloutBatch) -> tuple[torch.Tensor, ...]:
         return batch.query_ids, batch.query_mask, batch.responses, batch.response_mask
-
-    def _pad_prompts(self, rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        ids, mask = pad_left([torch.tensor(r, dtype=torch.long) for r in rows], self.processing_class.pad_token_id)
-        return ids.to(self.accelerator.device), mask.to(self.accelerator.device)
 
     def _truncated(self, batch: RolloutBatch) -> torch.Tensor:
         """(N,) bool: the completion was cut at max_completion_length before its eos token."""

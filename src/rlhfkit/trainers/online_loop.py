@@ -194,6 +194,18 @@ class OnlineTrainerLoop:
         """Under DeepSpeed ZeRO-3, the policy's sharded weights gathered once per generation (unless told not to)."""
         return zero3_generation_context(self.accelerator, self.model, self.args.ds3_gather_for_generation)
 
+    def _sampler(self, chunk_size: int | None = None) -> HFGenerationBackend:
+        """The generation backend over the current policy (weights gathered under ZeRO-3)."""
+        return HFGenerationBackend(
+            self.accelerator.unwrap_model(self.model), self.processing_class.pad_token_id,
+            chunk_size=chunk_size, weights_context=self._gathered_weights,
+        )  # fmt: skip
+
+    def _pad_prompts(self, rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Token-id lists, left-padded and on this process's device: (query_ids, query_mask), each (B, Q)."""
+        ids, mask = pad_left([torch.tensor(r, dtype=torch.long) for r in rows], self.processing_class.pad_token_id)
+        return ids.to(self.accelerator.device), mask.to(self.accelerator.device)
+
     def _decode(self, queries: torch.Tensor, responses: torch.Tensor, response_mask: torch.Tensor):
         tok = self.processing_class
         prompts = tok.batch_decode(queries, skip_special_tokens=True)
@@ -222,15 +234,9 @@ class OnlineTrainerLoop:
     def _sample_completions(self, dataset: Any, label: str, folder: str) -> dict[str, list]:
         args = self.args
         rows = dataset.select(range(min(args.num_sample_prompts, len(dataset))))["input_ids"]
-        pad_id = self.processing_class.pad_token_id
-        queries, masks = (
-            t.to(self.accelerator.device) for t in pad_left([torch.tensor(r) for r in rows], pad_id)
-        )
+        queries, masks = self._pad_prompts(rows)
         greedy = dataclasses.replace(self.sampling_params, do_sample=False)
-        sampler = HFGenerationBackend(
-            self.accelerator.unwrap_model(self.model), pad_id, weights_context=self._gathered_weights
-        )
-        out = sampler.generate(queries, masks, greedy)
+        out = self._sampler().generate(queries, masks, greedy)
         responses, response_mask = out.responses, out.response_mask
         prompts, completions = self._decode(queries, responses, response_mask)
         scores, _ = self.scorer(queries, masks, responses, response_mask, prompts, completions)

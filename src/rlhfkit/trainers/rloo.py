@@ -36,7 +36,7 @@ from rlhfkit.core import (
 )
 from rlhfkit.core.rewards import apply_missing_eos_penalty
 from rlhfkit.models.reference import choose_reference
-from rlhfkit.rollout import HFGenerationBackend, SamplingParams, forward_response, pad_left
+from rlhfkit.rollout import SamplingParams, forward_response
 from rlhfkit.rollout.batch import RolloutBatch
 from rlhfkit.rollout.rewards import RewardScorer
 from rlhfkit.trainers.guards import RobustTrainerMixin
@@ -203,9 +203,7 @@ class RLOOTrainer(OnlineTrainerLoop, RobustTrainerMixin, Trainer):
 
     def _prompts(self, update: int) -> tuple[torch.Tensor, torch.Tensor]:
         """This process's prompts for `update`, left-padded: (query_ids, query_mask), each (B, Q)."""
-        rows = self.train_dataset[self.schedule.indices(update)]["input_ids"]
-        padded = pad_left([torch.tensor(ids) for ids in rows], self.processing_class.pad_token_id)
-        return tuple(t.to(self.accelerator.device) for t in padded)
+        return self._pad_prompts(self.train_dataset[self.schedule.indices(update)]["input_ids"])
 
     def _sample(self, prompts: tuple[torch.Tensor, torch.Tensor]) -> RolloutBatch:
         """`rloo_k` completions of each of the B prompts: completion j of prompt i in row i + j * B.
@@ -218,13 +216,7 @@ class RLOOTrainer(OnlineTrainerLoop, RobustTrainerMixin, Trainer):
         num_prompts = query_ids.shape[0]
         prompt_of_row = torch.arange(args.rloo_k * num_prompts, device=query_ids.device) % num_prompts
         query_ids, query_mask = query_ids[prompt_of_row], query_mask[prompt_of_row]
-        sampler = HFGenerationBackend(
-            self.accelerator.unwrap_model(self.model),
-            self.processing_class.pad_token_id,
-            chunk_size=args.local_rollout_forward_batch_size,
-            weights_context=self._gathered_weights,
-        )
-        out = sampler.generate(query_ids, query_mask, self.sampling_params, logprob_temperature=args.temperature)
+        out = self._sampler(chunk_size=args.local_rollout_forward_batch_size).generate(query_ids, query_mask, self.sampling_params, logprob_temperature=args.temperature)
         batch = RolloutBatch(
             query_ids, query_mask, out.responses, out.response_mask, out.response_mask, logprobs=out.logprobs
         )
