@@ -51,6 +51,37 @@ def test_grpo_command_with_import_path_rewards_and_a_reward_model(tmp_path, monk
     assert summary["updates"] == 2
 
 
+def test_grpo_command_trains_addition_against_its_answer_column(tmp_path, capsys, monkeypatch):
+    from rlhfkit.tasks import TASKS
+
+    scored = []  # (prompt, completion, answer, score) of every row the task's reward saw
+
+    def spied_addition():
+        task = make_addition()
+        reward = task.column_reward
+
+        def spy(prompts, completions, **columns):
+            scores = reward(prompts, completions, **columns)
+            scored.extend(zip(prompts, completions, columns["answer"], scores))
+            return scores
+
+        task.column_reward = spy
+        return task
+
+    make_addition = TASKS["addition"]
+    monkeypatch.setitem(TASKS, "addition", spied_addition)
+    code = main(["--model_name_or_path", str(tiny_model_path("llama")), "--dataset_name", "addition",
+                 "--output_dir", str(tmp_path / "run"), *TINY_RUN])  # fmt: skip
+    assert code == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["updates"] == 2 and summary["last_reward"] is not None
+    assert 0.0 <= summary["last_reward"] <= 1.0
+    assert len(scored) == 2 * 8  # two steps of 8 completions, each with its row's answer
+    for prompt, completion, answer, score in scored:
+        a, b = prompt.rstrip("=").split("+")
+        assert answer == str(int(a) + int(b)) and score == float(completion.strip() == answer)
+
+
 @pytest.mark.parametrize(
     "extra, message",
     [([], "give --reward_funcs or --reward_model_name_or_path"), (["--reward_funcs", "nodots"], "dotted import path")],

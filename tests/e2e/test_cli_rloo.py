@@ -142,6 +142,7 @@ def test_rloo_command_with_local_data_and_reward_model(tmp_path, capsys):
         (["--dataset_name", "trl-internal-testing/descriptiveness-sentiment-trl-style"], "offline"),
         (["--dataset_name", "keyword", "--reward_model_path", "EleutherAI/pythia-14m"], "not a local folder"),
         (["--dataset_name", "keyword", "--rloo_k", "3"], "rloo_k"),
+        (["--dataset_name", "addition"], "--dataset_name 'addition'"),
     ],
 )
 def test_rloo_command_explains_bad_input(tmp_path, capsys, flags, message):

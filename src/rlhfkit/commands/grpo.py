@@ -5,7 +5,8 @@
 
 Rewards: `--reward_funcs` takes dotted import paths of reward functions (e.g. `my_rewards.correct`, or
 `rlhfkit.rewards.accuracy_reward`), `--reward_model_name_or_path` a local sequence-classification folder;
-with neither, a built-in task (`--dataset_name keyword`) brings its own reward. Every GRPOConfig /
+with neither, a built-in task (`--dataset_name keyword`, or `addition`, scored against its answer column)
+brings its own reward. Every GRPOConfig /
 TrainingArguments field is a flag; `--config file.yaml` supplies defaults.
 """
 
@@ -45,7 +46,10 @@ def import_reward(path: str) -> Any:
 
 
 def task_reward(task: Any) -> Any:
-    """A built-in task's `reward_fn(texts)` as a GRPO reward function named after the task."""
+    """A built-in task's GRPO reward: its `column_reward` when it has one (it reads the dataset's columns),
+    else its `reward_fn(texts)` wrapped and named after the task."""
+    if task.column_reward is not None:
+        return task.column_reward
 
     def reward(prompts: list, completions: list, **columns: Any) -> list[float]:
         return task.reward_fn(completions)

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from rlhfkit.tasks import reviews, toy
+from rlhfkit.tasks import addition, reviews, toy
 
 if TYPE_CHECKING:  # pragma: no cover
     from datasets import Dataset
@@ -16,9 +16,11 @@ if TYPE_CHECKING:  # pragma: no cover
 class Task:
     """A built-in task: where prompts come from and how completions are scored.
 
-    `prompt_dataset(split="train"|"test", n=None, seed=0)` returns a Dataset with "prompt" and
-    "query" columns; `reward_fn(texts) -> scores` scores completions (one float each);
-    `sft_dataset()`, when present, returns a Dataset with a "text" column.
+    `prompt_dataset(split="train"|"test", n=None, seed=0)` returns a Dataset with a "prompt" column;
+    `reward_fn(texts) -> scores` scores completions (one float each); `sft_dataset()`, when present,
+    returns a Dataset with a "text" column. A task scored against its dataset's other columns (an exact
+    answer) sets `column_reward`, a GRPO reward `(prompts, completions, **columns)`; its `reward_fn`,
+    which sees text only, then raises a ValueError saying so.
     """
 
     name: str
@@ -26,6 +28,7 @@ class Task:
     prompt_dataset: Callable[..., Dataset]
     reward_fn: Callable[[list[str]], list[float]]
     sft_dataset: Callable[..., Dataset] | None = None
+    column_reward: Callable[..., list[float | None]] | None = None
 
 
 def _positive_review() -> Task:
@@ -58,7 +61,32 @@ def _length(target_words: int = 2) -> Task:
     )
 
 
+def _needs_columns(name: str, columns: str) -> Callable[[list[str]], list[float]]:
+    """The `reward_fn` of a task that cannot be scored from completion text alone."""
+
+    def reward_fn(texts: list[str]) -> list[float]:
+        raise ValueError(
+            f"task {name!r} scores completions against its dataset's {columns} column, which a text-only "
+            f"reward does not receive; train it with `rlhfkit grpo --dataset_name {name}`"
+        )
+
+    return reward_fn
+
+
+def _addition() -> Task:
+    from rlhfkit.rewards import exact_match_reward
+
+    return Task(
+        name="addition",
+        description="two-digit addition, `37+48=` -> `85`, scored by exact match with the 'answer' column",
+        prompt_dataset=addition.addition_prompt_dataset,
+        reward_fn=_needs_columns("addition", "'answer'"),
+        column_reward=exact_match_reward("answer"),
+    )
+
+
 TASKS: dict[str, Callable[..., Task]] = {
+    "addition": _addition,
     "positive-review": _positive_review,
     "keyword": _keyword,
     "length": _length,
