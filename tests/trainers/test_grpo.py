@@ -228,6 +228,10 @@ def test_resume_mid_generation_continues_exactly(tmp_path, tokenizer):
         torch.testing.assert_close(a, b, atol=0, rtol=0, msg=f"{name} differs after resuming")
     assert _logged(resumed, "reward") == _logged(full, "reward")
     assert _logged(resumed, "num_tokens") == _logged(full, "num_tokens")
+    # the health alarms' history came back with the checkpoint: the same as the uninterrupted run's at step 3
+    assert (checkpoint / "health_monitor.json").is_file()
+    assert resumed.health.state_dict() == full.health.state_dict()
+    assert [step for step, _ in resumed.health.state_dict()["series"]["reward"]["first"]] == [1, 2, 3]
 
 
 def test_soft_overlong_penalty_counts_completion_tokens(tmp_path, tokenizer):

@@ -212,6 +212,36 @@ def test_watch_warns_on_the_main_process_only():
         assert watch(None, {"clip_ratio/region_mean": 0.9}, 1) == {}
 
 
+def test_history_round_trips_and_a_restored_monitor_goes_on_like_the_uninterrupted_one(tmp_path):
+    import json
+
+    from rlhfkit.trainers.checkpointing import load_state, save_state
+
+    steps = [healthy_step(i) for i in range(30)]
+    steps[0] = {"eval/win_rate": 0.4}  # judged before any reward: its reward is NaN (stored as None)
+    steps[8]["clip_ratio/region_mean"] = steps[14]["clip_ratio/region_mean"] = 0.9  # warns once (rate limit)
+    whole = HealthMonitor(GRPO)
+    expected_values, expected_messages = run(whole, steps)
+    assert [m.split(",")[0] for m in expected_messages] == ["step 9"]
+
+    first = HealthMonitor(GRPO)
+    run(first, steps[:10])
+    state = first.state_dict()
+    text = json.dumps(state, allow_nan=False)  # plain JSON, no NaN
+    save_state(tmp_path, "health", state)  # the trainers' checkpoint path
+    assert load_state(tmp_path, "health") == json.loads(text) == state
+    assert state["warned"] == {"update_blowup": 9} and state["judged"][0] == [1, 0.4, None]
+
+    resumed, fresh = HealthMonitor(GRPO), HealthMonitor(GRPO)
+    resumed.load_state_dict(json.loads(text))
+    assert resumed.state_dict() == state
+    values, messages = run(resumed, steps[10:], first=11)
+    assert values == expected_values[10:] and messages == []  # no re-warming, no repeated warning
+    assert resumed.state_dict() == whole.state_dict()
+    fresh_values, fresh_messages = run(fresh, steps[10:], first=11)
+    assert fresh_messages and "health/entropy_ratio" not in fresh_values[0]  # what resuming without it did
+
+
 @pytest.mark.parametrize("bad", [{"window": 1}, {"entropy_floor": 0}, {"kl_growth": -0.1}, {"warn_every": math.inf}])
 def test_bad_thresholds_are_named(bad):
     name = next(iter(bad))

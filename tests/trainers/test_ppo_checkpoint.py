@@ -72,6 +72,8 @@ def test_resumed_run_matches_uninterrupted_run(base_model, tokenizer, tmp_path):
             assert got[key] == expected[key], key
     assert resumed.kl_ctl.value == uninterrupted.kl_ctl.value
     assert resumed.running.state_dict() == uninterrupted.running.state_dict()
+    assert resumed.health.state_dict() == uninterrupted.health.state_dict()  # the alarms' history came back
+    assert [step for step, _ in resumed.health.state_dict()["series"]["kl"]["first"]] == [1, 2, 3, 4]
     for (name, p), (_, q) in zip(uninterrupted.policy.state_dict().items(), resumed.policy.state_dict().items()):
         assert torch.equal(p, q), name
     assert resumed.current_step == uninterrupted.current_step == 4

@@ -11,7 +11,8 @@ the first and the last `window` values of each, and says which of these patterns
 hand the warnings to `warnings.warn` with the `HealthWarning` category (main process only, through
 `watch`). A kind of alarm warns again only after `warn_every` steps. Calling `check` twice for one step
 (a win rate logged separately from the training metrics) replaces that step's values and warns once.
-The history is not saved in checkpoints: a resumed run takes its starting values afresh.
+The history (`state_dict`, plain JSON) is saved in the trainers' checkpoints, so a resumed run keeps its
+starting values and warning times instead of warming its alarms up again.
 """
 
 from __future__ import annotations
@@ -217,6 +218,30 @@ class HealthMonitor:
                 self._judged[-1] = entry
             else:
                 self._judged.append(entry)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The history the alarms read, as JSON-ready lists and numbers (a NaN reward becomes None)."""
+        return {
+            "series": {
+                name: {"first": [list(p) for p in series.first], "last": [list(p) for p in series.last]}
+                for name, series in self._series.items()
+            },
+            "judged": [[step, rate, None if math.isnan(reward) else reward] for step, rate, reward in self._judged],
+            "warned": dict(self._warned),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Take back a `state_dict()`; each window keeps at most this monitor's `thresholds.window` values."""
+        self._series = {}
+        for name, saved in state["series"].items():
+            series = self._series[name] = _Series(self.thresholds.window)
+            series.first = [(int(step), float(value)) for step, value in saved["first"]][: series.n]
+            series.last.extend((int(step), float(value)) for step, value in saved["last"])
+        self._judged = [
+            (int(step), float(rate), math.nan if reward is None else float(reward))
+            for step, rate, reward in state["judged"]
+        ]
+        self._warned = {str(kind): int(step) for kind, step in state["warned"].items()}
 
     def _due(self, kind: str, step: int) -> bool:
         last = self._warned.get(kind)

@@ -35,6 +35,7 @@ from rlhfkit.trainers.sample_table import print_sample_table, save_samples, text
 from rlhfkit.trainers.sharded_generation import zero3_generation_context
 
 LOOP_STATE_NAME = "online_loop_state"  # <name>_<rank>.json + .safetensors in each checkpoint
+HEALTH_STATE_NAME = "health_monitor"  # the health alarms' history (.json + .safetensors), one per checkpoint
 
 
 class OnlineTrainerLoop:
@@ -90,6 +91,8 @@ class OnlineTrainerLoop:
             is_world_process_zero=self.is_world_process_zero(),
             stateful_callbacks=dict(self.state.stateful_callbacks),
         )
+        if self.health is None and args.health_checks and self._health_metrics:
+            self.health = monitor_for(self._health_metrics)  # before resuming: the checkpoint holds its history
         self._resume(resume_from_checkpoint)
         per_update = self._episodes_per_update()
         self.state.max_steps = num_updates
@@ -98,8 +101,6 @@ class OnlineTrainerLoop:
         self.state.train_batch_size = args.per_device_train_batch_size
         self.is_in_train = True
         model.train()
-        if self.health is None and args.health_checks and self._health_metrics:
-            self.health = monitor_for(self._health_metrics)
         self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
         start_time, start_update, losses = time.time(), self.state.global_step, []
 
@@ -162,12 +163,17 @@ class OnlineTrainerLoop:
         state = self._loop_state()
         if state is not None:
             save_state(output_dir, f"{LOOP_STATE_NAME}_{self.accelerator.process_index}", state)
+        if self.health is not None and self.args.should_save:  # every process's monitor saw the same metrics
+            save_state(output_dir, HEALTH_STATE_NAME, self.health.state_dict())
 
     def _load_rng_state(self, checkpoint: str | None) -> None:
         super()._load_rng_state(checkpoint)
         name = f"{LOOP_STATE_NAME}_{self.accelerator.process_index}"
         if checkpoint is not None and os.path.isfile(os.path.join(checkpoint, f"{name}.json")):
             self._load_loop_state(load_state(checkpoint, name))
+        health = None if checkpoint is None else os.path.join(checkpoint, f"{HEALTH_STATE_NAME}.json")
+        if self.health is not None and health is not None and os.path.isfile(health):
+            self.health.load_state_dict(load_state(checkpoint, HEALTH_STATE_NAME))
 
     # ------------------------------------------------------------------ rollout helpers
     def _reference_logprobs(self, batch: RolloutBatch) -> torch.Tensor:

@@ -92,7 +92,7 @@ class SavingMethods:
 
     def save_checkpoint(self, checkpoint_dir: str) -> None:
         """Everything a resumed run needs: weights (incl. value head), optimizer, scheduler, KL controller,
-        running score moments, each process's RNG state and step counter. Atomic, with checksums
+        running score moments, the health alarms' history, each process's RNG state and step counter. Atomic, with checksums
         (`checkpointing`). Call it on every process."""
         self.accelerator.wait_for_everyone()
         weights, extra = self._gathered_weights(), None
@@ -120,4 +120,4 @@ class SavingMethods:
 
     def _checkpoint_parts(self) -> dict[str, Any]:
         return {"optimizer": None if self._fsdp else self.optimizer, "lr_scheduler": self.lr_scheduler,
-                "kl_ctl": self.kl_ctl, "running": self.running}
+                "kl_ctl": self.kl_ctl, "running": self.running, "health": self.health}  # health: None when off
