@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlhfkit.trainers.sharded_state import process_rank, rng_state, set_rng_state  # noqa: F401 (rng_*: API)
+from rlhfkit.trainers.sharded_state import process_rank, rng_state, save_in_phases, set_rng_state  # noqa: F401 (rng_*: API)
 
 CHECKPOINT_PREFIX = "checkpoint-"
 MANIFEST_FILE = "manifest.json"
@@ -428,17 +428,12 @@ def save_training_checkpoint(
     checkpoint_dir: str | os.PathLike, step: int, weights: torch.nn.Module | dict[str, torch.Tensor],
     parts: dict[str, Any], extra: dict[str, Any] | None = None, generators: dict[str, torch.Generator] | None = None,
 ) -> Path:
-    """Write weights (a module, or a dict of tensors), the `state_dict()` of each of `parts` (optimizer,
-    scheduler, ...; None is skipped), `extra` counters and the RNG of every generator, atomically.
-
-    Call it on every process: the main one writes weights and state, and under torch.distributed each adds its
-    random state (`rng_state_<rank>`) before the manifest covers them all (all must see the output folder).
-    Takes the parent folder's lock, so two runs cannot write into the same place.
-    """
+    """Write weights (a module, or a dict of tensors), the `state_dict()` of each of `parts` (None: skipped),
+    `extra` counters and every generator's RNG, atomically, under the parent folder's lock. Call it on every
+    process (all see the output folder; each adds its `rng_state_<rank>`); one failing makes all raise at once."""
     from safetensors.torch import save_file, save_model
 
-    rank, world = process_rank()
-    final, rng = Path(checkpoint_dir), rng_state(generators)
+    (rank, world), final, rng = process_rank(), Path(checkpoint_dir), rng_state(generators)
     staged = final.parent / f".{final.name}.tmp-ranks" / final.name  # a name every process can find
 
     def write(folder: Path) -> None:
@@ -450,21 +445,26 @@ def save_training_checkpoint(
         state.update(extra or {}, step=int(step), rng=rng, num_processes=world)
         save_state(folder, STATE_NAME, state)
 
-    if rank == 0:
+    def start() -> None:
         lock_output_dir(final.parent)
         shutil.rmtree(staged.parent, ignore_errors=True)  # left by a crash; the lock keeps other runs out
         staged.mkdir(parents=True)
         _fill(staged, final, write)
-    if world > 1:
-        torch.distributed.barrier()
+
+    def add_rng() -> None:  # not `_fill`: this process must not discard the folder the others write in
         if not staged.is_dir():  # the main process made it: this one does not see the same output folder
             raise CheckpointWriteError(errno.ENOENT, f"process {rank} cannot see {str(staged)!r} (a shared disk?)")
-        _fill(staged, final, lambda folder: save_state(folder, RNG_NAME.format(rank=rank), rng))
-        torch.distributed.barrier()
-    if rank == 0:
-        finish_checkpoint(staged, final, step)
-    if world > 1:  # nobody goes on (or resumes) before the checkpoint is in place
-        torch.distributed.barrier()
+        try:
+            save_state(staged, RNG_NAME.format(rank=rank), rng)
+        except OSError as err:
+            raise as_write_error(err, final) from err
+
+    def failed(ranks: list[int]) -> CheckpointWriteError:  # on every process, once all have stopped writing
+        discard_staging(staged)
+        return CheckpointWriteError(errno.EIO, f"process(es) {ranks} failed to write their part of checkpoint "
+                                    f"{str(final)!r}; nothing was published, the previous checkpoint is intact")
+
+    save_in_phases(start, add_rng, lambda: finish_checkpoint(staged, final, step), failed)
     return final
 
 

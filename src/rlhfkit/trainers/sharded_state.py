@@ -6,11 +6,13 @@ in the files of an unsharded run, so a single process loads them. Loading gives 
 whole tensors that every rank has read.
 
 Each process also draws its own random numbers: `rng_state` takes one process's state, for it to restore alone.
+`run_together` / `save_in_phases` let every process learn at once that one of them failed its part of a save.
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -21,6 +23,47 @@ def process_rank() -> tuple[int, int]:
     """This process's rank and the number of processes (0 and 1 outside torch.distributed)."""
     dist = torch.distributed
     return (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() else (0, 1)
+
+
+def run_together(part: Callable[[], Any], failed: Callable[[list[int]], BaseException]) -> None:
+    """`part()` on this process, then one all-reduce of a failure flag where a barrier would stand.
+
+    When any process's part raised, every process calls `failed(failed_ranks)` (to clean up) and raises at
+    once, instead of the others waiting at the next collective until it times out: a failed process its own
+    error, the others the one `failed` returns.
+    """
+    rank, world = process_rank()
+    if world == 1:
+        part()
+        return
+    error = None
+    try:
+        part()
+    except Exception as err:  # reported to the others first, then raised here
+        error = err
+    dist = torch.distributed
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+    flags = torch.zeros(world, dtype=torch.int32, device=device)
+    flags[rank] = int(error is not None)
+    dist.all_reduce(flags)
+    if flags.any():
+        peer_error = failed(flags.nonzero().flatten().tolist())
+        raise error if error is not None else peer_error
+
+
+def save_in_phases(start: Callable[[], Any], add: Callable[[], Any], publish: Callable[[], Any],
+                   failed: Callable[[list[int]], BaseException]) -> None:
+    """A save shared by every process: the main one `start`s it, each (when there are several) `add`s its own
+    files, the main one `publish`es. Each phase ends in `run_together`, so no process goes on before all are
+    done with it, and all raise as soon as one fails."""
+    rank, world = process_rank()
+    run_together(start if rank == 0 else _nothing, failed)
+    run_together(add if world > 1 else _nothing, failed)
+    run_together(publish if rank == 0 else _nothing, failed)
+
+
+def _nothing() -> None:
+    """This process's share of a phase that only another process works in."""
 
 
 def rng_state(generators: dict[str, torch.Generator] | None = None) -> dict[str, Any]:
