@@ -58,6 +58,7 @@ def test_cli_trains_saves_checkpoints_and_resumes(tmp_path):
         (["--model_name_or_path", "/no/such/model"], "not a local folder"),
         (["--reward", "/no/such/reward"], "--reward"),
         (["--batch_size", "6", "--mini_batch_size", "4"], "divisible"),
+        (["--dataset_name", "addition"], "--dataset_name 'addition'"),  # scored against a column, not text
     ],
 )
 def test_cli_bad_flags_fail_with_a_clear_message(argv, message, capsys, tmp_path):

@@ -76,6 +76,7 @@ def test_hub_names_are_refused_naming_the_flag(capsys, tmp_path):
         (["--model_name_or_path", policy, "--judge_model", "keyword", "--dataset_name", "trl-lib/tldr"],
          "--dataset_name"),
         (["--model_name_or_path", policy, "--judge_model", "keyword", "--num_examples", "0"], "--num_examples"),
+        (["--model_name_or_path", policy, "--judge_model", "addition"], "--judge_model"),  # needs its columns
     ]
     for argv, flag in cases:
         assert main(argv) == 2

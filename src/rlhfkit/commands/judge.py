@@ -37,7 +37,7 @@ class JudgeArguments:
     judge_model: str | None = field(
         default=None,
         metadata={"help": "A local causal LM folder, a local reward-model folder, or a built-in rule judge "
-                  "(the reward of a built-in task: positive-review, keyword, length)."},
+                  "(the reward of a built-in task scored from text: positive-review, keyword, length)."},
     )
     num_examples: int | None = field(default=None, metadata={"help": "Judge this many prompts (default: all)."})
     dataset_name: str | None = field(

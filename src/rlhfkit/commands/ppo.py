@@ -80,7 +80,9 @@ def prompt_dataset(args: PPOScriptArguments, tokenizer: Any):
     if args.num_prompts is not None:
         dataset = dataset.select(range(min(args.num_prompts, len(dataset))))
     dataset = dataset.map(lambda row: {"input_ids": tokenizer.encode(row["query"])})
-    return dataset, (task.reward_fn if task is not None else None)
+    if task is None or args.reward != "task":
+        return dataset, None
+    return dataset, task.text_reward("--dataset_name", "PPO's reward")
 
 
 def reward_scorer(args: PPOScriptArguments, task_reward: Any, tokenizer: Any, device: Any):

@@ -72,13 +72,7 @@ def _body(argv: list[str] | None) -> int:
             reward_path, num_labels=1, **model_init_kwargs(model_args)
         )
     elif task is not None and reward_path in (_default("reward_model_path"), "task"):
-        if task.column_reward is not None:  # RLOO's reward sees completion text only
-            raise ValueError(
-                f"--dataset_name {task.name!r}: this task is scored against its dataset's columns, which "
-                f"RLOO's reward does not receive; train it with `rlhfkit grpo --dataset_name {task.name}` "
-                "or give --reward_model_path a local reward-model folder"
-            )
-        reward = task.reward_fn
+        reward = task.text_reward("--dataset_name", "RLOO's reward")
     else:
         raise offline_error("--reward_model_path", reward_path)
 

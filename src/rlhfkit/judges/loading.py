@@ -13,12 +13,12 @@ from rlhfkit.data.loading import offline_error
 from rlhfkit.judges.base import BasePairwiseJudge
 from rlhfkit.judges.lm import LMPairwiseJudge
 from rlhfkit.judges.scored import RewardModelJudge, RuleJudge
-from rlhfkit.tasks import get_task, task_names
+from rlhfkit.tasks import get_task, text_task_names
 
 
 def rule_judge_names() -> list[str]:
     """Names `load_judge` accepts as built-in rule judges: the built-in tasks, judged by their reward."""
-    return task_names()
+    return text_task_names()
 
 
 def _own_tokenizer(path: Path, fallback: Any, trust_remote_code: bool) -> Any:

@@ -10,7 +10,7 @@ Only the standard library is imported here; datasets, torch and vaderSentiment l
 """
 
 from rlhfkit.tasks.judges import SentimentJudge, label_preference_pairs
-from rlhfkit.tasks.registry import TASKS, Task, get_task, task_names
+from rlhfkit.tasks.registry import TASKS, Task, get_task, task_names, text_task_names
 from rlhfkit.tasks.reviews import (
     prompt_split,
     review_corpus,
@@ -38,6 +38,7 @@ __all__ = [
     "review_references",
     "review_sft_dataset",
     "task_names",
+    "text_task_names",
     "token_count_reward",
     "toy_prompt_dataset",
     "toy_prompts",

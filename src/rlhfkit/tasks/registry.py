@@ -30,6 +30,16 @@ class Task:
     sft_dataset: Callable[..., Dataset] | None = None
     column_reward: Callable[..., list[float | None]] | None = None
 
+    def text_reward(self, argument: str, use: str) -> Callable[[list[str]], list[float]]:
+        """`reward_fn`, or a ValueError naming `argument` when this task needs its dataset's columns (before any
+        model is loaded); `use` says where the text-only reward was asked for (e.g. "RLOO's reward")."""
+        if self.column_reward is not None:
+            raise ValueError(
+                f"{argument} {self.name!r}: this task is scored against its dataset's columns, which {use} does "
+                f"not receive; train it with `rlhfkit grpo --dataset_name {self.name}`"
+            )
+        return self.reward_fn
+
 
 def _positive_review() -> Task:
     from rlhfkit.tasks.judges import SentimentJudge
@@ -83,6 +93,11 @@ def _addition() -> Task:
         reward_fn=_needs_columns("addition", "'answer'"),
         column_reward=exact_match_reward("answer"),
     )
+
+
+def text_task_names() -> list[str]:
+    """The built-in tasks scored from completion text alone (rule judges, RLOO and PPO rewards)."""
+    return [name for name in task_names() if TASKS[name]().column_reward is None]
 
 
 TASKS: dict[str, Callable[..., Task]] = {

@@ -2,13 +2,13 @@
 
 A checkpoint is written into a dot-named staging folder, gets a `manifest.json` (sha256 and size of each
 file, format version, step), is fsynced, then renamed into place. Loading verifies the manifest, so a
-truncated or altered file is named before anything is read; `latest_checkpoint` skips such a folder and
-falls back to the newest intact one. A full disk (ENOSPC) mid-save removes the staging folder and stops
-with `CheckpointWriteError`; the previous checkpoint is untouched. A lock file in the output folder
-(owner pid and host) keeps two runs from writing into the same folder.
+truncated or altered file is named before anything is read; `latest_checkpoint` skips such a folder and falls
+back to the newest intact one. A failed write (a full disk, on any process) removes the staging folder and
+stops every process with `CheckpointWriteError`; the previous checkpoint is untouched. A lock file in the
+output folder (owner pid and host) keeps two runs from writing into the same folder.
 
-State other than weights is JSON plus safetensors (`save_state`/`load_state`): nothing is unpickled; each
-process's random state is kept (`rng_state_<rank>`) and taken back by the process of that rank on resuming.
+State other than weights is JSON plus safetensors (`save_state`/`load_state`): nothing is unpickled; each process's
+random state is kept (`rng_state_<rank>`) and taken back by the process of that rank on resuming.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors.torch import load_file, save_file, save_model
 
 from rlhfkit.trainers.sharded_state import process_rank, rng_state, save_in_phases, set_rng_state  # noqa: F401 (rng_*: API)
 
@@ -225,6 +226,13 @@ def discard_staging(staged: Path) -> None:
     shutil.rmtree(staged.parent if staged.parent.name.startswith(".") else staged, ignore_errors=True)
 
 
+def peers_failed(staged: Path, final: Path) -> Callable[[list[int]], CheckpointWriteError]:
+    """What every process does once some failed to write their part of `final`: discard it, raise this."""
+    return lambda ranks: discard_staging(staged) or CheckpointWriteError(
+        errno.EIO, f"process(es) {ranks} failed to write their part of checkpoint {str(final)!r}; nothing was "
+        "published, the previous checkpoint is intact")
+
+
 def as_write_error(err: OSError, final: Path) -> OSError:
     """ENOSPC becomes a CheckpointWriteError that says what happened and what to do; other errors pass."""
     if err.errno != errno.ENOSPC:
@@ -401,8 +409,6 @@ def _decode(value: Any, tensors: dict[str, torch.Tensor]) -> Any:
 
 def save_state(folder: str | os.PathLike, name: str, state: Any) -> None:
     """Write nested dicts/lists of tensors and numbers as `<name>.json` + `<name>.safetensors` (no pickle)."""
-    from safetensors.torch import save_file
-
     tensors: dict[str, torch.Tensor] = {}
     skeleton = _encode(state, tensors)
     save_file(tensors, str(Path(folder) / f"{name}.safetensors"))
@@ -411,8 +417,6 @@ def save_state(folder: str | os.PathLike, name: str, state: Any) -> None:
 
 def load_state(folder: str | os.PathLike, name: str) -> Any:
     """Inverse of `save_state`."""
-    from safetensors.torch import load_file
-
     tensors = load_file(str(Path(folder) / f"{name}.safetensors"))
     return _decode(json.loads((Path(folder) / f"{name}.json").read_text(encoding="utf-8")), tensors)
 
@@ -431,8 +435,6 @@ def save_training_checkpoint(
     """Write weights (a module, or a dict of tensors), the `state_dict()` of each of `parts` (None: skipped),
     `extra` counters and every generator's RNG, atomically, under the parent folder's lock. Call it on every
     process (all see the output folder; each adds its `rng_state_<rank>`); one failing makes all raise at once."""
-    from safetensors.torch import save_file, save_model
-
     (rank, world), final, rng = process_rank(), Path(checkpoint_dir), rng_state(generators)
     staged = final.parent / f".{final.name}.tmp-ranks" / final.name  # a name every process can find
 
@@ -459,12 +461,7 @@ def save_training_checkpoint(
         except OSError as err:
             raise as_write_error(err, final) from err
 
-    def failed(ranks: list[int]) -> CheckpointWriteError:  # on every process, once all have stopped writing
-        discard_staging(staged)
-        return CheckpointWriteError(errno.EIO, f"process(es) {ranks} failed to write their part of checkpoint "
-                                    f"{str(final)!r}; nothing was published, the previous checkpoint is intact")
-
-    save_in_phases(start, add_rng, lambda: finish_checkpoint(staged, final, step), failed)
+    save_in_phases(start, add_rng, lambda: finish_checkpoint(staged, final, step), peers_failed(staged, final))
     return final
 
 

@@ -30,10 +30,12 @@ from rlhfkit.trainers.checkpointing import (
     finish_checkpoint,
     latest_checkpoint,
     lock_output_dir,
+    peers_failed,
     prune_checkpoints,
     verify_checkpoint,
 )
 from rlhfkit.trainers.config_checks import check_training_sizes
+from rlhfkit.trainers.sharded_state import run_together
 
 logger = logging.getLogger(__name__)
 
@@ -316,26 +318,32 @@ class RobustTrainerMixin:
         run_dir = Path(self._get_output_dir(trial=trial))
         final = run_dir / f"{CHECKPOINT_PREFIX}{self.state.global_step}"
         staged = run_dir / f".{final.name}.tmp-trainer" / final.name  # the same path on every rank
-        if self.args.should_save:
+        trainer_save, main = super()._save_checkpoint, self.args.should_save
+        failed = peers_failed(staged, final)
+
+        def start() -> None:
             lock_output_dir(run_dir)
             for stale in run_dir.glob(f".{CHECKPOINT_PREFIX}*.tmp-*"):  # left by a run killed mid-save
                 shutil.rmtree(stale, ignore_errors=True)
             staged.parent.mkdir(parents=True)
-        self.accelerator.wait_for_everyone()
-        original = self.args.output_dir
-        self.args.output_dir = str(staged.parent)  # Trainer derives the checkpoint folder from output_dir
-        try:
-            super()._save_checkpoint(model, trial)
-        except OSError as err:
-            discard_staging(staged)
-            raise as_write_error(err, final) from err
-        finally:
-            self.args.output_dir = original
-        self.accelerator.wait_for_everyone()
-        if self.args.should_save:
+
+        def write() -> None:  # on every process: FSDP and DeepSpeed write a shard each
+            original = self.args.output_dir
+            self.args.output_dir = str(staged.parent)  # Trainer derives the checkpoint folder from output_dir
+            try:
+                trainer_save(model, trial)
+            except OSError as err:
+                discard_staging(staged)
+                raise as_write_error(err, final) from err
+            finally:
+                self.args.output_dir = original
+
+        def publish() -> None:
             finish_checkpoint(staged, final, self.state.global_step)
             best = self.state.best_model_checkpoint
             if best and str(staged.parent) in best:
                 self.state.best_model_checkpoint = best = best.replace(str(staged.parent), str(run_dir))
             prune_checkpoints(run_dir, self.args.save_total_limit, protect=(str(final), best or ""))
-        self.accelerator.wait_for_everyone()
+
+        for part in (start if main else None, write, publish if main else None):
+            run_together(part or (lambda: None), failed)  # a barrier would wait for the timeout
