@@ -64,8 +64,9 @@ class Tracer:
             TRIM(0)
         rss = _status_kb("VmRSS")
         entry = self.phases.setdefault(frame["name"], {"calls": 0, "peak_mb": 0.0})
-        if entry["calls"] == 0:
-            entry.update(before_mb=frame["before"] / 1024, after_mb=rss / 1024)
+        if entry["calls"] == 0:  # after the first call: how much of the RSS is anonymous memory, how much files
+            entry.update(before_mb=frame["before"] / 1024, after_mb=rss / 1024,
+                         after_anon_mb=_status_kb("RssAnon") / 1024, after_file_mb=_status_kb("RssFile") / 1024)
         entry["calls"] += 1
         entry["peak_mb"] = max(entry["peak_mb"], frame["peak"] / 1024)
         entry["max_added_mb"] = max(entry.get("max_added_mb", 0.0), (frame["peak"] - frame["before"]) / 1024)

@@ -140,15 +140,15 @@ def test_one_output_gradients_match_straightforward(which):
         torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-5)
 
 
-def test_default_chunk_is_a_quarter_of_the_shared_budget(monkeypatch):
+def test_default_chunk_is_half_the_shared_budget(monkeypatch):
     from rlhfkit.core import chunked_logprobs, logprobs
 
-    # 4 x 100 x 10 elements: the head path takes 10 rows of a 100-token vocabulary per chunk
-    monkeypatch.setattr(logprobs, "CHUNK_ELEMENTS", 4 * 100 * 10)
-    assert chunked_logprobs.CHUNK_SHARE == 4
+    # 2 x 100 x 10 elements: the head path takes 10 rows of a 100-token vocabulary per chunk
+    monkeypatch.setattr(logprobs, "CHUNK_ELEMENTS", 2 * 100 * 10)
+    assert chunked_logprobs.CHUNK_SHARE == 2
     assert logprobs.rows_per_chunk(100, None, share=chunked_logprobs.CHUNK_SHARE) == 10
-    assert logprobs.rows_per_chunk(100, None) == 40
-    assert logprobs.rows_per_chunk(100, 3, share=4) == 3
+    assert logprobs.rows_per_chunk(100, None) == 20
+    assert logprobs.rows_per_chunk(100, 3, share=2) == 3
     seen = []
     real = torch.nn.functional.linear
     monkeypatch.setattr(torch.nn.functional, "linear", lambda h, *a: seen.append(h.shape[0]) or real(h, *a))

@@ -13,7 +13,7 @@ from rlhfkit.rollout import lm_head, scoring
 def chunk_calls(monkeypatch):
     """Route every batch through the chunked path, 3 rows a chunk; the list holds the rows of each call."""
     monkeypatch.setattr(scoring, "CHUNK_ELEMENTS", 8)  # every batch's logits now outgrow "one chunk"
-    # 3 rows of the 1,000-token vocabulary per chunk on the lm-head path (a quarter of the budget)
+    # 3 rows of the 1,000-token vocabulary per chunk on the lm-head path (a CHUNK_SHARE of the budget)
     monkeypatch.setattr(core_logprobs, "CHUNK_ELEMENTS", 3 * 1000 * CHUNK_SHARE)
     calls: list[int] = []
     real = lm_head.chunked_token_logprobs
