@@ -20,8 +20,8 @@ def test_freed_large_blocks_go_back_to_the_os():
     assert host_memory.fix_mmap_threshold() is True  # once per process, then remembered
     before = _rss_mb()
     kept = []
-    for _ in range(30):  # the sampling pattern: a large block per step, small long-lived ones in between
-        block = torch.ones(16, 150_000)  # 9.6 MB
+    for _ in range(30):  # a chunk-sized block per step, small long-lived ones in between
+        block = torch.ones(16, 330_000)  # 21 MB, above the pinned threshold
         kept.append(block[:, :1].clone())
         del block
     assert _rss_mb() - before < 20
