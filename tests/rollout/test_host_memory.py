@@ -32,3 +32,16 @@ def test_user_setting_is_left_alone(monkeypatch):
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
     assert host_memory.fix_mmap_threshold() is False
     assert host_memory._applied is False
+
+
+@linux
+def test_release_free_heap_returns_freed_small_blocks():
+    if not host_memory.fix_mmap_threshold():
+        pytest.skip("not glibc")
+    blocks = [torch.ones(16, 150_000) for _ in range(8)]  # 9.6 MB each: below the threshold, from the heap
+    kept = torch.ones(1)  # allocated after them: the heap cannot shrink from its top
+    high = _rss_mb()
+    del blocks
+    host_memory.release_free_heap()
+    assert high - _rss_mb() > 40  # most of the 77 MB went back although it sits below `kept`
+    assert kept.item() == 1.0

@@ -29,7 +29,7 @@ from transformers.trainer_utils import TrainOutput
 
 from rlhfkit.rollout import HFGenerationBackend, forward_response, pad_left
 from rlhfkit.rollout.batch import RolloutBatch
-from rlhfkit.rollout.host_memory import fix_mmap_threshold
+from rlhfkit.rollout.host_memory import fix_mmap_threshold, release_free_heap
 from rlhfkit.trainers.checkpointing import latest_checkpoint, load_state, save_state, verify_checkpoint
 from rlhfkit.trainers.health import HealthMonitor, monitor_for, watch, watch_judge
 from rlhfkit.trainers.sample_table import print_sample_table, save_samples, text_writer
@@ -109,6 +109,7 @@ class OnlineTrainerLoop:
             for update in range(start_update, num_updates):
                 self.control = self.callback_handler.on_step_begin(args, self.state, self.control)
                 batch, metrics = self._rollout(update)
+                release_free_heap()  # before the optimizer's moments and gradients join the rollout's leftovers
                 metrics.update(self._optimize(model, batch))
                 metrics["lr"] = self.lr_scheduler.get_last_lr()[0]
                 self.lr_scheduler.step()
