@@ -24,12 +24,13 @@ LIBRARIES = ("rlhfkit", "trl")
 # dpo-lv: the runs before results-dpo-main.json measured DPO before its chunked logprob path landed.
 CURRENT_ONLY = {"dpo-lv": {"results-dpo-main.json"}}
 # Points re-measured after a change to the code they run: only these files count for them (workload, model,
-# length, eos). The *-mem files: glibc's mmap threshold pinned and smaller lm-head chunks (FINDINGS.md).
+# length, eos). The *-mem3 files: the memory fixes of FINDINGS.md's issue-16 trace (commit 3a0206f); the
+# *-mem and *-mem2 files measured earlier versions of them and no longer count.
 CURRENT_POINTS = {
-    ("rloo-lv", "v152k", 256, False): {"results-lv256-mem.json"},
-    ("ppo-lv", "v152k", 64, False): {"results-length-short-mem.json"},
-    ("ppo-lv", "v152k", 128, False): {"results-length-short-mem.json"},
-    ("ppo-lv", "v152k", 256, False): {"results-lv256-ppo-mem.json"},
+    ("rloo-lv", "v152k", 256, False): {"results-lv256-mem3.json"},
+    ("ppo-lv", "v152k", 64, False): {"results-lv-ppo-mem3.json"},
+    ("ppo-lv", "v152k", 128, False): {"results-lv-ppo-mem3.json"},
+    ("ppo-lv", "v152k", 256, False): {"results-lv-ppo-mem3.json"},
 }
 
 
