@@ -23,6 +23,15 @@ LIBRARIES = ("rlhfkit", "trl")
 # Workloads whose earlier runs measured code that has since changed: only these files count for them.
 # dpo-lv: the runs before results-dpo-main.json measured DPO before its chunked logprob path landed.
 CURRENT_ONLY = {"dpo-lv": {"results-dpo-main.json"}}
+# Points re-measured after a change to the code they run: only these files count for them (workload, model,
+# length, eos). The *-mem3 files: the memory fixes of FINDINGS.md's issue-16 trace (commit 3a0206f); the
+# *-mem and *-mem2 files measured earlier versions of them and no longer count.
+CURRENT_POINTS = {
+    ("rloo-lv", "v152k", 256, False): {"results-lv256-mem3.json"},
+    ("ppo-lv", "v152k", 64, False): {"results-lv-ppo-mem3.json"},
+    ("ppo-lv", "v152k", 128, False): {"results-lv-ppo-mem3.json"},
+    ("ppo-lv", "v152k", 256, False): {"results-lv-ppo-mem3.json"},
+}
 
 
 def load(folder: Path) -> list[dict]:
@@ -33,6 +42,9 @@ def load(folder: Path) -> list[dict]:
         baselines = data.get("import_baselines", {})
         for run in data["runs"]:
             if path.name not in CURRENT_ONLY.get(run["workload"], {path.name}):
+                continue
+            point = (run["workload"], run["model"], run.get("length") or 0, data["info"].get("eos", False))
+            if path.name not in CURRENT_POINTS.get(point, {path.name}):
                 continue
             run = dict(run, source=path.name, commit=data["info"].get("commit"), eos=data["info"].get("eos", False))
             base = baselines.get(f"{run['library']}/{run['workload']}")
@@ -136,7 +148,9 @@ def markdown(rows: list[dict], sources: dict[str, dict]) -> str:
            "Memory figures do not depend on load, but the peak RSS of the same work can differ between runs "
            "(FINDINGS.md): where a point ran twice, the larger peak is shown. Loop memory is the peak RSS above "
            "the same trainer's import-only baseline. A run whose RSS passed the limit named in its JSON (`max_rss_gb`) was stopped "
-           "and is listed as OOM with the size it had reached.", ""]
+           "and is listed as OOM with the size it had reached. Points re-measured after a change to the code they "
+           "run count only their newest file (`CURRENT_POINTS` and `CURRENT_ONLY` in scaling.py: "
+           f"{', '.join(sorted({n for names in [*CURRENT_ONLY.values(), *CURRENT_POINTS.values()] for n in names}))}).", ""]
     for name, info in sources.items():
         stopped = "" if info.get("complete", True) else " (stopped before its last run: the runs it lists are complete)"
         out.append(f"- `large_vocab/{name}`: commit {info['commit']}, `{info['command']}`, {info['date']}{stopped}")

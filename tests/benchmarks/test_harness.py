@@ -169,8 +169,9 @@ def test_summary_keeps_lengths_apart_with_loop_memory_ratio(run_module, monkeypa
     assert run_module._label(long) == "v152k @1024"
 
 
-def test_pairs_give_ratios_and_oom_is_a_verdict(tmp_path):
+def test_pairs_give_ratios_and_oom_is_a_verdict(tmp_path, monkeypatch):
     scaling = _load("scaling")
+    monkeypatch.setattr(scaling, "CURRENT_POINTS", {})  # the real list names re-measured v152k points
     runs = [_lv_run("rlhfkit", 256, 2.0, 1400, 0), _lv_run("trl", 256, 1.0, 3400, 0),
             _lv_run("trl", 256, 2.0, 3400, 1), _lv_run("rlhfkit", 256, 3.0, 1400, 1),
             _lv_run("rlhfkit", 1024, 1.0, 2400, 0),
@@ -187,6 +188,21 @@ def test_pairs_give_ratios_and_oom_is_a_verdict(tmp_path):
     assert scaling._verdict(long) == "TRL ran out of memory; rlhfkit ran"
     table = scaling.markdown(rows, {"results-x.json": info})
     assert "OOM: resident memory reached 20.1 GiB" in table and "commit abc" in table
+
+
+def test_a_remeasured_point_counts_only_its_newest_file(tmp_path, monkeypatch):
+    scaling = _load("scaling")
+    monkeypatch.setattr(scaling, "CURRENT_POINTS", {("ppo-lv", "v152k", 256, False): {"results-new.json"}})
+    info = {"commit": "abc", "command": "c", "date": "d", "eos": False}
+    baselines = {"rlhfkit/ppo-lv": 400.0, "trl/ppo-lv": 400.0}
+    old = [_lv_run("rlhfkit", 256, 1.0, 2400, 0), _lv_run("trl", 256, 1.0, 3400, 0),
+           _lv_run("rlhfkit", 1024, 1.0, 2400, 0)]
+    new = [_lv_run("rlhfkit", 256, 1.0, 900, 0), _lv_run("trl", 256, 1.0, 3400, 0)]
+    for name, runs in (("results-old.json", old), ("results-new.json", new)):
+        (tmp_path / name).write_text(json.dumps({"info": info, "import_baselines": baselines, "runs": runs}))
+    short, long = scaling.points(scaling.load(tmp_path))
+    assert short["sources"] == ["results-new.json"] and long["sources"] == ["results-old.json"]
+    assert short["loop_memory_ratio"] == pytest.approx(500 / 3000)  # not the old run's larger peak
 
 
 def test_word_tokenizer_counts_one_token_per_word():

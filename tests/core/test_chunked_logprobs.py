@@ -116,3 +116,42 @@ def test_bad_arguments_raise_clear_errors():
         chunked_token_logprobs(hidden, weight, None, targets, temperature=0.0)
     with pytest.raises(ValueError, match="chunk_rows"):
         chunked_token_logprobs(hidden, weight, None, targets, chunk_rows=0)
+
+
+@pytest.mark.parametrize("which", ["logprobs", "entropy"])
+def test_one_output_gradients_match_straightforward(which):
+    # the backward's in-place paths: logprobs alone (no entropy block) and an entropy-only loss
+    g = torch.Generator().manual_seed(1)
+    hidden = torch.randn(9, 8, generator=g, requires_grad=True)
+    weight = torch.randn(40, 8, generator=g, requires_grad=True)
+    targets = torch.randint(0, 40, (9,), generator=g)
+    a = torch.randn(9, generator=g)
+    ref_logprobs, ref_entropy = _straightforward(hidden, weight, None, targets, 0.8)
+    if which == "logprobs":
+        got = chunked_token_logprobs(hidden, weight, None, targets, temperature=0.8, chunk_rows=4)
+        want = ref_logprobs
+    else:
+        got = chunked_token_logprobs(hidden, weight, None, targets, 0.8, chunk_rows=4, with_entropy=True)[1]
+        want = ref_entropy
+    grads = torch.autograd.grad((a * got).sum(), [hidden, weight])
+    ref_grads = torch.autograd.grad((a * want).sum(), [hidden, weight])
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    for mine, theirs in zip(grads, ref_grads):
+        torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-5)
+
+
+def test_default_chunk_is_half_the_shared_budget(monkeypatch):
+    from rlhfkit.core import chunked_logprobs, logprobs
+
+    # 2 x 100 x 10 elements: the head path takes 10 rows of a 100-token vocabulary per chunk
+    monkeypatch.setattr(logprobs, "CHUNK_ELEMENTS", 2 * 100 * 10)
+    assert chunked_logprobs.CHUNK_SHARE == 2
+    assert logprobs.rows_per_chunk(100, None, share=chunked_logprobs.CHUNK_SHARE) == 10
+    assert logprobs.rows_per_chunk(100, None) == 20
+    assert logprobs.rows_per_chunk(100, 3, share=2) == 3
+    seen = []
+    real = torch.nn.functional.linear
+    monkeypatch.setattr(torch.nn.functional, "linear", lambda h, *a: seen.append(h.shape[0]) or real(h, *a))
+    hidden, weight = torch.randn(25, 4), torch.randn(100, 4)
+    chunked_token_logprobs(hidden, weight, None, torch.zeros(25, dtype=torch.long))
+    assert seen == [10, 10, 5]

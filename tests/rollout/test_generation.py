@@ -253,3 +253,21 @@ def test_every_backend_gets_the_prompt_checks():
     with pytest.raises(ValueError, match="query_ids and query_mask"):
         Echo().generate(ids[0], mask[0], SamplingParams(max_new_tokens=2))
     assert Echo().generate(ids, mask, SamplingParams(max_new_tokens=2)).responses.tolist() == [[5, 6, 7]]
+
+
+def test_streamed_rows_share_one_buffer_and_keep_exact_values():
+    # each step's log-softmax row is copied into the first step's block: no fresh (B, V) block per step
+    g = torch.Generator().manual_seed(0)
+    steps = [torch.randn(2, 7, generator=g) for _ in range(3)]
+    streamed = StreamedLogprobs(0.5)
+    tokens = torch.tensor([[1, 2, 3], [4, 5, 6]])  # sampled from steps 0, 1, 2
+    prompt = torch.zeros(2, 1, dtype=torch.long)
+    buffers = []
+    for t, logits in enumerate(steps):
+        streamed._latest = logits
+        streamed(torch.cat([prompt, tokens[:, :t]], 1), logits)  # the sequence so far
+        buffers.append(streamed._pending.data_ptr())
+    assert len(set(buffers)) == 1
+    got = streamed.finish(tokens)
+    want = torch.stack([torch.log_softmax(s / 0.5, -1) for s in steps], 1).gather(-1, tokens[..., None])[..., 0]
+    assert torch.equal(got, want)

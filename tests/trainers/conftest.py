@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rlhfkit.core import logprobs as core_logprobs
+from rlhfkit.core.chunked_logprobs import CHUNK_SHARE
 from rlhfkit.rollout import lm_head, scoring
 
 
@@ -12,7 +13,8 @@ from rlhfkit.rollout import lm_head, scoring
 def chunk_calls(monkeypatch):
     """Route every batch through the chunked path, 3 rows a chunk; the list holds the rows of each call."""
     monkeypatch.setattr(scoring, "CHUNK_ELEMENTS", 8)  # every batch's logits now outgrow "one chunk"
-    monkeypatch.setattr(core_logprobs, "CHUNK_ELEMENTS", 3 * 1000)  # 3 rows of the 1,000-token vocabulary
+    # 3 rows of the 1,000-token vocabulary per chunk on the lm-head path (a CHUNK_SHARE of the budget)
+    monkeypatch.setattr(core_logprobs, "CHUNK_ELEMENTS", 3 * 1000 * CHUNK_SHARE)
     calls: list[int] = []
     real = lm_head.chunked_token_logprobs
 

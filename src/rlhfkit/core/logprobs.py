@@ -16,12 +16,13 @@ import torch
 CHUNK_ELEMENTS = 1 << 24
 
 
-def rows_per_chunk(vocab_size: int, chunk_rows: int | None) -> int:
+def rows_per_chunk(vocab_size: int, chunk_rows: int | None, share: int = 1) -> int:
+    """`chunk_rows` when given, else as many rows as fit CHUNK_ELEMENTS // share logits."""
     if chunk_rows is not None:
         if chunk_rows < 1:
             raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
         return chunk_rows
-    return max(1, CHUNK_ELEMENTS // max(1, vocab_size))
+    return max(1, CHUNK_ELEMENTS // share // max(1, vocab_size))
 
 
 def _float32_chunks(flat_logits: torch.Tensor, rows: int) -> Iterator[tuple[int, torch.Tensor]]:

@@ -29,6 +29,7 @@ from transformers.trainer_utils import TrainOutput
 
 from rlhfkit.rollout import HFGenerationBackend, forward_response, pad_left
 from rlhfkit.rollout.batch import RolloutBatch
+from rlhfkit.rollout.host_memory import fix_mmap_threshold, release_free_heap
 from rlhfkit.trainers.checkpointing import latest_checkpoint, load_state, save_state, verify_checkpoint
 from rlhfkit.trainers.health import HealthMonitor, monitor_for, watch, watch_judge
 from rlhfkit.trainers.sample_table import print_sample_table, save_samples, text_writer
@@ -80,6 +81,7 @@ class OnlineTrainerLoop:
     # ------------------------------------------------------------------ training loop
     def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs: Any) -> TrainOutput:
         args = self.args
+        fix_mmap_threshold()  # freed (batch, vocab) sampling blocks go back to the OS
         num_updates = self._num_updates()
         if args.gradient_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs)
@@ -108,6 +110,7 @@ class OnlineTrainerLoop:
             for update in range(start_update, num_updates):
                 self.control = self.callback_handler.on_step_begin(args, self.state, self.control)
                 batch, metrics = self._rollout(update)
+                release_free_heap()  # before the optimizer's moments and gradients join the rollout's leftovers
                 metrics.update(self._optimize(model, batch))
                 metrics["lr"] = self.lr_scheduler.get_last_lr()[0]
                 self.lr_scheduler.step()

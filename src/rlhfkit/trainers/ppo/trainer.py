@@ -29,6 +29,7 @@ from rlhfkit.core.kl import AdaptiveKLController, FixedKLController
 from rlhfkit.core.rewards import RunningMoments, clip_tensor, compute_token_rewards, scale_scores
 from rlhfkit.rollout import HFGenerationBackend, SamplingParams, eval_mode, pad_left
 from rlhfkit.rollout.batch import RolloutBatch
+from rlhfkit.rollout.host_memory import fix_mmap_threshold, release_free_heap
 from rlhfkit.rollout.scoring import ForwardOutput, forward_batch, forward_response
 from rlhfkit.trainers.guards import GracefulStop, NonFiniteGuard, any_across_ranks, loss_scaler_active
 from rlhfkit.trainers.health import HealthMonitor, monitor_for, watch, watch_judge
@@ -241,6 +242,7 @@ class PPOTrainer(TRLMethods, SavingMethods):
         """Responses (1-D, no padding, no prompt) of the policy and, if asked, of the reference."""
         ids, mask = pad_left(queries, pad_id)
         record = self._records_rollouts()
+        fix_mmap_threshold()  # freed (batch, vocab) sampling blocks go back to the OS
 
         def gathered():  # ZeRO-3 shards the weights: gather them once per call rather than once per token
             return zero3_generation_context(self.accelerator, self.policy, self.config.ds3_gather_for_generation)
@@ -249,6 +251,7 @@ class PPOTrainer(TRLMethods, SavingMethods):
                                      value_head=self.policy.v_head if record else None)
         # the raw policy's logprobs (temperature 1, as step() scores) and values, kept for step()
         out = policy.generate(ids, mask, params, logprob_temperature=1.0 if record else None)
+        release_free_heap()
         responses = [r[m] for r, m in zip(out.responses, out.response_mask)]
         if record:
             self.rollouts.add(queries, responses, out.logprobs, out.values, self.policy_version)

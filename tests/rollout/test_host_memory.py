@@ -1,0 +1,47 @@
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlhfkit.rollout import host_memory
+
+linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+
+
+def _rss_mb() -> float:
+    return int(Path("/proc/self/statm").read_text().split()[1]) * 4096 / 2**20
+
+
+@linux
+def test_freed_large_blocks_go_back_to_the_os():
+    if not host_memory.fix_mmap_threshold():
+        pytest.skip("not glibc")
+    assert host_memory.fix_mmap_threshold() is True  # once per process, then remembered
+    before = _rss_mb()
+    kept = []
+    for _ in range(30):  # a chunk-sized block per step, small long-lived ones in between
+        block = torch.ones(16, 330_000)  # 21 MB, above the pinned threshold
+        kept.append(block[:, :1].clone())
+        del block
+    assert _rss_mb() - before < 20
+
+
+def test_user_setting_is_left_alone(monkeypatch):
+    monkeypatch.setattr(host_memory, "_applied", None)
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
+    assert host_memory.fix_mmap_threshold() is False
+    assert host_memory._applied is False
+
+
+@linux
+def test_release_free_heap_returns_freed_small_blocks():
+    if not host_memory.fix_mmap_threshold():
+        pytest.skip("not glibc")
+    blocks = [torch.ones(16, 150_000) for _ in range(8)]  # 9.6 MB each: below the threshold, from the heap
+    kept = torch.ones(1)  # allocated after them: the heap cannot shrink from its top
+    high = _rss_mb()
+    del blocks
+    host_memory.release_free_heap()
+    assert high - _rss_mb() > 40  # most of the 77 MB went back although it sits below `kept`
+    assert kept.item() == 1.0
