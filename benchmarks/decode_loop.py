@@ -1,0 +1,127 @@
+"""Generation only: transformers `generate` (HFGenerationBackend) against rlhfkit's decode loop.
+
+Batch 16, 6-token prompts, sampling at temperature 1 with top-k and top-p off (the benchmarks'
+setting), 48 and 256 new tokens, on three Llama models built locally: `llama` (tiny) and
+`llama-small` from `rlhfkit.testing` (1,000-token vocabulary) and a 2-layer, 64-wide Llama with
+Qwen2's 151,936-token vocabulary (benchmarks/prepare.py's `v152k` config). Two modes:
+- fixed: every completion runs to the limit (`min_new_tokens`), the benchmarks' fixed-length setting;
+- eos: the model's eos logit is raised (prepare.py's `_raise_eos`) so completions stop after about
+  half the limit on average, geometrically spread, like real rollouts.
+Each cell is the median of `--repeats` calls after one warm-up, the two backends interleaved; wall and
+CPU (process) seconds are both reported since the machine may be shared. Run from the repository root:
+
+    OMP_NUM_THREADS=2 python benchmarks/decode_loop.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+BATCH, PROMPT_TOKENS, SEED = 16, 6, 0
+
+
+def _models():
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from rlhfkit.testing import tiny_model
+
+    config = LlamaConfig(
+        vocab_size=151_936, hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=4, max_position_embeddings=2048, tie_word_embeddings=False,
+        bos_token_id=0, eos_token_id=0, pad_token_id=1,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    return {"tiny": tiny_model("llama"), "small": tiny_model("llama-small"), "v152k": LlamaForCausalLM(config)}
+
+
+def _with_eos(model, mean_length: int):
+    sys.path.insert(0, str(HERE))
+    from prepare import _raise_eos
+
+    eos_model = copy.deepcopy(model)
+    _raise_eos(eos_model, mean_length)
+    return eos_model
+
+
+def _time(backend, ids, mask, params, seed: int):
+    import torch
+
+    torch.manual_seed(seed)
+    wall, cpu = time.perf_counter(), time.process_time()
+    out = backend.generate(ids, mask, params)
+    return time.perf_counter() - wall, time.process_time() - cpu, int(out.response_mask.sum())
+
+
+def _cell(model, new_tokens: int, mode: str, repeats: int) -> dict:
+    import torch
+
+    from rlhfkit.rollout import SamplingParams, make_generation_backend
+
+    g = torch.Generator().manual_seed(SEED)
+    ids = torch.randint(2, 1000, (BATCH, PROMPT_TOKENS), generator=g)
+    mask = torch.ones_like(ids)
+    extra = {"min_new_tokens": new_tokens} if mode == "fixed" else {}
+    params = SamplingParams(new_tokens, temperature=1.0, top_k=0, top_p=1.0, stop_token_ids=(0,), extra=extra)
+    engines = {name: make_generation_backend(model, 1, engine=name) for name in ("transformers", "rlhfkit")}
+    runs = {name: [] for name in engines}
+    for repeat in range(repeats + 1):
+        for name, backend in engines.items():
+            result = _time(backend, ids, mask, params, SEED + repeat)
+            if repeat:  # the first call warms up
+                runs[name].append(result)
+    cell = {}
+    for name, results in runs.items():
+        wall, cpu = statistics.median(r[0] for r in results), statistics.median(r[1] for r in results)
+        tokens = statistics.median(r[2] for r in results)
+        cell[name] = {"wall_s": round(wall, 4), "cpu_s": round(cpu, 4), "tokens": tokens,
+                      "tokens_per_s": round(tokens / wall, 1)}  # fmt: skip
+    hf, ours = cell["transformers"], cell["rlhfkit"]
+    cell["speedup_wall"] = round(hf["wall_s"] / ours["wall_s"], 2)
+    cell["speedup_cpu"] = round(hf["cpu_s"] / ours["cpu_s"], 2)
+    return cell
+
+
+def _git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=HERE).stdout.strip()
+    except OSError:
+        return "unknown"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=HERE / "decode_loop.json")
+    args = parser.parse_args()
+    import torch
+
+    results = []
+    for model_name, model in _models().items():
+        model.eval()
+        for new_tokens in (48, 256):
+            for mode in ("fixed", "eos"):
+                subject = model if mode == "fixed" else _with_eos(model, new_tokens // 2)
+                cell = {"model": model_name, "new_tokens": new_tokens, "mode": mode,
+                        **_cell(subject, new_tokens, mode, args.repeats)}  # fmt: skip
+                results.append(cell)
+                print(f"{model_name:6} {new_tokens:4} {mode:5}  transformers {cell['transformers']['tokens_per_s']:8.1f} "
+                      f"tok/s  rlhfkit {cell['rlhfkit']['tokens_per_s']:8.1f} tok/s  speedup wall "
+                      f"{cell['speedup_wall']:.2f}x cpu {cell['speedup_cpu']:.2f}x", flush=True)  # fmt: skip
+    report = {
+        "command": " ".join([Path(sys.executable).name, *sys.argv]), "git_commit": _git_commit(),
+        "threads": torch.get_num_threads(), "batch": BATCH, "prompt_tokens": PROMPT_TOKENS, "results": results,
+    }  # fmt: skip
+    args.out.write_text(json.dumps(report, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
