@@ -7,7 +7,7 @@ Qwen2's 151,936-token vocabulary (benchmarks/prepare.py's `v152k` config). Two m
 - fixed: every completion runs to the limit (`min_new_tokens`), the benchmarks' fixed-length setting;
 - eos: the model's eos logit is raised (prepare.py's `_raise_eos`) so completions stop after about
   half the limit on average, geometrically spread, like real rollouts.
-Each cell is the median of `--repeats` calls after one warm-up, the two backends interleaved; wall and
+Each cell is the median of `--repeats` calls (one where a call takes over 5 s) after one warm-up, the two backends interleaved; wall and
 CPU (process) seconds are both reported since the machine may be shared. Run from the repository root:
 
     OMP_NUM_THREADS=2 python benchmarks/decode_loop.py
@@ -73,11 +73,11 @@ def _cell(model, new_tokens: int, mode: str, repeats: int) -> dict:
     params = SamplingParams(new_tokens, temperature=1.0, top_k=0, top_p=1.0, stop_token_ids=(0,), extra=extra)
     engines = {name: make_generation_backend(model, 1, engine=name) for name in ("transformers", "rlhfkit")}
     runs = {name: [] for name in engines}
-    for repeat in range(repeats + 1):
+    warm = [_time(backend, ids, mask, params, SEED)[0] for backend in engines.values()]
+    repeats = 1 if max(warm) > 5 else repeats  # the 152k-vocabulary cells: one timed call each
+    for repeat in range(1, repeats + 1):
         for name, backend in engines.items():
-            result = _time(backend, ids, mask, params, SEED + repeat)
-            if repeat:  # the first call warms up
-                runs[name].append(result)
+            runs[name].append(_time(backend, ids, mask, params, SEED + repeat))
     cell = {}
     for name, results in runs.items():
         wall, cpu = statistics.median(r[0] for r in results), statistics.median(r[1] for r in results)
@@ -99,7 +99,7 @@ def _git_commit() -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=HERE / "decode_loop.json")
     args = parser.parse_args()
     import torch

@@ -20,6 +20,7 @@ from rlhfkit.rollout import (
     DecodeLoopBackend,
     HFGenerationBackend,
     SamplingParams,
+    decoding,
     make_generation_backend,
     pad_left,
 )
@@ -137,13 +138,25 @@ def test_sampling_with_the_seeds_settings_runs_the_loop_and_repeats_with_a_seed(
     assert not torch.equal(DecodeLoopBackend(model, PAD).generate(ids, mask, settings).responses, runs[0])
 
 
-def test_an_unsupported_setting_falls_back_to_generate_and_says_why(caplog):
+def test_an_unsupported_setting_falls_back_to_generate_and_says_why(caplog, monkeypatch):
+    monkeypatch.setattr(decoding, "_logged_reasons", set())  # each reason is logged once per process
     model = model_of("llama")
     params = SamplingParams(8, do_sample=True, extra={"no_repeat_ngram_size": 2})
     with caplog.at_level(logging.WARNING, logger="rlhfkit.rollout.decoding"):
         a, b = both(model, params, seed=5)
     assert torch.equal(a.responses, b.responses)  # generate drew them from the same seed
     assert any("no_repeat_ngram_size" in r.getMessage() for r in caplog.records)
+
+
+def test_an_encoder_decoder_model_falls_back_to_generate(caplog, monkeypatch):
+    monkeypatch.setattr(decoding, "_logged_reasons", set())
+    from transformers import AutoModelForSeq2SeqLM
+
+    model = AutoModelForSeq2SeqLM.from_pretrained(tiny_model_path("t5")).eval()
+    with caplog.at_level(logging.WARNING, logger="rlhfkit.rollout.decoding"):
+        a, b = both(model, SamplingParams(6, do_sample=False))
+    assert_same(a, b)
+    assert any("encoder-decoder" in r.getMessage() for r in caplog.records)
 
 
 def test_none_settings_take_the_models_and_transformers_defaults():

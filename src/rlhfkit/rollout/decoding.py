@@ -8,7 +8,8 @@ model's generation_config defaults), by inverse-CDF (one uniform per row from to
 resumed RNG states keep working), and drops ended rows from the batch and the KV cache.
 
 Settings it does not handle (beams, other generation options, encoder-decoder models, PEFT prompt
-learning) go to the transformers path, with the reason logged once.
+learning, models whose cache is not a plain attention KV cache) go to the transformers path, with the
+reason logged once.
 """
 
 from __future__ import annotations
@@ -66,6 +67,9 @@ class DecodeSettings:
         if peft is not None and getattr(peft.active_peft_config, "is_prompt_learning", False):
             return "PEFT prompt-learning adapters are not supported"
         generator = generating_module(model)
+        layer_types = set(getattr(generator.config, "layer_types", None) or ())
+        if not generator._supports_default_dynamic_cache() or layer_types - {"full_attention", "sliding_attention"}:
+            return f"{type(generator).__name__}'s cache is not a plain attention KV cache"
         merged, _ = generator._prepare_generation_config(config)
         baseline = GenerationConfig()
         baseline.update(**generator.generation_config._get_default_generation_params(), defaults_only=True)
