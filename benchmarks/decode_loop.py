@@ -7,7 +7,7 @@ Qwen2's 151,936-token vocabulary (benchmarks/prepare.py's `v152k` config). Two m
 - fixed: every completion runs to the limit (`min_new_tokens`), the benchmarks' fixed-length setting;
 - eos: the model's eos logit is raised (prepare.py's `_raise_eos`) so completions stop after about
   half the limit on average, geometrically spread, like real rollouts.
-Each cell is the median of `--repeats` calls (one where a call takes over 5 s) after one warm-up, the two backends interleaved; wall and
+Each cell is the median of `--repeats` calls (one where a call takes over 5 s) after a short warm-up, the two backends interleaved; wall and
 CPU (process) seconds are both reported since the machine may be shared. Run from the repository root:
 
     OMP_NUM_THREADS=2 python benchmarks/decode_loop.py
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
 import statistics
 import subprocess
@@ -72,10 +73,11 @@ def _cell(model, new_tokens: int, mode: str, repeats: int) -> dict:
     extra = {"min_new_tokens": new_tokens} if mode == "fixed" else {}
     params = SamplingParams(new_tokens, temperature=1.0, top_k=0, top_p=1.0, stop_token_ids=(0,), extra=extra)
     engines = {name: make_generation_backend(model, 1, engine=name) for name in ("transformers", "rlhfkit")}
-    runs = {name: [] for name in engines}
-    warm = [_time(backend, ids, mask, params, SEED)[0] for backend in engines.values()]
-    repeats = 1 if max(warm) > 5 else repeats  # the 152k-vocabulary cells: one timed call each
-    for repeat in range(1, repeats + 1):
+    for backend in engines.values():  # warm-up: a short call
+        _time(backend, ids[:2], mask[:2], dataclasses.replace(params, max_new_tokens=4, extra={}), SEED)
+    runs = {name: [_time(backend, ids, mask, params, SEED)] for name, backend in engines.items()}
+    repeats = 1 if max(r[0][0] for r in runs.values()) > 5 else repeats  # slow cells: one timed call each
+    for repeat in range(1, repeats):
         for name, backend in engines.items():
             runs[name].append(_time(backend, ids, mask, params, SEED + repeat))
     cell = {}

@@ -169,6 +169,16 @@ def test_none_settings_take_the_models_and_transformers_defaults():
     assert DecodeSettings.resolve(model, config).top_k == 7
 
 
+def test_a_model_built_from_a_config_runs_the_loop():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, bos_token_id=0, eos_token_id=0, pad_token_id=1)  # fmt: skip
+    model = LlamaForCausalLM(config).eval()  # its generation_config says output_attentions=False
+    generation_config = HFGenerationBackend(model, PAD).generation_config(SamplingParams(5))
+    assert isinstance(DecodeSettings.resolve(model, generation_config), DecodeSettings)
+
+
 @pytest.mark.parametrize(
     "temperature,top_k,top_p,min_p,penalty",
     [(1.0, 0, 1.0, None, 1.0), (0.7, 5, 1.0, None, 1.0), (1.3, 0, 0.8, None, 1.5), (0.9, 20, 0.6, 0.05, 1.2),

@@ -75,7 +75,8 @@ class DecodeSettings:
         baseline.update(**generator.generation_config._get_default_generation_params(), defaults_only=True)
         base = baseline.to_dict()
         for key, value in merged.to_dict().items():
-            if not key.startswith("_") and key not in _HANDLED | _IGNORED and value != base.get(key):
+            off = value in (None, False) and base.get(key) in (None, False)  # a model config's output_attentions=False
+            if not key.startswith("_") and key not in _HANDLED | _IGNORED and value != base.get(key) and not off:
                 return f"generation setting {key}={value!r} is not supported"
         eos = merged.eos_token_id
         eos = () if eos is None else (eos,) if isinstance(eos, int) else tuple(eos)
