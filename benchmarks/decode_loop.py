@@ -10,7 +10,11 @@ Qwen2's 151,936-token vocabulary (benchmarks/prepare.py's `v152k` config). Two m
 Each cell is the median of `--repeats` calls (one where a call takes over 5 s) after a short warm-up, the two backends interleaved; wall and
 CPU (process) seconds are both reported since the machine may be shared. Run from the repository root:
 
-    OMP_NUM_THREADS=2 python benchmarks/decode_loop.py
+    OMP_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE python benchmarks/decode_loop.py
+
+(PASSIVE: on a shared machine, spinning OpenMP threads waiting for a busy core distort both timings.)
+
+It first times the two samplers alone (one token per row from (16, 151,936) probabilities).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import argparse
 import copy
 import dataclasses
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -92,6 +97,26 @@ def _cell(model, new_tokens: int, mode: str, repeats: int) -> dict:
     return cell
 
 
+def _sampler_cell(vocab: int = 151_936, calls: int = 50) -> dict:
+    """Seconds per draw of one token per row from (16, vocab) probabilities: multinomial against inverse CDF."""
+    import torch
+
+    from rlhfkit.rollout.decoding import sample_inverse_cdf
+
+    probs = torch.randn(BATCH, vocab, generator=torch.Generator().manual_seed(SEED)).softmax(-1)
+    samplers = {"multinomial": lambda: torch.multinomial(probs, 1), "inverse_cdf": lambda: sample_inverse_cdf(probs)}
+    cell = {"vocab": vocab, "batch": BATCH}
+    for name, draw in samplers.items():
+        draw()
+        wall, cpu = time.perf_counter(), time.process_time()
+        for _ in range(calls):
+            draw()
+        cell[name] = {"wall_ms": round(1e3 * (time.perf_counter() - wall) / calls, 3),
+                      "cpu_ms": round(1e3 * (time.process_time() - cpu) / calls, 3)}  # fmt: skip
+    cell["speedup_cpu"] = round(cell["multinomial"]["cpu_ms"] / cell["inverse_cdf"]["cpu_ms"], 2)
+    return cell
+
+
 def _git_commit() -> str:
     try:
         return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=HERE).stdout.strip()
@@ -103,9 +128,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=HERE / "decode_loop.json")
+    parser.add_argument("--sampler_only", action="store_true", help="time only the samplers; add them to --out")
     args = parser.parse_args()
     import torch
 
+    sampler = _sampler_cell()
+    print(f"sampler at V={sampler['vocab']}: multinomial {sampler['multinomial']['cpu_ms']} ms, inverse CDF "
+          f"{sampler['inverse_cdf']['cpu_ms']} ms CPU per draw ({sampler['speedup_cpu']}x)", flush=True)  # fmt: skip
+    if args.sampler_only:
+        report = json.loads(args.out.read_text()) if args.out.exists() else {}
+        report.update(sampler=sampler, sampler_command=" ".join([Path(sys.executable).name, *sys.argv]))
+        args.out.write_text(json.dumps(report, indent=1) + "\n")
+        return
     results = []
     for model_name, model in _models().items():
         model.eval()
@@ -120,7 +154,9 @@ def main() -> None:
                       f"{cell['speedup_wall']:.2f}x cpu {cell['speedup_cpu']:.2f}x", flush=True)  # fmt: skip
     report = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]), "git_commit": _git_commit(),
-        "threads": torch.get_num_threads(), "batch": BATCH, "prompt_tokens": PROMPT_TOKENS, "results": results,
+        "env": {k: os.environ[k] for k in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY") if k in os.environ},
+        "threads": torch.get_num_threads(), "batch": BATCH, "prompt_tokens": PROMPT_TOKENS, "sampler": sampler,
+        "results": results,
     }  # fmt: skip
     args.out.write_text(json.dumps(report, indent=1) + "\n")
 
