@@ -194,7 +194,7 @@ def test_processed_logits_equal_transformers_processors(temperature, top_k, top_
     expected = LogitsProcessorList(expected_steps)(history, logits.clone())
     settings = DecodeSettings(10, True, temperature, top_k, top_p, min_p, penalty, 0, 0, ())
     seen = torch.zeros(6, 40, dtype=torch.bool).scatter(1, history, True)
-    torch.testing.assert_close(process_logits(logits, settings, seen, False), expected)
+    torch.testing.assert_close(process_logits(logits, settings, seen), expected)
 
 
 def test_inverse_cdf_draws_follow_the_probabilities():

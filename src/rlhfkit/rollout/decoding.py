@@ -88,18 +88,19 @@ class DecodeSettings:
         )  # fmt: skip
 
 
-def process_logits(scores: torch.Tensor, settings: DecodeSettings, seen: torch.Tensor | None, eos_blocked: bool):
+def process_logits(scores: torch.Tensor, settings: DecodeSettings, seen: torch.Tensor | None, blocked=None):
     """What transformers' processors make of float32 logits (A, V), in transformers' order.
 
     seen: (A, V) bool, the tokens of each row so far (prompt padding excluded), for the repetition
-    penalty; eos_blocked: min_length / min_new_tokens not reached yet. Warpers apply only when sampling.
+    penalty; blocked: the stop token ids (a long tensor) while min_length / min_new_tokens is not reached
+    yet, else None. Warpers apply only when sampling.
     """
     s = settings
     if seen is not None and s.repetition_penalty != 1.0:
         penalised = torch.where(scores < 0, scores * s.repetition_penalty, scores / s.repetition_penalty)
         scores = torch.where(seen, penalised, scores)
-    if eos_blocked and s.eos_token_ids:
-        scores = scores.index_fill(-1, torch.tensor(s.eos_token_ids, device=scores.device), float("-inf"))
+    if blocked is not None and blocked.numel():
+        scores = scores.index_fill(-1, blocked, float("-inf"))
     if not s.do_sample:
         return scores
     if s.temperature != 1.0:
@@ -174,10 +175,10 @@ class _DecodeLoop:
         seen.scatter_(1, ids.clamp(max=vocab).masked_fill(mask == 0, vocab), True)  # padding -> the spare column
         return seen[:, :vocab]
 
-    def _choose(self, raw: torch.Tensor, seen, step: int, prompt_width: int) -> torch.Tensor:
+    def _choose(self, raw: torch.Tensor, seen, step: int, prompt_width: int, stops: torch.Tensor) -> torch.Tensor:
         s = self.settings
         blocked = step < s.min_new_tokens or prompt_width + step < s.min_length
-        scores = process_logits(raw, s, seen, blocked)
+        scores = process_logits(raw, s, seen, stops if blocked else None)
         return sample_inverse_cdf(scores.softmax(-1)) if s.do_sample else scores.argmax(-1)
 
     def run(self, ids: torch.Tensor, mask: torch.Tensor) -> tuple:
@@ -198,7 +199,7 @@ class _DecodeLoop:
         seen = self._seen_tokens(ids, mask, raw.shape[-1])
         done = 0
         for step in range(steps):
-            token = self._choose(raw, seen, step, width).masked_fill(ended, self.pad)
+            token = self._choose(raw, seen, step, width, stops).masked_fill(ended, self.pad)
             self._record(tokens, logprobs, values, rows, step, raw, token)
             done = step + 1
             if stops.numel():
