@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rlhfkit.rollout import HFGenerationBackend, SamplingParams, pad_left
+from rlhfkit.rollout import SamplingParams, make_generation_backend, pad_left
 
 
 @dataclass
@@ -62,7 +62,7 @@ def sample_completions(
     with torch.random.fork_rng(devices=[]), Progress(transient=True) as progress:
         torch.manual_seed(seed)
         task = progress.add_task(f"sampling {len(prompts)} completions", total=len(prompts))
-        backend = HFGenerationBackend(
+        backend = make_generation_backend(
             model, tokenizer.pad_token_id, chunk_size=chunk_size, progress=lambda n: progress.advance(task, n)
         )
         out = backend.generate(query_ids, query_mask, params)

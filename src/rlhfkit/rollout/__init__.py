@@ -1,5 +1,6 @@
 """Generation and scoring of completions, shared by PPO and RLOO."""
 
+from rlhfkit.rollout.decoding import DecodeLoopBackend, make_generation_backend
 from rlhfkit.rollout.generation import (
     GenerationBackend,
     GenerationOutput,
@@ -19,6 +20,7 @@ from rlhfkit.rollout.scoring import (
 )
 
 __all__ = [
+    "DecodeLoopBackend",
     "ForwardOutput",
     "GenerationBackend",
     "GenerationOutput",
@@ -28,6 +30,7 @@ __all__ = [
     "eval_mode",
     "forward_response",
     "last_true_indices",
+    "make_generation_backend",
     "pad_left",
     "pad_right",
     "position_ids_from_mask",

@@ -1,7 +1,7 @@
 """`respond_to_batch`: TRL's one-call sampler for a batch of equal-length queries.
 
-A thin front to `HFGenerationBackend`, so it samples exactly as `PPOTrainer.generate` does (eval mode,
-no gradient). One departure from TRL 0.7, which runs its own token loop: every response has exactly
+A thin front to the trainers' generation backend (`make_generation_backend`), so it samples exactly as
+`PPOTrainer.generate` does (eval mode, no gradient). One departure from TRL 0.7, which runs its own token loop: every response has exactly
 `txt_len` tokens because the end-of-sequence token is suppressed until then (otherwise `generate` would
 stop there), so it is never sampled.
 """
@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from rlhfkit.rollout.generation import HFGenerationBackend, SamplingParams
+from rlhfkit.rollout.decoding import make_generation_backend
+from rlhfkit.rollout.generation import SamplingParams
 
 
 def respond_to_batch(
@@ -39,4 +40,4 @@ def respond_to_batch(
         extra={"min_new_tokens": txt_len},
     )
     # no response ends early, so the pad id never appears in the output; any valid id will do
-    return HFGenerationBackend(model, pad_token_id=0).generate(queries, torch.ones_like(queries), params).responses
+    return make_generation_backend(model, pad_token_id=0).generate(queries, torch.ones_like(queries), params).responses

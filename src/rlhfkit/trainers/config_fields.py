@@ -8,7 +8,7 @@ config lists the mixin among its bases instead of declaring the fields again.
 from __future__ import annotations
 
 from dataclasses import MISSING, dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 
 def option(default: Any = MISSING, help: str = "", **field_kwargs: Any) -> Any:
@@ -35,6 +35,11 @@ class ZeRO3Generation:
         True,
         "DeepSpeed ZeRO-3 only: gather the policy weights once for generation (faster); False lets a policy "
         "larger than one GPU train, generating more slowly.",
+    )
+    generation_backend: Literal["rlhfkit", "transformers"] = option(
+        "rlhfkit",
+        "What samples completions: 'rlhfkit' (its own decode loop: same distribution, faster) or "
+        "'transformers' (model.generate).",
     )
 
 

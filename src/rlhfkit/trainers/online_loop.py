@@ -27,7 +27,7 @@ from torch import nn
 from transformers import TrainerState
 from transformers.trainer_utils import TrainOutput
 
-from rlhfkit.rollout import HFGenerationBackend, forward_response, pad_left
+from rlhfkit.rollout import HFGenerationBackend, forward_response, make_generation_backend, pad_left
 from rlhfkit.rollout.batch import RolloutBatch
 from rlhfkit.rollout.host_memory import fix_mmap_threshold, release_free_heap
 from rlhfkit.trainers.checkpointing import latest_checkpoint, load_state, save_state, verify_checkpoint
@@ -205,9 +205,9 @@ class OnlineTrainerLoop:
 
     def _sampler(self, chunk_size: int | None = None) -> HFGenerationBackend:
         """The generation backend over the current policy (weights gathered under ZeRO-3)."""
-        return HFGenerationBackend(
+        return make_generation_backend(
             self.accelerator.unwrap_model(self.model), self.processing_class.pad_token_id,
-            chunk_size=chunk_size, weights_context=self._gathered_weights,
+            engine=self.args.generation_backend, chunk_size=chunk_size, weights_context=self._gathered_weights,
         )  # fmt: skip
 
     def _pad_prompts(self, rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -25,7 +25,7 @@ from transformers import TrainerCallback
 
 from rlhfkit.judges import TIE, BaseJudge, win_rate
 from rlhfkit.models.reference import Reference, choose_reference
-from rlhfkit.rollout import HFGenerationBackend, SamplingParams, pad_left
+from rlhfkit.rollout import SamplingParams, make_generation_backend, pad_left
 from rlhfkit.trainers.sample_table import save_samples, text_writer
 
 OUTCOMES = {1: ("win", 1.0), 0: ("loss", 0.0), TIE: ("tie", 0.5)}  # judgement of [reference, policy] pairs
@@ -160,7 +160,7 @@ class WinRateCallback(TrainerCallback):
             with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
                 torch.manual_seed(self.seed + step)
                 with self.reference(model) if role == "reference" else contextlib.nullcontext(model) as acting:
-                    out = HFGenerationBackend(acting, pad_id, chunk_size=self.batch_size).generate(ids, mask, params)
+                    out = make_generation_backend(acting, pad_id, chunk_size=self.batch_size).generate(ids, mask, params)
             texts.append([tokenizer.decode(r[m], skip_special_tokens=True) for r, m in zip(out.responses, out.response_mask)])
         return texts[0], texts[1]
 

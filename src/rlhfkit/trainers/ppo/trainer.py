@@ -27,7 +27,7 @@ from torch import nn
 from rlhfkit.core.advantages import whitened_gae
 from rlhfkit.core.kl import AdaptiveKLController, FixedKLController
 from rlhfkit.core.rewards import RunningMoments, clip_tensor, compute_token_rewards, scale_scores
-from rlhfkit.rollout import HFGenerationBackend, SamplingParams, eval_mode, pad_left
+from rlhfkit.rollout import SamplingParams, eval_mode, make_generation_backend, pad_left
 from rlhfkit.rollout.batch import RolloutBatch
 from rlhfkit.rollout.host_memory import fix_mmap_threshold, release_free_heap
 from rlhfkit.rollout.scoring import ForwardOutput, forward_batch, forward_response
@@ -247,8 +247,9 @@ class PPOTrainer(TRLMethods, SavingMethods):
         def gathered():  # ZeRO-3 shards the weights: gather them once per call rather than once per token
             return zero3_generation_context(self.accelerator, self.policy, self.config.ds3_gather_for_generation)
 
-        policy = HFGenerationBackend(self.policy, pad_id, chunk_size=chunk_size, weights_context=gathered,
-                                     value_head=self.policy.v_head if record else None)
+        engine = self.config.generation_backend
+        policy = make_generation_backend(self.policy, pad_id, engine=engine, chunk_size=chunk_size,
+                                         weights_context=gathered, value_head=self.policy.v_head if record else None)
         # the raw policy's logprobs (temperature 1, as step() scores) and values, kept for step()
         out = policy.generate(ids, mask, params, logprob_temperature=1.0 if record else None)
         release_free_heap()
@@ -258,7 +259,7 @@ class PPOTrainer(TRLMethods, SavingMethods):
         if not with_reference:
             return responses, []
         with self._reference() as ref, eval_mode(self.policy):
-            reference = HFGenerationBackend(ref, pad_id, chunk_size=chunk_size, weights_context=gathered)
+            reference = make_generation_backend(ref, pad_id, engine=engine, chunk_size=chunk_size, weights_context=gathered)
             ref_out = reference.generate(ids, mask, params)
         return responses, [r[m] for r, m in zip(ref_out.responses, ref_out.response_mask)]
 

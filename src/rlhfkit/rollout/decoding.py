@@ -1,0 +1,260 @@
+"""rlhfkit's own decode loop: `DecodeLoopBackend`, the default sampler of every trainer.
+
+transformers `generate` spends most of a small model's sampling time outside the model: at a 152k
+vocabulary `torch.multinomial` is ~70% of a CPU step, rows that already ended keep being computed until
+every row ends, and each token pays for processor lists, stopping criteria and kwargs bookkeeping. This
+loop samples from the same distribution (the processors transformers would apply, in its order, over the
+model's generation_config defaults), by inverse-CDF (one uniform per row from torch's RNG, so seeds and
+resumed RNG states keep working), and drops ended rows from the batch and the KV cache.
+
+Settings it does not handle (beams, other generation options, encoder-decoder models, PEFT prompt
+learning, models whose cache is not a plain attention KV cache) go to the transformers path, with the
+reason logged once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache, GenerationConfig
+
+from rlhfkit.rollout.generation import HFGenerationBackend, is_encoder_decoder
+from rlhfkit.rollout.streaming import generating_module
+
+logger = logging.getLogger(__name__)
+
+# GenerationConfig fields the loop reads, and fields that do not change what is sampled
+_HANDLED = {
+    "do_sample", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "min_length", "min_new_tokens",
+    "max_new_tokens", "eos_token_id", "pad_token_id",
+}  # fmt: skip
+_IGNORED = {"max_length", "bos_token_id", "decoder_start_token_id", "transformers_version", "use_cache"}
+_logged_reasons: set[str] = set()
+
+
+def _log_fallback_once(reason: str) -> None:
+    if reason not in _logged_reasons:
+        _logged_reasons.add(reason)
+        logger.warning("rlhfkit decode loop: %s; sampling with transformers generate instead", reason)
+
+
+@dataclass(frozen=True)
+class DecodeSettings:
+    """The effective sampling settings of one call: ours over the model's generation_config over defaults."""
+
+    max_new_tokens: int
+    do_sample: bool
+    temperature: float
+    top_k: int
+    top_p: float
+    min_p: float | None
+    repetition_penalty: float
+    min_length: int
+    min_new_tokens: int
+    eos_token_ids: tuple[int, ...]
+
+    @classmethod
+    def resolve(cls, model: torch.nn.Module, config: GenerationConfig) -> DecodeSettings | str:
+        """The settings transformers `generate` would use for `config`, or why the loop cannot follow it."""
+        if is_encoder_decoder(model):
+            return "encoder-decoder models are not supported"
+        peft = next((m for m in model.modules() if hasattr(m, "active_peft_config")), None)
+        if peft is not None and getattr(peft.active_peft_config, "is_prompt_learning", False):
+            return "PEFT prompt-learning adapters are not supported"
+        generator = generating_module(model)
+        layer_types = set(getattr(generator.config, "layer_types", None) or ())
+        if not generator._supports_default_dynamic_cache() or layer_types - {"full_attention", "sliding_attention"}:
+            return f"{type(generator).__name__}'s cache is not a plain attention KV cache"
+        merged, _ = generator._prepare_generation_config(config)
+        baseline = GenerationConfig()
+        baseline.update(**generator.generation_config._get_default_generation_params(), defaults_only=True)
+        base = baseline.to_dict()
+        for key, value in merged.to_dict().items():
+            off = value in (None, False) and base.get(key) in (None, False)  # a model config's output_attentions=False
+            if not key.startswith("_") and key not in _HANDLED | _IGNORED and value != base.get(key) and not off:
+                return f"generation setting {key}={value!r} is not supported"
+        eos = merged.eos_token_id
+        eos = () if eos is None else (eos,) if isinstance(eos, int) else tuple(eos)
+        return cls(
+            max_new_tokens=merged.max_new_tokens, do_sample=bool(merged.do_sample),
+            temperature=float(merged.temperature), top_k=int(merged.top_k or 0), top_p=float(merged.top_p),
+            min_p=merged.min_p, repetition_penalty=float(merged.repetition_penalty),
+            min_length=int(merged.min_length or 0), min_new_tokens=int(merged.min_new_tokens or 0), eos_token_ids=eos,
+        )  # fmt: skip
+
+
+def process_logits(scores: torch.Tensor, settings: DecodeSettings, seen: torch.Tensor | None, blocked=None):
+    """What transformers' processors make of float32 logits (A, V), in transformers' order.
+
+    seen: (A, V) bool, the tokens of each row so far (prompt padding excluded), for the repetition
+    penalty; blocked: the stop token ids (a long tensor) while min_length / min_new_tokens is not reached
+    yet, else None. Warpers apply only when sampling.
+    """
+    s = settings
+    if seen is not None and s.repetition_penalty != 1.0:
+        penalised = torch.where(scores < 0, scores * s.repetition_penalty, scores / s.repetition_penalty)
+        scores = torch.where(seen, penalised, scores)
+    if blocked is not None and blocked.numel():
+        scores = scores.index_fill(-1, blocked, float("-inf"))
+    if not s.do_sample:
+        return scores
+    if s.temperature != 1.0:
+        scores = scores / s.temperature
+    if s.top_k:
+        kth = torch.topk(scores, min(s.top_k, scores.shape[-1]))[0][..., -1:]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if s.top_p < 1.0:
+        ascending, order = torch.sort(scores, descending=False)
+        drop = ascending.softmax(-1).cumsum(-1) <= 1 - s.top_p
+        drop[..., -1:] = False  # the most likely token always stays
+        scores = scores.masked_fill(drop.scatter(1, order, drop), float("-inf"))
+    if s.min_p is not None:
+        probs = scores.softmax(-1)
+        drop = probs < s.min_p * probs.amax(-1, keepdim=True)
+        drop.scatter_(-1, probs.argmax(-1, keepdim=True), False)
+        scores = scores.masked_fill(drop, float("-inf"))
+    return scores
+
+
+def sample_inverse_cdf(probs: torch.Tensor) -> torch.Tensor:
+    """One token per row of `probs` (A, V): the first index whose running sum exceeds a uniform draw.
+
+    Exact like `torch.multinomial(probs, 1)` but ~9x cheaper at a 152k vocabulary on CPU (one cumsum and
+    a binary search instead of multinomial's setup). The draw is scaled by the row's total, so rounding in
+    the sum cannot push it past the end; a zero-probability pick (a rounding tie) falls back to the argmax.
+    """
+    cdf = probs.cumsum(-1)
+    u = torch.rand((probs.shape[0], 1), device=probs.device, dtype=cdf.dtype) * cdf[:, -1:]
+    tokens = torch.searchsorted(cdf, u, right=True).clamp_(max=probs.shape[-1] - 1)
+    impossible = probs.gather(-1, tokens) <= 0
+    return torch.where(impossible, probs.argmax(-1, keepdim=True), tokens).squeeze(-1)
+
+
+class DecodeLoopBackend(HFGenerationBackend):
+    """`HFGenerationBackend` with rlhfkit's decode loop in place of `generate` (same outputs and shapes).
+
+    The KV cache is transformers' `DynamicCache`, cut to the live rows with `batch_select_indices`.
+    A preallocated `StaticCache` gave identical greedy tokens and was no slower at fixed length (tiny
+    Llama about equal, llama-small at 256 tokens up to ~25% faster, CPU, noisy), but transformers 5.23's
+    static layers cannot drop batch rows, and on rollouts that stop at EOS dropping ended rows saves more.
+    """
+
+    def _generate_chunk(self, ids, mask, config, logprob_temperature, hidden) -> tuple:
+        settings = DecodeSettings.resolve(self.model, config)
+        if isinstance(settings, str):
+            _log_fallback_once(settings)
+            return super()._generate_chunk(ids, mask, config, logprob_temperature, hidden)
+        first = int(mask.any(0).long().argmax())  # columns before it are padding in every row of the chunk
+        loop = _DecodeLoop(self.model, settings, self.pad_token_id, logprob_temperature, self.value_head, hidden)
+        return loop.run(ids[:, first:], mask[:, first:])
+
+
+class _DecodeLoop:
+    """One chunk's decoding: prefill, then one token per step for the rows that have not ended."""
+
+    def __init__(self, model, settings: DecodeSettings, pad_token_id, logprob_temperature, value_head, hidden):
+        self.generator, self.settings, self.pad = generating_module(model), settings, pad_token_id
+        self.logprob_temperature, self.value_head, self.hidden = logprob_temperature, value_head, hidden
+        accepts = inspect.signature(self.generator.forward).parameters
+        self.forward_kwargs = {"logits_to_keep": 1} if "logits_to_keep" in accepts else {}
+
+    def _forward(self, **inputs) -> torch.Tensor:
+        """Float32 next-token logits (A, V) of the last position."""
+        out = self.generator(**inputs, use_cache=True, return_dict=True, **self.forward_kwargs)
+        return out.logits[:, -1].float()
+
+    def _seen_tokens(self, ids, mask, vocab: int) -> torch.Tensor | None:
+        if self.settings.repetition_penalty == 1.0:
+            return None
+        seen = torch.zeros((ids.shape[0], vocab + 1), dtype=torch.bool, device=ids.device)
+        seen.scatter_(1, ids.clamp(max=vocab).masked_fill(mask == 0, vocab), True)  # padding -> the spare column
+        return seen[:, :vocab]
+
+    def _choose(self, raw: torch.Tensor, seen, step: int, prompt_width: int, stops: torch.Tensor) -> torch.Tensor:
+        s = self.settings
+        blocked = step < s.min_new_tokens or prompt_width + step < s.min_length
+        scores = process_logits(raw, s, seen, stops if blocked else None)
+        return sample_inverse_cdf(scores.softmax(-1)) if s.do_sample else scores.argmax(-1)
+
+    def run(self, ids: torch.Tensor, mask: torch.Tensor) -> tuple:
+        batch, width, steps = ids.shape[0], ids.shape[1], self.settings.max_new_tokens
+        device = ids.device
+        tokens = torch.full((batch, steps), self.pad, dtype=torch.long, device=device)
+        logprobs = torch.zeros((batch, steps), device=device) if self.logprob_temperature is not None else None
+        values = torch.zeros((batch, steps), device=device) if self.value_head is not None else None
+        full_mask = torch.cat([mask, mask.new_ones((batch, steps))], dim=1)
+        positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
+        next_position = positions[:, -1:] + 1
+        rows = torch.arange(batch, device=device)  # the output row of each live row
+        stops = torch.tensor(self.settings.eos_token_ids, dtype=torch.long, device=device)
+        ended = torch.zeros(batch, dtype=torch.bool, device=device)
+        check_every = 1 if device.type == "cpu" else 8  # a host sync per check: cheap on CPU only
+        cache = DynamicCache(config=self.generator.config)
+        raw = self._forward(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache)
+        seen = self._seen_tokens(ids, mask, raw.shape[-1])
+        done = 0
+        for step in range(steps):
+            token = self._choose(raw, seen, step, width, stops).masked_fill(ended, self.pad)
+            self._record(tokens, logprobs, values, rows, step, raw, token)
+            done = step + 1
+            if stops.numel():
+                ended = ended | torch.isin(token, stops)
+            if step + 1 == steps:
+                break
+            if seen is not None:
+                seen = seen.scatter(1, token[:, None], True)
+            if stops.numel() and (step + 1) % check_every == 0:
+                live = (~ended).nonzero().squeeze(1)
+                if live.numel() == 0:
+                    break
+                if live.numel() < ended.numel():  # cut the ended rows out of every per-row state
+                    cache.batch_select_indices(live)
+                    rows, token, ended, full_mask, next_position = (
+                        t[live] for t in (rows, token, ended, full_mask, next_position)
+                    )
+                    seen = seen[live] if seen is not None else None
+            raw = self._forward(
+                input_ids=token[:, None], attention_mask=full_mask[:, : width + step + 1],
+                position_ids=next_position, past_key_values=cache,
+            )  # fmt: skip
+            next_position = next_position + 1
+        keep = slice(0, done)
+        return tokens[:, keep], None if logprobs is None else logprobs[:, keep], None if values is None else values[:, keep]
+
+    def _record(self, tokens, logprobs, values, rows, step: int, raw: torch.Tensor, token: torch.Tensor) -> None:
+        """Write this step's tokens, their logprobs under raw logits / temperature, and values, by output row."""
+        tokens[rows, step] = token
+        if logprobs is not None:
+            scaled = raw / self.logprob_temperature
+            logprobs[rows, step] = scaled.gather(-1, token[:, None]).squeeze(-1) - scaled.logsumexp(-1)
+        if values is not None:  # the LM-head input of this forward: the hidden state before the token
+            state = self.hidden.pop()[:, -1]
+            values[rows, step] = self.value_head(state).float().reshape(-1)
+        self.hidden.clear()
+
+
+ENGINES: dict[str, type[HFGenerationBackend]] = {"rlhfkit": DecodeLoopBackend, "transformers": HFGenerationBackend}
+
+
+def make_generation_backend(
+    model: torch.nn.Module,
+    pad_token_id: int,
+    *,
+    engine: str = "rlhfkit",
+    chunk_size: int | None = None,
+    value_head: torch.nn.Module | None = None,
+    weights_context: Callable[[], contextlib.AbstractContextManager] | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> HFGenerationBackend:
+    """The sampler every trainer uses: `engine` "rlhfkit" (the decode loop) or "transformers" (`generate`)."""
+    if engine not in ENGINES:
+        raise ValueError(f"generation_backend must be one of {sorted(ENGINES)}, got {engine!r}")
+    return ENGINES[engine](
+        model, pad_token_id, chunk_size=chunk_size, value_head=value_head, weights_context=weights_context,
+        progress=progress,
+    )  # fmt: skip
