@@ -127,7 +127,7 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
         "polarity_judge",
         Stage(
             "polarity_judge", "6/6 second judge (classifier on the review generator's labels)",
-            {"seed": cfg.seed, "reviews": stages.POLARITY_REVIEWS}, lambda out: stages.train_polarity_judge(cfg, out),
+            {"seed": cfg.seed, "reviews": stages.POLARITY_REVIEWS, "version": stages.POLARITY_VERSION}, lambda out: stages.train_polarity_judge(cfg, out),
         ),
     )  # fmt: skip
     evaluated = run(

@@ -66,7 +66,7 @@ def _win_rate_points(history: list[dict[str, Any]]) -> dict[str, list[float]]:
     """The logged `eval/win_rate` points: step, rate and the ends of its 95% interval."""
     logged = [h for h in history if "eval/win_rate" in h]
     return {
-        "step": [h["step"] for h in logged],
+        "step": [int(h["step"]) for h in logged],
         "rate": [h["eval/win_rate"] for h in logged],
         "low": [h["eval/win_rate_low"] for h in logged],
         "high": [h["eval/win_rate_high"] for h in logged],

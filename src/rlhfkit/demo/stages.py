@@ -290,6 +290,7 @@ def load_reward_model(sft: StageResult, reward: StageResult):
 # ---------------------------------------------------------------------- 3c. second judge (learned classifier)
 POLARITY_REVIEWS = 4000  # generator reviews the classifier trains on; as many again are held out
 POLARITY_SEED_OFFSET = 7000  # its reviews come from other generator seeds than the SFT corpus
+POLARITY_VERSION = 1  # in the stage's cache key: bump when the classifier's features or training change
 
 
 def train_polarity_judge(cfg: DemoConfig, out: Path) -> dict[str, Any]:
