@@ -28,7 +28,10 @@ PAGES = ("README.md", "docs/*.md")
 BLOCK = re.compile(r"(<!-- results:(?P<name>[\w.-]+) -->\n)(?P<body>.*?)(<!-- /results:(?P=name) -->)", re.S)
 ALGO_ORDER = ("rloo", "dpo", "ppo", "ppo-multi-adapter")
 ALGO_TITLES = {"rloo": "RLOO", "ppo": "PPO", "ppo-multi-adapter": "PPO multi-adapter", "dpo": "DPO"}
-STAGE_TITLES = {"sft": "SFT", "preferences": "preference pairs", "reward": "reward model", "evaluation": "evaluation"}
+STAGE_TITLES = {
+    "sft": "SFT", "preferences": "preference pairs", "reward": "reward model", "evaluation": "evaluation",
+    "polarity_judge": "second judge",
+}  # fmt: skip
 
 Record = tuple[str, dict[str, Any]]  # (path relative to ROOT, contents)
 
@@ -78,6 +81,22 @@ def load_text(machine: dict[str, Any]) -> str:
 
 
 # ---------------------------------------------------------------------- demo blocks (README)
+def second_judge_cell(ev: dict[str, Any]) -> str:
+    """The win rate under the demo's second judge (the polarity classifier), or "not recorded" for a
+    result file from before that judge existed."""
+    if "win_rate_rl_vs_sft_classifier" not in ev:
+        return "not recorded"
+    low, high = ev["win_rate_classifier_ci95"]
+    return f"{pct(ev['win_rate_rl_vs_sft_classifier'])} (95% CI {pct(low)[:-1]}-{pct(high)})"
+
+
+def curve_end_text(rl_summary: dict[str, Any]) -> str:
+    """The last point of the RL stage's win-rate curve, or "not recorded"."""
+    if rl_summary.get("curve_win_rate_end") is None:
+        return "not recorded"
+    return f"{pct(rl_summary['curve_win_rate_end'])} at update {rl_summary['curve_step_end']}"
+
+
 def render_demo(records: list[Record]) -> list[str]:
     (_, rec), = records
     m, machine = rec["metrics"], rec["machine"]
@@ -105,6 +124,10 @@ def render_demo(records: list[Record]) -> list[str]:
         "|---|---|---|",
         f"| win rate against SFT under the gold judge (ties count half) | 50% | "
         f"**{pct(ev['win_rate_rl_vs_sft'])}** (95% CI {pct(low)[:-1]}-{pct(high)}) |",
+        f"| win rate against SFT under the second judge (a classifier trained on the review generator's "
+        f"own labels, never VADER's) | 50% | {second_judge_cell(ev)} |",
+        f"| last point of the win-rate curve during RL (gold judge, {cfg.get('curve_num_prompts', 64)} prompts) | "
+        f"50% | {curve_end_text(st['rl'].get('summary', {}))} |",
         f"| mean gold score (VADER compound, -1 to 1) | {ev['gold_score_sft']:.3f} | {ev['gold_score_rl']:.3f} |",
         f"| positive reviews (gold score > 0.05) | {pct(ev['positive_share_sft'], 0)} | "
         f"{pct(ev['positive_share_rl'], 0)} |",
@@ -138,9 +161,9 @@ def render_demo_algos(records: list[Record]) -> list[str]:
             "(or `ppo`, `ppo-multi-adapter`) measures another on the cached stages."
         ]
     lines = [
-        "| `--algo` | win rate against SFT (95% CI) | mean gold score | KL to SFT | RL stage "
-        "| cached stages shared with RLOO |",
-        "|---|---|---|---|---|---|",
+        "| `--algo` | win rate against SFT (95% CI) | under the second judge | mean gold score | KL to SFT "
+        "| RL stage | cached stages shared with RLOO |",
+        "|---|---|---|---|---|---|---|",
     ]
     for algo in sorted(by_algo, key=ALGO_ORDER.index):
         m = by_algo[algo]["metrics"]
@@ -148,7 +171,8 @@ def render_demo_algos(records: list[Record]) -> list[str]:
         low, high = ev["win_rate_ci95"]
         shared = "(itself)" if algo == "rloo" else _shared_stages(by_algo[algo], default)
         lines.append(
-            f"| `{algo}` | {pct(ev['win_rate_rl_vs_sft'])} ({pct(low)[:-1]}-{pct(high)}) | {ev['gold_score_rl']:.3f} | "
+            f"| `{algo}` | {pct(ev['win_rate_rl_vs_sft'])} ({pct(low)[:-1]}-{pct(high)}) | {second_judge_cell(ev)} | "
+            f"{ev['gold_score_rl']:.3f} | "
             f"{ev['kl_rl_to_sft']:.2f} | {'reused' if rl['reused'] else duration(rl['seconds'])} | {shared} |"
         )
     notes = [by_algo[a].get("machine", {}).get("note", "") for a in by_algo]

@@ -100,7 +100,7 @@ def test_demo_comparison_names_the_stages_each_run_reused():
         return f"results/demo-{algo}.json", {"metrics": metrics}
 
     lines = render.render_demo_algos([record("rloo", "r"), record("ppo-multi-adapter", "adapter")])
-    assert lines[2] == "| `rloo` | 80.5% (76.0-85.0%) | 0.500 | 4.86 | 1 min 5 s | (itself) |"
+    assert lines[2] == "| `rloo` | 80.5% (76.0-85.0%) | not recorded | 0.500 | 4.86 | 1 min 5 s | (itself) |"
     assert lines[3].endswith("| SFT, preference pairs; its own reward model |")
     assert "Only the default" in render.render_demo_algos([record("rloo", "r")])[0]
 
@@ -119,3 +119,11 @@ def test_recorder_writes_commit_command_and_machine(tmp_path):
     assert data["metrics"]["config"]["algo"] == "dpo"
     with pytest.raises(SystemExit):  # the folder holds a dpo run, not an rloo one
         record.main(["--algo", "rloo", "--no-run", "--output_dir", str(run), "--results", str(tmp_path)])
+
+
+def test_second_judge_and_curve_end_render_or_say_not_recorded():
+    ev = {"win_rate_rl_vs_sft_classifier": 0.625, "win_rate_classifier_ci95": [0.2194, 0.9081]}
+    assert render.second_judge_cell(ev) == "62.5% (95% CI 21.9-90.8%)"
+    assert render.second_judge_cell({"win_rate_rl_vs_sft": 0.8}) == "not recorded"  # a file from before the judge
+    assert render.curve_end_text({"curve_win_rate_end": 0.75, "curve_step_end": 40}) == "75.0% at update 40"
+    assert render.curve_end_text({"updates": 40}) == "not recorded"

@@ -62,3 +62,37 @@ def test_learned_scores_one_per_sample(samples_and_model):
     _, _, samples = samples_and_model
     scores = learned_scores(tiny_model("llama-reward").eval(), samples)
     assert len(scores) == 2 and all(math.isfinite(s) for s in scores)
+
+
+def test_second_judge_win_rate_on_fixed_texts():
+    from rlhfkit.demo.evaluation import second_judge_metrics
+    from rlhfkit.tasks.polarity import PolarityClassifier
+
+    # P(positive) = sigmoid(2 * (#good - #bad)): features other than the two words are ignored
+    classifier = PolarityClassifier(["bad", "good"], torch.tensor([-2.0, 2.0]), 0.0)
+    rl = ["good", "bad", "good good", "so so"]
+    sft = ["bad", "good", "good", "so so"]
+    metrics, rl_scores, sft_scores = second_judge_metrics(["p"] * 4, rl, sft, classifier)
+    assert rl_scores == pytest.approx([torch.sigmoid(torch.tensor(v)).item() for v in (2.0, -2.0, 4.0, 0.0)])
+    # win, loss, win, tie -> (2 + 0.5) / 4 = 0.625, the interval of test_judgements_from_gold_scores...
+    assert metrics["win_rate_rl_vs_sft_classifier"] == pytest.approx(0.625)
+    low, high = metrics["win_rate_classifier_ci95"]
+    assert low == pytest.approx(0.2194, abs=1e-3) and high == pytest.approx(0.9081, abs=1e-3)
+    assert metrics["classifier_score_rl"] == pytest.approx(sum(rl_scores) / 4)
+    assert sum(sft_scores) / 4 == pytest.approx(metrics["classifier_score_sft"])
+
+
+def test_two_judges_disagreeing_is_said_plainly():
+    from rlhfkit.demo.evaluation import distinct_2, judges_verdict
+    from rlhfkit.demo.report import judges_sentence
+
+    assert judges_verdict(0.8, 0.7, 0.9) == "better" and judges_verdict(0.45, 0.3, 0.6) == "no difference"
+    assert judges_verdict(0.2, 0.1, 0.3) == "worse"
+    ev = {"win_rate_rl_vs_sft": 0.8, "win_rate_ci95": [0.7, 0.9]}
+    ev |= {"win_rate_rl_vs_sft_classifier": 0.5, "win_rate_classifier_ci95": [0.4, 0.6]}
+    text = judges_sentence("rloo", ev)
+    assert text.startswith("The judges disagree") and "beats SFT" in text and "not told apart" in text
+    ev["win_rate_classifier_ci95"] = [0.55, 0.7]
+    assert judges_sentence("rloo", ev).startswith("Both judges agree: rloo beats SFT")
+    # "a b a b" has pairs (a b), (b a), (a b): 2 distinct of 3; "c" has none
+    assert distinct_2(["a b a b", "c"]) == pytest.approx(2 / 3) and distinct_2(["c"]) == 0.0

@@ -16,7 +16,7 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-STAGES = ("base", "sft", "preferences", "reward_model", "rl-rloo", "evaluation-rloo")
+STAGES = ("base", "sft", "preferences", "reward_model", "rl-rloo", "polarity_judge", "evaluation-rloo")
 
 
 def run_demo(output_dir: Path, *flags: str) -> subprocess.CompletedProcess:
@@ -56,7 +56,7 @@ def test_report_files_exist_and_parse(rloo_run):
     metrics = json.loads((out / "metrics.json").read_text())
     evaluation = metrics["evaluation"]
     assert metrics["config"]["algo"] == "rloo" and metrics["config"]["size"] == "tiny"
-    assert set(metrics["stages"]) == {"base", "sft", "preferences", "reward", "rl", "evaluation"}
+    assert set(metrics["stages"]) == {"base", "sft", "preferences", "reward", "rl", "polarity_judge", "evaluation"}
     for key in (
         "win_rate_rl_vs_sft",
         "gold_score_sft",
@@ -69,12 +69,18 @@ def test_report_files_exist_and_parse(rloo_run):
     assert 0.0 <= evaluation["win_rate_rl_vs_sft"] <= 1.0
     report = (out / "report.md").read_text()
     assert f"{100 * evaluation['win_rate_rl_vs_sft']:.1f}%" in report
-    for name in ("sft_loss", "rl_reward", "rl_kl", "gold_scores"):
+    for name in ("sft_loss", "rl_reward", "rl_kl", "win_rate_curve", "gold_scores"):
         png = out / "plots" / f"{name}.png"
         assert png.read_bytes()[:4] == b"\x89PNG", name
         assert f"plots/{name}.png" in report
     for stage in STAGES:
         assert json.loads((out / stage / "done.json").read_text())["stage"] == stage
+    # the second judge and the win-rate curve of the RL stage (tiny preset: 20 updates, a point every 4)
+    assert 0.0 <= evaluation["win_rate_rl_vs_sft_classifier"] <= 1.0 and "second judge" in report.lower()
+    assert metrics["stages"]["polarity_judge"]["summary"]["heldout_accuracy"] > 0.93
+    curve = json.loads((out / "rl-rloo" / "curves.json").read_text())["win_rate"]
+    assert curve["step"] == [4, 8, 12, 16, 20]
+    assert all(lo <= r <= hi for r, lo, hi in zip(curve["rate"], curve["low"], curve["high"]))
     assert (
         len((out / "evaluation-rloo" / "samples.jsonl").read_text().splitlines()) == evaluation["num_prompts"]
     )
@@ -124,3 +130,6 @@ def test_other_algorithms_reuse_the_supervised_stages(rloo_run, algo, flags):
     assert not metrics["stages"]["rl"]["reused"]
     assert 0.0 <= metrics["evaluation"]["win_rate_rl_vs_sft"] <= 1.0
     assert (out / f"rl-{algo}" / "done.json").is_file() and (out / "report.md").is_file()
+    curve = json.loads((out / f"rl-{algo}" / "curves.json").read_text())["win_rate"]  # WinRateCallback ran
+    assert curve["step"] and all(0.0 <= r <= 1.0 for r in curve["rate"])
+    assert (out / "plots" / "win_rate_curve.png").is_file()

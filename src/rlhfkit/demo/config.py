@@ -145,6 +145,10 @@ class DemoConfig:
     # 4. evaluation
     eval_num_prompts: int | None = preset_size("Held-out prompts judged for the win rate.")
     eval_samples_shown: int = option(6, "Side-by-side completions printed and reported.")
+    curve_points: int = option(
+        5, "Win-rate curve: times the RL stage judges its policy against SFT (gold judge; 0: no curve)."
+    )
+    curve_num_prompts: int = option(64, "Win-rate curve: held-out prompts judged at each point.")
 
     def __post_init__(self):
         if self.task not in TASK_ALGOS:
@@ -218,6 +222,11 @@ class DemoConfig:
             raise ValueError(f"--kl_coef must be >= 0, got {self.kl_coef}")
         if self.num_threads < 0:
             raise ValueError(f"--num_threads must be >= 0, got {self.num_threads}")
+        if self.curve_points < 0 or self.curve_num_prompts < 1:
+            raise ValueError(
+                f"--curve_points must be >= 0 and --curve_num_prompts >= 1, got {self.curve_points} and "
+                f"{self.curve_num_prompts}"
+            )
         if self.eval_samples_shown < 0:
             raise ValueError(f"--eval_samples_shown must be >= 0, got {self.eval_samples_shown}")
 

@@ -4,6 +4,11 @@ Both policies sample one completion per test prompt (same temperature and seed).
 (VADER) scores each whole review; the win rate is `rlhfkit.judges.win_rate` (a tie counts half, 95% Wilson
 interval), the same as the win-rate callback and `rlhfkit judge` report. Also reported:
 mean gold score, mean learned-reward score, and KL(RL || SFT) of the RL samples, summed over tokens.
+
+A second judge, different in kind, gives a second win rate: the polarity classifier trained on the review
+generator's own labels (`rlhfkit.tasks.polarity`), which never saw VADER's. A win under VADER alone (the
+judge that labelled the preference data) then shows as a disagreement. distinct-2 (the share of distinct
+word pairs among all of a policy's completions) is a cheap sign of degenerate, repetitive samples.
 """
 
 from __future__ import annotations
@@ -68,10 +73,47 @@ def _mean(values: Sequence[float]) -> float:
     return float(sum(values) / len(values))
 
 
+def distinct_2(texts: Sequence[str]) -> float:
+    """Distinct word bigrams over all bigrams of `texts` (0 when none has two words): low = repetitive."""
+    bigrams = [pair for text in texts for pair in zip(text.split(), text.split()[1:])]
+    return len(set(bigrams)) / len(bigrams) if bigrams else 0.0
+
+
+def second_judge_metrics(
+    prompts: Sequence[str], rl_reviews: Sequence[str], sft_reviews: Sequence[str], classifier
+) -> tuple[dict[str, Any], list[float], list[float]]:
+    """The RL-vs-SFT win rate under the classifier, through the `rlhfkit.judges` pairwise interface;
+    also returns the classifier's P(positive) of each RL and SFT review."""
+    from rlhfkit.judges import RuleJudge
+
+    judge = RuleJudge.of_texts(classifier)
+    rl_scores, sft_scores = judge.scores(prompts, rl_reviews), judge.scores(prompts, sft_reviews)
+    verdicts = judge.judge(list(prompts), [[s, r] for s, r in zip(sft_reviews, rl_reviews)])
+    rate, low, high = win_rate(verdicts, model_index=1)
+    metrics = {
+        "win_rate_rl_vs_sft_classifier": rate,
+        "win_rate_classifier_ci95": [low, high],
+        "classifier_score_sft": _mean(sft_scores),
+        "classifier_score_rl": _mean(rl_scores),
+    }
+    return metrics, rl_scores, sft_scores
+
+
+def judges_verdict(rate: float, low: float, high: float) -> str:
+    """"better", "worse" or "no difference": where a win rate's 95% interval lies relative to 50%."""
+    return "better" if low > 0.5 else "worse" if high < 0.5 else "no difference"
+
+
 def evaluate(
-    cfg: DemoConfig, sft: StageResult, reward: StageResult, rl: StageResult, out: Path
+    cfg: DemoConfig,
+    sft: StageResult,
+    reward: StageResult,
+    rl: StageResult,
+    out: Path,
+    classifier: StageResult | None = None,
 ) -> dict[str, Any]:
-    """Sample both policies on the test prompts and write metrics.json and samples.jsonl into `out`."""
+    """Sample both policies on the test prompts and write metrics.json and samples.jsonl into `out`.
+    `classifier`: the second judge's stage (`stages.train_polarity_judge`); None judges by VADER alone."""
     from rlhfkit.tasks import SentimentJudge, review_prompts
 
     tokenizer = load_tokenizer(sft.path)
@@ -98,8 +140,20 @@ def evaluate(
         "ties": verdicts.count(TIE),
         "kl_rl_to_sft": _mean(kl),
     }
+    if classifier is not None:
+        from rlhfkit.tasks.polarity import PolarityClassifier
+
+        reviews = {name: results[name]["samples"].reviews() for name in ("rl", "sft")}
+        second, results["rl"]["second"], results["sft"]["second"] = second_judge_metrics(
+            prompts, reviews["rl"], reviews["sft"], PolarityClassifier.load(classifier.path)
+        )
+        metrics.update(second)
+        metrics["judges_agree"] = judges_verdict(rate, low, high) == judges_verdict(
+            second["win_rate_rl_vs_sft_classifier"], *second["win_rate_classifier_ci95"]
+        )
     for name in ("sft", "rl"):
         r = results[name]
+        metrics[f"distinct_2_{name}"] = distinct_2(r["samples"].texts)
         metrics[f"gold_score_{name}"] = _mean(r["gold"])
         metrics[f"learned_reward_{name}"] = _mean(r["learned"])
         metrics[f"positive_share_{name}"] = _mean([float(s > 0.05) for s in r["gold"]])
@@ -117,6 +171,8 @@ def evaluate(
                         f"{name}_learned": r["learned"][i],
                     }
                 )
+                if "second" in r:
+                    row[f"{name}_classifier"] = r["second"][i]
             fh.write(json.dumps(row, ensure_ascii=False) + "\n")
     return metrics
 

@@ -5,7 +5,8 @@ Stage folders under `output_dir`:
   sft/                 the SFT policy (SFTTrainer, packed reviews)
   preferences/         train.jsonl / eval.jsonl pairs of SFT samples labelled by VADER
   reward_model/        the learned reward model (reward_adapter/ for ppo-multi-adapter)
-  rl-<algo>/           the RL policy, curves.json
+  rl-<algo>/           the RL policy, curves.json (with the win-rate curve), samples.jsonl (its judged pairs)
+  polarity_judge/      the second judge: a classifier trained on the review generator's own labels
   evaluation-<algo>/   metrics.json, samples.jsonl
 and at the top: report.md, metrics.json, plots/.
 """
@@ -28,6 +29,7 @@ STAGE_FIELDS = {
     "preferences": ("seed", "pref_num_prompts", "pref_eval_fraction", "response_length", "temperature"),
     "reward": ("seed", "rm_epochs", "rm_batch_size", "rm_learning_rate"),
     "evaluation": ("seed", "eval_num_prompts", "temperature", "response_length"),
+    "curve": ("curve_points", "curve_num_prompts"),  # the RL stage's win-rate curve (every algo)
 }
 _ONLINE = (
     "rl_updates",
@@ -117,15 +119,23 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     policy = run(
         "rl",
         Stage(
-            f"rl-{cfg.algo}", f"5/6 {title}", cfg.values("seed", *RL_FIELDS[cfg.algo]),
+            f"rl-{cfg.algo}", f"5/6 {title}", cfg.values("seed", *RL_FIELDS[cfg.algo], *STAGE_FIELDS["curve"]),
             lambda out: train(cfg, sft, reward, prefs, out), [sft, reward, prefs],
+        ),
+    )  # fmt: skip
+    polarity = run(
+        "polarity_judge",
+        Stage(
+            "polarity_judge", "6/6 second judge (classifier on the review generator's labels)",
+            {"seed": cfg.seed, "reviews": stages.POLARITY_REVIEWS, "version": stages.POLARITY_VERSION}, lambda out: stages.train_polarity_judge(cfg, out),
         ),
     )  # fmt: skip
     evaluated = run(
         "evaluation",
         Stage(
-            f"evaluation-{cfg.algo}", "6/6 evaluation (gold judge)", cfg.values(*STAGE_FIELDS["evaluation"]),
-            lambda out: evaluation.evaluate(cfg, sft, reward, policy, out), [sft, reward, policy],
+            f"evaluation-{cfg.algo}", "6/6 evaluation (gold judge and second judge)",
+            cfg.values(*STAGE_FIELDS["evaluation"]),
+            lambda out: evaluation.evaluate(cfg, sft, reward, policy, out, polarity), [sft, reward, policy, polarity],
         ),
     )  # fmt: skip
     samples = evaluation.read_samples(evaluated)
@@ -163,8 +173,17 @@ def _quiet_runtime(cfg: DemoConfig) -> None:
 
 
 def _print_outcome(console: Any, algo: str, ev: dict[str, Any], root: Path) -> None:
+    from rlhfkit.demo.report import judges_sentence
+
     console.print(
         f"[bold]win rate of {algo} over SFT (gold judge): {100 * ev['win_rate_rl_vs_sft']:.1f}%[/]  "
         f"gold score {ev['gold_score_sft']:.3f} -> {ev['gold_score_rl']:.3f}, KL {ev['kl_rl_to_sft']:.2f}; "
         f"report: {root / 'report.md'}"
     )
+    if "win_rate_rl_vs_sft_classifier" in ev:
+        low, high = ev["win_rate_classifier_ci95"]
+        console.print(
+            f"[bold]win rate under the second judge (polarity classifier): "
+            f"{100 * ev['win_rate_rl_vs_sft_classifier']:.1f}%[/] (95% interval {100 * low:.1f}-{100 * high:.1f}%). "
+            + judges_sentence(algo, ev)
+        )

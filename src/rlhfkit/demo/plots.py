@@ -52,3 +52,26 @@ def score_histogram(path: Path, scores: dict[str, Sequence[float]], title: str) 
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def band_plot(
+    path: Path, x: Sequence[float], values: Sequence[float], low: Sequence[float], high: Sequence[float],
+    title: str, xlabel: str, ylabel: str, level: float | None = None,
+) -> Path:
+    """One line with a shaded band between `low` and `high` (an interval), and an optional dashed `level`."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 3.6), dpi=100)
+    ax.fill_between(x, low, high, alpha=0.25, label="95% interval")
+    ax.plot(x, values, marker="o", markersize=3, label=ylabel)
+    if level is not None:
+        ax.axhline(level, color="grey", linestyle="--", linewidth=1)
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path

@@ -83,6 +83,14 @@ def make_plots(out: Path, stages: dict[str, StageResult], samples: list[dict[str
                 "implicit reward",
             )
         )
+    points = curves.get("win_rate") or {}
+    if points.get("step"):  # WinRateCallback during RL: the policy against SFT under the gold judge
+        made.append(
+            plots.band_plot(
+                folder / "win_rate_curve.png", points["step"], points["rate"], points["low"], points["high"],
+                "RL: win rate against SFT during training (gold judge)", "update", "win rate", level=0.5,
+            )
+        )
     made.append(
         plots.score_histogram(
             folder / "gold_scores.png",
@@ -177,6 +185,46 @@ def _result_lines(cfg: DemoConfig, stages: dict[str, StageResult]) -> list[str]:
         "",
         f"Reward model ({rm['kind']}): held-out pairwise accuracy **{_fmt(rm['heldout_accuracy'])}** "
         f"on {stages['preferences'].summary['pairs_eval']} pairs labelled by the gold judge.",
+        "",
+    ] + _second_judge_lines(cfg, stages)
+
+
+def judges_sentence(algo: str, evaluation: dict[str, Any]) -> str:
+    """Whether the gold judge (VADER) and the second judge (the classifier) tell the same story."""
+    from rlhfkit.demo.evaluation import judges_verdict
+
+    gold = judges_verdict(evaluation["win_rate_rl_vs_sft"], *evaluation["win_rate_ci95"])
+    second = judges_verdict(evaluation["win_rate_rl_vs_sft_classifier"], *evaluation["win_rate_classifier_ci95"])
+    said = {"better": "beats SFT", "worse": "loses to SFT", "no difference": "is not told apart from SFT"}
+    if gold == second:
+        return f"Both judges agree: {algo} {said[gold]} (95% intervals)."
+    return (
+        f"The judges disagree: under VADER, the judge that labelled the preference data, {algo} {said[gold]}; "
+        f"under the independent classifier it {said[second]}. A win under the labelling judge alone may be "
+        "the policy exploiting that judge rather than writing more positive reviews."
+    )
+
+
+def _second_judge_lines(cfg: DemoConfig, stages: dict[str, StageResult]) -> list[str]:
+    evaluation = stages["evaluation"].summary
+    if "win_rate_rl_vs_sft_classifier" not in evaluation:
+        return []
+    low, high = evaluation["win_rate_classifier_ci95"]
+    judge = stages["polarity_judge"].summary if "polarity_judge" in stages else {}
+    return [
+        "### Second judge",
+        "",
+        f"A {judge.get('kind', 'classifier')} trained on the review generator's own polarity labels (never "
+        f"VADER's; held-out accuracy **{_fmt(judge.get('heldout_accuracy'))}** on "
+        f"{judge.get('heldout_reviews', 'n/a')} generator reviews) judges the same samples: {cfg.algo} beats SFT "
+        f"**{100 * evaluation['win_rate_rl_vs_sft_classifier']:.1f}%** of the time "
+        f"(95% interval {100 * low:.1f}-{100 * high:.1f}%); mean P(positive) "
+        f"{_fmt(evaluation['classifier_score_sft'])} (SFT) -> {_fmt(evaluation['classifier_score_rl'])} ({cfg.algo}).",
+        "",
+        judges_sentence(cfg.algo, evaluation),
+        "",
+        f"Degeneracy check, distinct-2 (distinct word pairs / all word pairs of the completions): SFT "
+        f"{_fmt(evaluation.get('distinct_2_sft'))}, {cfg.algo} {_fmt(evaluation.get('distinct_2_rl'))}.",
         "",
     ]
 

@@ -3,6 +3,10 @@
 One function per `--algo`, chosen from `RL_ALGOS`. Each saves a plain causal LM (LoRA merged) into
 its folder, so evaluation loads every algorithm the same way, and writes `curves.json`: per update,
 the learned-reward score of the samples and their KL to the SFT policy (DPO: implicit rewards).
+
+Every algorithm also runs `WinRateCallback` (`--curve_points` times over the stage): the policy against
+the SFT policy on `--curve_num_prompts` held-out prompts, judged by the gold judge; its points go into
+`curves.json` under "win_rate" (step, rate and the 95% interval's ends).
 """
 
 from __future__ import annotations
@@ -33,6 +37,42 @@ def _write_curves(out: Path, curves: dict[str, list[float]], history: list[dict[
     (out / "log_history.json").write_text(json.dumps(history, indent=1, default=float), encoding="utf-8")
 
 
+def win_rate_callback(cfg: DemoConfig, tokenizer, total_steps: int, out: Path, trainer=None, reference=None):
+    """The win-rate curve's callback (gold judge, SFT reference, sampling as in evaluation); None when
+    `--curve_points 0`. Evaluates every `total_steps // curve_points` steps."""
+    if not cfg.curve_points:
+        return None
+    from rlhfkit.judges import RuleJudge
+    from rlhfkit.rollout import SamplingParams
+    from rlhfkit.tasks import SentimentJudge, review_prompts
+    from rlhfkit.trainers.win_rate_callback import WinRateCallback
+
+    vader = SentimentJudge()
+    # the gold judge reads the whole review, as in the evaluation stage
+    judge = RuleJudge(lambda prompts, completions: vader([p + c for p, c in zip(prompts, completions)]))
+    params = SamplingParams(
+        cfg.response_length, temperature=cfg.temperature, top_k=0, top_p=1.0,
+        stop_token_ids=None if tokenizer.eos_token_id is None else (tokenizer.eos_token_id,),
+    )  # fmt: skip
+    prompts = review_prompts("test", n=cfg.curve_num_prompts, seed=cfg.seed + 2000)
+    return WinRateCallback(
+        judge, prompts, trainer=trainer, every_n_steps=max(1, total_steps // cfg.curve_points),
+        reference_model=reference, sampling_params=params, tokenizer=tokenizer, batch_size=64,
+        seed=cfg.seed, output_dir=str(out),
+    )  # fmt: skip
+
+
+def _win_rate_points(history: list[dict[str, Any]]) -> dict[str, list[float]]:
+    """The logged `eval/win_rate` points: step, rate and the ends of its 95% interval."""
+    logged = [h for h in history if "eval/win_rate" in h]
+    return {
+        "step": [int(h["step"]) for h in logged],
+        "rate": [h["eval/win_rate"] for h in logged],
+        "low": [h["eval/win_rate_low"] for h in logged],
+        "high": [h["eval/win_rate_high"] for h in logged],
+    }
+
+
 def _train_prompts(cfg: DemoConfig):
     from rlhfkit.tasks import review_prompt_dataset
 
@@ -51,12 +91,16 @@ def _summary(curves: dict[str, list[float]], updates: int) -> dict[str, Any]:
         return values[:k], values[-k:]
 
     (reward_head, reward_tail), (_, kl_tail) = window("reward"), window("kl")
-    return {
+    summary = {
         "updates": updates,
         "reward_start": mean(reward_head),
         "reward_end": mean(reward_tail),
         "kl_end": mean(kl_tail),
     }
+    points = curves.get("win_rate") or {}
+    if points.get("step"):  # the curve's last point (the full curve is in curves.json)
+        summary.update(curve_step_end=points["step"][-1], curve_win_rate_end=points["rate"][-1])
+    return summary
 
 
 # ---------------------------------------------------------------------- RLOO
@@ -96,6 +140,9 @@ def train_rloo(cfg: DemoConfig, sft: StageResult, reward: StageResult, preferenc
         load_reward_model(sft, reward),
         _train_prompts(cfg),
     )
+    callback = win_rate_callback(cfg, tokenizer, cfg.rl_updates, out, trainer=trainer, reference=ref_policy)
+    if callback is not None:
+        trainer.add_callback(callback)
     result = trainer.train()
     trainer.model.save_pretrained(out)
     tokenizer.save_pretrained(out)
@@ -104,6 +151,7 @@ def train_rloo(cfg: DemoConfig, sft: StageResult, reward: StageResult, preferenc
         "step": [h.get("step", i + 1) for i, h in enumerate(history)],
         "reward": [h["objective/scores"] for h in history],
         "kl": [h["objective/kl"] for h in history],
+        "win_rate": _win_rate_points(trainer.state.log_history),
     }
     _write_curves(out, curves, trainer.state.log_history)
     return _summary(curves, result.global_step)
@@ -118,8 +166,9 @@ def _ppo_loop(cfg: DemoConfig, trainer, tokenizer, scorer, out: Path) -> dict[st
     generator = torch.Generator().manual_seed(cfg.seed)
     # the classic loop samples from the policy as it is (temperature 1): step() scores logprobs at T=1
     gen_kwargs = dict(max_new_tokens=cfg.response_length, do_sample=True, top_k=0, top_p=1.0)
-    curves: dict[str, list[float]] = {"step": [], "reward": [], "kl": []}
+    curves: dict[str, Any] = {"step": [], "reward": [], "kl": []}
     history = []
+    callback = win_rate_callback(cfg, tokenizer, cfg.rl_updates, out, trainer=trainer)
     with Progress() as progress:
         task = progress.add_task("PPO updates", total=cfg.rl_updates)
         for update in range(cfg.rl_updates):
@@ -130,6 +179,8 @@ def _ppo_loop(cfg: DemoConfig, trainer, tokenizer, scorer, out: Path) -> dict[st
             responses = trainer.generate(queries, batch_size=64, return_prompt=False, **gen_kwargs)
             scores = scorer.score_responses(queries, responses)[0].cpu()
             stats = trainer.step(queries, responses, list(scores))
+            if callback is not None:
+                stats.update(callback.on_ppo_step(trainer, step=update + 1), step=update + 1)
             curves["step"].append(update + 1)
             curves["reward"].append(float(scores.mean()))
             curves["kl"].append(float(stats["objective/kl"]))
@@ -139,6 +190,7 @@ def _ppo_loop(cfg: DemoConfig, trainer, tokenizer, scorer, out: Path) -> dict[st
                 advance=1,
                 description=(f"PPO updates  score={curves['reward'][-1]:.3f}  kl={curves['kl'][-1]:.3f}"),
             )
+    curves["win_rate"] = _win_rate_points(history)
     _write_curves(out, curves, history)
     return _summary(curves, cfg.rl_updates)
 
@@ -220,6 +272,10 @@ def train_dpo(cfg: DemoConfig, sft: StageResult, reward: StageResult, preference
     trainer = DPOTrainer(
         model=str(sft.path), ref_model=None, args=args, train_dataset=train, processing_class=tokenizer
     )
+    steps = -(-len(train) // 16) * cfg.dpo_epochs
+    callback = win_rate_callback(cfg, tokenizer, steps, out, trainer=trainer)
+    if callback is not None:
+        trainer.add_callback(callback)
     result = trainer.train()
     trainer.model.save_pretrained(out)
     tokenizer.save_pretrained(out)
@@ -229,6 +285,7 @@ def train_dpo(cfg: DemoConfig, sft: StageResult, reward: StageResult, preference
         "reward": [h["rewards/chosen"] for h in history],
         "reward_rejected": [h["rewards/rejected"] for h in history],
         "accuracy": [h.get("rewards/accuracies") for h in history],
+        "win_rate": _win_rate_points(trainer.state.log_history),
     }
     _write_curves(out, curves, trainer.state.log_history)
     summary = _summary(curves, result.global_step)

@@ -285,3 +285,30 @@ def load_reward_model(sft: StageResult, reward: StageResult):
     else:
         model = AutoModelForSequenceClassification.from_pretrained(reward.path, dtype=torch.float32)
     return model.to(device).eval().requires_grad_(False)
+
+
+# ---------------------------------------------------------------------- 3c. second judge (learned classifier)
+POLARITY_REVIEWS = 4000  # generator reviews the classifier trains on; as many again are held out
+POLARITY_SEED_OFFSET = 7000  # its reviews come from other generator seeds than the SFT corpus
+POLARITY_VERSION = 1  # in the stage's cache key: bump when the classifier's features or training change
+
+
+def train_polarity_judge(cfg: DemoConfig, out: Path) -> dict[str, Any]:
+    """Fit the second judge on the review generator's own polarity labels (never VADER's) and test it
+    on reviews of another generator seed that it did not train on."""
+    from rlhfkit.tasks.polarity import PolarityClassifier, polarity_training_reviews
+    from rlhfkit.tasks.reviews import review_records
+
+    train = polarity_training_reviews(POLARITY_REVIEWS, seed=cfg.seed + POLARITY_SEED_OFFSET)
+    seen = {text for text, _ in train}
+    heldout = [r for r in review_records(POLARITY_REVIEWS, seed=cfg.seed + POLARITY_SEED_OFFSET + 1) if r[0] not in seen]
+    classifier = PolarityClassifier.train(train, seed=cfg.seed)
+    classifier.save(out)
+    return {
+        "kind": "bag-of-words+bigram logistic regression",
+        "features": len(classifier.vocab),
+        "train_reviews": len(train),
+        "heldout_reviews": len(heldout),
+        "train_accuracy": classifier.accuracy(train),
+        "heldout_accuracy": classifier.accuracy(heldout),
+    }

@@ -2,6 +2,8 @@
 
 - `reviews`: a synthetic movie-review corpus and its prompts ("positive-review" task)
 - `judges`: the VADER sentiment judge and preference-pair labelling
+- `polarity`: a learned second review judge trained on the generator's own labels (imports torch:
+  `from rlhfkit.tasks.polarity import PolarityClassifier`)
 - `toy`: tiny learnable rewards (keyword, length, token count) for RL learning tests
 - `registry`: `get_task(name)` for command lines
 - `sampling`: the seeded draw of `n` prompts from a split, shared by the tasks
