@@ -250,8 +250,7 @@ class PPOTrainer(TRLMethods, SavingMethods):
         engine = self.config.generation_backend
         policy = make_generation_backend(self.policy, pad_id, engine=engine, chunk_size=chunk_size,
                                          weights_context=gathered, value_head=self.policy.v_head if record else None)
-        # the raw policy's logprobs (temperature 1, as step() scores) and values, kept for step()
-        out = policy.generate(ids, mask, params, logprob_temperature=1.0 if record else None)
+        out = policy.generate(ids, mask, params, logprob_temperature=1.0 if record else None)  # as step() scores
         release_free_heap()
         responses = [r[m] for r, m in zip(out.responses, out.response_mask)]
         if record:
