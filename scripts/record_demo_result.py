@@ -1,4 +1,4 @@
-"""Run `rlhfkit demo` and commit what it measured to `results/demo-<algo>.json`.
+"""Run `rlhfkit demo` and commit what it measured to `results/demo-<algo>.json` (or `demo-<task>.json`).
 
 The README's measured-result block is rendered from these files (`scripts/render_results.py`), so a
 figure there always names the commit and command it came from. Each file holds the demo's own
@@ -8,6 +8,7 @@ shared machine are noisy; the metric figures are deterministic).
 
     python scripts/record_demo_result.py --algo rloo            # runs `rlhfkit demo`, then records
     python scripts/record_demo_result.py --algo dpo --no-run    # records outputs/demo as it is
+    python scripts/record_demo_result.py --task addition        # the verifiable task (GRPO)
 
 Stdlib only: the demo runs in a subprocess (`python -m rlhfkit demo`), with this interpreter.
 """
@@ -47,8 +48,10 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def demo_command(algo: str, extra: list[str]) -> list[str]:
+def demo_command(algo: str, extra: list[str], task: str = "sentiment") -> list[str]:
     """The `rlhfkit demo` flags of this record: the default demo is plain `rlhfkit demo`."""
+    if task != "sentiment":  # a verifiable task runs its own algorithm (GRPO)
+        return ["--task", task, *extra]
     return (["--algo", algo] if algo != "rloo" else []) + extra
 
 
@@ -74,12 +77,13 @@ def build_record(metrics: dict, command: str, commit: str, load_before, load_aft
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--algo", default="rloo", choices=("rloo", "ppo", "ppo-multi-adapter", "dpo"))
+    parser.add_argument("--task", default="sentiment", help="The demo task; not sentiment: --algo is ignored.")
     parser.add_argument("--output_dir", default="outputs/demo", help="The demo's output folder (its cache).")
     parser.add_argument("--no-run", action="store_true", help="Record the finished run in --output_dir.")
     parser.add_argument("--note", default="shared machine", help="Words on the machine's state.")
     parser.add_argument("--results", default=str(ROOT / "results"), help="Folder of the result files.")
     args, extra = parser.parse_known_args(argv)
-    flags = demo_command(args.algo, extra)
+    flags = demo_command(args.algo, extra, args.task)
     if args.output_dir != "outputs/demo":
         flags += ["--output_dir", args.output_dir]
     command = " ".join(["rlhfkit demo", *flags])
@@ -91,10 +95,13 @@ def main(argv: list[str] | None = None) -> int:
     if not metrics_path.is_file():
         parser.error(f"--output_dir: no metrics.json in {args.output_dir} (run the demo first)")
     metrics = json.loads(metrics_path.read_text("utf-8"))
-    if metrics.get("config", {}).get("algo") != args.algo:
-        parser.error(f"--algo {args.algo}: {metrics_path} holds a run of {metrics.get('config', {}).get('algo')}")
+    ran = metrics.get("config", {})
+    if ran.get("task", "sentiment") != args.task:
+        parser.error(f"--task {args.task}: {metrics_path} holds a run of the {ran.get('task')} task")
+    if args.task == "sentiment" and ran.get("algo") != args.algo:
+        parser.error(f"--algo {args.algo}: {metrics_path} holds a run of {ran.get('algo')}")
     record = build_record(metrics, command, commit, load_before, os.getloadavg(), args.note)
-    out = Path(args.results) / f"demo-{args.algo}.json"
+    out = Path(args.results) / f"demo-{args.algo if args.task == 'sentiment' else args.task}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     print(f"wrote {out} (commit {commit}); now run `make results` to render README.md")

@@ -127,3 +127,41 @@ def test_second_judge_and_curve_end_render_or_say_not_recorded():
     assert render.second_judge_cell({"win_rate_rl_vs_sft": 0.8}) == "not recorded"  # a file from before the judge
     assert render.curve_end_text({"curve_win_rate_end": 0.75, "curve_step_end": 40}) == "75.0% at update 40"
     assert render.curve_end_text({"updates": 40}) == "not recorded"
+
+
+def test_recorder_takes_a_verifiable_task(tmp_path):
+    record = _script("record_demo_result")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.json").write_text(json.dumps({"config": {"task": "addition", "algo": "rloo"}, "evaluation": {}}))
+    argv = ["--task", "addition", "--no-run", "--output_dir", str(run), "--results", str(tmp_path / "results")]
+    assert record.main(argv) == 0
+    data = json.loads((tmp_path / "results" / "demo-addition.json").read_text())
+    assert data["command"] == f"rlhfkit demo --task addition --output_dir {run}"
+    with pytest.raises(SystemExit):  # a sentiment record asked of an addition run
+        record.main(["--algo", "rloo", "--no-run", "--output_dir", str(run), "--results", str(tmp_path)])
+
+
+def test_verifiable_task_block_is_computed_from_the_file():
+    stages = {
+        "base": {"seconds": 1.0, "reused": False},
+        "sft": {"seconds": 30.0, "reused": False, "summary": {"steps": 300, "train_probe_accuracy": 0.45}},
+        "rl": {"seconds": 75.0, "reused": False, "summary": {"steps": 150, "reward_start": 0.25, "reward_end": 0.5}},
+        "evaluation": {"seconds": 4.0, "reused": True},
+    }
+    ev = {
+        "num_prompts": 1600, "greedy_sft": 0.5, "greedy_sft_ci95": [0.4755, 0.5246], "sampled_sft": 0.4,
+        "greedy_rl": 0.74, "greedy_rl_ci95": [0.7179, 0.761], "sampled_rl": 0.6, "lift_points": 24.0,
+    }  # fmt: skip
+    cfg = {"seed": 0, "size": "default", "rl_batch_size": 256, "num_generations": 8, "temperature": 0.4}
+    data = {
+        "command": "rlhfkit demo --task addition", "date": "today",
+        "machine": {"cores": 2, "cpu": "cpu", "note": "quiet", "load_average_after": [1.0]},
+        "metrics": {"config": cfg, "evaluation": ev, "stages": stages, "total_seconds": 125},
+    }  # fmt: skip
+    lines = render.render_verifiable_task([("results/demo-addition.json", data)])
+    assert "**2 min 5 s**" in lines[0] and "SFT 30 s, GRPO 1 min 15 s, evaluation reused" in lines[0]
+    assert "150 steps of 32 prompts x 8 completions at temperature 0.4" in lines[0]  # 256 / 8 = 32
+    assert lines[4] == "| SFT warm start | 50.0% | 47.5-52.5% | 40.0% |"
+    assert lines[5] == "| GRPO, 150 steps | 74.0% | 71.8-76.1% | 60.0% |"
+    assert lines[-1].endswith("**+24.0 points** (issue 17 asks for +25: missed).")
