@@ -186,13 +186,14 @@ def _train_with_limit(tmp_path, data):
 def test_sigint_saves_checkpoint_and_resume_continues_exactly(tmp_path):
     full_dir, cut_dir = tmp_path / "full", tmp_path / "cut"
     _, full = _train(full_dir, _Rows())
+    handler_before = signal.getsignal(signal.SIGINT)  # SIG_IGN when pytest itself runs as a background job
     # the signal arrives during step 3's callbacks (after the stop check): the step after it is the last
     tr, cut = _train(cut_dir, _Rows(), signal_at=3)
     assert tr.stopped_by_signal and tr.state.global_step == 4
     ckpt = latest_checkpoint(cut_dir)
     assert ckpt == cut_dir / "checkpoint-4"
     assert not [p for p in cut_dir.iterdir() if p.name.startswith(".") and p.name != LOCK_FILE]  # no staging leftovers
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGINT) is handler_before  # restored
     _, resumed = _train(cut_dir, _Rows(), resume=str(ckpt))
     torch.testing.assert_close(cut.params[-1], full.params[3], rtol=0, atol=0)
     torch.testing.assert_close(resumed.params[-1], full.params[-1], rtol=0, atol=0)

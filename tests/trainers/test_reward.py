@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from safetensors import safe_open
 from transformers import EvalPrediction
 
-from rlhfkit.testing import tiny_model, tiny_tokenizer
+from rlhfkit.testing import tiny_model, tiny_model_path, tiny_tokenizer
 from rlhfkit.testing.training_args import few_step_args
 from rlhfkit.trainers.reward import RewardTrainer, compute_accuracy
 from rlhfkit.trainers.reward_config import RewardConfig
@@ -171,6 +171,28 @@ def test_lora_reward_model_loads_as_reward_adapter(tmp_path, tok):
     )
     with torch.no_grad():
         torch.testing.assert_close(loaded(input_ids=ids).logits, trained(input_ids=ids).logits)
+
+
+def test_new_weights_of_a_path_and_lora_follow_the_config_seed(tmp_path, tok):
+    """The score head a path's model gains and LoRA's A matrices come from args.seed, not from whatever
+    drew random numbers before the trainer was built (the demo's reward adapter once depended on it)."""
+    from peft import LoraConfig
+
+    path = str(tiny_model_path("llama"))  # a causal LM: the sequence-classification head is new
+
+    def initial_weights(draws: int, seed: int) -> dict[str, torch.Tensor]:
+        torch.rand(draws)  # move the global generator
+        trainer = RewardTrainer(
+            model=path, args=_config(tmp_path, max_steps=1, seed=seed), train_dataset=_pairs(4),
+            processing_class=tok, peft_config=LoraConfig(task_type="SEQ_CLS", r=4, target_modules=["q_proj"]),
+        )  # fmt: skip
+        return {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+
+    first, second, other_seed = initial_weights(1, 0), initial_weights(1000, 0), initial_weights(1, 1)
+    assert any("score" in n for n in first) and any("lora_A" in n for n in first)
+    assert all(torch.equal(first[n], second[n]) for n in first)
+    lora_a = next(n for n in first if "lora_A" in n)
+    assert not torch.equal(first[lora_a], other_seed[lora_a])
 
 
 @pytest.mark.slow

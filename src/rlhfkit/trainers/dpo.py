@@ -82,7 +82,7 @@ class DPOTrainer(SeedKeywordTrainer):
             )
         if processing_class is not None and processing_class.pad_token is None:
             processing_class.pad_token = processing_class.eos_token
-        model = load_policy(model, AutoModelForCausalLM, args.model_init_kwargs, peft_config, owner)
+        model = load_policy(model, AutoModelForCausalLM, args.model_init_kwargs, peft_config, owner, args.seed)
         self.reference = self._build_reference(model, ref_model, args)
         if args.disable_dropout:
             hf_trainer_setup.disable_dropout(model)

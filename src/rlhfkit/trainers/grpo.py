@@ -117,7 +117,7 @@ class GRPOTrainer(OnlineTrainerLoop, RobustTrainerMixin, Trainer):
             raise ValueError(f"{OWNER}: processing_class (the tokenizer) is required when model is not a path")
         if processing_class.pad_token_id is None:
             processing_class.pad_token = processing_class.eos_token
-        policy = load_policy(model, AutoModelForCausalLM, args.model_init_kwargs, peft_config, OWNER)
+        policy = load_policy(model, AutoModelForCausalLM, args.model_init_kwargs, peft_config, OWNER, args.seed)
         # beta = 0: no reference at all (no copy, no adapter switching)
         self.reference = choose_reference(policy) if args.beta > 0 else None
         if args.sync_ref_model and self.reference.kind != "model":

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from torch import nn
-from transformers import Trainer
+from transformers import Trainer, set_seed
 
 from rlhfkit.models.peft_detection import is_peft_model
 from rlhfkit.trainers.guards import RobustTrainerMixin
@@ -74,9 +74,15 @@ def resolve_args(
 
 
 def load_policy(
-    model: Any, auto_class: type, init_kwargs: dict | None, peft_config: Any, owner: str
+    model: Any, auto_class: type, init_kwargs: dict | None, peft_config: Any, owner: str, seed: int | None = None
 ) -> nn.Module | None:
-    """The trained model: loaded when given as a path, then wrapped with `peft_config` (None: model_init)."""
+    """The trained model: loaded when given as a path, then wrapped with `peft_config` (None: model_init).
+
+    Both can create weights (a new score head, LoRA's A matrices), so `seed` (the config's) is set first, as
+    HF Trainer does before `model_init`: the run then does not depend on what drew random numbers before.
+    """
+    if seed is not None and (isinstance(model, str) or peft_config is not None):
+        set_seed(seed)
     model = load_model(model, auto_class, init_kwargs, owner)
     return None if model is None else wrap_peft(model, peft_config, owner)
 

@@ -58,7 +58,7 @@ class RewardTrainer(SeedKeywordTrainer):
 
     def _setup(self, model: Any, args: RewardConfig, processing_class: Any, peft_config: Any) -> tuple[Any, Any]:
         model = load_policy(
-            model, AutoModelForSequenceClassification, {"num_labels": 1}, peft_config, type(self).__name__
+            model, AutoModelForSequenceClassification, {"num_labels": 1}, peft_config, type(self).__name__, args.seed
         )
         if model is not None:
             if args.disable_dropout:

@@ -58,7 +58,7 @@ class SFTTrainer(SeedKeywordTrainer):
             raise ValueError(f"{owner}: `processing_class` (or `tokenizer`) is required")
         if processing_class.pad_token is None:
             processing_class.pad_token = processing_class.eos_token
-        model = load_policy(model, AutoModelForCausalLM, args.model_init_kwargs, peft_config, owner)
+        model = load_policy(model, AutoModelForCausalLM, args.model_init_kwargs, peft_config, owner, args.seed)
         if args.max_seq_length is None:
             default_length = min(int(getattr(processing_class, "model_max_length", 1024) or 1024), 1024)
             args = apply_overrides(args, owner, max_seq_length=default_length)
