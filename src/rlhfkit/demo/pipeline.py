@@ -104,7 +104,7 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
         "center_rewards_coefficient": stages.CENTER_REWARDS_COEFFICIENT,
     }
     if adapter:
-        rm_params["lora_r"] = cfg.lora_r
+        rm_params.update(lora_r=cfg.lora_r, version=stages.REWARD_ADAPTER_VERSION)
     reward = run(
         "reward",
         Stage(
