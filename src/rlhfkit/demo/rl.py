@@ -62,6 +62,16 @@ def win_rate_callback(cfg: DemoConfig, tokenizer, total_steps: int, out: Path, t
     )  # fmt: skip
 
 
+def _train_and_save(trainer, tokenizer, out: Path, callback) -> Any:
+    """Train a Trainer-style RL stage (with the win-rate curve's callback, if any), then save the policy."""
+    if callback is not None:
+        trainer.add_callback(callback)
+    result = trainer.train()
+    trainer.model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return result
+
+
 def _win_rate_points(history: list[dict[str, Any]]) -> dict[str, list[float]]:
     """The logged `eval/win_rate` points: step, rate and the ends of its 95% interval."""
     logged = [h for h in history if "eval/win_rate" in h]
@@ -141,11 +151,7 @@ def train_rloo(cfg: DemoConfig, sft: StageResult, reward: StageResult, preferenc
         _train_prompts(cfg),
     )
     callback = win_rate_callback(cfg, tokenizer, cfg.rl_updates, out, trainer=trainer, reference=ref_policy)
-    if callback is not None:
-        trainer.add_callback(callback)
-    result = trainer.train()
-    trainer.model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    result = _train_and_save(trainer, tokenizer, out, callback)
     history = [h for h in trainer.state.log_history if "objective/scores" in h]
     curves = {
         "step": [h.get("step", i + 1) for i, h in enumerate(history)],
@@ -273,12 +279,7 @@ def train_dpo(cfg: DemoConfig, sft: StageResult, reward: StageResult, preference
         model=str(sft.path), ref_model=None, args=args, train_dataset=train, processing_class=tokenizer
     )
     steps = -(-len(train) // 16) * cfg.dpo_epochs
-    callback = win_rate_callback(cfg, tokenizer, steps, out, trainer=trainer)
-    if callback is not None:
-        trainer.add_callback(callback)
-    result = trainer.train()
-    trainer.model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    result = _train_and_save(trainer, tokenizer, out, win_rate_callback(cfg, tokenizer, steps, out, trainer=trainer))
     history = [h for h in trainer.state.log_history if "rewards/margins" in h]
     curves = {
         "step": [h["step"] for h in history],
