@@ -45,7 +45,7 @@ def rlhfkit_wrapper(work_dir: Path) -> str:
 def run_args(args: argparse.Namespace, model: str, mode: str) -> argparse.Namespace:
     return argparse.Namespace(rlhfkit_python=args.rlhfkit_python, work_dir=args.work_dir, steps=STEPS[model],
                               warmup=args.warmup, seed=args.seed, threads=args.threads, eos=mode == "eos",
-                              timeout=args.timeout, libraries=list(bench.LIBRARIES))
+                              timeout=args.timeout, max_rss_gb=args.max_rss_gb, libraries=list(bench.LIBRARIES))
 
 
 def measure(args: argparse.Namespace, data: dict) -> None:
@@ -194,6 +194,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--max-rss-gb", type=float, default=20.0,
+                        help="stop a run whose resident memory passes this many GiB (run.py's watchdog)")
     parser.add_argument("--time-budget", type=float, default=None, help="minutes: start no new pair after this")
     parser.add_argument("--work-dir", default=str(bench.DEFAULT_WORK))
     parser.add_argument("--output-dir", default=str(HERE))

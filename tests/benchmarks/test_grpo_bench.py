@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+import inspect
+import re
 import sys
 from pathlib import Path
 
@@ -53,3 +55,15 @@ def test_wall_clock_alone_does_not_meet_the_speed_target():
                     "rlhfkit_file": "f", "threads": 2, "warmup": 1, "load": "3.0 to 3.0"}
     text = bench.markdown(data)
     assert "2.00x / 1.00x NOT MET" in text and "Speed target met in 0 of 1 settings; memory target met in 0 of 1" in text
+
+
+def test_run_args_carry_everything_the_shared_runner_reads():
+    """grpo_bench runs each side through run.py's run_one: a setting run_one starts reading must reach it."""
+    bench = _grpo_bench()
+    read = set(re.findall(r"\bargs\.(\w+)", inspect.getsource(bench.bench.run_one)))
+    read |= set(re.findall(r"\bargs\.(\w+)", inspect.getsource(bench.bench.venv_python)))
+    parsed = bench.parse_args([])
+    parsed.rlhfkit_python = "python"  # main() sets it (a wrapper script) before any run
+    args = bench.run_args(parsed, "tiny", "eos")
+    assert read and not read - set(vars(args)), f"run_args lacks {sorted(read - set(vars(args)))}"
+    assert args.eos and args.max_rss_gb == 20.0
