@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from rlhfkit.rollout import host_memory
+from rlhfkit.testing import tiny_model
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
 
@@ -29,6 +30,7 @@ def test_freed_large_blocks_go_back_to_the_os():
 
 def test_user_setting_is_left_alone(monkeypatch):
     monkeypatch.setattr(host_memory, "_applied", None)
+    monkeypatch.setattr(host_memory, "_libc", host_memory._libc)  # restored after the test with _applied
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
     assert host_memory.fix_mmap_threshold() is False
     assert host_memory._applied is False
@@ -38,10 +40,12 @@ def test_user_setting_is_left_alone(monkeypatch):
 def test_release_free_heap_returns_freed_small_blocks():
     if not host_memory.fix_mmap_threshold():
         pytest.skip("not glibc")
+    model = tiny_model("llama")  # vocabulary of 1,000: 1,049 rows make a 4 MiB float32 block
     blocks = [torch.ones(16, 150_000) for _ in range(8)]  # 9.6 MB each: below the threshold, from the heap
     kept = torch.ones(1)  # allocated after them: the heap cannot shrink from its top
     high = _rss_mb()
     del blocks
-    host_memory.release_free_heap()
+    assert not host_memory.release_free_heap(model, rows=1048)  # too small to be worth a trim: nothing happens
+    assert host_memory.release_free_heap(model, rows=1049)
     assert high - _rss_mb() > 40  # most of the 77 MB went back although it sits below `kept`
     assert kept.item() == 1.0

@@ -20,12 +20,18 @@ import logging
 import os
 import sys
 
+import torch
+
+from rlhfkit.rollout.streaming import generating_module
+
 logger = logging.getLogger(__name__)
 
 M_MMAP_THRESHOLD = -3  # mallopt parameter number (malloc.h)
 MMAP_THRESHOLD_BYTES = 16 * 2**20
+TRIM_MIN_BLOCK_BYTES = 4 * 2**20  # below it, release_free_heap leaves the heap alone
 _ENV = "MALLOC_MMAP_THRESHOLD_"  # glibc's own setting: when the user chose one, leave it
 _applied: bool | None = None
+_libc: ctypes.CDLL | None = None  # glibc, once the threshold is pinned
 
 
 def fix_mmap_threshold() -> bool:
@@ -33,26 +39,34 @@ def fix_mmap_threshold() -> bool:
 
     A no-op (False) off Linux/glibc or when the environment already sets MALLOC_MMAP_THRESHOLD_.
     """
-    global _applied
+    global _applied, _libc
     if _applied is not None:
         return _applied
-    _applied = False
+    _applied, _libc = False, None
     if not sys.platform.startswith("linux") or _ENV in os.environ:
         return False
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")  # find_library runs ldconfig: once
         mallopt = libc.mallopt
     except (OSError, AttributeError):  # musl and other C libraries have no mallopt
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     _applied = mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) == 1
+    _libc = libc if _applied else None
     if _applied:
         logger.info("glibc mmap threshold fixed at %d bytes (freed large blocks go back to the OS)", MMAP_THRESHOLD_BYTES)
     return _applied
 
 
-def release_free_heap() -> None:
-    """Hand the heap's free pages back to the OS (glibc `malloc_trim`), e.g. after sampling, whose per-step
-    blocks below the pinned threshold leave some behind; a no-op where `fix_mmap_threshold` did not pin."""
-    if _applied:
-        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+def release_free_heap(model: torch.nn.Module, rows: int) -> bool:
+    """Hand the heap's free pages back to the OS (glibc `malloc_trim`) after `model` sampled `rows` rows;
+    True when it did. A no-op where `fix_mmap_threshold` did not pin, and when a (rows, vocab) float32
+    block is under 4 MiB: sampling then leaves little heap behind, and the pages handed back are faulted in
+    again the next step (GRPO, 256 rows of a 1k vocabulary: 15% more CPU per step with a trim each step)."""
+    if _libc is None:
+        return False
+    vocab = getattr(generating_module(model).config, "vocab_size", None) or 0
+    if rows * vocab * 4 < TRIM_MIN_BLOCK_BYTES:
+        return False
+    _libc.malloc_trim(0)
+    return True

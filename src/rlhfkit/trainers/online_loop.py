@@ -110,7 +110,8 @@ class OnlineTrainerLoop:
             for update in range(start_update, num_updates):
                 self.control = self.callback_handler.on_step_begin(args, self.state, self.control)
                 batch, metrics = self._rollout(update)
-                release_free_heap()  # before the optimizer's moments and gradients join the rollout's leftovers
+                # before the optimizer's moments and gradients join the rollout's leftovers
+                release_free_heap(model, len(batch.responses))
                 metrics.update(self._optimize(model, batch))
                 metrics["lr"] = self.lr_scheduler.get_last_lr()[0]
                 self.lr_scheduler.step()

@@ -251,7 +251,7 @@ class PPOTrainer(TRLMethods, SavingMethods):
         policy = make_generation_backend(self.policy, pad_id, engine=engine, chunk_size=chunk_size,
                                          weights_context=gathered, value_head=self.policy.v_head if record else None)
         out = policy.generate(ids, mask, params, logprob_temperature=1.0 if record else None)  # as step() scores
-        release_free_heap()
+        release_free_heap(self.policy, len(queries))
         responses = [r[m] for r, m in zip(out.responses, out.response_mask)]
         if record:
             self.rollouts.add(queries, responses, out.logprobs, out.values, self.policy_version)
