@@ -1,6 +1,6 @@
 """GRPO learning efficiency, rlhfkit against TRL 1.16, on the addition task (issue 17, "Learning efficiency").
 
-    nice python benchmarks/grpo_learning.py [--work-dir DIR] [--eval-every 25] [--eval-prompts 400]
+    python benchmarks/grpo_learning.py [--work-dir DIR] [--eval-every 25] [--eval-prompts 400]
 
 1. The addition demo's SFT warm start, once, with rlhfkit (`rlhfkit demo --task addition` stages 1-2, seed 0):
    one SFT folder, and the train / held-out problems written as jsonl.
@@ -189,8 +189,9 @@ def main(argv=None) -> int:
     trl_version = subprocess.run([args.trl_python, "-c", "import trl; print(trl.__version__)"],
                                  capture_output=True, text=True).stdout.strip()
     data = {"what": __doc__.splitlines()[0], "commit": commit,
-            "command": "nice python benchmarks/grpo_learning.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-            "machine": f"{os.cpu_count()} CPU cores shared with other jobs, torch 1 thread per run, runs one after the other",
+            "command": "python benchmarks/grpo_learning.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "machine": f"{os.cpu_count()} CPU cores, torch 1 thread per run, runs one after the other (each run "
+                       "records the load average before and after it)",
             "trl_version": trl_version, "settings": {**grpo_settings(cfg), "seed": args.seed}, "trl_only_settings": TRL_SETTINGS,
             "eval": {"heldout_problems": len(heldout), "every_steps": args.eval_every, "decoding": "greedy",
                      "max_new_tokens": cfg.response_length},
