@@ -22,16 +22,16 @@ TARGETS = {"memory": 1 / 3, "speed": 1.3, "eos_speed": 1.5}  # issue 16
 LIBRARIES = ("rlhfkit", "trl")
 # Workloads whose earlier runs measured code that has since changed: only these files count for them.
 # dpo-lv: the runs before results-dpo-main.json measured DPO before its chunked logprob path landed.
-CURRENT_ONLY = {"dpo-lv": {"results-dpo-main.json"}}
+# ppo-lv, rloo-lv: the *-decode files measured rlhfkit's decode loop, every trainer's sampler since commit
+# ad5f41f; the earlier files (transformers `generate`, and the memory fixes' *-mem* runs) no longer count.
+DECODE_LOOP_FILES = {
+    "results-lv256-decode.json", "results-eos-decode.json", "results-lv-short-decode.json",
+    "results-lv1024-decode.json", "results-vocab-decode2.json", "results-rloo-short-decode.json",
+}  # fmt: skip
+CURRENT_ONLY = {"dpo-lv": {"results-dpo-main.json"}, "ppo-lv": DECODE_LOOP_FILES, "rloo-lv": DECODE_LOOP_FILES}
 # Points re-measured after a change to the code they run: only these files count for them (workload, model,
-# length, eos). The *-mem3 files: the memory fixes of FINDINGS.md's issue-16 trace (commit 3a0206f); the
-# *-mem and *-mem2 files measured earlier versions of them and no longer count.
-CURRENT_POINTS = {
-    ("rloo-lv", "v152k", 256, False): {"results-lv256-mem3.json"},
-    ("ppo-lv", "v152k", 64, False): {"results-lv-ppo-mem3.json"},
-    ("ppo-lv", "v152k", 128, False): {"results-lv-ppo-mem3.json"},
-    ("ppo-lv", "v152k", 256, False): {"results-lv-ppo-mem3.json"},
-}
+# length, eos). Empty since the decode-loop runs replaced every PPO and RLOO point.
+CURRENT_POINTS: dict[tuple[str, str, int, bool], set[str]] = {}
 
 
 def load(folder: Path) -> list[dict]:
