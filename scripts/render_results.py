@@ -190,11 +190,12 @@ def render_verifiable_task(records: list[Record]) -> list[str]:
     (_, rec), = records
     m, machine = rec["metrics"], rec["machine"]
     cfg, ev, st = m["config"], m["evaluation"], m["stages"]
+    titles = {"sft": "SFT", "rl": "GRPO"}
     stage_times = ", ".join(
-        f"{name.upper() if name in ('sft', 'rl') else name} {'reused' if s['reused'] else duration(s['seconds'])}"
+        f"{titles.get(name, name)} {'reused' if s['reused'] else duration(s['seconds'])}"
         for name, s in st.items()
         if name != "base"
-    ).replace("RL ", "GRPO ")
+    )
     sft, rl = st["sft"]["summary"], st["rl"]["summary"]
 
     def row(title: str, key: str) -> str:
