@@ -171,7 +171,8 @@ def test_summary_keeps_lengths_apart_with_loop_memory_ratio(run_module, monkeypa
 
 def test_pairs_give_ratios_and_oom_is_a_verdict(tmp_path, monkeypatch):
     scaling = _load("scaling")
-    monkeypatch.setattr(scaling, "CURRENT_POINTS", {})  # the real list names re-measured v152k points
+    monkeypatch.setattr(scaling, "CURRENT_POINTS", {})  # the real lists name the committed result files
+    monkeypatch.setattr(scaling, "CURRENT_ONLY", {})
     runs = [_lv_run("rlhfkit", 256, 2.0, 1400, 0), _lv_run("trl", 256, 1.0, 3400, 0),
             _lv_run("trl", 256, 2.0, 3400, 1), _lv_run("rlhfkit", 256, 3.0, 1400, 1),
             _lv_run("rlhfkit", 1024, 1.0, 2400, 0),
@@ -193,6 +194,7 @@ def test_pairs_give_ratios_and_oom_is_a_verdict(tmp_path, monkeypatch):
 def test_a_remeasured_point_counts_only_its_newest_file(tmp_path, monkeypatch):
     scaling = _load("scaling")
     monkeypatch.setattr(scaling, "CURRENT_POINTS", {("ppo-lv", "v152k", 256, False): {"results-new.json"}})
+    monkeypatch.setattr(scaling, "CURRENT_ONLY", {})  # the real one keeps only the committed ppo-lv files
     info = {"commit": "abc", "command": "c", "date": "d", "eos": False}
     baselines = {"rlhfkit/ppo-lv": 400.0, "trl/ppo-lv": 400.0}
     old = [_lv_run("rlhfkit", 256, 1.0, 2400, 0), _lv_run("trl", 256, 1.0, 3400, 0),
@@ -227,3 +229,10 @@ def test_raised_eos_is_about_one_in_mean_length():
     with torch.no_grad():
         probs = model(input_ids=torch.randint(2, 2000, (4, 64))).logits.softmax(-1)[..., 0]
     assert 1 / 512 < probs.mean().item() < 1 / 32  # about 1/128 (context moves it), far above uniform's 1/2000
+
+
+def test_the_files_scaling_counts_are_committed():
+    scaling = _load("scaling")
+    named = {n for names in [*scaling.CURRENT_ONLY.values(), *scaling.CURRENT_POINTS.values()] for n in names}
+    folder = Path(scaling.HERE) / "large_vocab"
+    assert named and not {n for n in named if not (folder / n).is_file()}
