@@ -23,6 +23,7 @@ from rlhfkit.demo.cache import StageResult
 from rlhfkit.demo.config import PPO_MINI_BATCHES, DemoConfig
 from rlhfkit.demo.stages import (
     adapter_lora,
+    cosine_schedule,
     load_pairs,
     load_reward_model,
     load_tokenizer,
@@ -268,9 +269,7 @@ def train_dpo(cfg: DemoConfig, sft: StageResult, reward: StageResult, preference
         per_device_train_batch_size=16,
         num_train_epochs=cfg.dpo_epochs,
         learning_rate=cfg.dpo_learning_rate,
-        lr_scheduler_type="cosine",
-        warmup_steps=0.05,
-        logging_steps=max(1, steps_per_epoch // 5),
+        **cosine_schedule(steps_per_epoch, 5),
         max_length=None,
         max_prompt_length=None,
         **trainer_defaults(cfg, out),
