@@ -3,7 +3,7 @@
     PYTHONPATH=src benchmarks/.venvs/rlhfkit/bin/python benchmarks/grpo_phases.py rlhfkit grpo --work-dir benchmarks/.work --model small
     benchmarks/.venvs/trl-new/bin/python benchmarks/grpo_phases.py trl grpo --work-dir benchmarks/.work --model small
 
-Wraps transformers' `GenerationMixin.generate`, `Tensor.backward`, `AdamW.step` and the library's
+Wraps transformers' `GenerationMixin.generate` (and rlhfkit's `GenerationBackend.generate`), `Tensor.backward`, `AdamW.step` and the library's
 `GRPOTrainer.train`, runs workloads/<library>_<workload>.py with the remaining arguments, and prints one
 `PHASES` line: {phase: (wall s, CPU s, share of train's CPU time)} over all steps, warm-up included.
 """
@@ -45,6 +45,10 @@ if __name__ == "__main__":
 
     package = __import__("rlhfkit" if library == "rlhfkit" else "trl")
     GenerationMixin.generate = timed("generate", GenerationMixin.generate)
+    if library == "rlhfkit":  # its trainers sample through a backend (the decode loop), not `generate`
+        from rlhfkit.rollout.generation import GenerationBackend
+
+        GenerationBackend.generate = timed("generate", GenerationBackend.generate)
     torch.Tensor.backward = timed("backward", torch.Tensor.backward)
     torch.optim.AdamW.step = timed("optimizer", torch.optim.AdamW.step)
     package.GRPOTrainer.train = timed("train", package.GRPOTrainer.train)

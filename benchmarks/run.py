@@ -89,17 +89,22 @@ def log(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def rlhfkit_python(args: argparse.Namespace) -> str:
-    """The clean benchmarks/.venvs/rlhfkit when it exists (see setup_trl.sh), else this interpreter."""
+# rlhfkit's venv beside each TRL venv: the same optional packages (setup_trl.sh). Pillow alone, which
+# transformers imports whenever it is installed, moves the import-only memory baseline by ~17 MiB.
+RLHFKIT_VENV = {"trl-new": "rlhfkit", "trl-0.11": "rlhfkit-diffusion"}
+
+
+def rlhfkit_python(args: argparse.Namespace, venv: str = "rlhfkit") -> str:
+    """The clean benchmarks/.venvs/<venv> when it exists (see setup_trl.sh), else this interpreter."""
     if args.rlhfkit_python:
         return args.rlhfkit_python
-    clean = VENVS / "rlhfkit"
+    clean = VENVS / venv
     return str(clean / "bin" / "python") if (clean / ".installed").exists() else sys.executable
 
 
 def venv_python(library: str, workload: Workload, args: argparse.Namespace) -> str:
     if library == "rlhfkit":
-        return rlhfkit_python(args)
+        return rlhfkit_python(args, RLHFKIT_VENV[workload.trl_venv])
     return str(VENVS / workload.trl_venv / "bin" / "python")
 
 
@@ -209,7 +214,7 @@ def _meminfo_gb(pid: int) -> tuple[float, float]:
 def setup(args: argparse.Namespace, workloads: list[Workload]) -> dict:
     venvs = sorted({w.trl_venv for w in workloads}) if "trl" in args.libraries else []
     if venvs and not args.no_setup:
-        wanted = venvs + ([] if args.rlhfkit_python else ["rlhfkit"])
+        wanted = venvs + ([] if args.rlhfkit_python else sorted({RLHFKIT_VENV[v] for v in venvs}))
         log(f"TRL venvs: {', '.join(wanted)} (benchmarks/setup_trl.sh)")
         subprocess.run(["bash", str(HERE / "setup_trl.sh"), *wanted], check=True)
     log(f"models and data -> {args.work_dir} (prepare.py)")
@@ -220,9 +225,11 @@ def setup(args: argparse.Namespace, workloads: list[Workload]) -> dict:
         log("parity: the same logits in every venv (parity.py)")
         for old in (args.work_dir / "parity").glob("*.npz"):
             old.unlink()
-        for tag, python in [("rlhfkit", rlhfkit_python(args))] + [(v, str(VENVS / v / "bin" / "python")) for v in venvs]:
+        ours = sorted({RLHFKIT_VENV[v] for v in venvs})
+        pythons = [(tag, rlhfkit_python(args, tag)) for tag in ours] + [(v, str(VENVS / v / "bin" / "python")) for v in venvs]
+        for tag, python in pythons:
             subprocess.run([python, str(HERE / "parity.py"), "dump", "--tag", tag, "--work-dir", str(args.work_dir)],
-                           check=True, env=child_env(args.threads, tag), stdout=subprocess.DEVNULL,
+                           check=True, env=child_env(args.threads, "rlhfkit" if tag in ours else tag), stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL)
         check = subprocess.run([sys.executable, str(HERE / "parity.py"), "compare", "--work-dir", str(args.work_dir)],
                                capture_output=True, text=True, env=child_env(args.threads))

@@ -41,9 +41,9 @@ def prompts(lengths=(3, 7, 5, 1), seed=0):
     return pad_left([torch.randint(2, 900, (n,), generator=g) for n in lengths], PAD)
 
 
-def both(model, params, value_head=None, logprob_temperature=0.7, seed=0):
+def both(model, params, value_head=None, logprob_temperature=0.7, seed=0, lengths=(3, 7, 5, 1)):
     """(transformers output, decode-loop output) for the same prompts and seed."""
-    ids, mask = prompts()
+    ids, mask = prompts(lengths)
     outs = []
     for backend in (HFGenerationBackend, DecodeLoopBackend):
         torch.manual_seed(seed)
@@ -61,9 +61,9 @@ def assert_same(a, b, values=False):
         torch.testing.assert_close(b.values[m], a.values[m], atol=1e-5, rtol=1e-5)
 
 
-def early_stops(model, steps=10):
+def early_stops(model, steps=10, lengths=(3, 7, 5, 1)):
     """Stop tokens that end row 0 at its 3rd token and row 2 at its 6th (greedy), the others run on."""
-    ids, mask = prompts()
+    ids, mask = prompts(lengths)
     greedy = HFGenerationBackend(model, PAD).generate(ids, mask, SamplingParams(steps, do_sample=False)).responses
     return (int(greedy[0, 2]), int(greedy[2, 5]))
 
@@ -76,6 +76,42 @@ def test_greedy_matches_generate_with_and_without_stop_tokens(arch):
         a, b = both(model, SamplingParams(10, do_sample=False, stop_token_ids=stop_token_ids))
         assert_same(a, b)
     assert a.response_mask.sum(1).tolist()[0] <= 3 and not a.response_mask.all()  # rows did stop early
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_prompts_without_padding_run_without_a_mask_and_match_generate(arch):
+    model, lengths = model_of(arch), (5, 5, 5, 5)
+    params = SamplingParams(10, do_sample=False, stop_token_ids=early_stops(model, lengths=lengths))
+    a, _ = both(model, params, lengths=lengths)
+    masks = []
+    decoding.generating_module(model).register_forward_pre_hook(
+        lambda module, args, kwargs: masks.append(kwargs.get("attention_mask")), with_kwargs=True
+    )
+    b = DecodeLoopBackend(model, PAD).generate(*prompts(lengths), params, logprob_temperature=0.7)
+    assert_same(a, b)
+    assert not a.response_mask.all() and len(masks) > 3 and all(m is None for m in masks)
+
+
+def test_a_prompt_repeated_in_a_group_is_prefilled_once_and_matches_generate():
+    model = model_of("llama")
+    ids, mask = prompts((3, 6))
+    ids, mask = ids.repeat_interleave(3, dim=0), mask.repeat_interleave(3, dim=0)  # two groups of 3
+    widths = []
+    model.model.register_forward_pre_hook(
+        lambda module, args, kwargs: widths.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True
+    )
+    params = SamplingParams(8, do_sample=False)
+    outs = [
+        cls(model, PAD).generate(ids, mask, params, logprob_temperature=0.7)
+        for cls in (HFGenerationBackend, DecodeLoopBackend)
+    ]
+    assert_same(*outs)
+    responses = outs[1].responses
+    assert (responses[0] == responses[2]).all() and not (responses[0] == responses[3]).all()
+    assert widths[-8] == (2, 6) and widths[-7] == (6, 1)  # the loop's prefill: one row per prompt, then every row
+    torch.manual_seed(0)
+    sampled = DecodeLoopBackend(model, PAD).generate(ids, mask, SamplingParams(8, do_sample=True))
+    assert not (sampled.responses[0] == sampled.responses[1]).all()  # the group's rows still sample apart
 
 
 def test_greedy_matches_generate_with_a_value_head_and_repetition_penalty():

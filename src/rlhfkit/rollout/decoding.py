@@ -21,9 +21,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from transformers import DynamicCache, GenerationConfig
+from transformers import GenerationConfig
 
 from rlhfkit.rollout.generation import HFGenerationBackend, is_encoder_decoder
+from rlhfkit.rollout.kv_cache import decode_cache
 from rlhfkit.rollout.streaming import generating_module
 
 logger = logging.getLogger(__name__)
@@ -138,10 +139,9 @@ def sample_inverse_cdf(probs: torch.Tensor) -> torch.Tensor:
 class DecodeLoopBackend(HFGenerationBackend):
     """`HFGenerationBackend` with rlhfkit's decode loop in place of `generate` (same outputs and shapes).
 
-    The KV cache is transformers' `DynamicCache`, cut to the live rows with `batch_select_indices`.
-    A preallocated `StaticCache` gave identical greedy tokens and was no slower at fixed length (tiny
-    Llama about equal, llama-small at 256 tokens up to ~25% faster, CPU, noisy), but transformers 5.23's
-    static layers cannot drop batch rows, and on rollouts that stop at EOS dropping ended rows saves more.
+    The KV cache is transformers' `DynamicCache` with its attention layers preallocated for the whole
+    rollout (`kv_cache.decode_cache`: no per-token `torch.cat`), cut to the live rows with
+    `batch_select_indices` (transformers' `StaticCache` cannot drop rows).
     """
 
     def _generate_chunk(self, ids, mask, config, logprob_temperature, hidden) -> tuple:
@@ -162,11 +162,32 @@ class _DecodeLoop:
         self.logprob_temperature, self.value_head, self.hidden = logprob_temperature, value_head, hidden
         accepts = inspect.signature(self.generator.forward).parameters
         self.forward_kwargs = {"logits_to_keep": 1} if "logits_to_keep" in accepts else {}
+        self.cache_argument = "cache" if "cache" in accepts else "past_key_values"  # transformers >= 5.23 says cache
 
-    def _forward(self, **inputs) -> torch.Tensor:
-        """Float32 next-token logits (A, V) of the last position."""
+    def _forward(self, attention_mask, cache, **inputs) -> torch.Tensor:
+        """Float32 next-token logits (A, V) of the last position (no mask: causal attention over every position)."""
+        inputs[self.cache_argument] = cache
+        if attention_mask is not None:
+            inputs["attention_mask"] = attention_mask
         out = self.generator(**inputs, use_cache=True, return_dict=True, **self.forward_kwargs)
         return out.logits[:, -1].float()
+
+    def _prefill(self, ids, mask, positions, cache) -> torch.Tensor:
+        """The prompts' forward. A prompt repeated in several rows (GRPO's and RLOO's groups) is computed once
+        and its cache copied to each row (not with a value head, whose hidden states are per row)."""
+        if self.value_head is None and ids.shape[0] > 1:
+            key = ids if mask is None else torch.cat([ids, mask.to(ids.dtype)], dim=1)
+            unique, inverse = torch.unique(key, dim=0, return_inverse=True)
+            if unique.shape[0] < ids.shape[0]:
+                rows = torch.arange(ids.shape[0], device=ids.device)
+                first = rows.new_empty(unique.shape[0]).scatter_(0, inverse, rows)  # any row of each prompt
+                mask = None if mask is None else mask[first]
+                raw = self._forward(
+                    input_ids=ids[first], attention_mask=mask, position_ids=positions[first], cache=cache
+                )
+                cache.batch_select_indices(inverse)
+                return raw[inverse]
+        return self._forward(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache)
 
     def _seen_tokens(self, ids, mask, vocab: int) -> torch.Tensor | None:
         if self.settings.repetition_penalty == 1.0:
@@ -187,15 +208,16 @@ class _DecodeLoop:
         tokens = torch.full((batch, steps), self.pad, dtype=torch.long, device=device)
         logprobs = torch.zeros((batch, steps), device=device) if self.logprob_temperature is not None else None
         values = torch.zeros((batch, steps), device=device) if self.value_head is not None else None
-        full_mask = torch.cat([mask, mask.new_ones((batch, steps))], dim=1)
+        # no padding at all: no mask, so the model builds none per step (a causal mask is the same attention)
+        full_mask = None if bool(mask.all()) else torch.cat([mask, mask.new_ones((batch, steps))], dim=1)
         positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
         next_position = positions[:, -1:] + 1
         rows = torch.arange(batch, device=device)  # the output row of each live row
         stops = torch.tensor(self.settings.eos_token_ids, dtype=torch.long, device=device)
         ended = torch.zeros(batch, dtype=torch.bool, device=device)
         check_every = 1 if device.type == "cpu" else 8  # a host sync per check: cheap on CPU only
-        cache = DynamicCache(config=self.generator.config)
-        raw = self._forward(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache)
+        cache = decode_cache(self.generator.config, capacity=width + steps)
+        raw = self._prefill(ids, None if full_mask is None else mask, positions, cache)
         seen = self._seen_tokens(ids, mask, raw.shape[-1])
         done = 0
         for step in range(steps):
@@ -214,13 +236,12 @@ class _DecodeLoop:
                     break
                 if live.numel() < ended.numel():  # cut the ended rows out of every per-row state
                     cache.batch_select_indices(live)
-                    rows, token, ended, full_mask, next_position = (
-                        t[live] for t in (rows, token, ended, full_mask, next_position)
-                    )
+                    rows, token, ended, next_position = (t[live] for t in (rows, token, ended, next_position))
+                    full_mask = full_mask[live] if full_mask is not None else None
                     seen = seen[live] if seen is not None else None
             raw = self._forward(
-                input_ids=token[:, None], attention_mask=full_mask[:, : width + step + 1],
-                position_ids=next_position, past_key_values=cache,
+                input_ids=token[:, None], position_ids=next_position, cache=cache,
+                attention_mask=None if full_mask is None else full_mask[:, : width + step + 1],
             )  # fmt: skip
             next_position = next_position + 1
         keep = slice(0, done)
