@@ -197,8 +197,9 @@ def main(argv=None) -> int:
                      "max_new_tokens": cfg.response_length},
             "runs": runs, "curves": curves, "result": verdict(curves)}
     out = Path(args.output_dir)
-    (out / "grpo_learning.json").write_text(json.dumps(data, indent=1) + "\n")
-    plot(curves, out / "grpo_learning.png")
+    stem = "grpo_learning" if args.seed == 0 else f"grpo_learning_seed{args.seed}"  # seed 0 is the recorded run
+    (out / f"{stem}.json").write_text(json.dumps(data, indent=1) + "\n")
+    plot(curves, out / f"{stem}.png")
     print(json.dumps(data["result"], indent=1))
     return 0
 

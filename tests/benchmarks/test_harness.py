@@ -236,3 +236,17 @@ def test_the_files_scaling_counts_are_committed():
     named = {n for names in [*scaling.CURRENT_ONLY.values(), *scaling.CURRENT_POINTS.values()] for n in names}
     folder = Path(scaling.HERE) / "large_vocab"
     assert named and not {n for n in named if not (folder / n).is_file()}
+
+
+def test_each_rlhfkit_side_runs_in_the_venv_with_its_trl_sides_optional_packages(run_module, tmp_path, monkeypatch):
+    for venv in ("rlhfkit", "rlhfkit-diffusion"):
+        (tmp_path / venv).mkdir()
+        (tmp_path / venv / ".installed").write_text("")
+    monkeypatch.setattr(run_module, "VENVS", tmp_path)
+    args = type("Args", (), {"rlhfkit_python": None})()
+    python = {name: run_module.venv_python("rlhfkit", w, args) for name, w in run_module.WORKLOADS.items()}
+    assert python["grpo"] == python["rloo"] == str(tmp_path / "rlhfkit" / "bin" / "python")  # beside trl-new
+    assert python["ppo"] == python["ddpo"] == str(tmp_path / "rlhfkit-diffusion" / "bin" / "python")  # trl-0.11
+    assert set(run_module.RLHFKIT_VENV) == {w.trl_venv for w in run_module.WORKLOADS.values()}
+    setup = (BENCH / "setup_trl.sh").read_text()
+    assert 'make_venv rlhfkit rlhfkit -e "$ROOT" ;;' in setup and '-e "$ROOT[diffusion]"' in setup
