@@ -22,11 +22,12 @@ TARGETS = {"memory": 1 / 3, "speed": 1.3, "eos_speed": 1.5}  # issue 16
 LIBRARIES = ("rlhfkit", "trl")
 # Workloads whose earlier runs measured code that has since changed: only these files count for them.
 # dpo-lv: the runs before results-dpo-main.json measured DPO before its chunked logprob path landed.
-# ppo-lv, rloo-lv: the *-decode files measured rlhfkit's decode loop, every trainer's sampler since commit
-# ad5f41f; the earlier files (transformers `generate`, and the memory fixes' *-mem* runs) no longer count.
+# ppo-lv, rloo-lv: the *-kvcache files measured rlhfkit's decode loop with its preallocated KV cache (commit
+# 3162dac); the 1,024-token pairs were not re-run then and come from the decode loop on a growing cache
+# (results-lv1024-decode.json). The earlier files (transformers `generate`, the memory fixes' *-mem* runs and
+# the other *-decode* runs) no longer count.
 DECODE_LOOP_FILES = {
-    "results-lv256-decode.json", "results-eos-decode.json", "results-lv-short-decode.json",
-    "results-lv1024-decode.json", "results-vocab-decode2.json", "results-rloo-short-decode.json",
+    "results-lv-kvcache.json", "results-eos-kvcache.json", "results-vocab-kvcache.json", "results-lv1024-decode.json",
 }  # fmt: skip
 CURRENT_ONLY = {"dpo-lv": {"results-dpo-main.json"}, "ppo-lv": DECODE_LOOP_FILES, "rloo-lv": DECODE_LOOP_FILES}
 # Points re-measured after a change to the code they run: only these files count for them (workload, model,

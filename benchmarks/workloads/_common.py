@@ -158,15 +158,18 @@ def step_callback(clock: StepClock):
 
 
 def peak_rss_mb() -> float:
-    """Peak resident set size of this process, from the OS (max of ru_maxrss and VmHWM), in MiB."""
-    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    """Peak resident set size of this process, from the OS (VmHWM; ru_maxrss where /proc is missing), in MiB.
+
+    Not the max of the two: Linux carries ru_maxrss across fork and exec, so a child of a large parent (run.py
+    after building the 152k-vocabulary models in-process: ~520 MiB) would report the parent's size as its own
+    peak, which made every import-only baseline of such a run the same number."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith("VmHWM:"):
-                peak_kb = max(peak_kb, int(line.split()[1]))
+                return int(line.split()[1]) / 1024.0
     except OSError:
         pass
-    return peak_kb / 1024.0
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
 
 
 def trainer_args_common(output_dir: str, max_steps: int, seed: int) -> dict:

@@ -250,3 +250,13 @@ def test_each_rlhfkit_side_runs_in_the_venv_with_its_trl_sides_optional_packages
     assert set(run_module.RLHFKIT_VENV) == {w.trl_venv for w in run_module.WORKLOADS.values()}
     setup = (BENCH / "setup_trl.sh").read_text()
     assert 'make_venv rlhfkit rlhfkit -e "$ROOT" ;;' in setup and '-e "$ROOT[diffusion]"' in setup
+
+
+def test_a_childs_peak_rss_is_its_own_not_its_large_parents():
+    ballast = bytearray(300 * 2**20)  # the parent holds 300 MiB more than a bare interpreter
+    ballast[:: 4096] = b"x" * len(ballast[:: 4096])  # touch every page so it is resident
+    code = "import sys; sys.path.insert(0, sys.argv[1]); import _common; print(_common.peak_rss_mb())"
+    out = subprocess.run([sys.executable, "-c", code, str(BENCH / "workloads")], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert float(out.stdout.split()[-1]) < 200  # ru_maxrss would report >= 300 MiB inherited from this process
+    del ballast
