@@ -3,9 +3,10 @@
     PYTHONPATH=src benchmarks/.venvs/rlhfkit/bin/python benchmarks/grpo_phases.py rlhfkit grpo --work-dir benchmarks/.work --model small
     benchmarks/.venvs/trl-new/bin/python benchmarks/grpo_phases.py trl grpo --work-dir benchmarks/.work --model small
 
-Wraps transformers' `GenerationMixin.generate` (and rlhfkit's `GenerationBackend.generate`), `Tensor.backward`, `AdamW.step` and the library's
-`GRPOTrainer.train`, runs workloads/<library>_<workload>.py with the remaining arguments, and prints one
-`PHASES` line: {phase: (wall s, CPU s, share of train's CPU time)} over all steps, warm-up included.
+Wraps transformers' `GenerationMixin.generate` (and rlhfkit's `GenerationBackend.generate`),
+`Tensor.backward`, `AdamW.step` and the library's `GRPOTrainer.train`, runs workloads/<library>_<workload>.py
+with the remaining arguments, and prints one `PHASES` line: {phase: (wall s, CPU s, share of train's CPU
+time)} over all steps, warm-up included.
 """
 
 import atexit

@@ -213,8 +213,9 @@ def _meminfo_gb(pid: int) -> tuple[float, float]:
 # ---------------------------------------------------------------------------------------------- set-up
 def setup(args: argparse.Namespace, workloads: list[Workload]) -> dict:
     venvs = sorted({w.trl_venv for w in workloads}) if "trl" in args.libraries else []
+    ours = sorted({RLHFKIT_VENV[v] for v in venvs})  # the rlhfkit venvs beside them
     if venvs and not args.no_setup:
-        wanted = venvs + ([] if args.rlhfkit_python else sorted({RLHFKIT_VENV[v] for v in venvs}))
+        wanted = venvs + ([] if args.rlhfkit_python else ours)
         log(f"TRL venvs: {', '.join(wanted)} (benchmarks/setup_trl.sh)")
         subprocess.run(["bash", str(HERE / "setup_trl.sh"), *wanted], check=True)
     log(f"models and data -> {args.work_dir} (prepare.py)")
@@ -225,11 +226,11 @@ def setup(args: argparse.Namespace, workloads: list[Workload]) -> dict:
         log("parity: the same logits in every venv (parity.py)")
         for old in (args.work_dir / "parity").glob("*.npz"):
             old.unlink()
-        ours = sorted({RLHFKIT_VENV[v] for v in venvs})
-        pythons = [(tag, rlhfkit_python(args, tag)) for tag in ours] + [(v, str(VENVS / v / "bin" / "python")) for v in venvs]
-        for tag, python in pythons:
+        pythons = [(tag, rlhfkit_python(args, tag), "rlhfkit") for tag in ours]
+        pythons += [(v, str(VENVS / v / "bin" / "python"), v) for v in venvs]
+        for tag, python, library in pythons:
             subprocess.run([python, str(HERE / "parity.py"), "dump", "--tag", tag, "--work-dir", str(args.work_dir)],
-                           check=True, env=child_env(args.threads, "rlhfkit" if tag in ours else tag), stdout=subprocess.DEVNULL,
+                           check=True, env=child_env(args.threads, library), stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL)
         check = subprocess.run([sys.executable, str(HERE / "parity.py"), "compare", "--work-dir", str(args.work_dir)],
                                capture_output=True, text=True, env=child_env(args.threads))
