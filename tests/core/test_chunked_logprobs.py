@@ -1,7 +1,9 @@
 import math
+import weakref
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from rlhfkit.core.chunked_logprobs import chunked_token_logprobs
 from rlhfkit.core.logprobs import entropy_from_logits, selective_log_softmax
@@ -44,13 +46,16 @@ def test_values_and_gradients_match_straightforward(chunk_rows, with_bias, tempe
         hidden, weight, bias, targets, temperature=temperature, chunk_rows=chunk_rows, with_entropy=True
     )
     grads = torch.autograd.grad((a * logprobs + b * entropy).sum(), params)
-    ref_logprobs, ref_entropy = _straightforward(hidden, weight, bias, targets, temperature)
-    ref_grads = torch.autograd.grad((a * ref_logprobs + b * ref_entropy).sum(), params)
+    # the straightforward computation in float64: float32 rounding alone moves its own gradients by up to
+    # 2e-5 on these shapes, so two float32 orderings may differ by twice that
+    exact = [p.detach().double().requires_grad_() for p in params]
+    ref_logprobs, ref_entropy = _straightforward(exact[0], exact[1], exact[2] if with_bias else None, targets, temperature)
+    ref_grads = torch.autograd.grad((a.double() * ref_logprobs + b.double() * ref_entropy).sum(), exact)
 
-    torch.testing.assert_close(logprobs, ref_logprobs, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(entropy, ref_entropy, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(logprobs, ref_logprobs.float(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(entropy, ref_entropy.float(), rtol=1e-5, atol=1e-5)
     for got, want in zip(grads, ref_grads):
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(got, want.float(), rtol=1e-4, atol=3e-5)
 
 
 def test_gradcheck_float64():
@@ -155,3 +160,72 @@ def test_default_chunk_is_half_the_shared_budget(monkeypatch):
     hidden, weight = torch.randn(25, 4), torch.randn(100, 4)
     chunked_token_logprobs(hidden, weight, None, torch.zeros(25, dtype=torch.long))
     assert seen == [10, 10, 5]
+
+
+class _LiveBlocks(TorchDispatchMode):
+    """Counts how many distinct storages of at least `numel` elements are alive at once (weak references)."""
+
+    def __init__(self, numel: int):
+        super().__init__()
+        self.numel, self.alive, self.most = numel, [], 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if isinstance(out, torch.Tensor) and out.numel() >= self.numel:
+            self.alive = [ref for ref in self.alive if ref() is not None] + [weakref.ref(out)]
+            storages = {ref().untyped_storage().data_ptr() for ref in self.alive if ref() is not None}
+            self.most = max(self.most, len(storages))
+        return out
+
+
+@pytest.mark.parametrize("use_entropy", [True, False])
+def test_one_logits_block_alive_at_a_time(monkeypatch, use_entropy):
+    # forward and backward hold one (rows, V) block per chunk, whatever the outputs' use; the entropy's
+    # exponentials are taken a few rows at a time beside it (here 2 rows of the 40-row block)
+    from rlhfkit.core import chunked_logprobs
+
+    monkeypatch.setattr(chunked_logprobs, "EXP_SLICE_ELEMENTS", 2 * 1000)
+    g = torch.Generator().manual_seed(5)
+    hidden = torch.randn(120, 8, generator=g, requires_grad=True)
+    weight = torch.randn(1000, 8, generator=g, requires_grad=True)
+    targets = torch.randint(0, 1000, (120,), generator=g)
+    forward, backward = _LiveBlocks(40 * 1000), _LiveBlocks(40 * 1000)
+    with forward:
+        logprobs, entropy = chunked_token_logprobs(hidden, weight, None, targets, chunk_rows=40, with_entropy=True)
+    loss = logprobs.sum() + (entropy.sum() if use_entropy else 0)  # unused: a logged statistic
+    with backward:
+        loss.backward()
+    assert forward.most == 1 and backward.most == 1
+    # and the gradients are the straightforward ones
+    exact = [hidden.detach().double().requires_grad_(), weight.detach().double().requires_grad_()]
+    ref_logprobs, ref_entropy = _straightforward(exact[0], exact[1], None, targets, 1.0)
+    (ref_logprobs.sum() + (ref_entropy.sum() if use_entropy else 0)).backward()
+    torch.testing.assert_close(hidden.grad, exact[0].grad.float(), rtol=1e-4, atol=3e-5)
+    torch.testing.assert_close(weight.grad, exact[1].grad.float(), rtol=1e-4, atol=3e-5)
+
+
+@pytest.mark.parametrize("row_group", [4, 64])
+def test_backward_tiles_cover_rows_and_vocabulary(monkeypatch, row_group):
+    # tiles of 4 rows x 8 tokens (and of all 21 rows x 8 tokens): every target column, bias entry and weight
+    # row is reached from exactly one tile per row group, with both outputs differentiated
+    from rlhfkit.core import chunked_logprobs
+
+    monkeypatch.setattr(chunked_logprobs, "BACKWARD_TILE_ELEMENTS", 1)
+    monkeypatch.setattr(chunked_logprobs, "MIN_TILE_COLUMNS", 8)
+    monkeypatch.setattr(chunked_logprobs, "BACKWARD_ROW_GROUP", row_group)
+    tiles = list(chunked_logprobs._backward_tiles(21, 50))
+    assert len(tiles) == (6 if row_group == 4 else 1) * 7  # 7 column tiles, the last of 2 tokens
+    assert tiles[-1][1] == slice(48, 50)
+    g = torch.Generator().manual_seed(6)
+    hidden = torch.randn(21, 16, generator=g, requires_grad=True)
+    weight = torch.randn(50, 16, generator=g, requires_grad=True)
+    bias = torch.randn(50, generator=g, requires_grad=True)
+    targets = torch.randint(0, 50, (21,), generator=g)
+    a, b = torch.randn(21, generator=g), torch.randn(21, generator=g)
+    logprobs, entropy = chunked_token_logprobs(hidden, weight, bias, targets, 0.7, chunk_rows=5, with_entropy=True)
+    grads = torch.autograd.grad((a * logprobs + b * entropy).sum(), [hidden, weight, bias])
+    exact = [t.detach().double().requires_grad_() for t in (hidden, weight, bias)]
+    ref_logprobs, ref_entropy = _straightforward(*exact, targets, 0.7)
+    ref_grads = torch.autograd.grad((a.double() * ref_logprobs + b.double() * ref_entropy).sum(), exact)
+    for got, want in zip(grads, ref_grads):
+        torch.testing.assert_close(got, want.float(), rtol=1e-4, atol=3e-5)
