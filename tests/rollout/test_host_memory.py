@@ -50,3 +50,17 @@ def test_release_free_heap_returns_freed_small_blocks():
     assert host_memory.release_free_heap(model, rows=1049)
     assert high - _rss_mb() > 40  # most of the 77 MB went back although it sits below `kept`
     assert kept.item() == 1.0
+
+
+def test_trim_heap_only_for_blocks_worth_it(monkeypatch):
+    calls = []
+
+    class FakeLibc:
+        def malloc_trim(self, pad):
+            calls.append(pad)
+
+    monkeypatch.setattr(host_memory, "_libc", FakeLibc())
+    assert not host_memory.trim_heap(host_memory.TRIM_MIN_BLOCK_BYTES - 1)
+    assert host_memory.trim_heap(host_memory.TRIM_MIN_BLOCK_BYTES) and calls == [0]
+    monkeypatch.setattr(host_memory, "_libc", None)  # threshold not pinned (or not glibc): never
+    assert not host_memory.trim_heap(10**9) and calls == [0]

@@ -194,3 +194,19 @@ def test_forward_response_takes_the_chunked_path_once_logits_outgrow_a_chunk(mon
     for a, b in ((lean.logprobs, full.logprobs), (lean.values, full.values), (lean.entropy, full.entropy)):
         torch.testing.assert_close(a[real], b[real], rtol=1e-5, atol=1e-5)
     assert not lean.entropy.requires_grad
+
+
+def test_training_passes_hand_the_heap_back_before_backward(monkeypatch):
+    # a differentiated pass trims with the size of the (N, V) float32 logits it avoided; scoring passes do not
+    trims = []
+    monkeypatch.setattr(lm_head, "trim_heap", lambda nbytes: trims.append(nbytes))
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path("llama"))
+    batch = _batch(model.config.vocab_size)
+    with torch.no_grad():
+        _chunked(model, *batch)
+    assert trims == []
+    logprobs, _, _ = _chunked(model, *batch)
+    assert trims == [3 * 6 * model.config.vocab_size * 4]
+    labels = torch.cat([batch[0], batch[2]], dim=1)
+    lm_head.chunked_label_logprobs(model, labels, input_ids=labels)
+    assert len(trims) == 2 and trims[1] == labels[:, 1:].numel() * model.config.vocab_size * 4

@@ -69,7 +69,13 @@ def release_free_heap(model: torch.nn.Module, rows: int) -> bool:
         vocab = getattr(generating_module(model).config, "vocab_size", None) or 0
     except ValueError:  # no transformers generation model inside: the block cannot be sized, leave the heap
         return False
-    if rows * vocab * 4 < TRIM_MIN_BLOCK_BYTES:
+    return trim_heap(rows * vocab * 4)
+
+
+def trim_heap(block_bytes: int) -> bool:
+    """`malloc_trim` when the work just done moved float blocks of `block_bytes` (at least 4 MiB) and
+    `fix_mmap_threshold` pinned the threshold; True when it trimmed."""
+    if _libc is None or block_bytes < TRIM_MIN_BLOCK_BYTES:
         return False
     _libc.malloc_trim(0)
     return True

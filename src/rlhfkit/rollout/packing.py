@@ -21,11 +21,11 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from rlhfkit.core.chunked_logprobs import chunked_token_logprobs
 from rlhfkit.rollout.lm_head import (
     LMHead,
     _last_hidden_state,
     find_lm_head,
+    head_token_logprobs,
     known_base_model,
     warn_fallback_once,
 )
@@ -190,9 +190,6 @@ def packed_chunked_outputs(
     if head is None:
         return None
     output, hidden = _run(model, rows, head)
-    result = chunked_token_logprobs(
-        _gather(hidden, rows), head.weight, head.bias, responses,
-        temperature=temperature / head.logit_scale, with_entropy=with_entropy,
-    )  # fmt: skip
+    result = head_token_logprobs(head, _gather(hidden, rows), responses, temperature, with_entropy=with_entropy)
     logprobs, entropy = result if with_entropy else (result, None)
     return logprobs, _values(output, rows) if with_values else None, entropy
