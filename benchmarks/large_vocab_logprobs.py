@@ -5,7 +5,7 @@ Two ways to score B completions of R tokens after a Q-token query, each in a fre
 
 - straightforward: `rlhfkit.rollout.forward_response` (full (B, R+1, V) logits, then log-softmax);
 - chunked: `rlhfkit.rollout.lm_head.chunked_response_outputs` (row-chunked projection from hidden states,
-  backward recomputes each chunk).
+  backward recomputes the logits in small (rows, vocabulary) tiles).
 
 Loss = -mean logprob over response tokens. Memory is the process's peak RSS (`ru_maxrss`) minus the RSS
 after building model and batch, so it counts what the step itself adds; on `--device cuda` it is
@@ -61,7 +61,9 @@ def _worker(variant: str, length: int, device: str, threads: int) -> dict:
 
     def logprobs():
         if variant == "straightforward":
-            return forward_response(model, query_ids, query_mask, responses, response_mask).logprobs
+            # return_logits keeps forward_response on its full-logits path at any size
+            out = forward_response(model, query_ids, query_mask, responses, response_mask, return_logits=True)
+            return out.logprobs
         input_ids = torch.cat([query_ids, responses], dim=1)
         attention_mask = torch.cat([query_mask, response_mask.long()], dim=1)
         position_ids = position_ids_from_mask(attention_mask)

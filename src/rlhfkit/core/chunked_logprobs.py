@@ -27,13 +27,12 @@ import torch
 from rlhfkit.core.logprobs import rows_per_chunk
 
 # forward: half the shared chunk budget, one (rows, V) float32 block of 32 MiB alive at a time (55 rows at a
-# 152k vocabulary; 64 MiB chunks took 1.15x its CPU time for 1,024 rows, 16 MiB ones 1.6x), the
-# exponentials the entropy needs taken EXP_SLICE_ELEMENTS at a time beside it
+# 152k vocabulary), the exponentials the entropy needs taken EXP_SLICE_ELEMENTS at a time beside it
 CHUNK_SHARE = 2
 EXP_SLICE_ELEMENTS = 1 << 18  # 1 MiB of float32
 # backward: tiles of at most 4 MiB (a row group times at least MIN_TILE_COLUMNS vocabulary entries). At a 152k
-# vocabulary, 1,048 and 4,120 rows, 4, 8 and 16 MiB tiles took the same time, and all about 0.4x the time of
-# row chunks of 32 MiB, which passed over all of dL/dW once per chunk
+# vocabulary, for 1,048 and 4,120 rows, 4, 8 and 16 MiB tiles took the same time, about half that of the row
+# chunks of 32 MiB used before, which passed over all of dL/dW once per chunk
 BACKWARD_TILE_ELEMENTS = 1 << 20
 BACKWARD_ROW_GROUP = 4096
 MIN_TILE_COLUMNS = 256
