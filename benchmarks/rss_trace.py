@@ -1,6 +1,6 @@
 """Per-phase RSS trace of one benchmark workload (issue 16: where does the loop memory go?).
 
-    python rss_trace.py WORKLOAD_SCRIPT --phases Class.method,... -- WORKLOAD ARGS...
+    python rss_trace.py WORKLOAD_SCRIPT --phases Class.method,... [--output FILE.json] -- WORKLOAD ARGS...
 
 Runs `workloads/WORKLOAD_SCRIPT` in this process after wrapping each named method (any class of that name
 found in the loaded modules, looked up when the workload has imported it). On entering and leaving a phase
@@ -18,7 +18,9 @@ import functools
 import json
 import os
 import runpy
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 WORKLOADS = Path(__file__).resolve().parent / "workloads"
@@ -113,10 +115,19 @@ def _install(tracer: Tracer, wanted: list[str]):
     return scan
 
 
+def _options(before: list[str]) -> dict[str, str]:
+    """`--phases A.b,C.d` and `--output FILE` (both optional) from the arguments before `--`."""
+    if len(before) % 2 or any(key not in ("--phases", "--output") for key in before[::2]):
+        raise SystemExit(f"expected --phases Class.method,... and/or --output FILE before --, got {before}")
+    return dict(zip(before[::2], before[1::2]))
+
+
 def main() -> None:
     script, rest = sys.argv[1], sys.argv[2:]
     split = rest.index("--")
-    phases = [p for p in rest[:split][1].split(",") if p] if rest[:split] else []
+    options = _options(rest[:split])
+    phases = [p for p in options.get("--phases", "").split(",") if p]
+    command = "python benchmarks/rss_trace.py " + " ".join(sys.argv[1:])
     tracer = Tracer()
     scan = _install(tracer, phases)
     sys.path.insert(0, str(WORKLOADS))
@@ -127,6 +138,11 @@ def main() -> None:
 
     runpy.run_path(str(WORKLOADS / script), run_name="__main__")
     print("RSS_TRACE " + json.dumps({"script": script, "phases": tracer.phases}), flush=True)
+    if "--output" in options:  # a result file that names its commit and command
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=WORKLOADS).stdout.strip()
+        record = {"command": command, "commit": commit, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                  "script": script, "phases": tracer.phases}
+        Path(options["--output"]).write_text(json.dumps(record, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -260,3 +260,13 @@ def test_a_childs_peak_rss_is_its_own_not_its_large_parents():
     assert out.returncode == 0, out.stderr
     assert float(out.stdout.split()[-1]) < 200  # ru_maxrss would report >= 300 MiB inherited from this process
     del ballast
+
+
+def test_rss_trace_options():
+    rss_trace = _load("rss_trace")
+    assert rss_trace._options([]) == {}
+    assert rss_trace._options(["--phases", "A.b,C.d", "--output", "t.json"]) == {"--phases": "A.b,C.d", "--output": "t.json"}
+    with pytest.raises(SystemExit, match="--output FILE"):
+        rss_trace._options(["--phases"])
+    with pytest.raises(SystemExit, match="--output FILE"):
+        rss_trace._options(["--bogus", "x"])
