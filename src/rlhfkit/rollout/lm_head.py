@@ -153,8 +153,8 @@ def head_token_logprobs(
     """`chunked_token_logprobs` through `head`, its logit scale folded into the temperature.
 
     In a pass that will be differentiated, the heap pages its forward freed go back to the OS first
-    (`host_memory.trim_heap`): backward then holds the weight's gradient beside the model's gradients, and
-    at a 152k vocabulary the forward's freed scraps were 10-25 MiB of an RLOO step's peak.
+    (`host_memory.trim_heap`): backward then holds the weight's gradient beside the model's gradients. At a
+    152k vocabulary it lowered the benchmark's PPO and RLOO peaks by 1 to 24 MiB (benchmarks/FINDINGS.md).
     """
     result = chunked_token_logprobs(
         hidden, head.weight, head.bias, targets, temperature=temperature / head.logit_scale,
