@@ -65,8 +65,9 @@ def _assert_same_values_and_grads(trainer, model, batch):
     for g, w in zip(got, want):
         assert g.shape == (3,)
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+    # float32 sums in another order (vocabulary tiles against one log-softmax) move entries near zero by ~1e-6
     for g, w in zip(got_grads, want_grads):
-        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=5e-6)
 
 
 @pytest.mark.parametrize(("arch", "tied"), [("gpt2", True), ("llama", False)])
