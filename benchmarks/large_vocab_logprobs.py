@@ -27,7 +27,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "workloads"))
-from _common import limit_threads  # noqa: E402
+from _common import git_commit, limit_threads  # noqa: E402
 
 VOCAB, HIDDEN, LAYERS, BATCH, QUERY = 151_936, 64, 2, 16, 16
 VARIANTS = ("straightforward", "chunked")
@@ -114,13 +114,6 @@ def _run_variant(variant: str, length: int, args: argparse.Namespace) -> dict:
     return worker_result(command, RESULT_PREFIX, variant=variant, response_length=length)
 
 
-def _git_commit() -> str:
-    def git(*a):
-        return subprocess.run(["git", *a], cwd=HERE, capture_output=True, text=True, check=False).stdout.strip()
-
-    return git("rev-parse", "HEAD") + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
-
-
 def _print_table(rows: list[dict]) -> None:
     print(f"{'R':>6} {'variant':>16} {'seconds':>9} {'step mem GB':>12} {'loss':>10} {'grad norm':>10}")
     for r in rows:
@@ -156,7 +149,7 @@ def main() -> None:
     _print_table(rows)
     record = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "git_commit": _git_commit(),
+        "git_commit": git_commit(),
         "model": {"vocab_size": VOCAB, "hidden_size": HIDDEN, "layers": LAYERS, "tied": False},
         "batch": BATCH, "query_length": QUERY, "threads": args.threads, "results": rows,
     }  # fmt: skip

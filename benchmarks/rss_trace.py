@@ -18,7 +18,6 @@ import functools
 import json
 import os
 import runpy
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -139,8 +138,9 @@ def main() -> None:
     runpy.run_path(str(WORKLOADS / script), run_name="__main__")
     print("RSS_TRACE " + json.dumps({"script": script, "phases": tracer.phases}), flush=True)
     if "--output" in options:  # a result file that names its commit and command
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=WORKLOADS).stdout.strip()
-        record = {"command": command, "commit": commit, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        from _common import git_commit  # the workloads folder is on sys.path by now
+
+        record = {"command": command, "commit": git_commit(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                   "script": script, "phases": tracer.phases}
         Path(options["--output"]).write_text(json.dumps(record, indent=1) + "\n")
 

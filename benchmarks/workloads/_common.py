@@ -17,6 +17,7 @@ import json
 import os
 import resource
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -219,3 +220,12 @@ def emit(args: argparse.Namespace, library: str, workload: str, step_times: list
                       gpu_peak_reserved_mb=torch.cuda.max_memory_reserved() / 2**20)
     print("\n" + RESULT_PREFIX + json.dumps(result), flush=True)
     return result
+
+
+def git_commit() -> str:
+    """HEAD of this checkout, with `-dirty` when tracked files differ from it: what a result file names."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=Path(__file__).parent, capture_output=True, text=True).stdout.strip()
+
+    return git("rev-parse", "HEAD") + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
