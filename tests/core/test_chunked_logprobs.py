@@ -145,33 +145,69 @@ def test_one_output_gradients_match_straightforward(which):
         torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-5)
 
 
-def test_default_chunk_is_half_the_shared_budget(monkeypatch):
-    from rlhfkit.core import chunked_logprobs, logprobs
+def test_tiles_follow_the_row_group_and_tile_size(monkeypatch):
+    from rlhfkit.core import chunked_logprobs
 
-    # 2 x 100 x 10 elements: the head path takes 10 rows of a 100-token vocabulary per chunk
-    monkeypatch.setattr(logprobs, "CHUNK_ELEMENTS", 2 * 100 * 10)
-    assert chunked_logprobs.CHUNK_SHARE == 2
-    assert logprobs.rows_per_chunk(100, None, share=chunked_logprobs.CHUNK_SHARE) == 10
-    assert logprobs.rows_per_chunk(100, None) == 20
-    assert logprobs.rows_per_chunk(100, 3, share=2) == 3
+    # tiles of at most 400 logits: 10-row groups take 40 columns of the 100-token vocabulary, the last
+    # 5-row group 80; every tile is one matmul of its rows against its slice of the weight
+    monkeypatch.setattr(chunked_logprobs, "TILE_ELEMENTS", 400)
+    monkeypatch.setattr(chunked_logprobs, "MIN_TILE_COLUMNS", 8)
+    monkeypatch.setattr(chunked_logprobs, "ROW_GROUP", 10)
     seen = []
     real = torch.nn.functional.linear
-    monkeypatch.setattr(torch.nn.functional, "linear", lambda h, *a: seen.append(h.shape[0]) or real(h, *a))
-    hidden, weight = torch.randn(25, 4), torch.randn(100, 4)
-    chunked_token_logprobs(hidden, weight, None, torch.zeros(25, dtype=torch.long))
-    assert seen == [10, 10, 5]
+    def linear(h, w, *args):
+        seen.append((h.shape[0], w.shape[0]))
+        return real(h, w, *args)
+
+    monkeypatch.setattr(torch.nn.functional, "linear", linear)
+    g = torch.Generator().manual_seed(7)
+    hidden, weight = torch.randn(25, 4, generator=g), torch.randn(100, 4, generator=g)
+    targets = torch.randint(0, 100, (25,), generator=g)
+    got = chunked_token_logprobs(hidden, weight, None, targets)
+    assert seen == [(10, 40), (10, 40), (10, 20)] * 2 + [(5, 80), (5, 20)]
+    torch.testing.assert_close(got, _straightforward(hidden, weight, None, targets, 1.0)[0])
+    seen.clear()
+    chunked_token_logprobs(hidden, weight, None, targets, chunk_rows=25)  # chunk_rows sets the row group
+    assert seen == [(25, 16)] * 6 + [(25, 4)]
+
+
+def test_online_log_sum_exp_across_tiles_of_rising_logits(monkeypatch):
+    # logits near 1,000 whose row maximum sits in later and later tiles: every tile rescales the running sums,
+    # and nothing overflows; values and gradients (float64) stay those of the straightforward computation
+    from rlhfkit.core import chunked_logprobs
+
+    monkeypatch.setattr(chunked_logprobs, "TILE_ELEMENTS", 1)
+    monkeypatch.setattr(chunked_logprobs, "MIN_TILE_COLUMNS", 3)
+    g = torch.Generator().manual_seed(8)
+    hidden = torch.cat([torch.ones(6, 1), torch.randn(6, 2, generator=g)], 1).double().requires_grad_()
+    ramp = torch.linspace(990.0, 1000.0, 20, dtype=torch.float64)[:, None]
+    weight = torch.cat([ramp, torch.randn(20, 2, generator=g, dtype=torch.float64)], 1).requires_grad_()
+    targets = torch.tensor([0, 19, 3, 10, 17, 5])
+    got = chunked_token_logprobs(hidden, weight, None, targets, 1.3, chunk_rows=4, with_entropy=True)
+    log_p = torch.log_softmax(hidden @ weight.t() / 1.3, -1)  # float64 all the way
+    want = log_p.gather(-1, targets[:, None]).squeeze(-1), -(log_p.exp() * log_p).sum(-1)
+    for mine, theirs in zip(got, want):
+        assert torch.isfinite(mine).all()
+        torch.testing.assert_close(mine, theirs)
+    assert torch.autograd.gradcheck(
+        lambda h, w: chunked_token_logprobs(h, w, None, targets, 1.3, chunk_rows=4, with_entropy=True),
+        (hidden, weight),
+    )
 
 
 class _LiveBlocks(TorchDispatchMode):
-    """Counts how many distinct storages of at least `numel` elements are alive at once (weak references)."""
+    """Counts how many distinct logits-shaped storages of at least `numel` elements are alive at once (weak
+    references), and the largest such tensor made; tensors whose last dim is the hidden size (gradients of
+    the hidden states and the weight) are not logits."""
 
-    def __init__(self, numel: int):
+    def __init__(self, numel: int, hidden_size: int):
         super().__init__()
-        self.numel, self.alive, self.most = numel, [], 0
+        self.numel, self.hidden_size, self.alive, self.most, self.largest = numel, hidden_size, [], 0, 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        if isinstance(out, torch.Tensor) and out.numel() >= self.numel:
+        if isinstance(out, torch.Tensor) and out.numel() >= self.numel and out.shape[-1] != self.hidden_size:
+            self.largest = max(self.largest, out.numel())
             self.alive = [ref for ref in self.alive if ref() is not None] + [weakref.ref(out)]
             storages = {ref().untyped_storage().data_ptr() for ref in self.alive if ref() is not None}
             self.most = max(self.most, len(storages))
@@ -179,23 +215,25 @@ class _LiveBlocks(TorchDispatchMode):
 
 
 @pytest.mark.parametrize("use_entropy", [True, False])
-def test_one_logits_block_alive_at_a_time(monkeypatch, use_entropy):
-    # forward and backward hold one (rows, V) block per chunk, whatever the outputs' use; the entropy's
-    # exponentials are taken a few rows at a time beside it (here 2 rows of the 40-row block)
+def test_no_logits_beyond_one_tile_and_its_exponentials(monkeypatch, use_entropy):
+    # forward and backward build no logits-shaped block larger than one tile (40 rows x 100 tokens here, of a
+    # 1,000-token vocabulary), and hold at most two at once: a tile and, for the entropy, its exponentials
     from rlhfkit.core import chunked_logprobs
 
-    monkeypatch.setattr(chunked_logprobs, "EXP_SLICE_ELEMENTS", 2 * 1000)
+    monkeypatch.setattr(chunked_logprobs, "TILE_ELEMENTS", 40 * 100)
+    monkeypatch.setattr(chunked_logprobs, "MIN_TILE_COLUMNS", 8)
     g = torch.Generator().manual_seed(5)
     hidden = torch.randn(120, 8, generator=g, requires_grad=True)
     weight = torch.randn(1000, 8, generator=g, requires_grad=True)
     targets = torch.randint(0, 1000, (120,), generator=g)
-    forward, backward = _LiveBlocks(40 * 1000), _LiveBlocks(40 * 1000)
+    forward, backward = _LiveBlocks(40 * 100, hidden_size=8), _LiveBlocks(40 * 100, hidden_size=8)
     with forward:
         logprobs, entropy = chunked_token_logprobs(hidden, weight, None, targets, chunk_rows=40, with_entropy=True)
     loss = logprobs.sum() + (entropy.sum() if use_entropy else 0)  # unused: a logged statistic
     with backward:
         loss.backward()
-    assert forward.most == 1 and backward.most == 1
+    assert forward.largest == backward.largest == 40 * 100
+    assert forward.most == 2 and backward.most == (2 if use_entropy else 1)
     # and the gradients are the straightforward ones
     exact = [hidden.detach().double().requires_grad_(), weight.detach().double().requires_grad_()]
     ref_logprobs, ref_entropy = _straightforward(exact[0], exact[1], None, targets, 1.0)
@@ -205,15 +243,14 @@ def test_one_logits_block_alive_at_a_time(monkeypatch, use_entropy):
 
 
 @pytest.mark.parametrize("row_group", [4, 64])
-def test_backward_tiles_cover_rows_and_vocabulary(monkeypatch, row_group):
+def test_tiles_cover_rows_and_vocabulary(monkeypatch, row_group):
     # tiles of 4 rows x 8 tokens (and of all 21 rows x 8 tokens): every target column, bias entry and weight
     # row is reached from exactly one tile per row group, with both outputs differentiated
     from rlhfkit.core import chunked_logprobs
 
-    monkeypatch.setattr(chunked_logprobs, "BACKWARD_TILE_ELEMENTS", 1)
+    monkeypatch.setattr(chunked_logprobs, "TILE_ELEMENTS", 1)
     monkeypatch.setattr(chunked_logprobs, "MIN_TILE_COLUMNS", 8)
-    monkeypatch.setattr(chunked_logprobs, "BACKWARD_ROW_GROUP", row_group)
-    tiles = list(chunked_logprobs._backward_tiles(21, 50))
+    tiles = list(chunked_logprobs._tiles(21, 50, row_group))
     assert len(tiles) == (6 if row_group == 4 else 1) * 7  # 7 column tiles, the last of 2 tokens
     assert tiles[-1][1] == slice(48, 50)
     g = torch.Generator().manual_seed(6)
@@ -222,10 +259,12 @@ def test_backward_tiles_cover_rows_and_vocabulary(monkeypatch, row_group):
     bias = torch.randn(50, generator=g, requires_grad=True)
     targets = torch.randint(0, 50, (21,), generator=g)
     a, b = torch.randn(21, generator=g), torch.randn(21, generator=g)
-    logprobs, entropy = chunked_token_logprobs(hidden, weight, bias, targets, 0.7, chunk_rows=5, with_entropy=True)
+    logprobs, entropy = chunked_token_logprobs(hidden, weight, bias, targets, 0.7, row_group, with_entropy=True)
     grads = torch.autograd.grad((a * logprobs + b * entropy).sum(), [hidden, weight, bias])
     exact = [t.detach().double().requires_grad_() for t in (hidden, weight, bias)]
     ref_logprobs, ref_entropy = _straightforward(*exact, targets, 0.7)
     ref_grads = torch.autograd.grad((a.double() * ref_logprobs + b.double() * ref_entropy).sum(), exact)
+    torch.testing.assert_close(logprobs, ref_logprobs.float())
+    torch.testing.assert_close(entropy, ref_entropy.float())
     for got, want in zip(grads, ref_grads):
         torch.testing.assert_close(got, want.float(), rtol=1e-4, atol=3e-5)

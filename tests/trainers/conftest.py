@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from rlhfkit.core import logprobs as core_logprobs
-from rlhfkit.core.chunked_logprobs import CHUNK_SHARE
+from rlhfkit.core import chunked_logprobs
 from rlhfkit.rollout import lm_head, scoring
 
 
 @pytest.fixture
 def chunk_calls(monkeypatch):
-    """Route every batch through the chunked path, 3 rows a chunk; the list holds the rows of each call."""
+    """Route every batch through the chunked path, 3 rows a row group; the list holds the rows of each call."""
     monkeypatch.setattr(scoring, "CHUNK_ELEMENTS", 8)  # every batch's logits now outgrow "one chunk"
-    # 3 rows of the 1,000-token vocabulary per chunk on the lm-head path (a CHUNK_SHARE of the budget)
-    monkeypatch.setattr(core_logprobs, "CHUNK_ELEMENTS", 3 * 1000 * CHUNK_SHARE)
+    # row groups of 3 on the lm-head path
+    monkeypatch.setattr(chunked_logprobs, "ROW_GROUP", 3)
     calls: list[int] = []
     real = lm_head.chunked_token_logprobs
 

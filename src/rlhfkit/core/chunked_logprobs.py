@@ -1,11 +1,11 @@
 """Chosen-token log-probabilities (and entropy) straight from final hidden states, without full logits.
 
 The straightforward path projects every hidden row to the vocabulary, z = (h W^T + b) / T, keeps the
-(N, V) logits alive for backward, and only then reads one value per row. Here the forward takes rows in
-chunks: a chunk's logits are built in float32, reduced in place to per-row outputs and dropped, so memory
-holds (N,) outputs plus one (chunk, V) block instead of (N, V). Backward rebuilds the logits from the
-saved hidden states and weight (one extra matmul) rather than storing them, in (rows, vocabulary) tiles
-of a few MiB: each tile writes its own rows of dL/dW, so beside that gradient only one small tile lives.
+(N, V) logits alive for backward, and only then reads one value per row. Here both passes walk (rows,
+vocabulary) tiles of a few MiB: forward reduces each tile into running per-row sums (an online
+log-sum-exp) and drops it, so memory holds (N,) outputs plus one tile instead of (N, V); backward rebuilds
+each tile from the saved hidden states and weight (one extra matmul) rather than storing it, and writes
+its own rows of dL/dW, so beside that gradient only one tile lives.
 
 Maths, per row with p = softmax(z) and lse = logsumexp(z):
     logp_y = z_y - lse                          d logp_y / dz = onehot(y) - p
@@ -24,17 +24,12 @@ from typing import NamedTuple
 
 import torch
 
-from rlhfkit.core.logprobs import rows_per_chunk
-
-# forward: half the shared chunk budget, one (rows, V) float32 block of 32 MiB alive at a time (55 rows at a
-# 152k vocabulary), the exponentials the entropy needs taken EXP_SLICE_ELEMENTS at a time beside it
-CHUNK_SHARE = 2
-EXP_SLICE_ELEMENTS = 1 << 18  # 1 MiB of float32
-# backward: tiles of at most 4 MiB (a row group times at least MIN_TILE_COLUMNS vocabulary entries). At a 152k
-# vocabulary, for 1,048 and 4,120 rows, 4, 8 and 16 MiB tiles took the same time, about half that of the row
-# chunks of 32 MiB used before, which passed over all of dL/dW once per chunk
-BACKWARD_TILE_ELEMENTS = 1 << 20
-BACKWARD_ROW_GROUP = 4096
+# Tiles of at most 4 MiB of float32 logits: a row group of up to ROW_GROUP rows times at least
+# MIN_TILE_COLUMNS vocabulary entries (256 at a full row group). At a 152k vocabulary, for 1,048 and 4,120
+# rows, backward tiles of 4, 8 and 16 MiB took the same time, about half that of the 32 MiB row chunks
+# used before, which passed over all of dL/dW once per chunk; see benchmarks/FINDINGS.md for the forward
+TILE_ELEMENTS = 1 << 20
+ROW_GROUP = 4096
 MIN_TILE_COLUMNS = 256
 
 
@@ -45,27 +40,64 @@ def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     return logits.div_(temperature) if temperature != 1.0 else logits
 
 
-def _row_slices(block: torch.Tensor):
-    """Row slices of a (rows, V) block, each at most EXP_SLICE_ELEMENTS elements (at least one row)."""
-    return block.split(max(1, EXP_SLICE_ELEMENTS // max(1, block.shape[-1])))
+def _tiles(n: int, vocab: int, row_group: int):
+    """(row slice, vocabulary slice) tiles of at most TILE_ELEMENTS logits, row group by row group, so every
+    weight-gradient row is written once per row group."""
+    for row_start in range(0, n, row_group):
+        rows = slice(row_start, min(row_start + row_group, n))
+        width = max(MIN_TILE_COLUMNS, TILE_ELEMENTS // (rows.stop - rows.start))
+        for col_start in range(0, vocab, width):
+            yield rows, slice(col_start, min(col_start + width, vocab))
 
 
-def _shifted_stats(logits: torch.Tensor, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Per row of `logits` (shifted in place to z - max): lse, and the entropy when asked.
+def _local_targets(targets: torch.Tensor, cols: slice) -> tuple[torch.Tensor, torch.Tensor]:
+    """Which rows' targets fall in the tile's columns, and every target as a column of the tile (clamped)."""
+    inside = (targets >= cols.start) & (targets < cols.stop)
+    return inside, (targets - cols.start).clamp_(0, cols.stop - cols.start - 1)
 
-    With s = z - max, S = sum exp(s): lse = max + log S and H = log S - sum(exp(s) s) / S.
+
+class _OnlineStats:
+    """Per-row log-sum-exp, entropy and chosen logit, accumulated over a row group's vocabulary tiles.
+
+    With m the running max, S = sum exp(z - m) and D = sum exp(z - m)(z - m) over the tiles seen, a new max
+    m' turns S into exp(m - m') S and D into exp(m - m')(D + (m - m') S); at the end lse = m + log S and
+    H = log S - D / S (shifted sums keep the entropy's subtraction small).
     """
-    row_max = logits.amax(-1, keepdim=True)
-    shifted = logits.sub_(row_max)
-    if not with_entropy:
-        return shifted.exp_().sum(-1).log_().add_(row_max.squeeze(-1)), None
-    sums, dots = [], []
-    for part in _row_slices(shifted):
-        e = part.exp()
-        sums.append(e.sum(-1))
-        dots.append(e.mul_(part).sum(-1))  # a batched dot product of a few rows is ~10x slower
-    log_sum = torch.cat(sums).log_()
-    return log_sum + row_max.squeeze(-1), log_sum - torch.cat(dots) / torch.cat(sums)
+
+    def __init__(self, rows: int, dtype: torch.dtype, device: torch.device, with_entropy: bool):
+        self.row_max: torch.Tensor | None = None
+        self.sums = torch.zeros(rows, dtype=dtype, device=device)
+        self.dots = torch.zeros_like(self.sums) if with_entropy else None
+        self.chosen = torch.zeros_like(self.sums)
+
+    def add(self, logits: torch.Tensor, inside: torch.Tensor, local_targets: torch.Tensor) -> None:
+        """Fold one (rows, cols) tile in; the tile is overwritten."""
+        self.chosen = torch.where(inside, logits.gather(-1, local_targets[:, None]).squeeze(-1), self.chosen)
+        tile_max = logits.amax(-1)
+        if self.row_max is None:
+            new_max = tile_max
+        else:
+            new_max = torch.maximum(self.row_max, tile_max)
+            step = self.row_max - new_max
+            scale = step.exp()
+            if self.dots is not None:
+                self.dots.add_(step * self.sums).mul_(scale)
+            self.sums.mul_(scale)
+        self.row_max = new_max
+        shifted = logits.sub_(new_max[:, None])
+        if self.dots is None:
+            self.sums += shifted.exp_().sum(-1)
+            return
+        e = shifted.exp()
+        self.sums += e.sum(-1)
+        self.dots += e.mul_(shifted).sum(-1)  # a batched dot product of a few rows is ~10x slower
+
+    def results(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(log p of the targets, lse, entropy or None)."""
+        log_sums = self.sums.log()
+        lse = self.row_max + log_sums
+        entropy = None if self.dots is None else log_sums - self.dots / self.sums
+        return self.chosen - lse, lse, entropy
 
 
 def _logit_grad(log_probs: torch.Tensor, targets, entropy, grad_logprobs, grad_entropy, onehot_grad) -> torch.Tensor:
@@ -77,15 +109,11 @@ def _logit_grad(log_probs: torch.Tensor, targets, entropy, grad_logprobs, grad_e
     if grad_entropy is None:
         grad = log_probs.exp_().mul_(-grad_logprobs[:, None])
     else:
-        grad, start = log_probs, 0
-        for part in _row_slices(log_probs):
-            rows = slice(start, start + part.shape[0])
-            start = rows.stop
-            p = part.exp()
-            part.add_(entropy[rows, None]).mul_(grad_entropy[rows, None])
-            if grad_logprobs is not None:
-                part.add_(grad_logprobs[rows, None])
-            part.mul_(p.neg_())
+        p = log_probs.exp()
+        grad = log_probs.add_(entropy[:, None]).mul_(grad_entropy[:, None])
+        if grad_logprobs is not None:
+            grad.add_(grad_logprobs[:, None])
+        grad.mul_(p.neg_())
     if onehot_grad is not None:
         grad.scatter_add_(-1, targets[:, None], onehot_grad[:, None])
     return grad
@@ -93,23 +121,26 @@ def _logit_grad(log_probs: torch.Tensor, targets, entropy, grad_logprobs, grad_e
 
 class _ChunkedLogprobs(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, temperature, rows, with_entropy):
+    def forward(ctx, hidden, weight, bias, targets, temperature, row_group, with_entropy):
         n = hidden.shape[0]
         out_dtype = torch.promote_types(hidden.dtype, torch.float32)
         logprobs = torch.empty(n, dtype=out_dtype, device=hidden.device)
         lse = torch.empty_like(logprobs)
         entropy = torch.zeros_like(logprobs)
-        for start in range(0, n, rows):
-            end = min(start + rows, n)
-            logits = _chunk_logits(hidden[start:end], weight, bias, temperature)
-            chosen = logits.gather(-1, targets[start:end, None]).squeeze(-1)
-            lse[start:end], chunk_entropy = _shifted_stats(logits, with_entropy)  # overwrites the block
-            logprobs[start:end] = chosen - lse[start:end]
-            if with_entropy:
-                entropy[start:end] = chunk_entropy
+        stats = None
+        for rows, cols in _tiles(n, weight.shape[0], row_group):
+            if cols.start == 0:
+                stats = _OnlineStats(rows.stop - rows.start, out_dtype, hidden.device, with_entropy)
+            tile_bias = None if bias is None else bias[cols]
+            logits = _chunk_logits(hidden[rows], weight[cols], tile_bias, temperature)
+            stats.add(logits, *_local_targets(targets[rows], cols))
             del logits
+            if cols.stop == weight.shape[0]:
+                logprobs[rows], lse[rows], row_entropy = stats.results()
+                if with_entropy:
+                    entropy[rows] = row_entropy
         ctx.save_for_backward(hidden, weight, bias, targets, lse, entropy)
-        ctx.temperature = temperature
+        ctx.temperature, ctx.row_group = temperature, row_group
         ctx.mark_non_differentiable(lse)
         ctx.set_materialize_grads(False)  # an output nobody differentiates (a logged entropy) costs nothing
         return logprobs, entropy, lse
@@ -126,8 +157,7 @@ class _ChunkedLogprobs(torch.autograd.Function):
             torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None,
             torch.zeros(bias.shape, dtype=acc, device=bias.device) if need_b else None,
         )
-        vocab = weight.shape[0]
-        for rows, cols in _backward_tiles(hidden.shape[0], vocab):
+        for rows, cols in _tiles(hidden.shape[0], weight.shape[0], ctx.row_group):
             row_grads = (
                 None if grad_logprobs is None else grad_logprobs[rows],
                 None if grad_entropy is None else grad_entropy[rows],
@@ -148,25 +178,13 @@ class _TileGrads(NamedTuple):
     bias: torch.Tensor | None
 
 
-def _backward_tiles(n: int, vocab: int):
-    """(row slice, vocabulary slice) tiles of at most BACKWARD_TILE_ELEMENTS logits (a row group of up to
-    BACKWARD_ROW_GROUP rows times at least MIN_TILE_COLUMNS tokens); every weight-gradient row is written
-    once per row group instead of once per row chunk."""
-    for row_start in range(0, n, BACKWARD_ROW_GROUP):
-        rows = slice(row_start, min(row_start + BACKWARD_ROW_GROUP, n))
-        width = max(MIN_TILE_COLUMNS, BACKWARD_TILE_ELEMENTS // (rows.stop - rows.start))
-        for col_start in range(0, vocab, width):
-            yield rows, slice(col_start, min(col_start + width, vocab))
-
-
 def _tile_backward(h, weight, bias, targets, lse, entropy, row_grads, temperature, rows, cols, grads):
     """Add one (rows, cols) tile's share of dL/dh, dL/dW[cols] and dL/db[cols] into `grads`."""
     grad_logprobs, grad_entropy = row_grads
     w = weight[cols]
     log_probs = _chunk_logits(h, w, None if bias is None else bias[cols], temperature).sub_(lse[:, None])
     # the one-hot term only for targets inside this tile's columns
-    inside = (targets >= cols.start) & (targets < cols.stop)
-    local_targets = (targets - cols.start).clamp_(0, cols.stop - cols.start - 1)
+    inside, local_targets = _local_targets(targets, cols)
     local_grad = None if grad_logprobs is None else grad_logprobs * inside
     grad = _logit_grad(log_probs, local_targets, entropy, grad_logprobs, grad_entropy, local_grad)
     del log_probs  # `grad` is the same block
@@ -189,14 +207,14 @@ def chunked_token_logprobs(
     chunk_rows: int | None = None,
     with_entropy: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """log softmax((hidden W^T + b) / T)[target] per row, in row chunks; differentiable.
+    """log softmax((hidden W^T + b) / T)[target] per row, in (rows, vocabulary) tiles; differentiable.
 
     Args:
         hidden: (..., H) final hidden states (any leading dims).
         weight: (V, H) output-head weight; bias: (V,) or None.
         targets: (...) long token ids, the leading dims of `hidden`.
         temperature: logits are divided by it, as in sampling.
-        chunk_rows: rows per chunk; default keeps a float32 chunk of logits near 32 MiB.
+        chunk_rows: rows per row group (default ROW_GROUP); each group's tiles are about 4 MiB of logits.
         with_entropy: also return the entropy of softmax(logits / T) per row.
     Returns:
         logprobs (...) float32 (float64 for float64 inputs), or (logprobs, entropy) when `with_entropy`.
@@ -211,11 +229,10 @@ def chunked_token_logprobs(
         raise ValueError(f"temperature must be > 0, got {temperature}")
     if chunk_rows is not None and chunk_rows < 1:
         raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
-    rows = rows_per_chunk(weight.shape[0], chunk_rows, share=CHUNK_SHARE)
     flat_hidden = hidden.reshape(-1, hidden.shape[-1])
     flat_targets = targets.reshape(-1).long()
     logprobs, entropy, _ = _ChunkedLogprobs.apply(
-        flat_hidden, weight, bias, flat_targets, float(temperature), rows, with_entropy
+        flat_hidden, weight, bias, flat_targets, float(temperature), chunk_rows or ROW_GROUP, with_entropy
     )
     logprobs = logprobs.reshape(targets.shape)
     return (logprobs, entropy.reshape(targets.shape)) if with_entropy else logprobs

@@ -12,17 +12,17 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-# one float32 chunk of logits is about 64 MiB, whatever the vocabulary size (shared by chunked_logprobs)
+# one float32 chunk of logits is about 64 MiB, whatever the vocabulary size
 CHUNK_ELEMENTS = 1 << 24
 
 
-def rows_per_chunk(vocab_size: int, chunk_rows: int | None, share: int = 1) -> int:
-    """`chunk_rows` when given, else as many rows as fit CHUNK_ELEMENTS // share logits."""
+def rows_per_chunk(vocab_size: int, chunk_rows: int | None) -> int:
+    """`chunk_rows` when given, else as many rows as fit CHUNK_ELEMENTS logits."""
     if chunk_rows is not None:
         if chunk_rows < 1:
             raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
         return chunk_rows
-    return max(1, CHUNK_ELEMENTS // share // max(1, vocab_size))
+    return max(1, CHUNK_ELEMENTS // max(1, vocab_size))
 
 
 def _float32_chunks(flat_logits: torch.Tensor, rows: int) -> Iterator[tuple[int, torch.Tensor]]:

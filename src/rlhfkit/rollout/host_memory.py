@@ -3,7 +3,7 @@
 glibc's malloc serves blocks above a threshold (128 KiB at start) with their own mmap and returns them to
 the OS on free; but each such free raises the threshold to the freed size (up to 32 MiB), after which blocks
 of that size are carved from the heap, where smaller long-lived allocations made in between pin the freed
-space. At a 152k vocabulary the lm-head chunks of training (32 MiB each, `core/chunked_logprobs.py`) then
+space. At a 152k vocabulary the lm-head chunks of training (then 32 MiB each, `core/chunked_logprobs.py`)
 stayed resident (+320 MiB per RLOO micro-batch instead of +142), and sampling, while it kept a fresh
 log-softmax row per step, left the process 1.3 GB larger (measured with benchmarks/rss_trace.py).
 Fixing the threshold (`mallopt(M_MMAP_THRESHOLD)`) at 16 MiB turns that adjustment off: chunk-sized blocks

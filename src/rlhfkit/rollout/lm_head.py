@@ -1,4 +1,4 @@
-"""Response logprobs from a causal LM's final hidden states, projected in row chunks (no (B, T, V) logits).
+"""Response logprobs from a causal LM's final hidden states, projected in tiles (no (B, T, V) logits).
 
 `find_lm_head` looks through the wrappers a policy may come in (DDP, the value-head wrapper, a PEFT
 model) to the transformers model and returns its output head when the logits are exactly
