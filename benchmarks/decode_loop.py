@@ -25,12 +25,14 @@ import dataclasses
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE / "workloads"))
+from _common import git_commit  # noqa: E402
+
 BATCH, PROMPT_TOKENS, SEED = 16, 6, 0
 
 
@@ -117,13 +119,6 @@ def _sampler_cell(vocab: int = 151_936, calls: int = 50) -> dict:
     return cell
 
 
-def _git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=HERE).stdout.strip()
-    except OSError:
-        return "unknown"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
@@ -153,7 +148,7 @@ def main() -> None:
                       f"tok/s  rlhfkit {cell['rlhfkit']['tokens_per_s']:8.1f} tok/s  speedup wall "
                       f"{cell['speedup_wall']:.2f}x cpu {cell['speedup_cpu']:.2f}x", flush=True)  # fmt: skip
     report = {
-        "command": " ".join([Path(sys.executable).name, *sys.argv]), "git_commit": _git_commit(),
+        "command": " ".join([Path(sys.executable).name, *sys.argv]), "git_commit": git_commit(),
         "env": {k: os.environ[k] for k in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY") if k in os.environ},
         "threads": torch.get_num_threads(), "batch": BATCH, "prompt_tokens": PROMPT_TOKENS, "sampler": sampler,
         "results": results,

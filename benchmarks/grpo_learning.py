@@ -22,6 +22,9 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE / "workloads"))
+from _common import git_commit  # noqa: E402
+
 LIBRARIES = ("rlhfkit", "trl")
 # TRL-only switches, each at what rlhfkit does (rlhfkit has none of these features)
 TRL_SETTINGS = dict(use_vllm=False, use_liger_kernel=False, use_transformers_paged=False, disable_dropout=False,
@@ -185,7 +188,7 @@ def main(argv=None) -> int:
             point(t["step"], t["wall_seconds"], t["cpu_seconds"],
                   *greedy_accuracy(work / f"grpo-{library}-seed{args.seed}" / f"step-{t['step']}", task, heldout, cfg.response_length))
             for t in runs[library]["timings"]]
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=HERE).stdout.strip()
+    commit = git_commit()
     trl_version = subprocess.run([args.trl_python, "-c", "import trl; print(trl.__version__)"],
                                  capture_output=True, text=True).stdout.strip()
     data = {"what": __doc__.splitlines()[0], "commit": commit,

@@ -20,6 +20,9 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks" / "workloads"))
+from _common import git_commit  # noqa: E402
+
 TRL_PYTHON = "benchmarks/.venvs/trl-new/bin/python"  # made by benchmarks/setup_trl.sh; relative to the checkout
 TOLERANCE = 1e-6
 N, T, MAX_COMPLETION_LENGTH = 6, 7, 8
@@ -162,13 +165,6 @@ def _max_abs_diff(a, b) -> float:
     return abs(a - b)
 
 
-def _git_commit() -> str:
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-
-    return git("rev-parse", "HEAD") + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
-
-
 def compare(trl_python: str) -> tuple[dict, str]:
     batch = make_batch()
     with tempfile.TemporaryDirectory() as tmp:
@@ -215,7 +211,7 @@ def main() -> None:
     results, trl_version = compare(args.trl_python)
     record = {
         "command": " ".join(["python", *sys.argv]),
-        "git_commit": _git_commit(),
+        "git_commit": git_commit(),
         "trl_version": trl_version,
         "dtype": "float64",
         "tolerance": TOLERANCE,

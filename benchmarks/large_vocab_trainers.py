@@ -6,7 +6,7 @@ config, so nothing downloads. One step is `trainer.training_step(model, batch)`:
 
 - full: the (B, T, V) logits path (what every DPO and SFT step did before the chunked path); forced by
   raising `rlhfkit.rollout.scoring.CHUNK_ELEMENTS` so no batch counts as large;
-- chunked: the default, label tokens scored in row chunks from the final hidden states (`rollout.lm_head`).
+- chunked: the default, label tokens scored in tiles from the final hidden states (`rollout.lm_head`).
 
 DPO: 4 pairs, a 32-token prompt, chosen responses of 480 tokens and rejected ones of 480, 440, 400, 360
 (so the concatenated batch is 8 rows of 512 columns with some padding). SFT: 4 rows of 512, 480, 448, 416
@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from large_vocab_logprobs import HIDDEN, LAYERS, VOCAB, _git_commit, _rss_gb, limit_threads, worker_result
+from large_vocab_logprobs import HIDDEN, LAYERS, VOCAB, _rss_gb, git_commit, limit_threads, worker_result
 
 HERE = Path(__file__).resolve().parent
 BATCH, LENGTH, PROMPT = 4, 512, 32
@@ -145,7 +145,7 @@ def main() -> None:
               f"{r['loss']:>10.5f} {r['grad_norm']:>10.5f}")  # fmt: skip
     record = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "git_commit": _git_commit(),
+        "git_commit": git_commit(),
         "model": {"vocab_size": VOCAB, "hidden_size": HIDDEN, "layers": LAYERS, "tied": False},
         "batch": BATCH, "max_length": LENGTH, "dpo_prompt_length": PROMPT, "threads": args.threads,
         "note": args.note, "results": rows,

@@ -16,12 +16,14 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE / "workloads"))
+from _common import git_commit  # noqa: E402
+
 ROWS, QUERY_RANGE, RESPONSE_RANGE, SEED = 16, (4, 16), (8, 256), 0
 
 
@@ -74,13 +76,6 @@ def _time_variants(model, batch, repeats: int, device: str) -> list[dict]:
     ]  # fmt: skip
 
 
-def _git_commit() -> str:
-    def git(*a):
-        return subprocess.run(["git", *a], cwd=HERE, capture_output=True, text=True, check=False).stdout.strip()
-
-    return git("rev-parse", "HEAD") + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
@@ -113,7 +108,7 @@ def main() -> None:
         print(f"{r['variant']:>8} {r['median_seconds']:>9.3f} {speedup:>8.2f}x {r['loss']:>10.5f} {r['grad_norm']:>10.5f}")
     record = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "git_commit": _git_commit(),
+        "git_commit": git_commit(),
         "model": "rlhfkit.testing llama-small", "device": args.device, "threads": args.threads,
         "rows": ROWS, "query_lengths": QUERY_RANGE, "response_lengths": RESPONSE_RANGE,
         "real_tokens": tokens, "padded_tokens": padded_tokens, "packed_shape": list(packed_shape), "repeats": args.repeats, "note": args.note,
