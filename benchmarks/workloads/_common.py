@@ -223,9 +223,11 @@ def emit(args: argparse.Namespace, library: str, workload: str, step_times: list
 
 
 def git_commit() -> str:
-    """HEAD of this checkout, with `-dirty` when tracked files differ from it: what a result file names."""
+    """HEAD of this checkout, with `-dirty` when the measured code (src/ or a benchmark script) differs from it:
+    what a result file names. Result files, notes and docs written during a run do not count."""
 
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=Path(__file__).parent, capture_output=True, text=True).stdout.strip()
 
-    return git("rev-parse", "HEAD") + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+    code = ("--", ":/src", ":/benchmarks/*.py")  # repository-root pathspecs; `*` also matches workloads/
+    return git("rev-parse", "HEAD") + ("-dirty" if git("status", "--porcelain", "--untracked-files=no", *code) else "")
