@@ -21,15 +21,16 @@ VOCAB = {"v1k": 1000, "v8k": 8192, "v32k": 32000, "v152k": 151_936, "v152k-eos":
 TARGETS = {"memory": 1 / 3, "speed": 1.3, "eos_speed": 1.5}  # issue 16
 LIBRARIES = ("rlhfkit", "trl")
 # Workloads whose earlier runs measured code that has since changed: only these files count for them.
-# The *-trim files measured the chunked log-probabilities with one logits block per forward chunk, a backward in
-# small (rows, vocabulary) tiles and the heap trimmed before backward (commit 0e98483): every PPO, RLOO and DPO
-# point at a vocabulary large enough for the chunked path. Earlier files (transformers `generate`, the decode
-# loop before and after its preallocated KV cache, the tiled backward alone in results-lv-tiles.json, DPO's
-# first chunked path in results-dpo-main.json) stay in the folder as history.
+# The *-online files measured the chunked log-probabilities with both passes in (rows, vocabulary) tiles, the
+# forward folding each tile into an online log-sum-exp (commit 4200a86): every PPO, RLOO and DPO point at a
+# vocabulary large enough for the chunked path. Earlier files (transformers `generate`, the decode loop before
+# and after its preallocated KV cache, the tiled backward alone in results-lv-tiles.json, one forward block per
+# chunk with the heap trim in the *-trim files, DPO's first chunked path in results-dpo-main.json, and the
+# rloo256-* pairs comparing the last two) stay in the folder as history.
 DECODE_LOOP_FILES = {
-    "results-lv-trim.json", "results-eos-trim.json", "results-vocab-trim.json", "results-lv1024-trim.json",
+    "results-lv-online.json", "results-eos-online.json", "results-vocab-online.json", "results-lv1024-online.json",
 }  # fmt: skip
-CURRENT_ONLY = {"dpo-lv": {"results-dpo-trim.json"}, "ppo-lv": DECODE_LOOP_FILES, "rloo-lv": DECODE_LOOP_FILES}
+CURRENT_ONLY = {"dpo-lv": {"results-dpo-online.json"}, "ppo-lv": DECODE_LOOP_FILES, "rloo-lv": DECODE_LOOP_FILES}
 # Points re-measured after a change to the code they run: only these files count for them (workload, model,
 # length, eos). Empty since the decode-loop runs replaced every PPO and RLOO point.
 CURRENT_POINTS: dict[tuple[str, str, int, bool], set[str]] = {}
