@@ -155,6 +155,7 @@ def test_tiles_follow_the_row_group_and_tile_size(monkeypatch):
     monkeypatch.setattr(chunked_logprobs, "ROW_GROUP", 10)
     seen = []
     real = torch.nn.functional.linear
+
     def linear(h, w, *args):
         seen.append((h.shape[0], w.shape[0]))
         return real(h, w, *args)
