@@ -26,7 +26,6 @@ from rlhfkit.rollout.rewards import NonFiniteStepWarning  # defined with the sco
 from rlhfkit.trainers.checkpointing import (
     CHECKPOINT_PREFIX,
     as_write_error,
-    discard_staging,
     finish_checkpoint,
     latest_checkpoint,
     lock_output_dir,
@@ -332,8 +331,7 @@ class RobustTrainerMixin:
             self.args.output_dir = str(staged.parent)  # Trainer derives the checkpoint folder from output_dir
             try:
                 trainer_save(model, trial)
-            except OSError as err:
-                discard_staging(staged)
+            except OSError as err:  # `failed` discards the staging folder once every process is done writing
                 raise as_write_error(err, final) from err
             finally:
                 self.args.output_dir = original

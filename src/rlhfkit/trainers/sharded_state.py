@@ -30,11 +30,16 @@ def run_together(part: Callable[[], Any], failed: Callable[[list[int]], BaseExce
 
     When any process's part raised, every process calls `failed(failed_ranks)` (to clean up) and raises at
     once, instead of the others waiting at the next collective until it times out: a failed process its own
-    error, the others the one `failed` returns.
+    error, the others the one `failed` returns. Clean-up waits for that: a process that cleaned up at once
+    could delete a shared folder another is still writing in.
     """
     rank, world = process_rank()
     if world == 1:
-        part()
+        try:
+            part()
+        except Exception:
+            failed([rank])  # the same clean-up as with several processes
+            raise
         return
     error = None
     try:

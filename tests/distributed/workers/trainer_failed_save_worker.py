@@ -1,11 +1,13 @@
 """Worker: an SFT Trainer run on 2 gloo processes whose second checkpoint fails on rank 1 only.
 
-Rank 1's random-state file (each process writes its own into the checkpoint) raises OSError at step 2.
+Rank 1's random-state file (each process writes its own into the checkpoint) raises OSError at step 2, while
+rank 0 is still writing its own.
 The collective timeout is 60 s: a process left waiting at a barrier would fail with a timeout instead of
 the checkpoint error each result records.
 """
 
 import os
+import time
 from pathlib import Path
 
 from hf_fixtures import build
@@ -19,6 +21,8 @@ rank, original = trainer.args.process_index, trainer._save_rng_state
 def failing_rng_state(output_dir):
     if rank == 1 and trainer.state.global_step == 2:
         raise OSError(5, "disk error on process 1")
+    if rank == 0 and trainer.state.global_step == 2:
+        time.sleep(2)  # rank 1 fails first: it must not delete the folder rank 0 is still writing in
     return original(output_dir)
 
 
