@@ -148,7 +148,7 @@ def main() -> None:
                       f"tok/s  rlhfkit {cell['rlhfkit']['tokens_per_s']:8.1f} tok/s  speedup wall "
                       f"{cell['speedup_wall']:.2f}x cpu {cell['speedup_cpu']:.2f}x", flush=True)  # fmt: skip
     report = {
-        "command": " ".join([Path(sys.executable).name, *sys.argv]), "git_commit": git_commit(),
+        "command": " ".join([Path(sys.executable).name, *sys.argv]), "git_commit": git_commit(__file__),
         "env": {k: os.environ[k] for k in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY") if k in os.environ},
         "threads": torch.get_num_threads(), "batch": BATCH, "prompt_tokens": PROMPT_TOKENS, "sampler": sampler,
         "results": results,

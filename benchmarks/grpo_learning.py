@@ -188,7 +188,7 @@ def main(argv=None) -> int:
             point(t["step"], t["wall_seconds"], t["cpu_seconds"],
                   *greedy_accuracy(work / f"grpo-{library}-seed{args.seed}" / f"step-{t['step']}", task, heldout, cfg.response_length))
             for t in runs[library]["timings"]]
-    commit = git_commit()
+    commit = git_commit(__file__)
     trl_version = subprocess.run([args.trl_python, "-c", "import trl; print(trl.__version__)"],
                                  capture_output=True, text=True).stdout.strip()
     data = {"what": __doc__.splitlines()[0], "commit": commit,

@@ -211,7 +211,7 @@ def main() -> None:
     results, trl_version = compare(args.trl_python)
     record = {
         "command": " ".join(["python", *sys.argv]),
-        "git_commit": git_commit(),
+        "git_commit": git_commit(__file__),
         "trl_version": trl_version,
         "dtype": "float64",
         "tolerance": TOLERANCE,

@@ -149,7 +149,7 @@ def main() -> None:
     _print_table(rows)
     record = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "git_commit": git_commit(),
+        "git_commit": git_commit(__file__),
         "model": {"vocab_size": VOCAB, "hidden_size": HIDDEN, "layers": LAYERS, "tied": False},
         "batch": BATCH, "query_length": QUERY, "threads": args.threads, "results": rows,
     }  # fmt: skip

@@ -145,7 +145,7 @@ def main() -> None:
               f"{r['loss']:>10.5f} {r['grad_norm']:>10.5f}")  # fmt: skip
     record = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "git_commit": git_commit(),
+        "git_commit": git_commit(__file__, HERE / "large_vocab_logprobs.py"),
         "model": {"vocab_size": VOCAB, "hidden_size": HIDDEN, "layers": LAYERS, "tied": False},
         "batch": BATCH, "max_length": LENGTH, "dpo_prompt_length": PROMPT, "threads": args.threads,
         "note": args.note, "results": rows,

@@ -108,7 +108,7 @@ def main() -> None:
         print(f"{r['variant']:>8} {r['median_seconds']:>9.3f} {speedup:>8.2f}x {r['loss']:>10.5f} {r['grad_norm']:>10.5f}")
     record = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "git_commit": git_commit(),
+        "git_commit": git_commit(__file__),
         "model": "rlhfkit.testing llama-small", "device": args.device, "threads": args.threads,
         "rows": ROWS, "query_lengths": QUERY_RANGE, "response_lengths": RESPONSE_RANGE,
         "real_tokens": tokens, "padded_tokens": padded_tokens, "packed_shape": list(packed_shape), "repeats": args.repeats, "note": args.note,

@@ -140,7 +140,7 @@ def main() -> None:
     if "--output" in options:  # a result file that names its commit and command
         from _common import git_commit  # the workloads folder is on sys.path by now
 
-        record = {"command": command, "commit": git_commit(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        record = {"command": command, "commit": git_commit(__file__), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                   "script": script, "phases": tracer.phases}
         Path(options["--output"]).write_text(json.dumps(record, indent=1) + "\n")
 

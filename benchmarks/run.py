@@ -32,6 +32,9 @@ from pathlib import Path
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE / "workloads"))
+import _common as workload_common  # noqa: E402
+
 DEFAULT_WORK = HERE / ".work"
 VENVS = HERE / ".venvs"
 RESULT_PREFIX = "BENCH_RESULT "
@@ -475,17 +478,8 @@ def _repo_relative(path: Path) -> str:
 
 
 def git_commit() -> str:
-    """The checkout's commit, with `-dirty` when the measured code (src/, the harness and its workloads)
-    differs from it: the figures name their code, while notes and docs may be edited during a run."""
-    root = Path(__file__).resolve().parents[1]
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "src",
-                                "benchmarks/workloads", "benchmarks/run.py", "benchmarks/prepare.py"], cwd=root,
-                               capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head.stdout.strip() + ("-dirty" if dirty else "")
+    """The checkout's commit, `-dirty` when src/, the workloads or the harness (this file, prepare.py) differ."""
+    return workload_common.git_commit(__file__, HERE / "prepare.py")
 
 
 def machine() -> str:

@@ -222,12 +222,16 @@ def emit(args: argparse.Namespace, library: str, workload: str, step_times: list
     return result
 
 
-def git_commit() -> str:
-    """HEAD of this checkout, with `-dirty` when the measured code (src/ or a benchmark script) differs from it:
-    what a result file names. Result files, notes and docs written during a run do not count."""
-
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=Path(__file__).parent, capture_output=True, text=True).stdout.strip()
-
-    code = ("--", ":/src", ":/benchmarks/*.py")  # repository-root pathspecs; `*` also matches workloads/
-    return git("rev-parse", "HEAD") + ("-dirty" if git("status", "--porcelain", "--untracked-files=no", *code) else "")
+def git_commit(*scripts: str | Path) -> str:
+    """HEAD of this checkout, with `-dirty` when the measured code differs from it: src/, the workloads and the
+    `scripts` that ran (the caller's own file, say). What a result file names: result files, notes and docs
+    written during a run do not count. "unknown" outside a git checkout."""
+    root = Path(__file__).resolve().parents[2]
+    measured = [root / "src", root / "benchmarks" / "workloads", *(Path(s).resolve() for s in scripts)]
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", *map(str, measured)],
+                               cwd=root, capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head.stdout.strip() + ("-dirty" if dirty else "")

@@ -270,3 +270,38 @@ def test_rss_trace_options():
         rss_trace._options(["--phases"])
     with pytest.raises(SystemExit, match="--output FILE"):
         rss_trace._options(["--bogus", "x"])
+
+
+def test_git_commit_is_dirty_only_for_measured_code(tmp_path):
+    # a small checkout with the harness's _common.py: src/, the workloads and the scripts named count; result
+    # files, docs and other benchmark scripts written during a run do not
+    workloads = tmp_path / "benchmarks" / "workloads"
+    workloads.mkdir(parents=True)
+    (workloads / "_common.py").write_text((BENCH / "workloads" / "_common.py").read_text())
+    (tmp_path / "src").mkdir()
+    for name in ("src/lib.py", "benchmarks/measure.py", "benchmarks/other.py", "benchmarks/result.json"):
+        (tmp_path / name).write_text("0\n")
+
+    def git(*args):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
+                       capture_output=True)
+
+    git("init", "-q")
+    git("add", "-A")
+    git("commit", "-qm", "x")
+    spec = importlib.util.spec_from_file_location("tmp_common", workloads / "_common.py")
+    common = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(common)
+    script = tmp_path / "benchmarks" / "measure.py"
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout.strip()
+    assert common.git_commit(script) == head
+    for name in ("benchmarks/result.json", "benchmarks/other.py"):
+        (tmp_path / name).write_text("1\n")
+    assert common.git_commit(script) == head  # a result file and a script that did not run
+    (tmp_path / "benchmarks" / "other.py").write_text("0\n")
+    for changed in ("benchmarks/measure.py", "src/lib.py", "benchmarks/workloads/_common.py"):
+        original = (tmp_path / changed).read_text()
+        (tmp_path / changed).write_text(original + "# edited\n")
+        assert common.git_commit(script) == head + "-dirty", changed
+        (tmp_path / changed).write_text(original)
+    assert common.git_commit(script) == head
