@@ -5,7 +5,7 @@ config, so nothing downloads. One step is `trainer.training_step(model, batch)`:
 (for DPO with the reference pass), no optimizer update. Two variants, each in a fresh subprocess:
 
 - full: the (B, T, V) logits path (what every DPO and SFT step did before the chunked path); forced by
-  raising `rlhfkit.rollout.scoring.CHUNK_ELEMENTS` so no batch counts as large;
+  raising `rlhfkit.rollout.scoring.CHUNKED_HEAD_MIN_LOGITS` so no batch counts as large;
 - chunked: the default, label tokens scored in tiles from the final hidden states (`rollout.lm_head`).
 
 DPO: 4 pairs, a 32-token prompt, chosen responses of 480 tokens and rejected ones of 480, 440, 400, 360
@@ -100,7 +100,7 @@ def _worker(trainer_name: str, variant: str, threads: int) -> dict:
     from rlhfkit.rollout import scoring
 
     if variant == "full":
-        scoring.CHUNK_ELEMENTS = 1 << 62  # no batch outgrows "one chunk": every pass builds the full logits
+        scoring.CHUNKED_HEAD_MIN_LOGITS = 1 << 62  # no batch counts as large: every pass builds the full logits
     with tempfile.TemporaryDirectory() as out:
         trainer, batch, kwargs = (_dpo if trainer_name == "dpo" else _sft)(out)
         model = trainer.model

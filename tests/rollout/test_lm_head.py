@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import warnings
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -176,7 +177,21 @@ def test_bad_arguments_raise_before_the_forward():
         chunked_response_outputs(model, responses, response_mask.long(), response_mask.long(), responses)
 
 
-def test_forward_response_takes_the_chunked_path_once_logits_outgrow_a_chunk(monkeypatch):
+def test_prefers_chunked_head_above_the_threshold_through_wrappers(monkeypatch):
+    from rlhfkit.rollout import scoring
+
+    monkeypatch.setattr(scoring, "CHUNKED_HEAD_MIN_LOGITS", 1000)
+    model = torch.nn.Module()
+    model.config = SimpleNamespace(vocab_size=100)
+    wrapper = torch.nn.Module()
+    wrapper.module = model  # DDP-style: the vocabulary is found on the wrapped model
+    assert not scoring.prefers_chunked_head(model, 10)  # 1,000 logits: not more than the threshold
+    assert scoring.prefers_chunked_head(model, 11) and scoring.prefers_chunked_head(wrapper, 11)
+    assert not scoring.prefers_chunked_head(wrapper, 10)
+    assert scoring.prefers_chunked_head(torch.nn.Linear(2, 2), 1)  # vocabulary unknown: the chunked path
+
+
+def test_forward_response_takes_the_chunked_path_for_large_logits(monkeypatch):
     from rlhfkit.rollout import scoring
 
     model = tiny_value_head_model("llama", summary_dropout_prob=0.0).eval()
@@ -187,7 +202,7 @@ def test_forward_response_takes_the_chunked_path_once_logits_outgrow_a_chunk(mon
     original = scoring.chunked_response_outputs
     monkeypatch.setattr(scoring, "chunked_response_outputs", lambda *a, **k: calls.append(1) or original(*a, **k))
     assert forward_response(model, *batch, with_values=True, packed=False).logprobs is not None and not calls
-    monkeypatch.setattr(scoring, "CHUNK_ELEMENTS", 8)  # now 18 tokens x vocab is "large"
+    monkeypatch.setattr(scoring, "CHUNKED_HEAD_MIN_LOGITS", 8)  # now 18 tokens x vocab is "large"
     lean = forward_response(model, *batch, with_values=True, with_entropy=True, packed=False)
     assert calls == [1]
     real = batch[3]

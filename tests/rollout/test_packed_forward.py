@@ -87,7 +87,7 @@ def test_lora_peft_model_matches_padded(pack_calls):
 
 
 def test_packed_rows_combine_with_the_chunked_path(monkeypatch, pack_calls):
-    monkeypatch.setattr(scoring, "CHUNK_ELEMENTS", 8)  # every batch's logits now outgrow a chunk
+    monkeypatch.setattr(scoring, "CHUNKED_HEAD_MIN_LOGITS", 8)  # every batch now takes the chunked head
     calls = []
     original = scoring.packed_chunked_outputs
     monkeypatch.setattr(scoring, "packed_chunked_outputs", lambda *a, **k: calls.append(1) or original(*a, **k))

@@ -130,7 +130,7 @@ def _train_metrics(tmp_path, tok):
 
 def test_training_run_logs_the_same_metrics(tmp_path, tok, monkeypatch):
     full_logs, full_params = _train_metrics(tmp_path / "full", tok)
-    monkeypatch.setattr(scoring, "CHUNK_ELEMENTS", 8)
+    monkeypatch.setattr(scoring, "CHUNKED_HEAD_MIN_LOGITS", 8)
     chunked_logs, chunked_params = _train_metrics(tmp_path / "chunked", tok)
     assert len(full_logs) == len(chunked_logs) == 2
     for full, chunked in zip(full_logs, chunked_logs):

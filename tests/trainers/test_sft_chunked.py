@@ -120,7 +120,7 @@ def _train(tmp_path, tok, packing):
 @pytest.mark.parametrize("packing", [False, True])
 def test_training_run_gives_the_same_losses_and_weights(tmp_path, tok, monkeypatch, packing):
     full_losses, full_params = _train(tmp_path / "full", tok, packing)
-    monkeypatch.setattr(scoring, "CHUNK_ELEMENTS", 8)
+    monkeypatch.setattr(scoring, "CHUNKED_HEAD_MIN_LOGITS", 8)
     chunked_losses, chunked_params = _train(tmp_path / "chunked", tok, packing)
     assert len(full_losses) == 2
     assert chunked_losses == pytest.approx(full_losses, rel=1e-5)

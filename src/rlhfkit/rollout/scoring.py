@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rlhfkit.core.logprobs import CHUNK_ELEMENTS, entropy_from_logits, selective_log_softmax
+from rlhfkit.core.logprobs import entropy_from_logits, selective_log_softmax
 from rlhfkit.core.masking import last_true_indices, position_ids_from_mask
 from rlhfkit.models.peft_detection import peft_model_of, without_peft
 from rlhfkit.rollout.batch import RolloutBatch
@@ -57,18 +57,23 @@ def _split_output(output) -> tuple[torch.Tensor, torch.Tensor | None]:
     return output.logits, None
 
 
-def logits_exceed_one_chunk(model: torch.nn.Module, tokens: int) -> bool:
-    """Whether `tokens` rows of vocabulary logits outgrow one chunk of the memory-lean path.
+# Batches with more logits than this take the chunked head. Timed in benchmarks/head_crossover.json: above
+# 16 MiB of float32 logits the chunked pass was about as fast as building them or faster, below it up to 1.5x
+# slower for a few MiB of memory saved.
+CHUNKED_HEAD_MIN_LOGITS = 1 << 22
 
-    Below that size the chunked path is one chunk plus a recomputation in backward: no memory saved,
-    some time lost. The vocabulary size is looked up through DDP-style wrappers (`.module`), so a wrapped
-    policy and its unwrapped reference take the same path; a model whose size is unknown takes the chunked one.
+
+def prefers_chunked_head(model: torch.nn.Module, tokens: int) -> bool:
+    """Whether `tokens` rows of vocabulary logits are many enough for the chunked head (`rollout.lm_head`).
+
+    The vocabulary size is looked up through DDP-style wrappers (`.module`), so a wrapped policy and its
+    unwrapped reference take the same path; a model whose size is unknown takes the chunked one.
     """
     vocab = None
     while model is not None and vocab is None:
         vocab = getattr(getattr(model, "config", None), "vocab_size", None)
         model = getattr(model, "module", None)
-    return not isinstance(vocab, int) or tokens * vocab > CHUNK_ELEMENTS
+    return not isinstance(vocab, int) or tokens * vocab > CHUNKED_HEAD_MIN_LOGITS
 
 
 def _encoder_decoder_logits(model, query_ids, query_mask, responses, response_mask):
@@ -127,8 +132,8 @@ def forward_response(
     Returns:
         ForwardOutput with logprobs (B, R) float32, and values / entropy / logits when requested.
         Values are those of the state before each response token; entropy is a statistic (no gradient).
-        Masked positions hold junk; mask them. Without `return_logits`, a batch whose logits would outgrow
-        one chunk goes through the memory-lean chunked path (`rollout.lm_head`): same numbers, no (B, R, V).
+        Masked positions hold junk; mask them. Without `return_logits`, a batch with more than
+        CHUNKED_HEAD_MIN_LOGITS logits goes through the memory-lean chunked path (`rollout.lm_head`): same numbers, no (B, R, V).
     `packed`: score the rows padding-free, several to a packed row (`rollout.packing`; same numbers). True
     packs whenever the model supports it, None (default) also needs packing to save >= 10% of the tokens,
     False never packs.
@@ -142,8 +147,8 @@ def forward_response(
         attention_mask = torch.cat([query_mask.long(), response_mask.long()], dim=1)
         position_ids = position_ids_from_mask(attention_mask)
         rows = maybe_pack(model, input_ids, attention_mask, position_ids, length_r, packed)
-        if not return_logits and logits_exceed_one_chunk(model, responses.numel()):
-            # the (B, R, V) logits would not fit one chunk: project the vocabulary chunk by chunk instead
+        if not return_logits and prefers_chunked_head(model, responses.numel()):
+            # no (B, R, V) logits: project the vocabulary tile by tile from the final hidden states
             options = dict(temperature=temperature, with_values=with_values, with_entropy=with_entropy)
             chunked = (
                 chunked_response_outputs(model, input_ids, attention_mask, position_ids, responses, **options)

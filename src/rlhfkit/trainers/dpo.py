@@ -26,7 +26,7 @@ from rlhfkit.data.collators import DPODataCollatorWithPadding, cat_padded
 from rlhfkit.data.preference import prepare_dpo_dataset
 from rlhfkit.models.reference import Reference, choose_reference
 from rlhfkit.rollout.lm_head import chunked_label_logprobs
-from rlhfkit.rollout.scoring import forward_accepts, logits_exceed_one_chunk
+from rlhfkit.rollout.scoring import forward_accepts, prefers_chunked_head
 from rlhfkit.trainers import hf_trainer_setup
 from rlhfkit.trainers.dpo_config import DPOConfig
 from rlhfkit.trainers.hf_trainer_setup import MetricBuffer, SeedKeywordTrainer, load_model, load_policy
@@ -211,7 +211,7 @@ class DPOTrainer(SeedKeywordTrainer):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """(chosen_logps, rejected_logps, chosen mean logit, rejected mean logit), (B,) each; means None unless asked.
 
-        Training and the reference pass use it. When the (2B, T, V) logits would outgrow one chunk and the head
+        Training and the reference pass use it. When the (2B, T, V) logits would be large (`prefers_chunked_head`) and the head
         is a plain linear layer, the label tokens are scored in chunks from the final hidden states
         (`rollout.lm_head`): no (2B, T', V) tensor. Otherwise, or when a subclass overrides
         `concatenated_forward`, it is `concatenated_forward` plus `_mean_response_logit`: same numbers.
@@ -219,7 +219,7 @@ class DPOTrainer(SeedKeywordTrainer):
         inputs = self.concatenated_inputs(batch)
         labels, n, chunked = inputs["concatenated_labels"], batch["chosen_input_ids"].shape[0], None
         own_forward = type(self).concatenated_forward is DPOTrainer.concatenated_forward
-        if own_forward and logits_exceed_one_chunk(model, labels.numel()):
+        if own_forward and prefers_chunked_head(model, labels.numel()):
             chunked = chunked_label_logprobs(
                 model, labels, ignore_index=self.label_pad_token_id, with_mean_logits=with_mean_logits,
                 input_ids=inputs["concatenated_input_ids"], attention_mask=inputs["concatenated_attention_mask"],

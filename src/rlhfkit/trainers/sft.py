@@ -21,7 +21,7 @@ from rlhfkit.data.collators import SFTDataCollator
 from rlhfkit.data.packing import ConstantLengthDataset
 from rlhfkit.data.preparation import check_not_empty, prepare_sft_dataset
 from rlhfkit.rollout.lm_head import chunked_label_logprobs
-from rlhfkit.rollout.scoring import logits_exceed_one_chunk
+from rlhfkit.rollout.scoring import prefers_chunked_head
 from rlhfkit.trainers.hf_trainer_setup import SeedKeywordTrainer, apply_overrides, load_policy
 from rlhfkit.trainers.sft_config import SFTConfig
 
@@ -112,7 +112,7 @@ class SFTTrainer(SeedKeywordTrainer):
         return datasets.Dataset.from_list(blocks)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        """transformers' causal-LM loss; without (B, T, V) logits when they would outgrow one chunk.
+        """transformers' causal-LM loss; without (B, T, V) logits when they would be large.
 
         Then the label tokens are scored in chunks from the final hidden states (`rollout.lm_head`), with the
         same reduction as transformers 5: summed and divided by `num_items_in_batch` (the label tokens of the
@@ -131,7 +131,7 @@ class SFTTrainer(SeedKeywordTrainer):
             and "labels" in inputs
             and "shift_labels" not in inputs
             and not getattr(getattr(self.accelerator, "parallelism_config", None), "sp_enabled", False)
-            and logits_exceed_one_chunk(model, inputs["labels"].numel())
+            and prefers_chunked_head(model, inputs["labels"].numel())
         ):
             forward = {k: v for k, v in inputs.items() if k != "labels"}
             chunked = chunked_label_logprobs(model, inputs["labels"], **forward)
