@@ -57,9 +57,9 @@ def _split_output(output) -> tuple[torch.Tensor, torch.Tensor | None]:
     return output.logits, None
 
 
-# Batches with more logits than this take the chunked head. Timed in benchmarks/head_crossover.json: above
-# 16 MiB of float32 logits the chunked pass was about as fast as building them or faster, below it up to 1.5x
-# slower for a few MiB of memory saved.
+# Batches with more logits than this take the chunked head. In benchmarks/head_crossover.json, above 16 MiB of
+# float32 logits the chunked pass was as fast as building them or faster in every case timed; below it, often
+# slower, for a few MiB saved.
 CHUNKED_HEAD_MIN_LOGITS = 1 << 22
 
 
