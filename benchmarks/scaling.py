@@ -24,10 +24,10 @@ LIBRARIES = ("rlhfkit", "trl")
 # The *-online files measured the chunked log-probabilities with both passes in (rows, vocabulary) tiles, the
 # forward folding each tile into an online log-sum-exp (commit 4200a86): every PPO, RLOO and DPO point at a
 # vocabulary large enough for the chunked path. The eos and vocabulary points were re-measured after commit
-# 4130952 lowered the chunked head's threshold from 64 to 16 MiB of logits (results-{eos,vocab,v1k}-head.json), which
-# moved short eos micro-batches and the 8,192-token batches onto it. Earlier files (the *-online eos and
-# vocabulary files, transformers `generate`, the decode loop before and after its preallocated KV cache, the tiled backward alone in results-lv-tiles.json, one forward block per
-# chunk with the heap trim in the *-trim files, DPO's first chunked path in results-dpo-main.json, and the
+# 4130952 lowered the chunked head's threshold from 64 to 16 MiB of logits (results-{eos,vocab,v1k}-head.json),
+# which moved short eos micro-batches and the 8,192-token batches onto it. Earlier files (the *-online eos and
+# vocabulary files, transformers `generate`, the decode loop before and after its preallocated KV cache, the
+# tiled backward alone in results-lv-tiles.json, one forward block per chunk with the heap trim in the *-trim files, DPO's first chunked path in results-dpo-main.json, and the
 # rloo256-* pairs comparing the last two) stay in the folder as history.
 DECODE_LOOP_FILES = {
     "results-lv-online.json", "results-eos-head.json", "results-vocab-head.json", "results-v1k-head.json",

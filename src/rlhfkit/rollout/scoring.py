@@ -133,7 +133,8 @@ def forward_response(
         ForwardOutput with logprobs (B, R) float32, and values / entropy / logits when requested.
         Values are those of the state before each response token; entropy is a statistic (no gradient).
         Masked positions hold junk; mask them. Without `return_logits`, a batch with more than
-        CHUNKED_HEAD_MIN_LOGITS logits goes through the memory-lean chunked path (`rollout.lm_head`): same numbers, no (B, R, V).
+        CHUNKED_HEAD_MIN_LOGITS logits goes through the memory-lean chunked path (`rollout.lm_head`): same
+        numbers, no (B, R, V).
     `packed`: score the rows padding-free, several to a packed row (`rollout.packing`; same numbers). True
     packs whenever the model supports it, None (default) also needs packing to save >= 10% of the tokens,
     False never packs.

@@ -211,9 +211,9 @@ class DPOTrainer(SeedKeywordTrainer):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """(chosen_logps, rejected_logps, chosen mean logit, rejected mean logit), (B,) each; means None unless asked.
 
-        Training and the reference pass use it. When the (2B, T, V) logits would be large (`prefers_chunked_head`) and the head
-        is a plain linear layer, the label tokens are scored in chunks from the final hidden states
-        (`rollout.lm_head`): no (2B, T', V) tensor. Otherwise, or when a subclass overrides
+        Training and the reference pass use it. When the (2B, T, V) logits would be large
+        (`prefers_chunked_head`) and the head is a plain linear layer, the label tokens are scored in chunks from
+        the final hidden states (`rollout.lm_head`): no (2B, T', V) tensor. Otherwise, or when a subclass overrides
         `concatenated_forward`, it is `concatenated_forward` plus `_mean_response_logit`: same numbers.
         """
         inputs = self.concatenated_inputs(batch)
