@@ -244,6 +244,14 @@ def test_inverse_cdf_draws_follow_the_probabilities():
     assert counts[probs == 0].sum() == 0
 
 
+def test_inverse_cdf_draw_rounded_up_to_the_total_takes_the_last_possible_token(monkeypatch):
+    # u == total: the search passes every token, lands on zero-probability ones (clamped to the last column);
+    # the running sum reaches the total at the last token with probability > 0, so that is the draw
+    probs = torch.tensor([[0.5, 0.3, 0.2, 0.0, 0.0], [0.1, 0.0, 0.0, 0.6, 0.3], [0.0, 0.9, 0.0, 0.0, 0.0]])
+    monkeypatch.setattr(torch, "rand", lambda shape, **kw: torch.ones(shape, **kw))
+    assert sample_inverse_cdf(probs).tolist() == [2, 4, 1]
+
+
 def test_the_factory_names_its_engines():
     model = model_of("gpt2")
     assert type(make_generation_backend(model, PAD)) is DecodeLoopBackend
