@@ -134,7 +134,7 @@ def sample_inverse_cdf(probs: torch.Tensor) -> torch.Tensor:
     u = torch.rand((probs.shape[0], 1), device=probs.device, dtype=cdf.dtype) * cdf[:, -1:]
     tokens = torch.searchsorted(cdf, u, right=True).clamp_(max=probs.shape[-1] - 1)
     impossible = probs.gather(-1, tokens) <= 0
-    last_possible = probs.shape[-1] - 1 - (probs.flip(-1) > 0).int().argmax(-1, keepdim=True)
+    last_possible = torch.searchsorted(cdf, cdf[:, -1:])  # the first index where the running sum reaches the total
     return torch.where(impossible, last_possible, tokens).squeeze(-1)
 
 
