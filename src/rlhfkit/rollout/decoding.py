@@ -131,10 +131,11 @@ def sample_inverse_cdf(probs: torch.Tensor) -> torch.Tensor:
     and the draw takes that last possible token (where the running sum reaches the total).
     """
     cdf = probs.cumsum(-1)
-    u = torch.rand((probs.shape[0], 1), device=probs.device, dtype=cdf.dtype) * cdf[:, -1:]
+    total = cdf[:, -1:].contiguous()
+    u = torch.rand((probs.shape[0], 1), device=probs.device, dtype=cdf.dtype) * total
     tokens = torch.searchsorted(cdf, u, right=True).clamp_(max=probs.shape[-1] - 1)
     impossible = probs.gather(-1, tokens) <= 0
-    last_possible = torch.searchsorted(cdf, cdf[:, -1:])  # the first index where the running sum reaches the total
+    last_possible = torch.searchsorted(cdf, total)  # the first index where the running sum reaches the total
     return torch.where(impossible, last_possible, tokens).squeeze(-1)
 
 
