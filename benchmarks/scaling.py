@@ -23,14 +23,17 @@ LIBRARIES = ("rlhfkit", "trl")
 # Workloads whose earlier runs measured code that has since changed: only these files count for them.
 # The *-online files measured the chunked log-probabilities with both passes in (rows, vocabulary) tiles, the
 # forward folding each tile into an online log-sum-exp (commit 4200a86): every PPO, RLOO and DPO point at a
-# vocabulary large enough for the chunked path. The eos and vocabulary points were re-measured after commit
-# 4130952 lowered the chunked head's threshold from 64 to 16 MiB of logits (results-{eos,vocab,v1k}-head.json),
-# which moved short eos micro-batches and the 8,192-token batches onto it. Earlier files (the *-online eos and
-# vocabulary files, transformers `generate`, the decode loop before and after its preallocated KV cache, the
-# tiled backward alone in results-lv-tiles.json, one forward block per chunk with the heap trim in the *-trim files, DPO's first chunked path in results-dpo-main.json, and the
-# rloo256-* pairs comparing the last two) stay in the folder as history.
+# vocabulary large enough for the chunked path. The vocabulary points were re-measured after commit 4130952
+# lowered the chunked head's threshold from 64 to 16 MiB of logits (results-{vocab,v1k}-head.json), which moved
+# the 8,192-token batches onto it, and the eos points after commit 74b141a made the sampler's rare fallback a
+# binary search instead of an argmax over the vocabulary at every decode step (results-eos-sampler.json;
+# results-eos-head.json has the threshold alone). The 151,936-token points at fixed length (-online files) ran
+# with that argmax, which only rlhfkit's decode loop ran. Earlier files (transformers `generate`, the decode loop
+# before and after its preallocated KV cache, the tiled backward alone in results-lv-tiles.json, one forward
+# block per chunk with the heap trim in the *-trim files, DPO's first chunked path in results-dpo-main.json, and
+# the rloo256-* pairs comparing the last two) stay in the folder as history.
 DECODE_LOOP_FILES = {
-    "results-lv-online.json", "results-eos-head.json", "results-vocab-head.json", "results-v1k-head.json",
+    "results-lv-online.json", "results-eos-sampler.json", "results-vocab-head.json", "results-v1k-head.json",
     "results-lv1024-online.json",
 }  # fmt: skip
 CURRENT_ONLY = {"dpo-lv": {"results-dpo-online.json"}, "ppo-lv": DECODE_LOOP_FILES, "rloo-lv": DECODE_LOOP_FILES}
