@@ -126,9 +126,10 @@ def sample_inverse_cdf(probs: torch.Tensor) -> torch.Tensor:
     """One token per row of `probs` (A, V): the first index whose running sum exceeds a uniform draw.
 
     Exact like `torch.multinomial(probs, 1)` but much cheaper at a 152k vocabulary on CPU (one cumsum and
-    binary searches instead of multinomial's setup; benchmarks/decode_loop.json times both). The draw is scaled by the row's total; when rounding
-    lifts it to the total itself, the search runs past the last possible token into zero-probability ones,
-    and the draw takes that last possible token (where the running sum reaches the total).
+    binary searches instead of multinomial's setup; benchmarks/decode_loop.json times both). The draw is
+    scaled by the row's total; when rounding lifts it to the total itself, the search runs past the last
+    possible token into zero-probability ones, and the draw takes that last possible token (where the
+    running sum reaches the total).
     """
     cdf = probs.cumsum(-1)
     total = cdf[:, -1:].contiguous()
