@@ -75,10 +75,11 @@ def _case(vocab: int, hidden_size: int, tokens: int, repeats: int, max_full_gb: 
                 path()
         return step
 
-    row = {"vocab": vocab, "hidden": hidden_size, "tokens": tokens, "full_logits_mb": round(tokens * vocab * 4 / 2**20, 1)}
+    logits_mb = tokens * vocab * 4 / 2**20  # float32
+    row = {"vocab": vocab, "hidden": hidden_size, "tokens": tokens, "full_logits_mb": round(logits_mb, 1)}
     for name, path in (("chunked", chunked), ("full", full)):
-        if name == "full" and tokens * vocab * 4 / 2**30 > max_full_gb:
-            row["full_skipped"] = f"logits {tokens * vocab * 4 / 2**30:.1f} GB > --max-full-gb {max_full_gb}"
+        if name == "full" and logits_mb / 1024 > max_full_gb:
+            row["full_skipped"] = f"logits {logits_mb / 1024:.1f} GB > --max-full-gb {max_full_gb}"
             continue
         row[f"{name}_train_s"] = round(_time(train(path), repeats), 5)
         row[f"{name}_score_s"] = round(_time(score(path), repeats), 5)

@@ -127,17 +127,15 @@ def sample_inverse_cdf(probs: torch.Tensor) -> torch.Tensor:
 
     Exact like `torch.multinomial(probs, 1)` but much cheaper at a 152k vocabulary on CPU (one cumsum and
     binary searches instead of multinomial's setup; benchmarks/decode_loop.json times both). The draw is
-    scaled by the row's total; when rounding lifts it to the total itself, the search runs past the last
-    possible token into zero-probability ones, and the draw takes that last possible token (where the
-    running sum reaches the total).
+    scaled by the row's total. Every draw below the total lands at or before the index where the running sum
+    reaches the total, the last token with probability above zero; a draw that rounding lifts to the total
+    itself would run past it into zero-probability tokens, so that index bounds the search.
     """
     cdf = probs.cumsum(-1)
     total = cdf[:, -1:].contiguous()
     u = torch.rand((probs.shape[0], 1), device=probs.device, dtype=cdf.dtype) * total
-    tokens = torch.searchsorted(cdf, u, right=True).clamp_(max=probs.shape[-1] - 1)
-    impossible = probs.gather(-1, tokens) <= 0
-    last_possible = torch.searchsorted(cdf, total)  # the first index where the running sum reaches the total
-    return torch.where(impossible, last_possible, tokens).squeeze(-1)
+    last_possible = torch.searchsorted(cdf, total)
+    return torch.minimum(torch.searchsorted(cdf, u, right=True), last_possible).squeeze(-1)
 
 
 class DecodeLoopBackend(HFGenerationBackend):
