@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 
 import pytest
 import torch
@@ -43,6 +44,20 @@ def test_causal_shapes(name):
     assert loss.ndim == 0 and torch.isfinite(loss)
     *_, cache = model(input_ids, attention_mask=mask, return_past_key_values=True)
     assert cache is not None
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_returned_cache_continues_the_sequence_without_deprecation_warnings(name):
+    model = AutoModelForCausalLMWithValueHead.from_pretrained(tiny_model_path(name)).eval()
+    input_ids, _ = batch(2, 8)
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        *_, cache = model(input_ids[:, :6], return_past_key_values=True)
+        logits, _, values = model(input_ids[:, 6:], past_key_values=cache)
+        full_logits, _, full_values = model(input_ids)
+    torch.testing.assert_close(logits, full_logits[:, 6:], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(values, full_values[:, 6:], rtol=1e-5, atol=1e-5)
+    assert not [w for w in caught if "past_key_values" in str(w.message)]
 
 
 def test_seq2seq_shapes():

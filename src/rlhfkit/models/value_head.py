@@ -26,6 +26,7 @@ from torch import nn
 
 from rlhfkit.core.masking import last_true_indices
 from rlhfkit.models import adapters, peft_detection
+from rlhfkit.models.cache_naming import cache_keyword, returned_cache
 from rlhfkit.models.quantization import bnb_quantization_config, is_quantized
 
 VALUE_HEAD_FILE = "value_head.safetensors"
@@ -173,11 +174,11 @@ class PreTrainedModelWrapper(nn.Module):
         """
         kwargs["output_hidden_states"] = True
         if past_key_values is not None:
-            kwargs["past_key_values"] = past_key_values
+            kwargs[cache_keyword(peft_detection.without_peft(self.pretrained_model))] = past_key_values
         outputs = self.pretrained_model(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
         values = self.v_head(self._last_hidden_state(outputs))
         result = (outputs.logits, outputs.loss, values)
-        return result + (outputs.past_key_values,) if return_past_key_values else result
+        return result + (returned_cache(outputs),) if return_past_key_values else result
 
     # ----------------------------------------------------------------- multi-adapter RL
     def load_reward_adapter(self, reward_adapter: str | os.PathLike, adapter_name: str = "reward_adapter") -> None:

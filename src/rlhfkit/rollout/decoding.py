@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 from transformers import GenerationConfig
 
+from rlhfkit.models.cache_naming import cache_keyword
 from rlhfkit.rollout.generation import HFGenerationBackend, is_encoder_decoder
 from rlhfkit.rollout.kv_cache import decode_cache
 from rlhfkit.rollout.streaming import generating_module
@@ -164,7 +165,7 @@ class _DecodeLoop:
         self.logprob_temperature, self.value_head, self.hidden = logprob_temperature, value_head, hidden
         accepts = inspect.signature(self.generator.forward).parameters
         self.forward_kwargs = {"logits_to_keep": 1} if "logits_to_keep" in accepts else {}
-        self.cache_argument = "cache" if "cache" in accepts else "past_key_values"  # transformers >= 5.23 says cache
+        self.cache_argument = cache_keyword(self.generator)
 
     def _forward(self, attention_mask, cache, **inputs) -> torch.Tensor:
         """Float32 next-token logits (A, V) of the last position (no mask: causal attention over every position)."""
