@@ -2,6 +2,7 @@ import math
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from rlhfkit.core import entropy_from_logits, full_kl_from_logits, selective_log_softmax
 
@@ -66,3 +67,40 @@ def test_full_kl_hand_value_and_identity():
     expected = 0.25 * math.log(0.5) + 0.75 * math.log(1.5)
     assert full_kl_from_logits(p, q).item() == pytest.approx(expected, rel=1e-5)
     assert full_kl_from_logits(p, p).item() == pytest.approx(0.0, abs=1e-7)
+
+
+class _LargestNewTensor(TorchDispatchMode):
+    """The largest tensor any op creates (views share their base's storage and are not counted)."""
+
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
+        if isinstance(out, torch.Tensor) and out.untyped_storage().data_ptr() not in inputs:
+            self.largest = max(self.largest, out.numel())
+        return out
+
+
+@pytest.mark.parametrize("chunk_rows", [None, 3])
+def test_sliced_logits_are_read_in_place_with_the_same_values_and_gradients(chunk_rows):
+    # logits[:, :-1] (every position but the last, as the trainers slice them) cannot be flattened to one
+    # view; the rows are read block by block instead of copying all (B, T, V) of them
+    g = torch.Generator().manual_seed(3)
+    full = torch.randn(4, 9, 60, generator=g, requires_grad=True)
+    index = torch.randint(0, 60, (4, 8), generator=g)
+    sliced = full[:, :-1]
+    counter = _LargestNewTensor()
+    with counter:
+        logprobs = selective_log_softmax(sliced, index, chunk_rows=chunk_rows)
+        entropy = entropy_from_logits(sliced, chunk_rows=chunk_rows)
+    assert counter.largest < 4 * 8 * 60  # the old reshape copied all 1,920 logits
+    copy = full.detach()[:, :-1].contiguous().requires_grad_()
+    torch.testing.assert_close(logprobs, selective_log_softmax(copy, index, chunk_rows=chunk_rows), rtol=0, atol=0)
+    torch.testing.assert_close(entropy, entropy_from_logits(copy, chunk_rows=chunk_rows), rtol=0, atol=0)
+    (logprobs.sum() + entropy.sum()).backward()
+    (selective_log_softmax(copy, index, chunk_rows=chunk_rows).sum() + entropy_from_logits(copy).sum()).backward()
+    torch.testing.assert_close(full.grad[:, :-1], copy.grad, rtol=0, atol=0)
+    assert not full.grad[:, -1].any()

@@ -8,7 +8,7 @@ Outputs are always float32.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import torch
 
@@ -25,21 +25,32 @@ def rows_per_chunk(vocab_size: int, chunk_rows: int | None) -> int:
     return max(1, CHUNK_ELEMENTS // max(1, vocab_size))
 
 
-def _float32_chunks(flat_logits: torch.Tensor, rows: int) -> Iterator[tuple[int, torch.Tensor]]:
-    # `split`, not slicing: the backward of one slice allocates a zero tensor as large as all the logits,
-    # once per chunk; that of `split` assembles the gradient once
-    for i, chunk in enumerate(flat_logits.split(rows)):
-        yield i * rows, chunk.float()
+def _row_blocks(logits: torch.Tensor) -> list[torch.Tensor]:
+    """(n, V) views that cover the rows of logits (..., V) in order, without copying.
+
+    A slice such as `logits[:, :-1]` (every position but the last) cannot be flattened into one view, and
+    `reshape` would copy all of it: one (B, T, V) copy, the very thing the chunking avoids. Such a tensor
+    gives one block per leading index instead.
+    """
+    try:
+        return [logits.view(-1, logits.size(-1))]
+    except RuntimeError:
+        return [block for part in logits.unbind(0) for block in _row_blocks(part)]
 
 
 def _map_rows(
     logits: torch.Tensor, fn: Callable[[int, torch.Tensor], torch.Tensor], chunk_rows: int | None
 ) -> torch.Tensor:
     """Apply fn(start, float32 chunk (n, V)) -> (n,) over rows of logits (..., V) -> (...) float32."""
-    flat = logits.reshape(-1, logits.size(-1))
-    rows = rows_per_chunk(flat.size(-1), chunk_rows)
-    parts = [fn(start, chunk) for start, chunk in _float32_chunks(flat, rows)]
-    out = torch.cat(parts) if parts else flat.new_zeros(0, dtype=torch.float32)
+    rows = rows_per_chunk(logits.size(-1), chunk_rows)
+    parts, start = [], 0
+    for block in _row_blocks(logits):
+        # `split`, not slicing: the backward of one slice allocates a zero tensor as large as all the
+        # logits, once per chunk; that of `split` assembles the gradient once
+        for chunk in block.split(rows):
+            parts.append(fn(start, chunk.float()))
+            start += chunk.size(0)
+    out = torch.cat(parts) if parts else logits.new_zeros(0, dtype=torch.float32)
     return out.reshape(logits.shape[:-1])
 
 
