@@ -8,7 +8,8 @@ Outputs are always float32.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -25,31 +26,43 @@ def rows_per_chunk(vocab_size: int, chunk_rows: int | None) -> int:
     return max(1, CHUNK_ELEMENTS // max(1, vocab_size))
 
 
-def _row_blocks(logits: torch.Tensor) -> list[torch.Tensor]:
-    """(n, V) views that cover the rows of logits (..., V) in order, without copying.
+def _row_chunks(logits: torch.Tensor, rows: int) -> Iterator[tuple[int, torch.Tensor]]:
+    """(first row, chunk (..., V) of at most `rows` rows): views covering the rows of logits in order.
 
-    A slice such as `logits[:, :-1]` (every position but the last) cannot be flattened into one view, and
-    `reshape` would copy all of it: one (B, T, V) copy, the very thing the chunking avoids. Such a tensor
-    gives one block per leading index instead.
+    A slice such as `logits[:, :-1]` (every position but the last) has no flat (rows, V) view, and `reshape`
+    would copy all of it: the (B, T, V) copy the chunking exists to avoid. Such a tensor is split along its
+    first dimension instead, whole leading entries at a time, or one entry at a time when one is too large.
     """
     try:
-        return [logits.view(-1, logits.size(-1))]
+        flat = logits.view(-1, logits.size(-1))
     except RuntimeError:
-        return [block for part in logits.unbind(0) for block in _row_blocks(part)]
+        per_entry = max(1, math.prod(logits.shape[1:-1]))  # rows under one index of the first dimension
+        if per_entry <= rows:
+            entries = rows // per_entry
+            for i, part in enumerate(logits.split(entries)):
+                yield i * entries * per_entry, part
+        else:
+            for i, entry in enumerate(logits.unbind(0)):
+                for start, chunk in _row_chunks(entry, rows):
+                    yield i * per_entry + start, chunk
+        return
+    # `split`, not slicing: the backward of one slice allocates a zero tensor as large as all the logits,
+    # once per chunk; that of `split` (and of `unbind` above) assembles the gradient once
+    for i, chunk in enumerate(flat.split(rows)):
+        yield i * rows, chunk
+
+
+def _rows_like(flat: torch.Tensor, start: int, chunk: torch.Tensor) -> torch.Tensor:
+    """The rows of `flat` (rows, k) that line up with `chunk` (..., V), shaped (..., k)."""
+    return flat[start : start + chunk.numel() // chunk.size(-1)].view(*chunk.shape[:-1], flat.size(-1))
 
 
 def _map_rows(
     logits: torch.Tensor, fn: Callable[[int, torch.Tensor], torch.Tensor], chunk_rows: int | None
 ) -> torch.Tensor:
-    """Apply fn(start, float32 chunk (n, V)) -> (n,) over rows of logits (..., V) -> (...) float32."""
+    """Apply fn(first row, float32 chunk (..., V)) -> (...) over the rows of logits (..., V) -> (...) float32."""
     rows = rows_per_chunk(logits.size(-1), chunk_rows)
-    parts, start = [], 0
-    for block in _row_blocks(logits):
-        # `split`, not slicing: the backward of one slice allocates a zero tensor as large as all the
-        # logits, once per chunk; that of `split` assembles the gradient once
-        for chunk in block.split(rows):
-            parts.append(fn(start, chunk.float()))
-            start += chunk.size(0)
+    parts = [fn(start, chunk.float()).reshape(-1) for start, chunk in _row_chunks(logits, rows)]
     out = torch.cat(parts) if parts else logits.new_zeros(0, dtype=torch.float32)
     return out.reshape(logits.shape[:-1])
 
@@ -69,7 +82,7 @@ def selective_log_softmax(
     flat_index = index.reshape(-1, 1)
 
     def chunk_logprobs(start: int, chunk: torch.Tensor) -> torch.Tensor:
-        chosen = chunk.gather(-1, flat_index[start : start + chunk.size(0)]).squeeze(-1)
+        chosen = chunk.gather(-1, _rows_like(flat_index, start, chunk)).squeeze(-1)
         return chosen - torch.logsumexp(chunk, dim=-1)
 
     return _map_rows(logits, chunk_logprobs, chunk_rows)
@@ -101,7 +114,7 @@ def full_kl_from_logits(
     flat_ref = ref_logits.reshape(-1, ref_logits.size(-1))
 
     def chunk_kl(start: int, chunk: torch.Tensor) -> torch.Tensor:
-        ref = flat_ref[start : start + chunk.size(0)].float()
+        ref = _rows_like(flat_ref, start, chunk).float()
         logp = torch.log_softmax(chunk, dim=-1)
         return (logp.exp() * (logp - torch.log_softmax(ref, dim=-1))).sum(-1)
 
