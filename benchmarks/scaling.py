@@ -21,25 +21,26 @@ VOCAB = {"v1k": 1000, "v8k": 8192, "v32k": 32000, "v152k": 151_936, "v152k-eos":
 TARGETS = {"memory": 1 / 3, "speed": 1.3, "eos_speed": 1.5}  # issue 16
 LIBRARIES = ("rlhfkit", "trl")
 # Workloads whose earlier runs measured code that has since changed: only these files count for them.
-# The *-online files measured the chunked log-probabilities with both passes in (rows, vocabulary) tiles, the
-# forward folding each tile into an online log-sum-exp (commit 4200a86): every PPO, RLOO and DPO point at a
-# vocabulary large enough for the chunked path. The vocabulary points were re-measured after commit 4130952
-# lowered the chunked head's threshold from 64 to 16 MiB of logits (results-{vocab,v1k}-head.json), which moved
-# the 8,192-token batches onto it, and the eos points after commit 74b141a made the sampler's rare fallback a
-# binary search instead of an argmax over the vocabulary at every decode step (results-eos-sampler.json;
-# results-eos-head.json has the threshold alone). The 151,936-token points at fixed length (-online files) ran
-# with that argmax, which only rlhfkit's decode loop ran. Earlier files (transformers `generate`, the decode loop
+# Every PPO and RLOO point comes from the code after commit 74b141a made the decode loop's sampler fallback a
+# binary search instead of an argmax over the vocabulary at every decode step (the *-sampler files: 151,936
+# tokens at fixed length at 6607638, 8,192 and 32,000 tokens at 02e48a5, which only renamed the cache keyword
+# the decode loop passes, 1,000 tokens at 19ade00 (below), and eos at 74b141a). That code also takes the chunked log-probabilities in (rows,
+# vocabulary) tiles with an online log-sum-exp (commit 4200a86, the *-online files) and the chunked head from
+# 16 MiB of logits (commit 4130952, the *-head files, which ran with the argmax). Earlier files (transformers `generate`, the decode loop
 # before and after its preallocated KV cache, the tiled backward alone in results-lv-tiles.json, one forward
 # block per chunk with the heap trim in the *-trim files, DPO's first chunked path in results-dpo-main.json, and
 # the rloo256-* pairs comparing the last two) stay in the folder as history.
 DECODE_LOOP_FILES = {
-    "results-lv-online.json", "results-eos-sampler.json", "results-vocab-head.json", "results-v1k-head.json",
-    "results-lv1024-online.json",
+    "results-lv-sampler.json", "results-lv1024-sampler.json", "results-vocab-sampler.json",
+    "results-eos-sampler.json", "results-v1k-chunks.json",
 }  # fmt: skip
 CURRENT_ONLY = {"dpo-lv": {"results-dpo-online.json"}, "ppo-lv": DECODE_LOOP_FILES, "rloo-lv": DECODE_LOOP_FILES}
 # Points re-measured after a change to the code they run: only these files count for them (workload, model,
-# length, eos). Empty since the decode-loop runs replaced every PPO and RLOO point.
-CURRENT_POINTS: dict[tuple[str, str, int, bool], set[str]] = {}
+# length, eos). Commit 19ade00 stopped copying sliced logits in the full-logits passes, which only the
+# 1,000-token batches take (results-v1k-rows.json has the first version of that change, at 69ab00f).
+CURRENT_POINTS: dict[tuple[str, str, int, bool], set[str]] = {
+    (workload, "v1k", 256, False): {"results-v1k-chunks.json"} for workload in ("ppo-lv", "rloo-lv")
+}
 
 
 def load(folder: Path) -> list[dict]:
