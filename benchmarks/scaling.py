@@ -24,13 +24,14 @@ LIBRARIES = ("rlhfkit", "trl")
 # Every PPO and RLOO point comes from the code after commit 74b141a made the decode loop's sampler fallback a
 # binary search instead of an argmax over the vocabulary at every decode step (the *-sampler files: 151,936
 # tokens at fixed length at 6607638, 8,192 and 32,000 tokens at 02e48a5, which only renamed the cache keyword
-# the decode loop passes, 1,000 tokens at 19ade00 (below), and eos at 8e9a03a, after that change too:
-# results-eos-chunks.json; results-eos-sampler.json is the same pair at 74b141a). That code also takes the chunked log-probabilities in (rows,
-# vocabulary) tiles with an online log-sum-exp (commit 4200a86, the *-online files) and the chunked head from
-# 16 MiB of logits (commit 4130952, the *-head files, which ran with the argmax). Earlier files (transformers `generate`, the decode loop
-# before and after its preallocated KV cache, the tiled backward alone in results-lv-tiles.json, one forward
-# block per chunk with the heap trim in the *-trim files, DPO's first chunked path in results-dpo-main.json, and
-# the rloo256-* pairs comparing the last two) stay in the folder as history.
+# the decode loop passes; 1,000 tokens at 19ade00, below; eos at 8e9a03a, after that change too, in
+# results-eos-chunks.json, while results-eos-sampler.json is the same pair at 74b141a). That code also takes
+# the chunked log-probabilities in (rows, vocabulary) tiles with an online log-sum-exp (commit 4200a86, the
+# *-online files) and the chunked head from 16 MiB of logits (commit 4130952, the *-head files, which ran with
+# the argmax). Earlier files (transformers `generate`, the decode loop before and after its preallocated KV
+# cache, the tiled backward alone in results-lv-tiles.json, one forward block per chunk with the heap trim in
+# the *-trim files, DPO's first chunked path in results-dpo-main.json, and the rloo256-* pairs comparing the
+# last two) stay in the folder as history.
 DECODE_LOOP_FILES = {
     "results-lv-sampler.json", "results-lv1024-sampler.json", "results-vocab-sampler.json",
     "results-eos-chunks.json", "results-v1k-chunks.json",

@@ -109,7 +109,7 @@ def test_sliced_logits_are_read_in_place_with_the_same_values_and_gradients(chun
 
 def test_sliced_logits_with_more_leading_dims_and_the_full_kl():
     # (2, 3, 5, V)[:, :, :-1] with 5-row chunks: split by the first dim, then by the second; the KL reads its
-    # reference rows in the same chunks
+    # reference rows in the same chunks, in place too, whether one or both of its inputs are sliced
     g = torch.Generator().manual_seed(4)
     logits = torch.randn(2, 3, 5, 30, generator=g)[:, :, :-1]
     ref = torch.randn(2, 3, 5, 30, generator=g)[:, :, :-1]
@@ -118,6 +118,10 @@ def test_sliced_logits_with_more_leading_dims_and_the_full_kl():
     torch.testing.assert_close(
         selective_log_softmax(logits, index, chunk_rows=5), selective_log_softmax(dense, index), rtol=0, atol=0
     )
-    torch.testing.assert_close(
-        full_kl_from_logits(logits, ref, chunk_rows=5), full_kl_from_logits(dense, dense_ref), rtol=0, atol=0
-    )
+    want = full_kl_from_logits(dense, dense_ref)
+    for pair in ((logits, ref), (dense, ref), (logits, dense_ref)):
+        counter = _LargestNewTensor()
+        with counter:
+            got = full_kl_from_logits(*pair, chunk_rows=5)
+        assert counter.largest <= 5 * 30  # no copy of either input (2 x 3 x 4 x 30 logits)
+        torch.testing.assert_close(got, want, rtol=0, atol=0)

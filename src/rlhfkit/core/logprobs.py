@@ -26,43 +26,36 @@ def rows_per_chunk(vocab_size: int, chunk_rows: int | None) -> int:
     return max(1, CHUNK_ELEMENTS // max(1, vocab_size))
 
 
-def _row_chunks(logits: torch.Tensor, rows: int) -> Iterator[tuple[int, torch.Tensor]]:
-    """(first row, chunk (..., V) of at most `rows` rows): views covering the rows of logits in order.
+def _row_chunks(tensors: tuple[torch.Tensor, ...], rows: int) -> Iterator[tuple[torch.Tensor, ...]]:
+    """The same chunk of at most `rows` rows from each of `tensors` (..., k_i), which share their leading dims:
+    views, in order.
 
-    A slice such as `logits[:, :-1]` (every position but the last) has no flat (rows, V) view, and `reshape`
-    would copy all of it: the (B, T, V) copy the chunking exists to avoid. Such a tensor is split along its
-    first dimension instead, whole leading entries at a time, or one entry at a time when one is too large.
+    A slice such as `logits[:, :-1]` (every position but the last) has no flat (rows, k) view, and `reshape`
+    would copy all of it: the (B, T, V) copy the chunking exists to avoid. Then the tensors are split along
+    their first dimension instead, whole leading entries at a time, or one entry at a time when one is too large.
     """
     try:
-        flat = logits.view(-1, logits.size(-1))
+        flats = [t.view(-1, t.size(-1)) for t in tensors]
     except RuntimeError:
-        per_entry = max(1, math.prod(logits.shape[1:-1]))  # rows under one index of the first dimension
+        per_entry = max(1, math.prod(tensors[0].shape[1:-1]))  # rows under one index of the first dimension
         if per_entry <= rows:
-            entries = rows // per_entry
-            for i, part in enumerate(logits.split(entries)):
-                yield i * entries * per_entry, part
+            yield from zip(*(t.split(rows // per_entry) for t in tensors))
         else:
-            for i, entry in enumerate(logits.unbind(0)):
-                for start, chunk in _row_chunks(entry, rows):
-                    yield i * per_entry + start, chunk
+            for entries in zip(*(t.unbind(0) for t in tensors)):
+                yield from _row_chunks(entries, rows)
         return
     # `split`, not slicing: the backward of one slice allocates a zero tensor as large as all the logits,
     # once per chunk; that of `split` (and of `unbind` above) assembles the gradient once
-    for i, chunk in enumerate(flat.split(rows)):
-        yield i * rows, chunk
-
-
-def _rows_like(flat: torch.Tensor, start: int, chunk: torch.Tensor) -> torch.Tensor:
-    """The rows of `flat` (rows, k) that line up with `chunk` (..., V), shaped (..., k)."""
-    return flat[start : start + chunk.numel() // chunk.size(-1)].view(*chunk.shape[:-1], flat.size(-1))
+    yield from zip(*(flat.split(rows) for flat in flats))
 
 
 def _map_rows(
-    logits: torch.Tensor, fn: Callable[[int, torch.Tensor], torch.Tensor], chunk_rows: int | None
+    fn: Callable[..., torch.Tensor], chunk_rows: int | None, logits: torch.Tensor, *aligned: torch.Tensor
 ) -> torch.Tensor:
-    """Apply fn(first row, float32 chunk (..., V)) -> (...) over the rows of logits (..., V) -> (...) float32."""
+    """Apply fn(float32 chunk (..., V), *the same rows of `aligned`) -> (...) over the rows of logits (..., V)
+    -> (...) float32. Each of `aligned` has logits' leading dims."""
     rows = rows_per_chunk(logits.size(-1), chunk_rows)
-    parts = [fn(start, chunk.float()).reshape(-1) for start, chunk in _row_chunks(logits, rows)]
+    parts = [fn(chunk.float(), *rest).reshape(-1) for chunk, *rest in _row_chunks((logits, *aligned), rows)]
     out = torch.cat(parts) if parts else logits.new_zeros(0, dtype=torch.float32)
     return out.reshape(logits.shape[:-1])
 
@@ -79,13 +72,11 @@ def selective_log_softmax(
             f"index shape {tuple(index.shape)} must equal logits shape without the vocab dim "
             f"{tuple(logits.shape[:-1])}"
         )
-    flat_index = index.reshape(-1, 1)
 
-    def chunk_logprobs(start: int, chunk: torch.Tensor) -> torch.Tensor:
-        chosen = chunk.gather(-1, _rows_like(flat_index, start, chunk)).squeeze(-1)
-        return chosen - torch.logsumexp(chunk, dim=-1)
+    def chunk_logprobs(chunk: torch.Tensor, chunk_index: torch.Tensor) -> torch.Tensor:
+        return chunk.gather(-1, chunk_index).squeeze(-1) - torch.logsumexp(chunk, dim=-1)
 
-    return _map_rows(logits, chunk_logprobs, chunk_rows)
+    return _map_rows(chunk_logprobs, chunk_rows, logits, index.unsqueeze(-1))
 
 
 def entropy_from_logits(logits: torch.Tensor, chunk_rows: int | None = None) -> torch.Tensor:
@@ -94,10 +85,10 @@ def entropy_from_logits(logits: torch.Tensor, chunk_rows: int | None = None) -> 
     logits: (B, T, V) (any leading dims) -> (B, T) float32.
     """
 
-    def chunk_entropy(_start: int, chunk: torch.Tensor) -> torch.Tensor:
+    def chunk_entropy(chunk: torch.Tensor) -> torch.Tensor:
         return torch.logsumexp(chunk, dim=-1) - (torch.softmax(chunk, dim=-1) * chunk).sum(-1)
 
-    return _map_rows(logits, chunk_entropy, chunk_rows)
+    return _map_rows(chunk_entropy, chunk_rows, logits)
 
 
 def full_kl_from_logits(
@@ -111,11 +102,9 @@ def full_kl_from_logits(
         raise ValueError(
             f"ref_logits shape {tuple(ref_logits.shape)} must equal logits {tuple(logits.shape)}"
         )
-    flat_ref = ref_logits.reshape(-1, ref_logits.size(-1))
 
-    def chunk_kl(start: int, chunk: torch.Tensor) -> torch.Tensor:
-        ref = _rows_like(flat_ref, start, chunk).float()
+    def chunk_kl(chunk: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
         logp = torch.log_softmax(chunk, dim=-1)
-        return (logp.exp() * (logp - torch.log_softmax(ref, dim=-1))).sum(-1)
+        return (logp.exp() * (logp - torch.log_softmax(ref.float(), dim=-1))).sum(-1)
 
-    return _map_rows(logits, chunk_kl, chunk_rows)
+    return _map_rows(chunk_kl, chunk_rows, logits, ref_logits)
