@@ -39,7 +39,7 @@ _LAPTOP: dict[str, Any] = dict(
     response_length=48,
     eval_num_prompts=256,
     temperature=0.7,
-    kl_coef=0.05,
+    kl_coef=0.15,  # 0.05 let RLOO collapse onto a few phrases the reward model likes (distinct-2 halved)
 )
 PRESETS: dict[str, dict[str, Any]] = {
     "default": _LAPTOP,
@@ -52,6 +52,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "rl_learning_rate": 2e-4,
         "response_length": 32,
         "eval_num_prompts": 128,
+        "kl_coef": 0.05,  # 20 short updates: a weaker penalty lets the smoke run show learning
     },
 }
 # --task addition: a short SFT warm start (imperfect on purpose), then GRPO on the exact reward; the fields
