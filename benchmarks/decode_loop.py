@@ -132,7 +132,8 @@ def main() -> None:
           f"{sampler['inverse_cdf']['cpu_ms']} ms CPU per draw ({sampler['speedup_cpu']}x)", flush=True)  # fmt: skip
     if args.sampler_only:
         report = json.loads(args.out.read_text()) if args.out.exists() else {}
-        report.update(sampler=sampler, sampler_command=" ".join([Path(sys.executable).name, *sys.argv]))
+        report.update(sampler=sampler, sampler_command=" ".join([Path(sys.executable).name, *sys.argv]),
+                      sampler_git_commit=git_commit(__file__))  # fmt: skip
         args.out.write_text(json.dumps(report, indent=1) + "\n")
         return
     results = []
