@@ -3,14 +3,15 @@
 #   make test   set up and run lint + the whole test suite
 # and `make results`: re-render the measured figures in README.md and docs/ from the committed result
 # files (results/*.json, benchmarks/*.json); re-measuring is scripts/record_demo_result.py (the demo)
-# or the benchmark script named in each file's "command".
+# or the benchmark script named in each file's "command"; `make records-check` re-runs every demo record afresh
+# and fails on a figure that moved.
 PYTHON ?= python3.11
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 EXTRAS := dev,diffusion,tracking,demo,quant
 
-.PHONY: setup demo test test-fast lint results clean
+.PHONY: setup demo test test-fast lint results records-check clean
 
 setup: $(STAMP)
 
@@ -25,6 +26,11 @@ demo: $(STAMP)
 
 results:
 	$(PYTHON) scripts/render_results.py
+
+# every demo record against a fresh run (CI checks the default and addition ones: tests/test_demo_records.py)
+records-check: $(STAMP)
+	for algo in rloo dpo ppo ppo-multi-adapter; do $(BIN)/python scripts/record_demo_result.py --algo $$algo --check || exit 1; done
+	$(BIN)/python scripts/record_demo_result.py --task addition --check
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
