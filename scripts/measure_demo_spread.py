@@ -19,10 +19,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
-import subprocess
 import sys
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -37,28 +34,18 @@ VARIANTS: dict[str, dict[str, str]] = {
 }
 
 
-def run_variant(flags: list[str], env: dict[str, str]) -> dict:
-    """metrics.json of one fresh demo run under `env`."""
-    with tempfile.TemporaryDirectory(prefix="demo-spread-") as tmp:
-        command = [sys.executable, "-m", "rlhfkit", "demo", *flags, "--output_dir", tmp, "--fresh"]
-        subprocess.run(command, cwd=records.ROOT, env={**os.environ, **env}, check=True, capture_output=True)
-        return json.loads((Path(tmp) / "metrics.json").read_text("utf-8"))
-
-
 def spread(runs: dict[str, dict[str, object]], base: str = "plain") -> dict[str, float]:
     """Per numeric figure, the largest distance of any variant from `base` (each element of a list)."""
     out: dict[str, float] = {}
     for key, value in runs[base].items():
-        if not records._numbers(value):
+        values = records.numbers_of(value)
+        if values is None:
             continue
-        values = value if isinstance(value, list) else [value]
-        far = 0.0
+        distances = [0.0]
         for figures in runs.values():
-            other = figures.get(key)
-            if records._numbers(other):
-                others = other if isinstance(other, list) else [other]
-                far = max([far, *(abs(b - a) for a, b in zip(values, others))])
-        out[key] = far
+            others = records.numbers_of(figures.get(key))
+            distances += [abs(b - a) for a, b in zip(values, others or [])]
+        out[key] = max(distances)
     return out
 
 
@@ -74,7 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     name = records.record_name(args.algo, args.task)
     flags = records.demo_command(args.algo, extra, args.task)
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        done = dict(zip(VARIANTS, pool.map(lambda env: run_variant(flags, env), VARIANTS.values())))
+        done = dict(
+            zip(VARIANTS, pool.map(lambda env: records.run_fresh(flags, env, quiet=True), VARIANTS.values()))
+        )
     runs = {variant: records.figures(metrics) for variant, metrics in done.items()}
     report = {
         "command": " ".join(["python scripts/measure_demo_spread.py", *sys.argv[1:]]),

@@ -123,29 +123,24 @@ def differences(recorded: dict, fresh: dict, tolerance: dict[str, float] | None 
         old, new = recorded[key], fresh[key]
         exact = tolerance is None or key.startswith("config.") or key.endswith("config_hash")
         allowed = 0.0 if exact else tolerance.get(key, 0.0)
-        if _numbers(old) and _numbers(new) and _far(old, new, allowed):
+        olds, news = numbers_of(old), numbers_of(new)
+        if olds is not None and news is not None:
+            differ = len(olds) != len(news) or any(
+                abs(b - a) > allowed + 1e-12 * max(1.0, abs(a)) for a, b in zip(olds, news)
+            )
+        else:  # text, or a yes/no figure, which may flip under a tolerance
+            differ = old != new and (exact or not isinstance(old, bool))
+        if differ:
             note = f" (tolerance {allowed:.3g})" if allowed else ""
             problems.append(f"{key}: record {old!r}, this run {new!r}{note}")
-        elif not (_numbers(old) and _numbers(new)) and old != new and (exact or not isinstance(old, bool)):
-            problems.append(f"{key}: record {old!r}, this run {new!r}")
     return problems
 
 
-def _numbers(value) -> bool:
-    """A number, or a list of numbers (a confidence interval)."""
+def numbers_of(value) -> list[float] | None:
+    """A figure's numbers: [x] for a number, the list for a list of numbers (an interval), else None."""
     values = value if isinstance(value, list) else [value]
-    return bool(values) and all(_is_number(v) for v in values)
-
-
-def _far(old, new, allowed: float) -> bool:
-    olds, news = (v if isinstance(v, list) else [v] for v in (old, new))
-    if len(olds) != len(news):
-        return True
-    return any(abs(b - a) > allowed + 1e-12 * max(1.0, abs(a)) for a, b in zip(olds, news))
-
-
-def _is_number(value) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+    is_number = [isinstance(v, int | float) and not isinstance(v, bool) for v in values]
+    return values if values and all(is_number) else None
 
 
 def record_name(algo: str, task: str) -> str:
@@ -187,13 +182,18 @@ def load_tolerance(results: Path, name: str) -> dict[str, float] | None:
 SPREAD_MARGIN = 2.0  # a few variants see only part of the spread another CPU can give
 
 
+def run_fresh(flags: list[str], env: dict[str, str] | None = None, quiet: bool = False) -> dict:
+    """metrics.json of a demo run with `flags`, afresh in a temporary folder (no cached stage), under `env`."""
+    with tempfile.TemporaryDirectory(prefix="demo-fresh-") as tmp:
+        command = [sys.executable, "-m", "rlhfkit", "demo", *flags, "--output_dir", tmp, "--fresh"]
+        subprocess.run(command, cwd=ROOT, env={**os.environ, **(env or {})}, check=True, capture_output=quiet)
+        return json.loads((Path(tmp) / "metrics.json").read_text("utf-8"))
+
+
 def check(name: str, flags: list[str], results: Path) -> int:
     """Run the demo afresh and compare its figures with results/demo-<name>.json; 0 when they agree."""
     record = json.loads((results / f"demo-{name}.json").read_text("utf-8"))
-    with tempfile.TemporaryDirectory(prefix=f"demo-{name}-") as tmp:
-        run = [*strip_output_dir(flags), "--output_dir", tmp, "--fresh"]
-        subprocess.run([sys.executable, "-m", "rlhfkit", "demo", *run], cwd=ROOT, check=True)
-        fresh = json.loads((Path(tmp) / "metrics.json").read_text("utf-8"))
+    fresh = figures(run_fresh(flags))
     here = platform_fingerprint()
     same = record.get("platform") == here
     tolerance = None if same else load_tolerance(results, name)
@@ -203,8 +203,8 @@ def check(name: str, flags: list[str], results: Path) -> int:
         how = "exactly (another platform, and no measured spread for this record)"
     else:
         how = f"within {SPREAD_MARGIN:g}x the measured spread (another platform: {platform_change(record, here)})"
-    problems = differences(figures(record["metrics"]), figures(fresh), tolerance)
-    print(f"demo-{name}: {len(figures(fresh))} figures compared {how}")
+    problems = differences(figures(record["metrics"]), fresh, tolerance)
+    print(f"demo-{name}: {len(fresh)} figures compared {how}")
     for line in problems:
         print(f"  {line}")
     if problems:
@@ -221,18 +221,6 @@ def platform_change(record: dict, here: dict) -> str:
         if old.get(key) != here.get(key)
     ]
     return "; ".join(changed) or "the record names none"
-
-
-def strip_output_dir(flags: list[str]) -> list[str]:
-    out, skip = [], False
-    for flag in flags:
-        if skip:
-            skip = False
-        elif flag == "--output_dir":
-            skip = True
-        else:
-            out.append(flag)
-    return out
 
 
 def main(argv: list[str] | None = None) -> int:

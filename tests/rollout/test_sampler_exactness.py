@@ -57,8 +57,8 @@ def assert_follows(draws: torch.Tensor, probs: torch.Tensor) -> None:
     counts = torch.bincount(draws, minlength=p.numel()).double()
     assert counts.numel() == p.numel(), "a token outside the vocabulary was drawn"
     assert counts[p == 0].sum() == 0, "a zero-probability token was drawn"
-    bins = bins_of(n * p[p > 0])
     counts, p = counts[p > 0], p[p > 0]
+    bins = bins_of(n * p)
     observed = torch.zeros(int(bins.max()) + 1, dtype=torch.float64).index_add_(0, bins, counts)
     share = torch.zeros_like(observed).index_add_(0, bins, p)
     z = (observed - n * share).abs() / (n * share * (1 - share)).sqrt()
