@@ -28,16 +28,29 @@ ANIMALS = ["cat", "dog", "horse", "bird", "rabbit", "fox", "owl", "frog"]
 # One optimiser step per epoch (8 samples, batch 8). The tiny UNet is trained whole: LoRA on its
 # attention layers alone moves JPEG size only slowly (pass --train_use_lora for a real SD model).
 DEFAULTS = dict(
-    num_epochs=12, sample_num_steps=10, sample_batch_size=8, sample_num_batches_per_epoch=1, train_batch_size=8,
-    sample_guidance_scale=1.0, train_cfg=False, train_use_lora=False, train_learning_rate=1e-2,
-    mixed_precision="no", logdir="runs/ddpo-compressibility", save_freq=6,
+    num_epochs=12,
+    sample_num_steps=10,
+    sample_batch_size=8,
+    sample_num_batches_per_epoch=1,
+    train_batch_size=8,
+    sample_guidance_scale=1.0,
+    train_cfg=False,
+    train_use_lora=False,
+    train_learning_rate=1e-2,
+    mixed_precision="no",
+    logdir="runs/ddpo-compressibility",
+    save_freq=6,
 )
 
 
 @dataclass
 class ExampleArguments:
-    pretrained_model: str | None = field(default=None, metadata={"help": "SD folder; default: tiny offline one."})
-    incompressible: bool = field(default=False, metadata={"help": "Reward large JPEG files instead of small ones."})
+    pretrained_model: str | None = field(
+        default=None, metadata={"help": "SD folder; default: tiny offline one."}
+    )
+    incompressible: bool = field(
+        default=False, metadata={"help": "Reward large JPEG files instead of small ones."}
+    )
     output_dir: str | None = field(default=None, metadata={"help": "Save the trained LoRA weights here."})
 
 

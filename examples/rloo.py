@@ -17,9 +17,20 @@ from rlhfkit.tasks import KeywordReward, toy_prompt_dataset
 from rlhfkit.testing import tiny_model_path
 
 DEFAULTS = dict(
-    output_dir="runs/rloo-keyword", report_to="none", per_device_train_batch_size=16, rloo_k=4,
-    num_ppo_epochs=1, total_episodes=480, response_length=6, learning_rate=3e-3, temperature=1.0,
-    kl_coef=0.01, lr_scheduler_type="constant", logging_steps=5, num_sample_generations=3, save_strategy="no",
+    output_dir="runs/rloo-keyword",
+    report_to="none",
+    per_device_train_batch_size=16,
+    rloo_k=4,
+    num_ppo_epochs=1,
+    total_episodes=480,
+    response_length=6,
+    learning_rate=3e-3,
+    temperature=1.0,
+    kl_coef=0.01,
+    lr_scheduler_type="constant",
+    logging_steps=5,
+    num_sample_generations=3,
+    save_strategy="no",
 )
 
 

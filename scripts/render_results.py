@@ -47,7 +47,9 @@ def commit_of(data: dict[str, Any]) -> str:
 def load(path: str) -> Record:
     """A result file, refused when it does not say which commit and command produced it."""
     data = json.loads((ROOT / path).read_text("utf-8"))
-    missing = [key for key in ("commit", "command") if not (commit_of(data) if key == "commit" else data.get(key))]
+    missing = [
+        key for key in ("commit", "command") if not (commit_of(data) if key == "commit" else data.get(key))
+    ]
     if missing:
         raise ValueError(f"{path}: result file lacks {' and '.join(missing)}; record it with its script")
     return path, data
@@ -55,7 +57,9 @@ def load(path: str) -> Record:
 
 def source_line(records: list[Record]) -> str:
     parts = [f"`{path}` (commit `{commit_of(data)}`, command `{data['command']}`)" for path, data in records]
-    return ("Source: " if len(parts) == 1 else "Sources: ") + "; ".join(parts) + ". Rendered by `make results`."
+    return (
+        ("Source: " if len(parts) == 1 else "Sources: ") + "; ".join(parts) + ". Rendered by `make results`."
+    )
 
 
 # ---------------------------------------------------------------------- formatting helpers
@@ -98,7 +102,7 @@ def curve_end_text(rl_summary: dict[str, Any]) -> str:
 
 
 def render_demo(records: list[Record]) -> list[str]:
-    (_, rec), = records
+    ((_, rec),) = records
     m, machine = rec["metrics"], rec["machine"]
     cfg, ev, st = m["config"], m["evaluation"], m["stages"]
     algo = ALGO_TITLES[cfg["algo"]]
@@ -176,7 +180,9 @@ def render_demo_algos(records: list[Record]) -> list[str]:
             f"{ev['kl_rl_to_sft']:.2f} | {'reused' if rl['reused'] else duration(rl['seconds'])} | {shared} |"
         )
     notes = [by_algo[a].get("machine", {}).get("note", "") for a in by_algo]
-    where = "all on a shared machine, so noisy" if all("shared machine" in n for n in notes) else "see each file"
+    where = (
+        "all on a shared machine, so noisy" if all("shared machine" in n for n in notes) else "see each file"
+    )
     return lines + ["", f"RL stage: that stage's wall time ({where}; each file records the load average)."]
 
 
@@ -187,7 +193,7 @@ def demo_records() -> list[str]:
 
 def render_verifiable_task(records: list[Record]) -> list[str]:
     """`rlhfkit demo --task addition`: held-out accuracy of the SFT start and of the GRPO policy."""
-    (_, rec), = records
+    ((_, rec),) = records
     m, machine = rec["metrics"], rec["machine"]
     cfg, ev, st = m["config"], m["evaluation"], m["stages"]
     titles = {"sft": "SFT", "rl": "GRPO"}
@@ -224,7 +230,7 @@ def render_verifiable_task(records: list[Record]) -> list[str]:
 
 # ---------------------------------------------------------------------- benchmark blocks (docs)
 def render_padding_free(records: list[Record]) -> list[str]:
-    (_, data), = records
+    ((_, data),) = records
     runs = {r["variant"]: r for r in data["results"]}
     padded, packed = runs["padded"], runs["packed"]
     same = padded["loss"] == packed["loss"] and padded["grad_norm"] == packed["grad_norm"]
@@ -261,7 +267,7 @@ def _seconds_line(data: dict[str, Any], full: dict[str, Any], chunked: dict[str,
 
 
 def render_large_vocab_dpo(records: list[Record]) -> list[str]:
-    (_, data), = records
+    ((_, data),) = records
     table, full, chunked = _large_vocab(data, "dpo")
     keys = set(full["metrics"]) & set(chunked["metrics"])
     a, b = full["metrics"], chunked["metrics"]
@@ -272,14 +278,18 @@ def render_large_vocab_dpo(records: list[Record]) -> list[str]:
 
 
 def render_large_vocab_sft(records: list[Record]) -> list[str]:
-    (_, data), = records
+    ((_, data),) = records
     table, full, chunked = _large_vocab(data, "sft")
-    why = ": backward computes the head's projection a second time" if chunked["seconds"] > full["seconds"] else ""
+    why = (
+        ": backward computes the head's projection a second time"
+        if chunked["seconds"] > full["seconds"]
+        else ""
+    )
     return table + [_seconds_line(data, full, chunked, why)]
 
 
 def render_grpo_parity(records: list[Record]) -> list[str]:
-    (_, data), = records
+    ((_, data),) = records
     cases = data["results"]
     exact = [n for n, c in cases.items() if c["loss_diff"] == 0 and c["grad_diff"] == 0]
     differ = {n: c for n, c in cases.items() if not c["match"]}
@@ -350,7 +360,10 @@ def main(argv: list[str] | None = None) -> int:
             page.write_text(new, encoding="utf-8")
     unplaced = sorted(set(SOURCES) - seen)
     if unplaced:
-        print(f"no page holds the block(s) {', '.join(unplaced)}; add <!-- results:NAME --> markers", file=sys.stderr)
+        print(
+            f"no page holds the block(s) {', '.join(unplaced)}; add <!-- results:NAME --> markers",
+            file=sys.stderr,
+        )
     if args.check and stale:
         print(f"stale: {', '.join(stale)}; run `make results`", file=sys.stderr)
     else:

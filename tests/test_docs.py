@@ -38,4 +38,6 @@ def test_doc_code_blocks_run(doc: Path, tmp_path: Path):
     result = subprocess.run(
         [sys.executable, "doc_script.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
     )
-    assert result.returncode == 0, f"{doc.name} code blocks failed:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
+    assert result.returncode == 0, (
+        f"{doc.name} code blocks failed:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
+    )

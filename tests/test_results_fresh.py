@@ -58,12 +58,17 @@ def test_result_file_without_commit_is_refused(tmp_path):
 
 
 def test_commit_is_shortened_and_keeps_dirty():
-    assert render.commit_of({"git_commit": "e48664de2a108dacbbd2c96896ba677e84ed9c83-dirty"}) == "e48664de2a10-dirty"
+    assert (
+        render.commit_of({"git_commit": "e48664de2a108dacbbd2c96896ba677e84ed9c83-dirty"})
+        == "e48664de2a10-dirty"
+    )
     assert render.commit_of({"commit": "36442f7"}) == "36442f7"
 
 
 def test_stale_block_is_rewritten_and_unknown_block_refused():
-    page = "intro\n<!-- results:padding-free -->\nthe old figure: 9.99x\n<!-- /results:padding-free -->\nrest\n"
+    page = (
+        "intro\n<!-- results:padding-free -->\nthe old figure: 9.99x\n<!-- /results:padding-free -->\nrest\n"
+    )
     rendered, names = render.render_page(page)
     assert names == ["padding-free"]
     assert "9.99x" not in rendered and rendered.startswith("intro\n") and rendered.endswith("\nrest\n")
@@ -109,7 +114,9 @@ def test_recorder_writes_commit_command_and_machine(tmp_path):
     record = _script("record_demo_result")
     run = tmp_path / "run"
     run.mkdir()
-    (run / "metrics.json").write_text(json.dumps({"config": {"algo": "dpo", "num_threads": 1}, "evaluation": {}}))
+    (run / "metrics.json").write_text(
+        json.dumps({"config": {"algo": "dpo", "num_threads": 1}, "evaluation": {}})
+    )
     argv = ["--algo", "dpo", "--no-run", "--output_dir", str(run), "--results", str(tmp_path / "results")]
     assert record.main(argv) == 0
     data = json.loads((tmp_path / "results" / "demo-dpo.json").read_text())
@@ -124,7 +131,9 @@ def test_recorder_writes_commit_command_and_machine(tmp_path):
 def test_second_judge_and_curve_end_render_or_say_not_recorded():
     ev = {"win_rate_rl_vs_sft_classifier": 0.625, "win_rate_classifier_ci95": [0.2194, 0.9081]}
     assert render.second_judge_cell(ev) == "62.5% (95% CI 21.9-90.8%)"
-    assert render.second_judge_cell({"win_rate_rl_vs_sft": 0.8}) == "not recorded"  # a file from before the judge
+    assert (
+        render.second_judge_cell({"win_rate_rl_vs_sft": 0.8}) == "not recorded"
+    )  # a file from before the judge
     assert render.curve_end_text({"curve_win_rate_end": 0.75, "curve_step_end": 40}) == "75.0% at update 40"
     assert render.curve_end_text({"updates": 40}) == "not recorded"
 
@@ -133,8 +142,18 @@ def test_recorder_takes_a_verifiable_task(tmp_path):
     record = _script("record_demo_result")
     run = tmp_path / "run"
     run.mkdir()
-    (run / "metrics.json").write_text(json.dumps({"config": {"task": "addition", "algo": "rloo"}, "evaluation": {}}))
-    argv = ["--task", "addition", "--no-run", "--output_dir", str(run), "--results", str(tmp_path / "results")]
+    (run / "metrics.json").write_text(
+        json.dumps({"config": {"task": "addition", "algo": "rloo"}, "evaluation": {}})
+    )
+    argv = [
+        "--task",
+        "addition",
+        "--no-run",
+        "--output_dir",
+        str(run),
+        "--results",
+        str(tmp_path / "results"),
+    ]
     assert record.main(argv) == 0
     data = json.loads((tmp_path / "results" / "demo-addition.json").read_text())
     assert data["command"] == f"rlhfkit demo --task addition --output_dir {run}"
@@ -146,7 +165,11 @@ def test_verifiable_task_block_is_computed_from_the_file():
     stages = {
         "base": {"seconds": 1.0, "reused": False},
         "sft": {"seconds": 30.0, "reused": False, "summary": {"steps": 300, "train_probe_accuracy": 0.45}},
-        "rl": {"seconds": 75.0, "reused": False, "summary": {"steps": 150, "reward_start": 0.25, "reward_end": 0.5}},
+        "rl": {
+            "seconds": 75.0,
+            "reused": False,
+            "summary": {"steps": 150, "reward_start": 0.25, "reward_end": 0.5},
+        },
         "evaluation": {"seconds": 4.0, "reused": True},
     }
     ev = {

@@ -15,22 +15,54 @@ OUT = Path(__file__).with_suffix(".png")
 # (step, what happens, the file that does it), in the order a rollout meets them.
 STAGES = [
     ("prompts", "a batch of prompts (dataset rows, or PPO's query tensors)", "src/rlhfkit/data/loading.py"),
-    ("1. generate", "completions, masks and sampling logprobs from one backend", "src/rlhfkit/rollout/generation.py"),
-    ("2. score", "one scorer: callables, reward models, reward adapters, weighted lists",
-     "src/rlhfkit/rollout/rewards.py"),
-    ("3. reference", "reference logprobs: frozen copy, adapter-disabled base or SFT adapter",
-     "src/rlhfkit/models/reference.py"),
-    ("   forward", "response logprobs (and values) of policy and reference", "src/rlhfkit/rollout/scoring.py"),
-    ("4. rewards", "score - kl_coef * KL per token (PPO) or per sequence (RLOO)", "src/rlhfkit/core/rewards.py"),
-    ("5. advantages", "GAE (PPO), leave-one-out baseline (RLOO), whitening", "src/rlhfkit/core/advantages.py"),
-    ("6. update", "PPO epochs over minibatches: clipped policy and value losses", "src/rlhfkit/trainers/ppo/update.py"),
+    (
+        "1. generate",
+        "completions, masks and sampling logprobs from one backend",
+        "src/rlhfkit/rollout/generation.py",
+    ),
+    (
+        "2. score",
+        "one scorer: callables, reward models, reward adapters, weighted lists",
+        "src/rlhfkit/rewards/scoring.py",
+    ),
+    (
+        "3. reference",
+        "reference logprobs: frozen copy, adapter-disabled base or SFT adapter",
+        "src/rlhfkit/models/reference.py",
+    ),
+    (
+        "   forward",
+        "response logprobs (and values) of policy and reference",
+        "src/rlhfkit/rollout/scoring.py",
+    ),
+    (
+        "4. rewards",
+        "score - kl_coef * KL per token (PPO) or per sequence (RLOO)",
+        "src/rlhfkit/core/rewards.py",
+    ),
+    (
+        "5. advantages",
+        "GAE (PPO), leave-one-out baseline (RLOO), whitening",
+        "src/rlhfkit/core/advantages.py",
+    ),
+    (
+        "6. update",
+        "PPO epochs over minibatches: clipped policy and value losses",
+        "src/rlhfkit/trainers/ppo/update.py",
+    ),
     ("   loss", "the clipped surrogate and value loss themselves", "src/rlhfkit/core/losses.py"),
-    ("7. save", "checkpoint-<step>: safetensors, JSON state, RNG, checksums, atomic publish",
-     "src/rlhfkit/trainers/checkpointing.py"),
+    (
+        "7. save",
+        "checkpoint-<step>: safetensors, JSON state, RNG, checksums, atomic publish",
+        "src/rlhfkit/trainers/common/checkpointing.py",
+    ),
 ]
 CARRIER = ("RolloutBatch", "the typed batch every step reads and fills", "src/rlhfkit/rollout/batch.py")
-TRAINERS = ("trainers", "PPO: trainers/ppo/trainer.py step()   RLOO: trainers/rloo.py _rollout() + _optimize()",
-            "src/rlhfkit/trainers")
+TRAINERS = (
+    "trainers",
+    "PPO: trainers/ppo/trainer.py step()   RLOO: trainers/rloo/trainer.py _rollout() + _optimize()",
+    "src/rlhfkit/trainers",
+)
 
 
 def missing_files() -> list[str]:
@@ -51,25 +83,60 @@ def draw(out: Path = OUT) -> Path:
     ax.axis("off")
     for i, (step, what, path) in enumerate(STAGES):
         y = len(STAGES) - 1 - i
-        ax.add_patch(FancyBboxPatch((0.2, y + 0.1), 7.3, 0.7, boxstyle="round,pad=0.02",
-                                    facecolor="#eef3fb" if i % 2 else "#f7f9fc", edgecolor="#4a6fa5"))
+        ax.add_patch(
+            FancyBboxPatch(
+                (0.2, y + 0.1),
+                7.3,
+                0.7,
+                boxstyle="round,pad=0.02",
+                facecolor="#eef3fb" if i % 2 else "#f7f9fc",
+                edgecolor="#4a6fa5",
+            )
+        )
         ax.text(0.35, y + 0.55, step, fontsize=10, fontweight="bold", va="center")
         ax.text(1.9, y + 0.55, what, fontsize=8.5, va="center")
-        ax.text(1.9, y + 0.27, path.removeprefix("src/rlhfkit/"), fontsize=8, family="monospace",
-                color="#34495e", va="center")
+        ax.text(
+            1.9,
+            y + 0.27,
+            path.removeprefix("src/rlhfkit/"),
+            fontsize=8,
+            family="monospace",
+            color="#34495e",
+            va="center",
+        )
         if i:
-            ax.annotate("", xy=(3.8, y + 0.8), xytext=(3.8, y + 1.1),
-                        arrowprops={"arrowstyle": "->", "color": "#4a6fa5"})
+            ax.annotate(
+                "",
+                xy=(3.8, y + 0.8),
+                xytext=(3.8, y + 1.1),
+                arrowprops={"arrowstyle": "->", "color": "#4a6fa5"},
+            )
     # the batch that carries everything, beside the chain
-    ax.add_patch(FancyBboxPatch((7.9, 0.1), 2.9, len(STAGES) - 0.2, boxstyle="round,pad=0.02",
-                                facecolor="#fdf5e6", edgecolor="#c0863a"))
+    ax.add_patch(
+        FancyBboxPatch(
+            (7.9, 0.1),
+            2.9,
+            len(STAGES) - 0.2,
+            boxstyle="round,pad=0.02",
+            facecolor="#fdf5e6",
+            edgecolor="#c0863a",
+        )
+    )
     name, what, path = CARRIER
     ax.text(9.35, len(STAGES) / 2 + 0.4, name, fontsize=11, fontweight="bold", ha="center")
     ax.text(9.35, len(STAGES) / 2, what, fontsize=8, ha="center", wrap=True)
-    ax.text(9.35, len(STAGES) / 2 - 0.4, path.removeprefix("src/rlhfkit/"), fontsize=8, family="monospace",
-            ha="center")
-    fields = "query_ids, query_mask\nresponses, response_mask\nloss_mask, logprobs\nref_logprobs, values\n" \
-             "scores, advantages, returns"
+    ax.text(
+        9.35,
+        len(STAGES) / 2 - 0.4,
+        path.removeprefix("src/rlhfkit/"),
+        fontsize=8,
+        family="monospace",
+        ha="center",
+    )
+    fields = (
+        "query_ids, query_mask\nresponses, response_mask\nloss_mask, logprobs\nref_logprobs, values\n"
+        "scores, advantages, returns"
+    )
     ax.text(9.35, len(STAGES) / 2 - 1.9, fields, fontsize=7.5, family="monospace", ha="center")
     ax.text(0.2, -0.9, f"{TRAINERS[0]}: {TRAINERS[1]}", fontsize=9)
     fig.tight_layout()

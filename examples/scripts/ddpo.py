@@ -1,6 +1,6 @@
 """TRL's `examples/scripts/ddpo.py` path for DDPO: the same flags as `rlhfkit ddpo`.
 
-    python examples/scripts/ddpo.py --help
+python examples/scripts/ddpo.py --help
 """
 
 import sys

@@ -1,6 +1,6 @@
 """TRL's `examples/scripts/dpo.py` path for DPO: the same flags as `rlhfkit dpo`.
 
-    python examples/scripts/dpo.py --help
+python examples/scripts/dpo.py --help
 """
 
 import sys

@@ -1,6 +1,6 @@
 """TRL's GRPO script path: the same flags as `rlhfkit grpo`.
 
-    python examples/scripts/grpo.py --help
+python examples/scripts/grpo.py --help
 """
 
 import sys

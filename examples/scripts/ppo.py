@@ -1,6 +1,6 @@
 """TRL's `examples/scripts/ppo.py` path for PPO: the same flags as `rlhfkit ppo`.
 
-    python examples/scripts/ppo.py --help
+python examples/scripts/ppo.py --help
 """
 
 import sys

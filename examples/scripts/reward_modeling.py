@@ -1,6 +1,6 @@
 """TRL's `examples/scripts/reward_modeling.py` path for reward-model training: the same flags as `rlhfkit reward`.
 
-    python examples/scripts/reward_modeling.py --help
+python examples/scripts/reward_modeling.py --help
 """
 
 import sys

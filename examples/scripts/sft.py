@@ -1,6 +1,6 @@
 """TRL's `examples/scripts/sft.py` path for supervised fine-tuning: the same flags as `rlhfkit sft`.
 
-    python examples/scripts/sft.py --help
+python examples/scripts/sft.py --help
 """
 
 import sys

@@ -23,9 +23,17 @@ def _grpo_bench():
 
 
 def _run(library: str, eps: float, cpu: float, rss: float, lengths: list[int]) -> dict:
-    return {"library": library, "workload": "grpo", "model": "tiny", "mode": "eos", "episodes_per_second": eps,
-            "cpu_seconds_per_step": cpu, "os_peak_rss_mb": rss, "load_average_before": 3.0,
-            "completion_lengths": {"all": lengths}}
+    return {
+        "library": library,
+        "workload": "grpo",
+        "model": "tiny",
+        "mode": "eos",
+        "episodes_per_second": eps,
+        "cpu_seconds_per_step": cpu,
+        "os_peak_rss_mb": rss,
+        "load_average_before": 3.0,
+        "completion_lengths": {"all": lengths},
+    }
 
 
 def _data(runs: list[dict]) -> dict:
@@ -51,10 +59,23 @@ def test_wall_clock_alone_does_not_meet_the_speed_target():
     data = _data(runs)
     (row,) = bench.summarize(data)
     assert row["speed_ratio"] == 2.0 and not row["speed_ok"] and not row["memory_ok"]
-    data["info"] = {"date": "d", "machine": "m", "commit": "c", "command": "x", "versions": "v", "trl_version": "t",
-                    "rlhfkit_file": "f", "threads": 2, "warmup": 1, "load": "3.0 to 3.0"}
+    data["info"] = {
+        "date": "d",
+        "machine": "m",
+        "commit": "c",
+        "command": "x",
+        "versions": "v",
+        "trl_version": "t",
+        "rlhfkit_file": "f",
+        "threads": 2,
+        "warmup": 1,
+        "load": "3.0 to 3.0",
+    }
     text = bench.markdown(data)
-    assert "2.00x / 1.00x NOT MET" in text and "Speed target met in 0 of 1 settings; memory target met in 0 of 1" in text
+    assert (
+        "2.00x / 1.00x NOT MET" in text
+        and "Speed target met in 0 of 1 settings; memory target met in 0 of 1" in text
+    )
 
 
 def test_run_args_carry_everything_the_shared_runner_reads():

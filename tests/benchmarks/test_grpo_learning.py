@@ -26,7 +26,11 @@ def test_settings_are_the_addition_demos_grpo_stage():
     from rlhfkit.demo.config import DemoConfig
 
     settings = learning.grpo_settings(DemoConfig(task="addition"))
-    assert (settings["per_device_train_batch_size"], settings["num_generations"], settings["max_steps"]) == (256, 8, 150)
+    assert (settings["per_device_train_batch_size"], settings["num_generations"], settings["max_steps"]) == (
+        256,
+        8,
+        150,
+    )
     assert (settings["temperature"], settings["beta"], settings["max_completion_length"]) == (0.4, 0.0, 5)
     assert settings["learning_rate"] == 1e-4 and settings["num_iterations"] == 1
     args = GRPOConfig(output_dir="unused", **settings)  # rlhfkit accepts every key TRL is given
@@ -55,12 +59,17 @@ def test_verdict_needs_accuracy_and_wall_time(k_acc, k_wall, met):
 
 
 def test_driver_reward_is_exact_match_after_whitespace():
-    assert driver.exact_match(["1+2="] * 4, ["3", " 3 ", "33", "4"], answer=["3", "3", "3", "4"]) == [1.0, 1.0, 0.0, 1.0]
+    assert driver.exact_match(["1+2="] * 4, ["3", " 3 ", "33", "4"], answer=["3", "3", "3", "4"]) == [
+        1.0,
+        1.0,
+        0.0,
+        1.0,
+    ]
 
 
 def test_driver_reward_agrees_with_rlhfkits():
     from rlhfkit.rewards import exact_match_reward
 
     completions, answers = ["85", "8 5", "85\n", "", "135"], ["85", "85", "85", "85", "135"]
-    expected = exact_match_reward("answer")(["p"] * 5, completions, answer=answers)
+    expected = exact_match_reward("answer")(completions, answer=answers)
     assert driver.exact_match(["p"] * 5, completions, answer=answers) == expected

@@ -34,18 +34,26 @@ def run_module():
 
 
 def _run(library: str, workload: str, model: str, eps: float, rss: float, seconds: float = 1.0) -> dict:
-    return {"library": library, "workload": workload, "model": model, "seconds_per_step": seconds,
-            "episodes_per_second": eps, "tokens_per_second": 48 * eps, "peak_rss_mb": rss,
-            "os_peak_rss_mb": rss, "process_cpu_seconds": 1.0}
+    return {
+        "library": library,
+        "workload": workload,
+        "model": model,
+        "seconds_per_step": seconds,
+        "episodes_per_second": eps,
+        "tokens_per_second": 48 * eps,
+        "peak_rss_mb": rss,
+        "os_peak_rss_mb": rss,
+        "process_cpu_seconds": 1.0,
+    }
 
 
 def test_summary_takes_medians_and_checks_targets(run_module, monkeypatch):
     monkeypatch.syspath_prepend(str(BENCH))
-    runs = [
-        _run("rlhfkit", "ppo", "tiny", eps, rss) for eps, rss in ((10.0, 400), (30.0, 420), (20.0, 500))
-    ] + [
-        _run("trl", "ppo", "tiny", eps, rss) for eps, rss in ((8.0, 450), (12.0, 460))
-    ] + [_run("rlhfkit", "sft", "tiny", 5.0, 600), _run("trl", "sft", "tiny", 4.0, 500)]
+    runs = (
+        [_run("rlhfkit", "ppo", "tiny", eps, rss) for eps, rss in ((10.0, 400), (30.0, 420), (20.0, 500))]
+        + [_run("trl", "ppo", "tiny", eps, rss) for eps, rss in ((8.0, 450), (12.0, 460))]
+        + [_run("rlhfkit", "sft", "tiny", 5.0, 600), _run("trl", "sft", "tiny", 4.0, 500)]
+    )
     runs.append({"library": "trl", "workload": "sft", "model": "tiny", "error": "exit code 1"})
     rows = {r["workload"]: r for r in run_module.summarize(runs, {"models": {}}, {})}
     ppo = rows["ppo"]
@@ -59,9 +67,23 @@ def test_summary_takes_medians_and_checks_targets(run_module, monkeypatch):
     # 5 / 4 = 1.25x >= 1x, but 600 MiB > 500 MiB misses the memory target; the failed TRL run is reported
     assert sft["speed_ok"] is True and sft["memory_ok"] is False
     assert sft["trl_error"] == "exit code 1"
-    table = run_module.markdown(list(rows.values()), {
-        "date": "d", "machine": "m", "command": "c", "versions": "v", "trl_versions": {}, "threads": 2,
-        "steps": 1, "warmup": 0, "repeats": 1, "eos": False, "load": "0"}, {})
+    table = run_module.markdown(
+        list(rows.values()),
+        {
+            "date": "d",
+            "machine": "m",
+            "command": "c",
+            "versions": "v",
+            "trl_versions": {},
+            "threads": 2,
+            "steps": 1,
+            "warmup": 0,
+            "repeats": 1,
+            "eos": False,
+            "load": "0",
+        },
+        {},
+    )
     assert "| ppo | tiny |" in table and "2.00x (2x ok)" in table and "MISSED" in table
 
 
@@ -88,9 +110,29 @@ def test_unknown_names_are_rejected(run_module, capsys):
 @pytest.mark.slow
 def test_quick_run_of_the_rlhfkit_side(tmp_path):
     out = tmp_path / "out"
-    cmd = [sys.executable, str(BENCH / "run.py"), "--libraries", "rlhfkit", "--workloads", "sft", "--models", "tiny",
-           "--quick", "--steps", "1", "--warmup", "0", "--threads", "1", "--rlhfkit-python", sys.executable,
-           "--work-dir", str(tmp_path / "work"), "--output-dir", str(out)]
+    cmd = [
+        sys.executable,
+        str(BENCH / "run.py"),
+        "--libraries",
+        "rlhfkit",
+        "--workloads",
+        "sft",
+        "--models",
+        "tiny",
+        "--quick",
+        "--steps",
+        "1",
+        "--warmup",
+        "0",
+        "--threads",
+        "1",
+        "--rlhfkit-python",
+        sys.executable,
+        "--work-dir",
+        str(tmp_path / "work"),
+        "--output-dir",
+        str(out),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "TRL venvs" not in proc.stdout  # nothing was installed
@@ -114,9 +156,20 @@ def test_floor_puts_decode_flops_at_the_decode_rate_and_bounds_the_ratio():
     assert roofline.floor_seconds("ddpo", "tiny", meta, roof) is None
     assert roofline.floor_seconds("rloo", "tiny", meta, {}) is None
     run_module = _load("run")
-    runs = [dict(workload="rloo", model="tiny", library=lib, seconds_per_step=s, episodes_per_second=16 / s,
-                 tokens_per_second=1.0, peak_rss_mb=1.0, os_peak_rss_mb=1.0, process_cpu_seconds=1.0)
-            for lib, s in (("rlhfkit", 2 * floor), ("trl", 3 * floor))]
+    runs = [
+        dict(
+            workload="rloo",
+            model="tiny",
+            library=lib,
+            seconds_per_step=s,
+            episodes_per_second=16 / s,
+            tokens_per_second=1.0,
+            peak_rss_mb=1.0,
+            os_peak_rss_mb=1.0,
+            process_cpu_seconds=1.0,
+        )
+        for lib, s in (("rlhfkit", 2 * floor), ("trl", 3 * floor))
+    ]
     (row,) = run_module.summarize(runs, meta, roof)
     assert row["max_speed_ratio"] == pytest.approx(3.0)  # TRL's time over the floor
     assert row["speed_ratio"] == pytest.approx(1.5)
@@ -124,12 +177,23 @@ def test_floor_puts_decode_flops_at_the_decode_rate_and_bounds_the_ratio():
 
 # ---- the large-vocabulary side (issue 16): run points, the memory watchdog, scaling.py, prepare.py's models
 
+
 def test_lengths_apply_to_the_large_vocabulary_workloads_only(run_module):
-    args = run_module.parse_args(["--workloads", "ppo,ppo-lv,dpo-lv", "--models", "tiny,v152k", "--lengths", "256,1024"])
-    points = [(m, n, w.name) for m, n, w in run_module._points(args, [run_module.WORKLOADS[w] for w in args.workloads])]
+    args = run_module.parse_args(
+        ["--workloads", "ppo,ppo-lv,dpo-lv", "--models", "tiny,v152k", "--lengths", "256,1024"]
+    )
+    points = [
+        (m, n, w.name)
+        for m, n, w in run_module._points(args, [run_module.WORKLOADS[w] for w in args.workloads])
+    ]
     # tiny runs only the classic workload (no length); v152k runs both lv workloads at each length, grouped by length
-    assert points == [("tiny", None, "ppo"), ("v152k", 256, "ppo-lv"), ("v152k", 256, "dpo-lv"),
-                      ("v152k", 1024, "ppo-lv"), ("v152k", 1024, "dpo-lv")]
+    assert points == [
+        ("tiny", None, "ppo"),
+        ("v152k", 256, "ppo-lv"),
+        ("v152k", 256, "dpo-lv"),
+        ("v152k", 1024, "ppo-lv"),
+        ("v152k", 1024, "dpo-lv"),
+    ]
     default = run_module.parse_args(["--workloads", "rloo-lv", "--models", "v1k"])
     assert [n for _, n, _ in run_module._points(default, [run_module.WORKLOADS["rloo-lv"]])] == [256]
     with pytest.raises(SystemExit):
@@ -151,15 +215,32 @@ def test_watchdog_stops_a_child_past_its_memory_limit(run_module):
 
 
 def _lv_run(library, length, eps, rss, repeat=0, **extra):
-    return {"library": library, "workload": "ppo-lv", "model": "v152k", "length": length, "repeat": repeat,
-            "seconds_per_step": 16 / eps, "episodes_per_second": eps, "tokens_per_second": 1.0, "peak_rss_mb": rss,
-            "os_peak_rss_mb": rss, "process_cpu_seconds": 1.0, **extra}
+    return {
+        "library": library,
+        "workload": "ppo-lv",
+        "model": "v152k",
+        "length": length,
+        "repeat": repeat,
+        "seconds_per_step": 16 / eps,
+        "episodes_per_second": eps,
+        "tokens_per_second": 1.0,
+        "peak_rss_mb": rss,
+        "os_peak_rss_mb": rss,
+        "process_cpu_seconds": 1.0,
+        **extra,
+    }
 
 
 def test_summary_keeps_lengths_apart_with_loop_memory_ratio(run_module, monkeypatch):
     monkeypatch.syspath_prepend(str(BENCH))
-    runs = [_lv_run("rlhfkit", 256, 2.0, 1400), _lv_run("trl", 256, 1.0, 3400), _lv_run("rlhfkit", 1024, 1.0, 2400)]
-    runs.append({"library": "trl", "workload": "ppo-lv", "model": "v152k", "length": 1024, "error": "out of memory"})
+    runs = [
+        _lv_run("rlhfkit", 256, 2.0, 1400),
+        _lv_run("trl", 256, 1.0, 3400),
+        _lv_run("rlhfkit", 1024, 1.0, 2400),
+    ]
+    runs.append(
+        {"library": "trl", "workload": "ppo-lv", "model": "v152k", "length": 1024, "error": "out of memory"}
+    )
     rows = run_module.summarize(runs, {"models": {}}, {}, {"rlhfkit/ppo-lv": 400.0, "trl/ppo-lv": 400.0})
     short, long = rows
     assert (short["length"], long["length"]) == (256, 1024)
@@ -173,17 +254,32 @@ def test_pairs_give_ratios_and_oom_is_a_verdict(tmp_path, monkeypatch):
     scaling = _load("scaling")
     monkeypatch.setattr(scaling, "CURRENT_POINTS", {})  # the real lists name the committed result files
     monkeypatch.setattr(scaling, "CURRENT_ONLY", {})
-    runs = [_lv_run("rlhfkit", 256, 2.0, 1400, 0), _lv_run("trl", 256, 1.0, 3400, 0),
-            _lv_run("trl", 256, 2.0, 3400, 1), _lv_run("rlhfkit", 256, 3.0, 1400, 1),
-            _lv_run("rlhfkit", 1024, 1.0, 2400, 0),
-            {"library": "trl", "workload": "ppo-lv", "model": "v152k", "length": 1024, "repeat": 0,
-             "error": "out of memory", "oom": "resident memory reached 20.1 GiB (limit 20 GiB, ...)"}]
+    runs = [
+        _lv_run("rlhfkit", 256, 2.0, 1400, 0),
+        _lv_run("trl", 256, 1.0, 3400, 0),
+        _lv_run("trl", 256, 2.0, 3400, 1),
+        _lv_run("rlhfkit", 256, 3.0, 1400, 1),
+        _lv_run("rlhfkit", 1024, 1.0, 2400, 0),
+        {
+            "library": "trl",
+            "workload": "ppo-lv",
+            "model": "v152k",
+            "length": 1024,
+            "repeat": 0,
+            "error": "out of memory",
+            "oom": "resident memory reached 20.1 GiB (limit 20 GiB, ...)",
+        },
+    ]
     info = {"commit": "abc", "command": "python benchmarks/run.py ...", "date": "d", "eos": False}
     baselines = {"rlhfkit/ppo-lv": 400.0, "trl/ppo-lv": 400.0}
-    (tmp_path / "results-x.json").write_text(json.dumps({"info": info, "import_baselines": baselines, "runs": runs}))
+    (tmp_path / "results-x.json").write_text(
+        json.dumps({"info": info, "import_baselines": baselines, "runs": runs})
+    )
     rows = scaling.points(scaling.load(tmp_path))
     short, long = rows
-    assert short["pair_speed_ratios"] == pytest.approx([2.0, 1.5])  # each repeat's pair, not medians of medians
+    assert short["pair_speed_ratios"] == pytest.approx(
+        [2.0, 1.5]
+    )  # each repeat's pair, not medians of medians
     assert short["loop_memory_ratio"] == pytest.approx(1 / 3)
     assert "speed 1.75x met" in scaling._verdict(short) and "memory 0.33x met" in scaling._verdict(short)
     assert scaling._verdict(long) == "TRL ran out of memory; rlhfkit ran"
@@ -197,8 +293,11 @@ def test_a_remeasured_point_counts_only_its_newest_file(tmp_path, monkeypatch):
     monkeypatch.setattr(scaling, "CURRENT_ONLY", {})  # the real one keeps only the committed ppo-lv files
     info = {"commit": "abc", "command": "c", "date": "d", "eos": False}
     baselines = {"rlhfkit/ppo-lv": 400.0, "trl/ppo-lv": 400.0}
-    old = [_lv_run("rlhfkit", 256, 1.0, 2400, 0), _lv_run("trl", 256, 1.0, 3400, 0),
-           _lv_run("rlhfkit", 1024, 1.0, 2400, 0)]
+    old = [
+        _lv_run("rlhfkit", 256, 1.0, 2400, 0),
+        _lv_run("trl", 256, 1.0, 3400, 0),
+        _lv_run("rlhfkit", 1024, 1.0, 2400, 0),
+    ]
     new = [_lv_run("rlhfkit", 256, 1.0, 900, 0), _lv_run("trl", 256, 1.0, 3400, 0)]
     for name, runs in (("results-old.json", old), ("results-new.json", new)):
         (tmp_path / name).write_text(json.dumps({"info": info, "import_baselines": baselines, "runs": runs}))
@@ -213,7 +312,9 @@ def test_word_tokenizer_counts_one_token_per_word():
     assert tokenizer.get_vocab_size() == 50
     ids = tokenizer.encode("w2 w49 w7").ids
     assert ids == [2, 49, 7]
-    assert tokenizer.decode(ids) == "w2 w49 w7"  # decoding and re-tokenising (TRL 1.16's reward path) round-trips
+    assert (
+        tokenizer.decode(ids) == "w2 w49 w7"
+    )  # decoding and re-tokenising (TRL 1.16's reward path) round-trips
 
 
 def test_raised_eos_is_about_one_in_mean_length():
@@ -222,13 +323,23 @@ def test_raised_eos_is_about_one_in_mean_length():
 
     prepare = _load("prepare")
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=2000, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=4, eos_token_id=0, tie_word_embeddings=False)
+    config = LlamaConfig(
+        vocab_size=2000,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        eos_token_id=0,
+        tie_word_embeddings=False,
+    )
     model = LlamaForCausalLM(config)
     prepare._raise_eos(model, 128)
     with torch.no_grad():
         probs = model(input_ids=torch.randint(2, 2000, (4, 64))).logits.softmax(-1)[..., 0]
-    assert 1 / 512 < probs.mean().item() < 1 / 32  # about 1/128 (context moves it), far above uniform's 1/2000
+    assert (
+        1 / 512 < probs.mean().item() < 1 / 32
+    )  # about 1/128 (context moves it), far above uniform's 1/2000
 
 
 def test_the_files_scaling_counts_are_committed():
@@ -238,7 +349,9 @@ def test_the_files_scaling_counts_are_committed():
     assert named and not {n for n in named if not (folder / n).is_file()}
 
 
-def test_each_rlhfkit_side_runs_in_the_venv_with_its_trl_sides_optional_packages(run_module, tmp_path, monkeypatch):
+def test_each_rlhfkit_side_runs_in_the_venv_with_its_trl_sides_optional_packages(
+    run_module, tmp_path, monkeypatch
+):
     for venv in ("rlhfkit", "rlhfkit-diffusion"):
         (tmp_path / venv).mkdir()
         (tmp_path / venv / ".installed").write_text("")
@@ -246,7 +359,9 @@ def test_each_rlhfkit_side_runs_in_the_venv_with_its_trl_sides_optional_packages
     args = type("Args", (), {"rlhfkit_python": None})()
     python = {name: run_module.venv_python("rlhfkit", w, args) for name, w in run_module.WORKLOADS.items()}
     assert python["grpo"] == python["rloo"] == str(tmp_path / "rlhfkit" / "bin" / "python")  # beside trl-new
-    assert python["ppo"] == python["ddpo"] == str(tmp_path / "rlhfkit-diffusion" / "bin" / "python")  # trl-0.11
+    assert (
+        python["ppo"] == python["ddpo"] == str(tmp_path / "rlhfkit-diffusion" / "bin" / "python")
+    )  # trl-0.11
     assert set(run_module.RLHFKIT_VENV) == {w.trl_venv for w in run_module.WORKLOADS.values()}
     setup = (BENCH / "setup_trl.sh").read_text()
     assert 'make_venv rlhfkit rlhfkit -e "$ROOT" ;;' in setup and '-e "$ROOT[diffusion]"' in setup
@@ -254,18 +369,25 @@ def test_each_rlhfkit_side_runs_in_the_venv_with_its_trl_sides_optional_packages
 
 def test_a_childs_peak_rss_is_its_own_not_its_large_parents():
     ballast = bytearray(300 * 2**20)  # the parent holds 300 MiB more than a bare interpreter
-    ballast[:: 4096] = b"x" * len(ballast[:: 4096])  # touch every page so it is resident
+    ballast[::4096] = b"x" * len(ballast[::4096])  # touch every page so it is resident
     code = "import sys; sys.path.insert(0, sys.argv[1]); import _common; print(_common.peak_rss_mb())"
-    out = subprocess.run([sys.executable, "-c", code, str(BENCH / "workloads")], capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(BENCH / "workloads")], capture_output=True, text=True
+    )
     assert out.returncode == 0, out.stderr
-    assert float(out.stdout.split()[-1]) < 200  # ru_maxrss would report >= 300 MiB inherited from this process
+    assert (
+        float(out.stdout.split()[-1]) < 200
+    )  # ru_maxrss would report >= 300 MiB inherited from this process
     del ballast
 
 
 def test_rss_trace_options():
     rss_trace = _load("rss_trace")
     assert rss_trace._options([]) == {}
-    assert rss_trace._options(["--phases", "A.b,C.d", "--output", "t.json"]) == {"--phases": "A.b,C.d", "--output": "t.json"}
+    assert rss_trace._options(["--phases", "A.b,C.d", "--output", "t.json"]) == {
+        "--phases": "A.b,C.d",
+        "--output": "t.json",
+    }
     with pytest.raises(SystemExit, match="--output FILE"):
         rss_trace._options(["--phases"])
     with pytest.raises(SystemExit, match="--output FILE"):
@@ -283,8 +405,12 @@ def test_git_commit_is_dirty_only_for_measured_code(tmp_path):
         (tmp_path / name).write_text("0\n")
 
     def git(*args):
-        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
-                       capture_output=True)
+        subprocess.run(
+            ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
+            cwd=tmp_path,
+            check=True,
+            capture_output=True,
+        )
 
     git("init", "-q")
     git("add", "-A")
@@ -293,7 +419,9 @@ def test_git_commit_is_dirty_only_for_measured_code(tmp_path):
     common = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(common)
     script = tmp_path / "benchmarks" / "measure.py"
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout.strip()
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True
+    ).stdout.strip()
     assert common.git_commit(script) == head
     for name in ("benchmarks/result.json", "benchmarks/other.py"):
         (tmp_path / name).write_text("1\n")

@@ -31,54 +31,167 @@ SEED_METRICS = (
     "val/ratio_var val/num_eos_tokens lr episode"
 ).split()
 
-# seed 000's RLOOConfig signature, every argument at the seed's default (lr_scheduler_kwargs and
+# TRL 0.x's RLOOConfig signature, every argument at the seed's default (lr_scheduler_kwargs and
 # include_for_metrics default to a factory and are left out); ~30 of these left TrainingArguments in
-# transformers 5 and are accepted by rlhfkit.trainers.legacy_training_args
+# transformers 5 and are accepted by rlhfkit.trainers.common.legacy_training_args
 SEED_RLOO_CONFIG = {
-    'output_dir': None, 'overwrite_output_dir': False, 'do_train': False, 'do_eval': False,
-    'do_predict': False, 'eval_strategy': 'no', 'prediction_loss_only': False,
-    'per_device_train_batch_size': 8, 'per_device_eval_batch_size': 8, 'per_gpu_train_batch_size': None,
-    'per_gpu_eval_batch_size': None, 'gradient_accumulation_steps': 1, 'eval_accumulation_steps': None,
-    'eval_delay': 0, 'torch_empty_cache_steps': None, 'learning_rate': 5e-05, 'weight_decay': 0.0,
-    'adam_beta1': 0.9, 'adam_beta2': 0.999, 'adam_epsilon': 1e-08, 'max_grad_norm': 1.0,
-    'num_train_epochs': 3.0, 'max_steps': -1, 'lr_scheduler_type': 'linear', 'warmup_ratio': 0.0,
-    'warmup_steps': 0, 'log_level': 'passive', 'log_level_replica': 'warning', 'log_on_each_node': True,
-    'logging_dir': None, 'logging_strategy': 'steps', 'logging_first_step': False, 'logging_steps': 500,
-    'logging_nan_inf_filter': True, 'save_strategy': 'steps', 'save_steps': 500, 'save_total_limit': None,
-    'save_safetensors': True, 'save_on_each_node': False, 'save_only_model': False,
-    'restore_callback_states_from_checkpoint': False, 'no_cuda': False, 'use_cpu': False,
-    'use_mps_device': False, 'seed': 42, 'data_seed': None, 'jit_mode_eval': False, 'use_ipex': False,
-    'bf16': False, 'fp16': False, 'fp16_opt_level': 'O1', 'half_precision_backend': 'auto',
-    'bf16_full_eval': False, 'fp16_full_eval': False, 'tf32': None, 'local_rank': -1, 'ddp_backend': None,
-    'tpu_num_cores': None, 'tpu_metrics_debug': False, 'debug': '', 'dataloader_drop_last': False,
-    'eval_steps': None, 'dataloader_num_workers': 0, 'dataloader_prefetch_factor': None, 'past_index': -1,
-    'run_name': None, 'disable_tqdm': None, 'remove_unused_columns': True, 'label_names': None,
-    'load_best_model_at_end': False, 'metric_for_best_model': None, 'greater_is_better': None,
-    'ignore_data_skip': False, 'fsdp': '', 'fsdp_min_num_params': 0, 'fsdp_config': None, 'tp_size': 0,
-    'fsdp_transformer_layer_cls_to_wrap': None, 'accelerator_config': None, 'deepspeed': None,
-    'label_smoothing_factor': 0.0, 'optim': 'adamw_torch', 'optim_args': None, 'adafactor': False,
-    'group_by_length': False, 'length_column_name': 'length', 'report_to': None,
-    'ddp_find_unused_parameters': None, 'ddp_bucket_cap_mb': None, 'ddp_broadcast_buffers': None,
-    'dataloader_pin_memory': True, 'dataloader_persistent_workers': False, 'skip_memory_metrics': True,
-    'use_legacy_prediction_loop': False, 'push_to_hub': False, 'resume_from_checkpoint': None,
-    'hub_model_id': None, 'hub_strategy': 'every_save', 'hub_token': None, 'hub_private_repo': None,
-    'hub_always_push': False, 'gradient_checkpointing': False, 'gradient_checkpointing_kwargs': None,
-    'include_inputs_for_metrics': False, 'eval_do_concat_batches': True, 'fp16_backend': 'auto',
-    'push_to_hub_model_id': None, 'push_to_hub_organization': None, 'push_to_hub_token': None,
-    'mp_parameters': '', 'auto_find_batch_size': False, 'full_determinism': False, 'torchdynamo': None,
-    'ray_scope': 'last', 'ddp_timeout': 1800, 'torch_compile': False, 'torch_compile_backend': None,
-    'torch_compile_mode': None, 'include_tokens_per_second': False, 'include_num_input_tokens_seen': False,
-    'neftune_noise_alpha': None, 'optim_target_modules': None, 'batch_eval_metrics': False,
-    'eval_on_start': False, 'use_liger_kernel': False, 'eval_use_gather_object': False,
-    'average_tokens_across_devices': False, 'dataset_num_proc': None, 'num_mini_batches': 1,
-    'total_episodes': None, 'local_rollout_forward_batch_size': 64, 'num_sample_generations': 10,
-    'response_length': 53, 'stop_token': None, 'stop_token_id': None, 'temperature': 0.7,
-    'missing_eos_penalty': None, 'sft_model_path': 'EleutherAI/pythia-160m', 'world_size': None,
-    'num_total_batches': None, 'micro_batch_size': None, 'local_batch_size': None, 'batch_size': None,
-    'local_mini_batch_size': None, 'mini_batch_size': None, 'exp_name': 'rloo_config',
-    'reward_model_path': 'EleutherAI/pythia-160m', 'num_ppo_epochs': 4, 'whiten_rewards': False,
-    'kl_coef': 0.05, 'cliprange': 0.2, 'rloo_k': 2, 'normalize_reward': False, 'reward_clip_range': 10.0,
-    'normalize_advantage': False, 'token_level_kl': False, 'ds3_gather_for_generation': True,
+    "output_dir": None,
+    "overwrite_output_dir": False,
+    "do_train": False,
+    "do_eval": False,
+    "do_predict": False,
+    "eval_strategy": "no",
+    "prediction_loss_only": False,
+    "per_device_train_batch_size": 8,
+    "per_device_eval_batch_size": 8,
+    "per_gpu_train_batch_size": None,
+    "per_gpu_eval_batch_size": None,
+    "gradient_accumulation_steps": 1,
+    "eval_accumulation_steps": None,
+    "eval_delay": 0,
+    "torch_empty_cache_steps": None,
+    "learning_rate": 5e-05,
+    "weight_decay": 0.0,
+    "adam_beta1": 0.9,
+    "adam_beta2": 0.999,
+    "adam_epsilon": 1e-08,
+    "max_grad_norm": 1.0,
+    "num_train_epochs": 3.0,
+    "max_steps": -1,
+    "lr_scheduler_type": "linear",
+    "warmup_ratio": 0.0,
+    "warmup_steps": 0,
+    "log_level": "passive",
+    "log_level_replica": "warning",
+    "log_on_each_node": True,
+    "logging_dir": None,
+    "logging_strategy": "steps",
+    "logging_first_step": False,
+    "logging_steps": 500,
+    "logging_nan_inf_filter": True,
+    "save_strategy": "steps",
+    "save_steps": 500,
+    "save_total_limit": None,
+    "save_safetensors": True,
+    "save_on_each_node": False,
+    "save_only_model": False,
+    "restore_callback_states_from_checkpoint": False,
+    "no_cuda": False,
+    "use_cpu": False,
+    "use_mps_device": False,
+    "seed": 42,
+    "data_seed": None,
+    "jit_mode_eval": False,
+    "use_ipex": False,
+    "bf16": False,
+    "fp16": False,
+    "fp16_opt_level": "O1",
+    "half_precision_backend": "auto",
+    "bf16_full_eval": False,
+    "fp16_full_eval": False,
+    "tf32": None,
+    "local_rank": -1,
+    "ddp_backend": None,
+    "tpu_num_cores": None,
+    "tpu_metrics_debug": False,
+    "debug": "",
+    "dataloader_drop_last": False,
+    "eval_steps": None,
+    "dataloader_num_workers": 0,
+    "dataloader_prefetch_factor": None,
+    "past_index": -1,
+    "run_name": None,
+    "disable_tqdm": None,
+    "remove_unused_columns": True,
+    "label_names": None,
+    "load_best_model_at_end": False,
+    "metric_for_best_model": None,
+    "greater_is_better": None,
+    "ignore_data_skip": False,
+    "fsdp": "",
+    "fsdp_min_num_params": 0,
+    "fsdp_config": None,
+    "tp_size": 0,
+    "fsdp_transformer_layer_cls_to_wrap": None,
+    "accelerator_config": None,
+    "deepspeed": None,
+    "label_smoothing_factor": 0.0,
+    "optim": "adamw_torch",
+    "optim_args": None,
+    "adafactor": False,
+    "group_by_length": False,
+    "length_column_name": "length",
+    "report_to": None,
+    "ddp_find_unused_parameters": None,
+    "ddp_bucket_cap_mb": None,
+    "ddp_broadcast_buffers": None,
+    "dataloader_pin_memory": True,
+    "dataloader_persistent_workers": False,
+    "skip_memory_metrics": True,
+    "use_legacy_prediction_loop": False,
+    "push_to_hub": False,
+    "resume_from_checkpoint": None,
+    "hub_model_id": None,
+    "hub_strategy": "every_save",
+    "hub_token": None,
+    "hub_private_repo": None,
+    "hub_always_push": False,
+    "gradient_checkpointing": False,
+    "gradient_checkpointing_kwargs": None,
+    "include_inputs_for_metrics": False,
+    "eval_do_concat_batches": True,
+    "fp16_backend": "auto",
+    "push_to_hub_model_id": None,
+    "push_to_hub_organization": None,
+    "push_to_hub_token": None,
+    "mp_parameters": "",
+    "auto_find_batch_size": False,
+    "full_determinism": False,
+    "torchdynamo": None,
+    "ray_scope": "last",
+    "ddp_timeout": 1800,
+    "torch_compile": False,
+    "torch_compile_backend": None,
+    "torch_compile_mode": None,
+    "include_tokens_per_second": False,
+    "include_num_input_tokens_seen": False,
+    "neftune_noise_alpha": None,
+    "optim_target_modules": None,
+    "batch_eval_metrics": False,
+    "eval_on_start": False,
+    "use_liger_kernel": False,
+    "eval_use_gather_object": False,
+    "average_tokens_across_devices": False,
+    "dataset_num_proc": None,
+    "num_mini_batches": 1,
+    "total_episodes": None,
+    "local_rollout_forward_batch_size": 64,
+    "num_sample_generations": 10,
+    "response_length": 53,
+    "stop_token": None,
+    "stop_token_id": None,
+    "temperature": 0.7,
+    "missing_eos_penalty": None,
+    "sft_model_path": "EleutherAI/pythia-160m",
+    "world_size": None,
+    "num_total_batches": None,
+    "micro_batch_size": None,
+    "local_batch_size": None,
+    "batch_size": None,
+    "local_mini_batch_size": None,
+    "mini_batch_size": None,
+    "exp_name": "rloo_config",
+    "reward_model_path": "EleutherAI/pythia-160m",
+    "num_ppo_epochs": 4,
+    "whiten_rewards": False,
+    "kl_coef": 0.05,
+    "cliprange": 0.2,
+    "rloo_k": 2,
+    "normalize_reward": False,
+    "reward_clip_range": 10.0,
+    "normalize_advantage": False,
+    "token_level_kl": False,
+    "ds3_gather_for_generation": True,
 }
 
 PROMPTS = ["the cat sat on", "a dog ran to", "once upon a time", "he said that", "we went to", "she saw a"]
@@ -88,12 +201,22 @@ def test_seed_vectorized_rloo_advantage_example():
     # seed 000 "实现细节", verbatim but for the function name
     local_batch_size = 3
     rloo_k = 4
-    rlhf_reward = torch.tensor([
-        1, 2, 3,  # first rlhf reward for three prompts
-        2, 3, 4,  # second rlhf reward for three prompts
-        5, 6, 7,  # third rlhf reward for three prompts
-        8, 9, 10,  # fourth rlhf reward for three prompts
-    ]).float()  # here we have 3 prompts which have 4 completions each
+    rlhf_reward = torch.tensor(
+        [
+            1,
+            2,
+            3,  # first rlhf reward for three prompts
+            2,
+            3,
+            4,  # second rlhf reward for three prompts
+            5,
+            6,
+            7,  # third rlhf reward for three prompts
+            8,
+            9,
+            10,  # fourth rlhf reward for three prompts
+        ]
+    ).float()  # here we have 3 prompts which have 4 completions each
 
     baseline = (rlhf_reward.sum(0) - rlhf_reward) / (rloo_k - 1)
     advantages = torch.zeros_like(rlhf_reward)
@@ -114,8 +237,10 @@ def test_seed_vectorized_rloo_advantage_example():
     vec_advantages = rlhf_reward - baseline
     torch.testing.assert_close(vec_advantages.flatten(), advantages)
 
-    # rlhfkit's shipped function uses the same layout (completion j of prompt i at row i + j * B)
-    torch.testing.assert_close(rloo_advantages(rlhf_reward.flatten(), rloo_k), advantages)
+    # rlhfkit's shipped function takes each prompt's k completions on consecutive rows (row i * k + j):
+    # the seed's (k, B) grid, transposed
+    ours = rloo_advantages(rlhf_reward.T.flatten(), rloo_k).reshape(local_batch_size, rloo_k).T
+    torch.testing.assert_close(ours.flatten(), advantages)
 
 
 def test_seed_rloo_config_signature_is_accepted_at_its_defaults(tmp_path):
@@ -244,8 +369,14 @@ def test_seed_benchmark_command_line_without_the_deepspeed_launcher(tmp_path, de
 
 @pytest.mark.parametrize(
     "script",
-    ["scripts/rloo/rloo.py", "scripts/ppo.py", "scripts/reward_modeling.py", "scripts/sft.py", "scripts/dpo.py",
-     "scripts/ddpo.py"],
+    [
+        "scripts/rloo/rloo.py",
+        "scripts/ppo.py",
+        "scripts/reward_modeling.py",
+        "scripts/sft.py",
+        "scripts/dpo.py",
+        "scripts/ddpo.py",
+    ],
 )
 def test_seed_script_paths_parse_help(script, monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", [script, "--help"])

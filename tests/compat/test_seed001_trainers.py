@@ -1,4 +1,4 @@
-"""Seed 001's RewardTrainer, SFTTrainer and DPOTrainer, called as the seed documents them.
+"""TRL 0.x's RewardTrainer, SFTTrainer and DPOTrainer, called as the seed documents them.
 
 Each call uses the seed's signature (a plain `transformers.TrainingArguments` as `args`, `tokenizer=`,
 the trainer-level keywords) with only the import changed from `trl` to `rlhfkit`; tiny local models
@@ -20,9 +20,9 @@ from rlhfkit import DPOTrainer, RewardTrainer, SFTTrainer
 from rlhfkit.data.packing import ConstantLengthDataset
 from rlhfkit.testing import tiny_model, tiny_model_path, tiny_tokenizer
 from rlhfkit.testing.training_args import few_step_args
-from rlhfkit.trainers.dpo_config import DPOConfig
-from rlhfkit.trainers.reward_config import RewardConfig
-from rlhfkit.trainers.sft_config import SFTConfig
+from rlhfkit.trainers.dpo.config import DPOConfig
+from rlhfkit.trainers.reward_model.config import RewardConfig
+from rlhfkit.trainers.sft.config import SFTConfig
 
 WORDS = ["the", "movie", "was", "plot", "actors", "music", "really", "quite", "story", "film"]
 DOCS = [
@@ -56,7 +56,7 @@ def _reward_pairs(n, seed=0):
 
 
 def _reward_tokenised(tokenizer, n, seed=0):
-    """Seed 001's documented reward format: the four tokenised columns, built by the caller."""
+    """TRL 0.x's documented reward format: the four tokenised columns, built by the caller."""
     rows = []
     for row in _reward_pairs(n, seed):
         chosen = tokenizer(row["prompt"] + row["chosen"])
@@ -163,7 +163,7 @@ def test_reward_max_length_keyword_drops_overlong_pairs(tmp_path, tok):
 
 
 def test_reward_model_learns_from_seed_format(tmp_path, tok):
-    """Seed 001's call: RewardTrainer(model, args=TrainingArguments, tokenizer=, max_length=) on the four
+    """TRL 0.x's call: RewardTrainer(model, args=TrainingArguments, tokenizer=, max_length=) on the four
     tokenised columns with the default RewardDataCollatorWithPadding."""
     args = _training_args(
         tmp_path, max_steps=40, per_device_train_batch_size=8, learning_rate=3e-3, logging_steps=10
@@ -229,7 +229,7 @@ def test_sft_formatting_func_and_max_seq_length_shape_unpacked_rows(tmp_path, to
 
 
 def test_packed_sft_model_learns(tmp_path):
-    """Seed 001's call with a model path: SFTTrainer(path, args=TrainingArguments, tokenizer=,
+    """TRL 0.x's call with a model path: SFTTrainer(path, args=TrainingArguments, tokenizer=,
     dataset_text_field=, packing=True, max_seq_length=)."""
     tokenizer = tiny_tokenizer(padding_side="right")
     text = datasets.Dataset.from_list([{"text": d} for d in DOCS * 4])
@@ -257,7 +257,7 @@ def test_dpo_keywords_override_the_config(tmp_path, tok):
     trainer = DPOTrainer(
         tiny_model("llama"),
         None,  # ref_model: a frozen copy of the policy
-        0.25,  # beta, third positional as in seed 001
+        0.25,  # beta, third positional as in TRL 0.x
         args=_training_args(tmp_path),
         label_pad_token_id=-7,
         padding_value=3,
@@ -349,7 +349,7 @@ def test_dpo_evaluate_predictions_are_implicit_rewards(tmp_path, tok):
 
 
 def test_dpo_model_learns_with_plain_training_arguments(tmp_path, tok):
-    """Seed 001's call: DPOTrainer(model, ref_model=None, beta=, args=TrainingArguments, tokenizer=,
+    """TRL 0.x's call: DPOTrainer(model, ref_model=None, beta=, args=TrainingArguments, tokenizer=,
     max_length=, max_prompt_length=)."""
     trainer = DPOTrainer(
         tiny_model("llama"),

@@ -28,32 +28,100 @@ SEED_PROMPTS = [
 
 # every statistic TRL's PPOTrainer.step returns (the seed's "stats: losses, entropy, ...")
 TRL_STEP_STATS = [
-    "objective/kl", "objective/kl_dist", "objective/logprobs", "objective/ref_logprobs", "objective/kl_coef",
-    "objective/entropy", "ppo/mean_non_score_reward", "ppo/mean_scores", "ppo/std_scores",
-    "tokens/queries_len_mean", "tokens/queries_len_std", "tokens/queries_dist", "tokens/responses_len_mean",
-    "tokens/responses_len_std", "tokens/responses_dist", "ppo/loss/policy", "ppo/loss/value", "ppo/loss/total",
-    "ppo/policy/entropy", "ppo/policy/approxkl", "ppo/policy/policykl", "ppo/policy/clipfrac",
-    "ppo/policy/advantages", "ppo/policy/advantages_mean", "ppo/policy/ratio", "ppo/returns/mean",
-    "ppo/returns/var", "ppo/val/vpred", "ppo/val/error", "ppo/val/clipfrac", "ppo/val/mean", "ppo/val/var",
-    "ppo/val/var_explained", "ppo/learning_rate", "time/ppo/forward_pass", "time/ppo/compute_rewards",
-    "time/ppo/compute_advantages", "time/ppo/optimize_step", "time/ppo/calc_stats", "time/ppo/total",
+    "objective/kl",
+    "objective/kl_dist",
+    "objective/logprobs",
+    "objective/ref_logprobs",
+    "objective/kl_coef",
+    "objective/entropy",
+    "ppo/mean_non_score_reward",
+    "ppo/mean_scores",
+    "ppo/std_scores",
+    "tokens/queries_len_mean",
+    "tokens/queries_len_std",
+    "tokens/queries_dist",
+    "tokens/responses_len_mean",
+    "tokens/responses_len_std",
+    "tokens/responses_dist",
+    "ppo/loss/policy",
+    "ppo/loss/value",
+    "ppo/loss/total",
+    "ppo/policy/entropy",
+    "ppo/policy/approxkl",
+    "ppo/policy/policykl",
+    "ppo/policy/clipfrac",
+    "ppo/policy/advantages",
+    "ppo/policy/advantages_mean",
+    "ppo/policy/ratio",
+    "ppo/returns/mean",
+    "ppo/returns/var",
+    "ppo/val/vpred",
+    "ppo/val/error",
+    "ppo/val/clipfrac",
+    "ppo/val/mean",
+    "ppo/val/var",
+    "ppo/val/var_explained",
+    "ppo/learning_rate",
+    "time/ppo/forward_pass",
+    "time/ppo/compute_rewards",
+    "time/ppo/compute_advantages",
+    "time/ppo/optimize_step",
+    "time/ppo/calc_stats",
+    "time/ppo/total",
 ]
 TRL_LOG_STATS = ["env/reward_mean", "env/reward_std", "env/reward_dist"]
 
 # the PPOConfig signature printed in the seed, with the defaults that matter for training
 SEED_CONFIG_DEFAULTS = dict(
-    seed=0, log_with=None, task_name=None, model_name=None, query_dataset=None, reward_model=None,
-    remove_unused_columns=True, tracker_project_name="trl", steps=20000, learning_rate=1e-05, adap_kl_ctrl=True,
-    init_kl_coef=0.2, kl_penalty="kl", target=6, horizon=10000, gamma=1, lam=0.95, cliprange=0.2,
-    cliprange_value=0.2, vf_coef=0.1, batch_size=256, forward_batch_size=None, mini_batch_size=1,
-    gradient_accumulation_steps=1, ppo_epochs=4, max_grad_norm=None, optimize_device_cache=False,
-    early_stopping=False, target_kl=1, compare_steps=1, ratio_threshold=10.0, use_score_scaling=False,
-    use_score_norm=False, score_clip=None, whiten_rewards=False,
+    seed=0,
+    log_with=None,
+    task_name=None,
+    model_name=None,
+    query_dataset=None,
+    reward_model=None,
+    remove_unused_columns=True,
+    tracker_project_name="trl",
+    steps=20000,
+    learning_rate=1e-05,
+    adap_kl_ctrl=True,
+    init_kl_coef=0.2,
+    kl_penalty="kl",
+    target=6,
+    horizon=10000,
+    gamma=1,
+    lam=0.95,
+    cliprange=0.2,
+    cliprange_value=0.2,
+    vf_coef=0.1,
+    batch_size=256,
+    forward_batch_size=None,
+    mini_batch_size=1,
+    gradient_accumulation_steps=1,
+    ppo_epochs=4,
+    max_grad_norm=None,
+    optimize_device_cache=False,
+    early_stopping=False,
+    target_kl=1,
+    compare_steps=1,
+    ratio_threshold=10.0,
+    use_score_scaling=False,
+    use_score_norm=False,
+    score_clip=None,
+    whiten_rewards=False,
 )
 SEED_CONFIG_OTHER_FIELDS = [
-    "exp_name", "tracker_kwargs", "accelerator_kwargs", "project_kwargs", "push_to_hub_if_best_kwargs",
-    "world_size", "optimize_cuda_cache", "is_encoder_decoder", "is_peft_model", "backward_batch_size",
-    "global_backward_batch_size", "global_batch_size",
+    "exp_name",
+    "tracker_kwargs",
+    "accelerator_kwargs",
+    "project_kwargs",
+    "push_to_hub_if_best_kwargs",
+    "world_size",
+    "optimize_cuda_cache",
+    "is_encoder_decoder",
+    "is_peft_model",
+    "backward_batch_size",
+    "global_backward_batch_size",
+    "global_batch_size",
 ]
 
 
@@ -76,7 +144,10 @@ def sentiment_model_path(tmp_path_factory, gpt2_path):
     try:
         torch.manual_seed(3)
         model = AutoModelForSequenceClassification.from_pretrained(
-            gpt2_path, num_labels=2, id2label={0: "NEGATIVE", 1: "POSITIVE"}, label2id={"NEGATIVE": 0, "POSITIVE": 1}
+            gpt2_path,
+            num_labels=2,
+            id2label={0: "NEGATIVE", 1: "POSITIVE"},
+            label2id={"NEGATIVE": 0, "POSITIVE": 1},
         )
     finally:
         hf_logging.set_verbosity(verbosity)
@@ -110,20 +181,51 @@ def test_documented_signatures_are_accepted():
     names = {f.name for f in dataclasses.fields(PPOConfig)}
     assert not [n for n in SEED_CONFIG_OTHER_FIELDS if n not in names]
     trainer_params = list(inspect.signature(PPOTrainer.__init__).parameters)[1:10]
-    assert trainer_params == ["config", "model", "ref_model", "tokenizer", "dataset", "optimizer", "data_collator",
-                              "num_shared_layers", "lr_scheduler"]
+    assert trainer_params == [
+        "config",
+        "model",
+        "ref_model",
+        "tokenizer",
+        "dataset",
+        "optimizer",
+        "data_collator",
+        "num_shared_layers",
+        "lr_scheduler",
+    ]
     methods = {
-        "batched_forward_pass": ["model", "queries", "responses", "model_inputs", "return_logits", "response_masks"],
+        "batched_forward_pass": [
+            "model",
+            "queries",
+            "responses",
+            "model_inputs",
+            "return_logits",
+            "response_masks",
+        ],
         "compute_rewards": ["scores", "logprobs", "ref_logprobs", "masks"],
         "create_model_card": ["path", "model_name"],
         "gather_stats": ["stats"],
-        "generate": ["query_tensor", "length_sampler", "batch_size", "return_prompt", "generate_ref_response"],
+        "generate": [
+            "query_tensor",
+            "length_sampler",
+            "batch_size",
+            "return_prompt",
+            "generate_ref_response",
+        ],
         "log_stats": ["stats", "batch", "rewards", "columns_to_log"],
         "loss": ["old_logprobs", "values", "logits", "vpreds", "logprobs", "mask", "advantages", "returns"],
         "prepare_dataloader": ["dataset", "data_collator"],
         "record_step_stats": ["kl_coef"],
         "step": ["queries", "responses", "scores", "response_masks"],
-        "train_minibatch": ["old_logprobs", "values", "logprobs", "logits", "vpreds", "mask", "advantages", "returns"],
+        "train_minibatch": [
+            "old_logprobs",
+            "values",
+            "logprobs",
+            "logits",
+            "vpreds",
+            "mask",
+            "advantages",
+            "returns",
+        ],
     }
     for method, params in methods.items():
         signature = list(inspect.signature(getattr(PPOTrainer, method)).parameters)[1:]
@@ -136,18 +238,53 @@ def test_seed001_ppo_config_signature_is_accepted():
     from rlhfkit import PPOConfig
 
     seed001 = dict(
-        task_name=None, model_name=None, steps=20000, learning_rate=1e-05, adap_kl_ctrl=True, init_kl_coef=0.2,
-        kl_penalty="kl", target=6, horizon=10000, gamma=1, lam=0.95, cliprange=0.2, cliprange_value=0.2,
-        vf_coef=0.1, batch_size=256, forward_batch_size=None, mini_batch_size=1, backward_batch_size=1,
-        gradient_accumulation_steps=1, ppo_epochs=4, remove_unused_columns=True, log_with=None, tracker_kwargs={},
-        accelerator_kwargs={}, project_kwargs={}, tracker_project_name="trl", max_grad_norm=None, seed=0,
-        optimize_cuda_cache=False, early_stopping=False, target_kl=0.1, push_to_hub_if_best_kwargs={},
-        compare_steps=1, ratio_threshold=10.0, use_score_scaling=False, use_score_norm=False, score_clip=None,
+        task_name=None,
+        model_name=None,
+        steps=20000,
+        learning_rate=1e-05,
+        adap_kl_ctrl=True,
+        init_kl_coef=0.2,
+        kl_penalty="kl",
+        target=6,
+        horizon=10000,
+        gamma=1,
+        lam=0.95,
+        cliprange=0.2,
+        cliprange_value=0.2,
+        vf_coef=0.1,
+        batch_size=256,
+        forward_batch_size=None,
+        mini_batch_size=1,
+        backward_batch_size=1,
+        gradient_accumulation_steps=1,
+        ppo_epochs=4,
+        remove_unused_columns=True,
+        log_with=None,
+        tracker_kwargs={},
+        accelerator_kwargs={},
+        project_kwargs={},
+        tracker_project_name="trl",
+        max_grad_norm=None,
+        seed=0,
+        optimize_cuda_cache=False,
+        early_stopping=False,
+        target_kl=0.1,
+        push_to_hub_if_best_kwargs={},
+        compare_steps=1,
+        ratio_threshold=10.0,
+        use_score_scaling=False,
+        use_score_norm=False,
+        score_clip=None,
     )
     with pytest.warns(FutureWarning, match="optimize_cuda_cache"):
         config = PPOConfig(**seed001)
-    assert config.target_kl == 0.1 and config.backward_batch_size == 1 and config.optimize_device_cache is False
-    assert PPOConfig(mini_batch_size=2, gradient_accumulation_steps=2, backward_batch_size=1).backward_batch_size == 4
+    assert (
+        config.target_kl == 0.1 and config.backward_batch_size == 1 and config.optimize_device_cache is False
+    )
+    assert (
+        PPOConfig(mini_batch_size=2, gradient_accumulation_steps=2, backward_batch_size=1).backward_batch_size
+        == 4
+    )
 
 
 def _seed_setup(gpt2_path):
@@ -159,7 +296,9 @@ def _seed_setup(gpt2_path):
     config = PPOConfig(
         model_name=gpt2_path,
         learning_rate=1.41e-5,
-        batch_size=4, mini_batch_size=2, ppo_epochs=1,  # shrunk
+        batch_size=4,
+        mini_batch_size=2,
+        ppo_epochs=1,  # shrunk
     )
     with pytest.warns(UserWarning, match="no value head found"):  # a plain LM: fresh value head
         model = AutoModelForCausalLMWithValueHead.from_pretrained(config.model_name)
@@ -201,16 +340,22 @@ def test_pipeline_scores_need_top_k_none(sentiment_model_path):
     # working form: every label's score, picked by name (top_k=None sorts the labels by score)
     reward_model = pipeline("text-classification", model=sentiment_model_path, top_k=None)
     pipe_outputs = reward_model(texts)
-    rewards = [torch.tensor(next(d["score"] for d in output if d["label"] == "POSITIVE")) for output in pipe_outputs]
+    rewards = [
+        torch.tensor(next(d["score"] for d in output if d["label"] == "POSITIVE")) for output in pipe_outputs
+    ]
     assert len(rewards) == 2 and all(0.0 < float(r) < 1.0 for r in rewards)
 
 
 def positive_scores(reward_model, texts):
-    return [torch.tensor(next(d["score"] for d in output if d["label"] == "POSITIVE")) for output in reward_model(texts)]
+    return [
+        torch.tensor(next(d["score"] for d in output if d["label"] == "POSITIVE"))
+        for output in reward_model(texts)
+    ]
 
 
-def test_seed_training_loop_logs_documented_stats_and_saves(gpt2_path, sentiment_model_path, tmp_path, monkeypatch,
-                                                            caplog):
+def test_seed_training_loop_logs_documented_stats_and_saves(
+    gpt2_path, sentiment_model_path, tmp_path, monkeypatch, caplog
+):
     from tqdm import tqdm
     from transformers import pipeline
 
@@ -272,8 +417,14 @@ def test_working_loop_trains_on_generated_tokens_only(gpt2_path, sentiment_model
     config, model, tokenizer, dataset = _seed_setup(gpt2_path)
     reward_model = pipeline("text-classification", model=sentiment_model_path, top_k=None)
     ppo_trainer = PPOTrainer(model=model, config=config, dataset=dataset, tokenizer=tokenizer)
-    generation_kwargs = {"min_length": -1, "top_k": 0.0, "top_p": 1.0, "do_sample": True,
-                         "pad_token_id": tokenizer.eos_token_id, "max_new_tokens": 8}
+    generation_kwargs = {
+        "min_length": -1,
+        "top_k": 0.0,
+        "top_p": 1.0,
+        "do_sample": True,
+        "pad_token_id": tokenizer.eos_token_id,
+        "max_new_tokens": 8,
+    }
     with caplog.at_level(logging.WARNING, logger="rlhfkit.trainers.ppo"):
         for batch in ppo_trainer.dataloader:
             query_tensors = batch["input_ids"]

@@ -44,17 +44,14 @@ def make_trainer():
         batch_size=4,  # the seed's 256, shrunk
         kl_penalty="kl",  # 指定使用 KL 散度惩罚
         adap_kl_ctrl=True,  # 动态调整 KL 惩罚系数 β
-        mini_batch_size=2, ppo_epochs=1,  # shrunk
+        mini_batch_size=2,
+        ppo_epochs=1,  # shrunk
     )
     # 2. 加载模型和分词器
     model, model_ref, tokenizer, dataset = seed_setup()
     # 3. 初始化 PPOTrainer
     ppo_trainer = PPOTrainer(
-        config=config,
-        model=model,
-        ref_model=model_ref,
-        tokenizer=tokenizer,
-        dataset=dataset
+        config=config, model=model, ref_model=model_ref, tokenizer=tokenizer, dataset=dataset
     )
     return config, ppo_trainer, tokenizer
 
@@ -85,7 +82,9 @@ def test_working_loop_updates_the_policy_not_the_reference():
                 # 1. 获取一批 prompt
                 query_tensors = batch["input_ids"]
                 # 2. 生成 (Rollout)
-                response_tensors = ppo_trainer.generate(query_tensors, return_prompt=False, **generation_kwargs)
+                response_tensors = ppo_trainer.generate(
+                    query_tensors, return_prompt=False, **generation_kwargs
+                )
                 batch["response"] = tokenizer.batch_decode(response_tensors)
                 # 3. 评估 (Evaluation)
                 texts_for_reward = [q + r for q, r in zip(batch["query"], batch["response"])]

@@ -21,8 +21,12 @@ def rm_adapter_id(tmp_path_factory):
     from peft import TaskType, get_peft_model
 
     torch.manual_seed(1)
-    reward = get_peft_model(tiny_model("llama-reward"), LoraConfig(
-        task_type=TaskType.SEQ_CLS, r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    reward = get_peft_model(
+        tiny_model("llama-reward"),
+        LoraConfig(
+            task_type=TaskType.SEQ_CLS, r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False
+        ),
+    )
     folder = tmp_path_factory.mktemp("llama-7b-hh-rm-adapter")
     reward.save_pretrained(folder)
     return str(folder)

@@ -7,7 +7,8 @@ from rlhfkit.core import compute_gae, rloo_advantages, whitened_gae
 
 
 def test_rloo_reward():
-    # seed 000 (TRL RLOO docs), verbatim except that the vectorised part calls rloo_advantages
+    # seed 000 (TRL RLOO docs), verbatim except that the vectorised part calls rloo_advantages: the seed lays
+    # completion j of prompt i at row i + j * B, rlhfkit at row i * k + j, so its input is transposed
     local_batch_size = 3
     rloo_k = 4
     # fmt: off
@@ -33,21 +34,22 @@ def test_rloo_reward():
     assert (6 - (3 + 2 + 9) / 3 - advantages[7].item()) < 1e-6  # Third rlhf reward for the second prompt
 
     # Vectorized implementation
-    vec_advantages = rloo_advantages(rlhf_reward, rloo_k)
+    consecutive = rlhf_reward.reshape(rloo_k, local_batch_size).T.flatten()  # prompt i's k rewards together
+    vec_advantages = rloo_advantages(consecutive, rloo_k).reshape(local_batch_size, rloo_k).T
     torch.testing.assert_close(vec_advantages.flatten(), advantages)
 
 
 def test_rloo_hand_values():
-    # prompt 0 has rewards (1, 2, 5, 8) at positions 0, 3, 6, 9
-    r = torch.tensor([1, 2, 3, 2, 3, 4, 5, 6, 7, 8, 9, 10]).float()
+    # prompt 0 has rewards (1, 2, 5, 8) at rows 0-3, prompt 1 (2, 3, 6, 9) at rows 4-7
+    r = torch.tensor([1, 2, 5, 8, 2, 3, 6, 9, 3, 4, 7, 10]).float()
     adv = rloo_advantages(r, 4)
-    # position 0: 1 - (2 + 5 + 8)/3 = -4 ; position 9: 8 - (1 + 2 + 5)/3 = 16/3
+    # row 0: 1 - (2 + 5 + 8)/3 = -4 ; row 3: 8 - (1 + 2 + 5)/3 = 16/3
     assert adv[0].item() == pytest.approx(-4.0)
-    assert adv[9].item() == pytest.approx(16 / 3)
-    # position 7 (prompt 1, third completion): 6 - (2 + 3 + 9)/3 = 4/3
-    assert adv[7].item() == pytest.approx(4 / 3)
+    assert adv[3].item() == pytest.approx(16 / 3)
+    # row 6 (prompt 1, third completion): 6 - (2 + 3 + 9)/3 = 4/3
+    assert adv[6].item() == pytest.approx(4 / 3)
     # leave-one-out advantages of one prompt sum to zero
-    assert adv.reshape(4, 3).sum(0).abs().max().item() < 1e-5
+    assert adv.reshape(3, 4).sum(1).abs().max().item() < 1e-5
 
 
 def test_rloo_bad_input():
@@ -63,8 +65,8 @@ def test_rloo_matches_naive_loop(k, batch, seed):
     r = torch.randn(k * batch, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
     adv = rloo_advantages(r, k)
     for idx in range(k * batch):
-        prompt = idx % batch
-        others = [r[j * batch + prompt].item() for j in range(k) if j * batch + prompt != idx]
+        prompt = idx // k
+        others = [r[prompt * k + j].item() for j in range(k) if prompt * k + j != idx]
         assert adv[idx].item() == pytest.approx(r[idx].item() - sum(others) / len(others), abs=1e-9)
 
 
@@ -128,7 +130,6 @@ def test_gae_matches_naive_loop(seed, gamma, lam, holes):
 def test_gae_shape_mismatch():
     with pytest.raises(ValueError, match="same"):
         compute_gae(torch.zeros(2, 3), torch.zeros(2, 4), torch.ones(2, 3, dtype=torch.bool), 1.0, 1.0)
-
 
 
 def test_whitened_gae_hand_values():

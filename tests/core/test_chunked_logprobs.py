@@ -49,7 +49,9 @@ def test_values_and_gradients_match_straightforward(chunk_rows, with_bias, tempe
     # the straightforward computation in float64: float32 rounding alone moves its own gradients by up to
     # 2e-5 on these shapes, so two float32 orderings may differ by twice that
     exact = [p.detach().double().requires_grad_() for p in params]
-    ref_logprobs, ref_entropy = _straightforward(exact[0], exact[1], exact[2] if with_bias else None, targets, temperature)
+    ref_logprobs, ref_entropy = _straightforward(
+        exact[0], exact[1], exact[2] if with_bias else None, targets, temperature
+    )
     ref_grads = torch.autograd.grad((a.double() * ref_logprobs + b.double() * ref_entropy).sum(), exact)
 
     torch.testing.assert_close(logprobs, ref_logprobs.float(), rtol=1e-5, atol=1e-5)
@@ -229,7 +231,9 @@ def test_no_logits_beyond_one_tile_and_its_exponentials(monkeypatch, use_entropy
     targets = torch.randint(0, 1000, (120,), generator=g)
     forward, backward = _LiveBlocks(40 * 100, hidden_size=8), _LiveBlocks(40 * 100, hidden_size=8)
     with forward:
-        logprobs, entropy = chunked_token_logprobs(hidden, weight, None, targets, chunk_rows=40, with_entropy=True)
+        logprobs, entropy = chunked_token_logprobs(
+            hidden, weight, None, targets, chunk_rows=40, with_entropy=True
+        )
     loss = logprobs.sum() + (entropy.sum() if use_entropy else 0)  # unused: a logged statistic
     with backward:
         loss.backward()
@@ -260,7 +264,9 @@ def test_tiles_cover_rows_and_vocabulary(monkeypatch, row_group):
     bias = torch.randn(50, generator=g, requires_grad=True)
     targets = torch.randint(0, 50, (21,), generator=g)
     a, b = torch.randn(21, generator=g), torch.randn(21, generator=g)
-    logprobs, entropy = chunked_token_logprobs(hidden, weight, bias, targets, 0.7, row_group, with_entropy=True)
+    logprobs, entropy = chunked_token_logprobs(
+        hidden, weight, bias, targets, 0.7, row_group, with_entropy=True
+    )
     grads = torch.autograd.grad((a * logprobs + b * entropy).sum(), [hidden, weight, bias])
     exact = [t.detach().double().requires_grad_() for t in (hidden, weight, bias)]
     ref_logprobs, ref_entropy = _straightforward(*exact, targets, 0.7)

@@ -99,10 +99,14 @@ def test_sliced_logits_are_read_in_place_with_the_same_values_and_gradients(chun
         entropy = entropy_from_logits(sliced, chunk_rows=chunk_rows)
     assert counter.largest <= chunk_rows * 60  # the old reshape copied all 4 x 8 x 60 logits
     copy = full.detach()[:, :-1].contiguous().requires_grad_()
-    torch.testing.assert_close(logprobs, selective_log_softmax(copy, index, chunk_rows=chunk_rows), rtol=0, atol=0)
+    torch.testing.assert_close(
+        logprobs, selective_log_softmax(copy, index, chunk_rows=chunk_rows), rtol=0, atol=0
+    )
     torch.testing.assert_close(entropy, entropy_from_logits(copy, chunk_rows=chunk_rows), rtol=0, atol=0)
     (logprobs.sum() + entropy.sum()).backward()
-    (selective_log_softmax(copy, index, chunk_rows=chunk_rows).sum() + entropy_from_logits(copy).sum()).backward()
+    (
+        selective_log_softmax(copy, index, chunk_rows=chunk_rows).sum() + entropy_from_logits(copy).sum()
+    ).backward()
     torch.testing.assert_close(full.grad[:, :-1], copy.grad, rtol=0, atol=0)
     assert not full.grad[:, -1].any()
 
@@ -116,7 +120,10 @@ def test_sliced_logits_with_more_leading_dims_and_the_full_kl():
     index = torch.randint(0, 30, (2, 3, 4), generator=g)
     dense, dense_ref = logits.contiguous(), ref.contiguous()
     torch.testing.assert_close(
-        selective_log_softmax(logits, index, chunk_rows=5), selective_log_softmax(dense, index), rtol=0, atol=0
+        selective_log_softmax(logits, index, chunk_rows=5),
+        selective_log_softmax(dense, index),
+        rtol=0,
+        atol=0,
     )
     want = full_kl_from_logits(dense, dense_ref)
     for pair in ((logits, ref), (dense, ref), (logits, dense_ref)):

@@ -46,7 +46,9 @@ def test_masked_whiten_hand_values():
 
 def test_masked_whiten_without_mask_uses_every_entry():
     # mean 3, sample std 2 -> (-1, 0, 1): the batch standardisation of RLOO and DDPO
-    torch.testing.assert_close(masked_whiten(torch.tensor([1.0, 3.0, 5.0]), None), torch.tensor([-1.0, 0.0, 1.0]))
+    torch.testing.assert_close(
+        masked_whiten(torch.tensor([1.0, 3.0, 5.0]), None), torch.tensor([-1.0, 0.0, 1.0])
+    )
     with pytest.raises(ValueError, match="at least 2"):
         masked_whiten(torch.tensor([1.0]), None)
 

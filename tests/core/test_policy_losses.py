@@ -104,7 +104,10 @@ def test_cispo_caps_a_detached_weight_and_keeps_every_gradient():
     # weights min(r, 1.2): (1, 1.2, 0.5), (1.1, 0.7); loss = -sum(w A log r) / 5 tokens
     out, grad = run("cispo", epsilon_high=1.2)
     token_losses = [
-        -1.2 * math.log(1.5), -0.5 * math.log(0.5), 2 * 1.1 * math.log(1.1), 2 * 0.7 * math.log(0.7),
+        -1.2 * math.log(1.5),
+        -0.5 * math.log(0.5),
+        2 * 1.1 * math.log(1.1),
+        2 * 0.7 * math.log(0.7),
     ]
     torch.testing.assert_close(out.loss, torch.tensor(sum(token_losses) / 5))
     # d/dlogprob = -w A / 5: the capped token (1.5) still has a gradient, the weight itself has none
@@ -156,7 +159,14 @@ def _micro_batch_sum(loss_type, logprobs, old, advantages, mask, kl, **kwargs):
     step = {"step_tokens": mask.sum().item(), "step_sequences": 4}
     total = sum(
         policy_loss(
-            loss_type, logprobs[rows], old[rows], advantages[rows], mask[rows], per_token_kl=kl[rows], **step, **kwargs
+            loss_type,
+            logprobs[rows],
+            old[rows],
+            advantages[rows],
+            mask[rows],
+            per_token_kl=kl[rows],
+            **step,
+            **kwargs,
         ).loss
         for rows in (slice(0, 2), slice(2, 4))
     )
@@ -197,11 +207,23 @@ def test_registry_has_every_loss_type():
     ],
 )
 def test_bad_arguments_are_named(kwargs, match):
-    args = {"loss_type": "grpo", "logprobs": torch.zeros(2, 3), "old_logprobs": torch.zeros(2, 3),
-            "advantages": torch.zeros(2), "loss_mask": torch.ones(2, 3), **kwargs}
+    args = {
+        "loss_type": "grpo",
+        "logprobs": torch.zeros(2, 3),
+        "old_logprobs": torch.zeros(2, 3),
+        "advantages": torch.zeros(2),
+        "loss_mask": torch.ones(2, 3),
+        **kwargs,
+    }
     with pytest.raises(ValueError, match=match):
-        policy_loss(args.pop("loss_type"), args.pop("logprobs"), args.pop("old_logprobs"),
-                    args.pop("advantages"), args.pop("loss_mask"), **args)
+        policy_loss(
+            args.pop("loss_type"),
+            args.pop("logprobs"),
+            args.pop("old_logprobs"),
+            args.pop("advantages"),
+            args.pop("loss_mask"),
+            **args,
+        )
 
 
 def test_bias_corrected_k3_has_the_reverse_kl_gradient_on_policy():
@@ -217,7 +239,9 @@ def test_bias_corrected_k3_has_the_reverse_kl_gradient_on_policy():
     assert corrected.item() == pytest.approx(1 - math.log(2))
     assert torch.autograd.grad(corrected.sum(), logprobs)[0].item() == pytest.approx(-math.log(2))
     # off policy the value is reweighted: sampling log-prob -log 2 -> factor 2
-    assert per_token_kl(logprobs, ref, sampling_logprobs=ref.neg()).item() == pytest.approx(2 - 2 * math.log(2))
+    assert per_token_kl(logprobs, ref, sampling_logprobs=ref.neg()).item() == pytest.approx(
+        2 - 2 * math.log(2)
+    )
 
 
 def test_k1_and_k2_names_reach_the_existing_estimators():

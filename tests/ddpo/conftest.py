@@ -27,12 +27,18 @@ def make_pipeline(sd_path):
 @pytest.fixture
 def fast_config(tmp_path):
     """A DDPOConfig that runs an epoch in about a second on one CPU thread."""
-    from rlhfkit.trainers.ddpo_config import DDPOConfig
+    from rlhfkit.trainers.ddpo.config import DDPOConfig
 
     def make(**overrides):
         values = dict(
-            num_epochs=1, sample_num_steps=3, sample_batch_size=2, sample_num_batches_per_epoch=2,
-            train_batch_size=2, mixed_precision="no", logdir=str(tmp_path / "logs"), save_freq=1000,
+            num_epochs=1,
+            sample_num_steps=3,
+            sample_batch_size=2,
+            sample_num_batches_per_epoch=2,
+            train_batch_size=2,
+            mixed_precision="no",
+            logdir=str(tmp_path / "logs"),
+            save_freq=1000,
             train_learning_rate=1e-2,
         )
         values.update(overrides)

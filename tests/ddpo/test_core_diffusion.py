@@ -14,8 +14,14 @@ from rlhfkit.core.rewards import clip_tensor
 
 
 def _scheduler(steps=10, **kwargs):
-    config = dict(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear", clip_sample=False,
-                  set_alpha_to_one=False, steps_offset=1)
+    config = dict(
+        beta_start=0.00085,
+        beta_end=0.012,
+        beta_schedule="scaled_linear",
+        clip_sample=False,
+        set_alpha_to_one=False,
+        steps_offset=1,
+    )
     config.update(kwargs)
     scheduler = DDIMScheduler(**config)
     scheduler.set_timesteps(steps)
@@ -29,13 +35,17 @@ def test_ddim_step_matches_diffusers_and_normal_log_density(prediction_type, eta
     g = torch.Generator().manual_seed(0)
     sample, model_output = torch.randn(3, 4, 5, 5, generator=g), torch.randn(3, 4, 5, 5, generator=g)
     for t in scheduler.timesteps[[0, 4, -1]]:
-        out = ddim_step_with_logprob(scheduler, model_output, t, sample, eta=eta, generator=torch.Generator().manual_seed(1))
+        out = ddim_step_with_logprob(
+            scheduler, model_output, t, sample, eta=eta, generator=torch.Generator().manual_seed(1)
+        )
         noise = torch.randn(sample.shape, generator=torch.Generator().manual_seed(1))
         # diffusers' own DDIM step with the same noise lands on the same latent ...
         reference = scheduler.step(model_output, t, sample, eta=eta, variance_noise=noise).prev_sample
         torch.testing.assert_close(out.prev_sample, reference, rtol=1e-5, atol=1e-5)
         # ... its mean is the noise-free step and its std is eta * sqrt(variance) (DDIM eq. 16)
-        mean = scheduler.step(model_output, t, sample, eta=eta, variance_noise=torch.zeros_like(sample)).prev_sample
+        mean = scheduler.step(
+            model_output, t, sample, eta=eta, variance_noise=torch.zeros_like(sample)
+        ).prev_sample
         prev_t = t - scheduler.config.num_train_timesteps // scheduler.num_inference_steps
         std = eta * scheduler._get_variance(t, prev_t).sqrt()
         expected = torch.distributions.Normal(mean, std).log_prob(out.prev_sample).mean(dim=(1, 2, 3))
@@ -50,8 +60,9 @@ def test_scoring_a_given_latent_and_per_sample_timesteps_agree_with_a_loop():
     batched = ddim_step_with_logprob(scheduler, model_output, timesteps, sample, prev_sample=prev)
     assert torch.equal(batched.prev_sample, prev)  # nothing is sampled when prev_sample is given
     for i, t in enumerate(timesteps):
-        single = ddim_step_with_logprob(scheduler, model_output[i : i + 1], int(t), sample[i : i + 1],
-                                        prev_sample=prev[i : i + 1])
+        single = ddim_step_with_logprob(
+            scheduler, model_output[i : i + 1], int(t), sample[i : i + 1], prev_sample=prev[i : i + 1]
+        )
         torch.testing.assert_close(batched.logprobs[i : i + 1], single.logprobs)
 
 
@@ -68,7 +79,9 @@ def test_log_density_at_the_mean_is_the_gaussian_normaliser():
     torch.testing.assert_close(out.logprobs, expected.expand(2), rtol=1e-5, atol=1e-4)
     # the log-probability is differentiable in the model output (what training needs)
     model_output.requires_grad_(True)
-    ddim_step_with_logprob(scheduler, model_output, t, sample, prev_sample=mean.detach() + 0.1).logprobs.sum().backward()
+    ddim_step_with_logprob(
+        scheduler, model_output, t, sample, prev_sample=mean.detach() + 0.1
+    ).logprobs.sum().backward()
     assert model_output.grad is not None and model_output.grad.abs().sum() > 0
 
 

@@ -14,21 +14,50 @@ from rlhfkit.commands.ddpo import REWARDS, jpeg_size_kb
 
 def _run(args, tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    return subprocess.run([sys.executable, "-m", "rlhfkit", "ddpo", *args], capture_output=True, text=True,
-                          env=env, cwd=tmp_path, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "rlhfkit", "ddpo", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+    )
 
 
 @pytest.mark.slow
 def test_command_trains_checkpoints_and_saves_lora(tmp_path):
-    out = _run(["--num_epochs", "2", "--sample_num_steps", "2", "--sample_batch_size", "2",
-                "--sample_num_batches_per_epoch", "1",
-                "--train_batch_size", "2", "--mixed_precision", "no", "--reward", "incompressibility",
-                "--logdir", str(tmp_path / "logs"), "--output_dir", str(tmp_path / "out"),
-                "--log_with", "tensorboard"], tmp_path)
+    out = _run(
+        [
+            "--num_epochs",
+            "2",
+            "--sample_num_steps",
+            "2",
+            "--sample_batch_size",
+            "2",
+            "--sample_num_batches_per_epoch",
+            "1",
+            "--train_batch_size",
+            "2",
+            "--mixed_precision",
+            "no",
+            "--reward",
+            "incompressibility",
+            "--logdir",
+            str(tmp_path / "logs"),
+            "--output_dir",
+            str(tmp_path / "out"),
+            "--log_with",
+            "tensorboard",
+        ],
+        tmp_path,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "epoch 0: mean incompressibility reward" in out.stdout and "epoch 1:" in out.stdout
     assert (tmp_path / "out" / "pytorch_lora_weights.safetensors").is_file()
-    assert sorted(p.name for p in (tmp_path / "logs" / "checkpoints").glob("checkpoint*")) == ["checkpoint-1", "checkpoint-2"]
+    assert sorted(p.name for p in (tmp_path / "logs" / "checkpoints").glob("checkpoint*")) == [
+        "checkpoint-1",
+        "checkpoint-2",
+    ]
     assert list((tmp_path / "logs" / "trl").rglob("events.out.tfevents*"))  # tensorboard got the scalars
 
 
@@ -38,8 +67,21 @@ def test_command_reports_bad_flags_clearly(capsys):
     assert main(["--reward", "sharpness", "--mixed_precision", "no"]) == 2
     assert "--reward must be one of compressibility" in capsys.readouterr().err
     # checked while parsing, before any model is loaded
-    assert main(["--sample_batch_size", "3", "--sample_num_batches_per_epoch", "1", "--train_batch_size", "2",
-                 "--mixed_precision", "no"]) == 2
+    assert (
+        main(
+            [
+                "--sample_batch_size",
+                "3",
+                "--sample_num_batches_per_epoch",
+                "1",
+                "--train_batch_size",
+                "2",
+                "--mixed_precision",
+                "no",
+            ]
+        )
+        == 2
+    )
     assert "not divisible by 2" in capsys.readouterr().err
     assert main(["--pretrained_model", "/no/such/model", "--mixed_precision", "no"]) == 2
     assert "is not a local folder" in capsys.readouterr().err

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlhfkit.trainers.ddpo import DDPOTrainer
+from rlhfkit.trainers.ddpo.trainer import DDPOTrainer
 
 
 @pytest.mark.slow
@@ -14,8 +14,14 @@ def test_brightness_rises_with_lora(fast_config, make_pipeline, brightness_rewar
     # One optimiser step per epoch (8 samples, batch 8), so every update is on-policy and the tiny
     # default clip range never zeroes the gradient; a high LoRA learning rate makes 8 epochs enough.
     config = fast_config(
-        num_epochs=8, sample_num_steps=10, sample_batch_size=8, sample_num_batches_per_epoch=1,
-        train_batch_size=8, train_learning_rate=2e-2, sample_guidance_scale=1.0, train_cfg=False,
+        num_epochs=8,
+        sample_num_steps=10,
+        sample_batch_size=8,
+        sample_num_batches_per_epoch=1,
+        train_batch_size=8,
+        train_learning_rate=2e-2,
+        sample_guidance_scale=1.0,
+        train_cfg=False,
     )
     trainer = DDPOTrainer(config, brightness_reward, prompt_fn, make_pipeline(use_lora=True))
     trainer.train()

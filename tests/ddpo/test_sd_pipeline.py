@@ -29,16 +29,22 @@ def test_sampling_records_a_consistent_trajectory(make_pipeline):
     assert out.images.shape == (2, 3, IMAGE_SIZE, IMAGE_SIZE)
     assert 0 <= out.images.min() and out.images.max() <= 1
     assert len(out.latents) == 5 and out.latents[0].shape == (2, 4, IMAGE_SIZE // 4, IMAGE_SIZE // 4)
-    assert len(out.log_probs) == 4 and all(lp.shape == (2,) and torch.isfinite(lp).all() for lp in out.log_probs)
+    assert len(out.log_probs) == 4 and all(
+        lp.shape == (2,) and torch.isfinite(lp).all() for lp in out.log_probs
+    )
     # re-scoring the stored transitions with the same weights gives back the recorded log-probs
     # (this is why the first PPO ratio of every epoch is exactly 1)
     embeds = pipe.encode_prompts(["a cat", "a dog"])
     neg = pipe.encode_prompts(["", ""])
     with torch.no_grad():
         for i, t in enumerate(pipe.scheduler.timesteps):
-            noise = pipe.unet(torch.cat([out.latents[i]] * 2), t, encoder_hidden_states=torch.cat([neg, embeds])).sample
+            noise = pipe.unet(
+                torch.cat([out.latents[i]] * 2), t, encoder_hidden_states=torch.cat([neg, embeds])
+            ).sample
             uncond, cond = noise.chunk(2)
-            step = pipe.scheduler_step(uncond + 3.0 * (cond - uncond), t, out.latents[i], 1.0, out.latents[i + 1])
+            step = pipe.scheduler_step(
+                uncond + 3.0 * (cond - uncond), t, out.latents[i], 1.0, out.latents[i + 1]
+            )
             torch.testing.assert_close(step.logprobs, out.log_probs[i], rtol=1e-4, atol=1e-2)
 
 
@@ -70,8 +76,9 @@ def test_lora_trains_only_adapters_and_round_trips(make_pipeline, tmp_path):
     plain = StableDiffusionPipeline.from_pretrained(fresh.pretrained_model)
     plain.load_lora_weights(tmp_path / "lora")
     with torch.no_grad():
-        torch.testing.assert_close(plain.unet(latents, t, encoder_hidden_states=embeds).sample, expected,
-                                   rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(
+            plain.unet(latents, t, encoder_hidden_states=embeds).sample, expected, rtol=1e-4, atol=1e-5
+        )
 
 
 def test_full_finetuning_trains_the_whole_unet_and_saves_a_pipeline(make_pipeline, tmp_path):

@@ -5,19 +5,27 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlhfkit.trainers.checkpointing import load_state
-from rlhfkit.trainers.ddpo import DDPOTrainer
-from rlhfkit.trainers.ddpo_config import DDPOConfig
+from rlhfkit.trainers.common.checkpointing import load_state
+from rlhfkit.trainers.ddpo.config import DDPOConfig
+from rlhfkit.trainers.ddpo.trainer import DDPOTrainer
 
 
 # --- config ---------------------------------------------------------------------------------------
 def test_config_defaults_follow_the_documented_api():
     with pytest.warns(UserWarning) if not torch.cuda.is_available() else _nothing():
         config = DDPOConfig()
-    assert (config.num_epochs, config.sample_num_steps, config.sample_batch_size, config.train_batch_size) == (
-        100, 50, 1, 1)
+    assert (
+        config.num_epochs,
+        config.sample_num_steps,
+        config.sample_batch_size,
+        config.train_batch_size,
+    ) == (100, 50, 1, 1)
     assert (config.train_learning_rate, config.train_clip_range, config.train_adv_clip_max) == (3e-4, 1e-4, 5)
-    assert config.tracker_project_name == "trl" and config.train_use_lora is True and config.negative_prompts == ""
+    assert (
+        config.tracker_project_name == "trl"
+        and config.train_use_lora is True
+        and config.negative_prompts == ""
+    )
     assert config.per_prompt_stat_tracking_buffer_size == 16 and config.max_workers == 2
 
 
@@ -39,8 +47,14 @@ def test_fp16_without_a_gpu_falls_back_with_a_warning():
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (dict(sample_batch_size=3, sample_num_batches_per_epoch=1, train_batch_size=2), "3 is not divisible by 2"),
-        (dict(sample_batch_size=2, train_batch_size=2, train_gradient_accumulation_steps=3), "not divisible by 6"),
+        (
+            dict(sample_batch_size=3, sample_num_batches_per_epoch=1, train_batch_size=2),
+            "3 is not divisible by 2",
+        ),
+        (
+            dict(sample_batch_size=2, train_batch_size=2, train_gradient_accumulation_steps=3),
+            "not divisible by 6",
+        ),
         (dict(sample_eta=0.0), "sample_eta must be > 0"),
         (dict(train_timestep_fraction=1.5), "train_timestep_fraction"),
         (dict(sample_num_steps=4, train_timestep_fraction=0.1), "leaves no timestep"),
@@ -64,14 +78,22 @@ def test_constructor_rejects_wrong_argument_types(fast_config, make_pipeline, br
         DDPOTrainer(fast_config(resume_from="/nonexistent/ckpt"), brightness_reward, prompt_fn, pipe)
 
 
-def test_first_loss_is_minus_the_mean_clipped_advantage(fast_config, make_pipeline, brightness_reward, prompt_fn):
-    trainer = DDPOTrainer(fast_config(sample_guidance_scale=2.0), brightness_reward, prompt_fn, make_pipeline())
+def test_first_loss_is_minus_the_mean_clipped_advantage(
+    fast_config, make_pipeline, brightness_reward, prompt_fn
+):
+    trainer = DDPOTrainer(
+        fast_config(sample_guidance_scale=2.0), brightness_reward, prompt_fn, make_pipeline()
+    )
     samples, _ = trainer._generate_samples(1, 2)
     embeds = torch.cat([samples["negative_prompt_embeds"], samples["prompt_embeds"]])
     advantages = torch.tensor([7.0, -1.0])
     loss, approxkl, clipfrac = trainer.calculate_loss(
-        samples["latents"][:, 1], samples["timesteps"][:, 1], samples["next_latents"][:, 1],
-        samples["logprobs"][:, 1], advantages, embeds,
+        samples["latents"][:, 1],
+        samples["timesteps"][:, 1],
+        samples["next_latents"][:, 1],
+        samples["logprobs"][:, 1],
+        advantages,
+        embeds,
     )
     # unchanged weights: ratio 1, so loss = -mean(clamp(A, -5, 5)) = -(5 - 1) / 2 = -2
     assert loss.item() == pytest.approx(-2.0, abs=1e-2)
@@ -128,8 +150,12 @@ def test_async_rewards_hook_and_per_prompt_tracking(fast_config, make_pipeline, 
     def hook(prompt_image_data, global_step, tracker):
         calls.append((prompt_image_data, global_step, tracker))
 
-    config = fast_config(async_reward_computation=True, per_prompt_stat_tracking=True,
-                         per_prompt_stat_tracking_min_count=2, num_epochs=2)
+    config = fast_config(
+        async_reward_computation=True,
+        per_prompt_stat_tracking=True,
+        per_prompt_stat_tracking_min_count=2,
+        num_epochs=2,
+    )
     trainer = DDPOTrainer(config, reward, prompt_fn, make_pipeline(), image_samples_hook=hook)
     trainer.train()
     assert all(name != "MainThread" for name in seen_threads) and seen_threads
@@ -156,8 +182,12 @@ def test_checkpoints_are_limited_and_resume_continues_the_run(
         return make_pipeline()
 
     # uninterrupted: 3 epochs
-    full = DDPOTrainer(fast_config(num_epochs=3, save_freq=1, num_checkpoint_limit=2, logdir=str(tmp_path / "a")),
-                       brightness_reward, fresh_prompts(), seeded_pipeline())
+    full = DDPOTrainer(
+        fast_config(num_epochs=3, save_freq=1, num_checkpoint_limit=2, logdir=str(tmp_path / "a")),
+        brightness_reward,
+        fresh_prompts(),
+        seeded_pipeline(),
+    )
     full.train()
     names = sorted(p.name for p in full.checkpoint_dir.glob("checkpoint*"))
     assert names == ["checkpoint-2", "checkpoint-3"]  # checkpoint-1 pruned by the limit
@@ -165,13 +195,21 @@ def test_checkpoints_are_limited_and_resume_continues_the_run(
     assert (state["epoch"], state["global_step"]) == (1, 4)
 
     # interrupted after 2 epochs, then resumed from the checkpoints folder (picks the latest)
-    first = DDPOTrainer(fast_config(num_epochs=2, save_freq=1, logdir=str(tmp_path / "b")),
-                        brightness_reward, fresh_prompts(), seeded_pipeline())
+    first = DDPOTrainer(
+        fast_config(num_epochs=2, save_freq=1, logdir=str(tmp_path / "b")),
+        brightness_reward,
+        fresh_prompts(),
+        seeded_pipeline(),
+    )
     first.train()
     # the interrupted run drew 8 prompts, an even number: a fresh alternating cycle is where it left off
     resumed = DDPOTrainer(
-        fast_config(num_epochs=3, save_freq=1, logdir=str(tmp_path / "b"), resume_from=str(first.checkpoint_dir)),
-        brightness_reward, fresh_prompts(), seeded_pipeline(),
+        fast_config(
+            num_epochs=3, save_freq=1, logdir=str(tmp_path / "b"), resume_from=str(first.checkpoint_dir)
+        ),
+        brightness_reward,
+        fresh_prompts(),
+        seeded_pipeline(),
     )
     assert (resumed.first_epoch, resumed.global_step) == (2, 4)
     resumed.train()

@@ -89,12 +89,17 @@ def test_report_states_both_judges_and_plots_the_curve(tmp_path):
     out = tmp_path / "run"
     out.mkdir()
     curve = {"step": [2, 4], "rate": [0.6, 0.7], "low": [0.4, 0.5], "high": [0.8, 0.85]}
-    stages = _stages(tmp_path, {"step": [1, 2, 3, 4], "reward": [0.1, 0.3, 0.5, 0.6], "kl": [0, 1, 2, 3], "win_rate": curve})
+    stages = _stages(
+        tmp_path,
+        {"step": [1, 2, 3, 4], "reward": [0.1, 0.3, 0.5, 0.6], "kl": [0, 1, 2, 3], "win_rate": curve},
+    )
     stages["evaluation"].summary.update(
         win_rate_rl_vs_sft_classifier=0.5, win_rate_classifier_ci95=[0.2, 0.8], classifier_score_sft=0.4,
         classifier_score_rl=0.45, distinct_2_sft=0.9, distinct_2_rl=0.3,
     )  # fmt: skip
-    stages["polarity_judge"] = _stage(tmp_path, "polarity_judge", {"kind": "logistic regression", "heldout_accuracy": 0.97})
+    stages["polarity_judge"] = _stage(
+        tmp_path, "polarity_judge", {"kind": "logistic regression", "heldout_accuracy": 0.97}
+    )
     write_report(DemoConfig(size="tiny", output_dir=str(out)), out, stages, SAMPLES, total_seconds=12.0)
     report = (out / "report.md").read_text()
     # both intervals (gold 33-100%, classifier 20-80%) hold 50%: the judges agree there is no clear difference

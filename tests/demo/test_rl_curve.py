@@ -36,4 +36,6 @@ def test_points_come_from_the_log_and_end_in_the_summary():
     assert points == {"step": [2, 4], "rate": [0.6, 0.7], "low": [0.4, 0.5], "high": [0.8, 0.85]}
     summary = _summary({"reward": [0.1, 0.2], "kl": [0.0, 1.0], "win_rate": points}, updates=4)
     assert (summary["curve_step_end"], summary["curve_win_rate_end"]) == (4, 0.7)
-    assert "curve_win_rate_end" not in _summary({"reward": [0.1], "kl": [0.0], "win_rate": _win_rate_points([])}, 4)
+    assert "curve_win_rate_end" not in _summary(
+        {"reward": [0.1], "kl": [0.0], "win_rate": _win_rate_points([])}, 4
+    )

@@ -30,7 +30,12 @@ def test_task_picks_its_algorithm_and_preset():
     assert cfg.algo == "grpo" and cfg.kl_coef == 0.0 and cfg.temperature == 0.4
     assert cfg.rl_updates == TASK_PRESETS["addition"]["tiny"]["rl_updates"]
     sentiment = DemoConfig()
-    assert (sentiment.task, sentiment.algo, sentiment.temperature, sentiment.kl_coef) == ("sentiment", "rloo", 0.7, 0.15)
+    assert (sentiment.task, sentiment.algo, sentiment.temperature, sentiment.kl_coef) == (
+        "sentiment",
+        "rloo",
+        0.7,
+        0.15,
+    )
     assert DemoConfig(task="addition", temperature=0.9).temperature == 0.9  # a flag beats the preset
 
 
@@ -76,8 +81,12 @@ def test_addition_demo_end_to_end_is_deterministic(tmp_path):
     for key in ("greedy_sft", "greedy_rl", "sampled_sft", "sampled_rl"):
         low, high = ev[f"{key}_ci95"]
         assert 0.0 <= low <= ev[key] <= high <= 1.0
-    samples = [json.loads(line) for line in (out / "evaluation-addition/samples.jsonl").read_text().splitlines()]
-    assert len(samples) == 64 and all(int(s["answer"]) == sum(map(int, s["prompt"][:-1].split("+"))) for s in samples)
+    samples = [
+        json.loads(line) for line in (out / "evaluation-addition/samples.jsonl").read_text().splitlines()
+    ]
+    assert len(samples) == 64 and all(
+        int(s["answer"]) == sum(map(int, s["prompt"][:-1].split("+"))) for s in samples
+    )
     curves = json.loads((out / "rl-grpo-addition/curves.json").read_text())
     assert curves["step"] == [1, 2, 3, 4] and all(0.0 <= r <= 1.0 for r in curves["reward"])
     report = (out / "report.md").read_text()

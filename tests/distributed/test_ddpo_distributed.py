@@ -28,7 +28,9 @@ def results(tmp_path_factory):
 def test_ddpo_step_two_processes(setting, results):
     _, (r0, r1) = results[setting]
     assert r0["world"] == 2
-    assert r0["distributed_type"] == ("DistributedType.FSDP" if setting == "fsdp" else "DistributedType.MULTI_CPU")
+    assert r0["distributed_type"] == (
+        "DistributedType.FSDP" if setting == "fsdp" else "DistributedType.MULTI_CPU"
+    )
     assert r0["sharded"] == r1["sharded"] == (setting == "fsdp")
     for r in (r0, r1):
         assert r["trainable_are_live"] and r["num_trainable"] > 0
@@ -44,14 +46,16 @@ def test_ddpo_step_is_the_same_sharded_or_replicated(results):
     """Same seeds, same samples: sharding the UNet changes where the weights live, not the step (float tolerance)."""
     (_, (ddp, _)), (_, (fsdp, _)) = results["ddp"], results["fsdp"]
     assert fsdp["grad_norms"][0] == pytest.approx(ddp["grad_norms"][0], rel=1e-4)
-    torch.testing.assert_close(torch.tensor(fsdp["params"]), torch.tensor(ddp["params"]), rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(
+        torch.tensor(fsdp["params"]), torch.tensor(ddp["params"]), rtol=1e-4, atol=1e-6
+    )
 
 
 @pytest.mark.parametrize("setting", ["ddp", "fsdp"])
 def test_ddpo_checkpoint_resumes_sharded_and_in_one_process(setting, results, tmp_path):
     from rlhfkit.models.sd_pipeline import DefaultDDPOStableDiffusionPipeline
-    from rlhfkit.trainers.ddpo import DDPOTrainer
-    from rlhfkit.trainers.ddpo_config import DDPOConfig
+    from rlhfkit.trainers.ddpo.config import DDPOConfig
+    from rlhfkit.trainers.ddpo.trainer import DDPOTrainer
 
     folder, (r0, r1) = results[setting]
     for r in (r0, r1):  # the 2-process run resumed from it: same weights on every rank, epoch 1 next
@@ -68,7 +72,9 @@ def test_ddpo_checkpoint_resumes_sharded_and_in_one_process(setting, results, tm
     adam = trainer.optimizer.state_dict()["state"]
     assert len(adam) == len(trainer.trainable_params)
     assert all(s["step"] == 1 for s in adam.values())
-    assert any(s["exp_avg"].abs().max() > 0 for s in adam.values())  # lora_A has no gradient while lora_B is 0
+    assert any(
+        s["exp_avg"].abs().max() > 0 for s in adam.values()
+    )  # lora_A has no gradient while lora_B is 0
 
 
 @pytest.mark.parametrize("setting", ["ddp", "fsdp"])

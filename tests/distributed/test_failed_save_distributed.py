@@ -9,7 +9,7 @@ import torch
 from launch import launch
 from safetensors.torch import load_file
 
-from rlhfkit.trainers.checkpointing import WEIGHTS_FILE, list_checkpoints, verify_checkpoint
+from rlhfkit.trainers.common.checkpointing import WEIGHTS_FILE, list_checkpoints, verify_checkpoint
 
 
 @pytest.mark.slow
@@ -17,7 +17,9 @@ def test_a_failed_write_on_one_process_makes_every_process_raise(tmp_path):
     r0, r1 = launch("failed_save_worker.py", str(tmp_path), timeout=240)
     for phase, failing in (("start", 0), ("add", 1), ("publish", 0)):
         own, other = (r0, r1) if failing == 0 else (r1, r0)
-        assert own[phase] == {"type": "OSError", "message": f"[Errno 5] disk error on process {failing}"}, phase
+        assert own[phase] == {"type": "OSError", "message": f"[Errno 5] disk error on process {failing}"}, (
+            phase
+        )
         assert other[phase]["type"] == "CheckpointWriteError", phase
         assert f"process(es) [{failing}] failed" in other[phase]["message"]
         assert "previous checkpoint is intact" in other[phase]["message"]
@@ -25,7 +27,9 @@ def test_a_failed_write_on_one_process_makes_every_process_raise(tmp_path):
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".checkpoint")] == []  # no staging left
     for name in ("checkpoint-1", "checkpoint-5"):
         verify_checkpoint(tmp_path / name)
-    first, last = (load_file(str(tmp_path / name / WEIGHTS_FILE))["weight"] for name in ("checkpoint-1", "checkpoint-5"))
+    first, last = (
+        load_file(str(tmp_path / name / WEIGHTS_FILE))["weight"] for name in ("checkpoint-1", "checkpoint-5")
+    )
     torch.testing.assert_close(last - first, torch.ones_like(first))  # checkpoint-1 kept the weights it had
 
 

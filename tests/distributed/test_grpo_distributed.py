@@ -16,7 +16,9 @@ def test_grpo_two_processes_equal_one_process_with_the_doubled_batch(setting, tm
     assert r0["sharded"] == r1["sharded"] == (setting == "fsdp2")
     start = flat_params(grpo_trainer(str(tmp_path), per_device=4).model)
     for loss_type in LOSS_TYPES:
-        ref = grpo_trainer(str(tmp_path), per_device=4, loss_type=loss_type, beta=0.1 if loss_type == "dapo" else 0.0)
+        ref = grpo_trainer(
+            str(tmp_path), per_device=4, loss_type=loss_type, beta=0.1 if loss_type == "dapo" else 0.0
+        )
         ref.create_optimizer_and_scheduler(num_training_steps=1)
         stats = ref._optimize(ref.model, synthetic_grpo_rollout(ref.model))
         expected = flat_params(ref.model)

@@ -23,7 +23,9 @@ def test_two_processes_match_one_process_double_batch(name, two_process_results,
     assert r0["world"] == 2
     # under FSDP2 each rank really held only a shard (the parameters compared below were gathered whole)
     assert r0["sharded"] == r1["sharded"] == (setting == "fsdp2")
-    assert r0["distributed_type"] == ("DistributedType.FSDP" if setting == "fsdp2" else "DistributedType.MULTI_CPU")
+    assert r0["distributed_type"] == (
+        "DistributedType.FSDP" if setting == "fsdp2" else "DistributedType.MULTI_CPU"
+    )
     assert r0["max_rank_diff"] == 0.0 and r0["params"] == r1["params"]
     assert r0["moved"] > 1e-4
     # save_model wrote the whole trained weights (gathered from the shards under FSDP2)

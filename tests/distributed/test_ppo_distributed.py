@@ -22,7 +22,9 @@ def test_ppo_two_processes(two_process_results):
     # under FSDP2 each rank held only a shard; the parameters compared below were gathered whole
     assert r0["sharded"] == r1["sharded"] == (setting == "fsdp2")
     assert (r0["fsdp_units"] > 2) == (setting == "fsdp2")  # the root and each of the 2 decoder layers
-    assert r0["distributed_type"] == ("DistributedType.FSDP" if setting == "fsdp2" else "DistributedType.MULTI_CPU")
+    assert r0["distributed_type"] == (
+        "DistributedType.FSDP" if setting == "fsdp2" else "DistributedType.MULTI_CPU"
+    )
     ref = ppo_trainer(batch_size=4, max_grad_norm=0.05)
     start = flat_trainable(ref.model)
     ref._update(fixed_ppo_batch(ref, rows=[0, 1, 2, 3]))
@@ -50,7 +52,9 @@ def test_ppo_generates_with_a_sharded_policy(two_process_results):
         prompts = [torch.tensor([5 + rank, 17, 42]), torch.tensor([60, 61 + rank])]
         for key, weights in (("greedy_start", start), ("greedy_end", torch.tensor(r["step_params"]))):
             torch.nn.utils.vector_to_parameters(weights, params)
-            assert r[key] == [o.tolist() for o in trainer.generate(prompts, max_new_tokens=4, do_sample=False)]
+            assert r[key] == [
+                o.tolist() for o in trainer.generate(prompts, max_new_tokens=4, do_sample=False)
+            ]
         assert r["greedy_end_per_layer"] == r["greedy_end"]  # ds3_gather_for_generation=False
 
 

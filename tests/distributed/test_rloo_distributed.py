@@ -16,7 +16,9 @@ def test_rloo_two_processes(setting, tmp_path):
     assert r0["world"] == 2
     # under FSDP2 each rank held only a shard; the parameters compared below were gathered whole
     assert r0["sharded"] == r1["sharded"] == (setting == "fsdp2")
-    assert r0["distributed_type"] == ("DistributedType.FSDP" if setting == "fsdp2" else "DistributedType.MULTI_CPU")
+    assert r0["distributed_type"] == (
+        "DistributedType.FSDP" if setting == "fsdp2" else "DistributedType.MULTI_CPU"
+    )
     # A: one process on both prompts (local batch 4) makes the same SGD step as 2 ranks x 1 prompt each
     ref = rloo_trainer(str(tmp_path), per_device=4)
     ref.create_optimizer_and_scheduler(num_training_steps=1)

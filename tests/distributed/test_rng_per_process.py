@@ -9,8 +9,13 @@ import torch
 from launch import launch
 from workers.rl_fixtures import ppo_trainer
 
-from rlhfkit.trainers import checkpointing
-from rlhfkit.trainers.checkpointing import MANIFEST_FILE, load_state, rng_state, save_training_checkpoint
+from rlhfkit.trainers.common import checkpointing
+from rlhfkit.trainers.common.checkpointing import (
+    MANIFEST_FILE,
+    load_state,
+    rng_state,
+    save_training_checkpoint,
+)
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ import types
 
 import torch
 
-from rlhfkit.trainers.sharded_generation import zero3_generation_context
+from rlhfkit.trainers.common.sharding import sharded_generation_context
 
 
 def _accelerator(zero_stage):
@@ -31,17 +31,17 @@ def test_gathers_only_under_zero3_when_asked(monkeypatch):
     monkeypatch.setitem(sys.modules, "deepspeed", fake)
     model = torch.nn.Linear(2, 2)
     for stage, gather in ((None, True), (2, True), (3, False)):
-        with zero3_generation_context(_accelerator(stage), model, gather):
+        with sharded_generation_context(_accelerator(stage), model, gather):
             pass
     assert gathered == []
-    with zero3_generation_context(_accelerator(3), model, True):
+    with sharded_generation_context(_accelerator(3), model, True):
         pass
     assert len(gathered) == 1 and gathered[0] == list(model.parameters())
 
 
 def test_configs_expose_the_switch():
     from rlhfkit import PPOConfig
-    from rlhfkit.trainers.rloo_config import RLOOConfig
+    from rlhfkit.trainers.rloo.config import RLOOConfig
 
     assert PPOConfig().ds3_gather_for_generation is True
     assert RLOOConfig(output_dir="unused", report_to="none").ds3_gather_for_generation is True
@@ -50,20 +50,22 @@ def test_configs_expose_the_switch():
 def test_under_fsdp_the_fsdp_gather_is_used(monkeypatch):
     """An FSDP plugin routes to `fsdp_generation_context` (exercised on 2 processes in test_ppo_distributed),
     which leaves a model that is not an FSDP2 module as it is."""
-    from rlhfkit.trainers import sharded_generation
+    from rlhfkit.trainers.common import sharding
 
     calls = []
-    real = sharded_generation.fsdp_generation_context
+    real = sharding.fsdp_generation_context
 
     def recording(acc, model, gather):
         calls.append(gather)
         return real(acc, model, gather)
 
-    monkeypatch.setattr(sharded_generation, "fsdp_generation_context", recording)
-    accelerator = types.SimpleNamespace(state=types.SimpleNamespace(fsdp_plugin=object(), deepspeed_plugin=None))
+    monkeypatch.setattr(sharding, "fsdp_generation_context", recording)
+    accelerator = types.SimpleNamespace(
+        state=types.SimpleNamespace(fsdp_plugin=object(), deepspeed_plugin=None)
+    )
     model = torch.nn.Linear(2, 2)
     before = [p.detach().clone() for p in model.parameters()]
-    with zero3_generation_context(accelerator, model, False):
+    with sharded_generation_context(accelerator, model, False):
         model(torch.ones(1, 2))
     assert calls == [False]
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))

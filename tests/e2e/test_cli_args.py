@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rlhfkit.commands._args import ModelArguments, ScriptArguments, parse_args, peft_config_from
-from rlhfkit.trainers.dpo_config import DPOConfig
+from rlhfkit.trainers.dpo.config import DPOConfig
 
 
 def test_yaml_defaults_and_flag_override(tmp_path):
@@ -55,7 +55,9 @@ def test_every_command_names_the_flag_of_a_missing_local_folder(tmp_path):
     from rlhfkit.commands._args import local_folder
 
     assert local_folder(str(tmp_path), "--model_name_or_path") == str(tmp_path)
-    with pytest.raises(ValueError, match=r"--sft_model_path 'org/model' is not a local folder; rlhfkit runs offline"):
+    with pytest.raises(
+        ValueError, match=r"--sft_model_path 'org/model' is not a local folder; rlhfkit runs offline"
+    ):
         local_folder("org/model", "--sft_model_path")
     with pytest.raises(ValueError, match="--model_name_or_path is required"):
         local_folder(None, "--model_name_or_path")
@@ -68,4 +70,7 @@ def test_ppo_shares_the_model_and_lora_flags(tmp_path):
         (PPOScriptArguments, PPOCommandConfig, ModelArguments), ["--use_peft", "--lora_r", "4"], "test", ""
     )
     lora = peft_config_from(model, "CAUSAL_LM")
-    assert (lora.r, lora.lora_alpha) == (4, ModelArguments().lora_alpha)  # one default alpha for every command
+    assert (lora.r, lora.lora_alpha) == (
+        4,
+        ModelArguments().lora_alpha,
+    )  # one default alpha for every command

@@ -58,14 +58,14 @@ def test_grpo_command_trains_addition_against_its_answer_column(tmp_path, capsys
 
     def spied_addition():
         task = make_addition()
-        reward = task.column_reward
+        reward = task.reward
 
-        def spy(prompts, completions, **columns):
-            scores = reward(prompts, completions, **columns)
+        def spy(completions, prompts, **columns):
+            scores = reward(completions, prompts=prompts, **columns)
             scored.extend(zip(prompts, completions, columns["answer"], scores))
             return scores
 
-        task.column_reward = spy
+        task.reward = spy
         return task
 
     make_addition = TASKS["addition"]
@@ -84,7 +84,10 @@ def test_grpo_command_trains_addition_against_its_answer_column(tmp_path, capsys
 
 @pytest.mark.parametrize(
     "extra, message",
-    [([], "give --reward_funcs or --reward_model_name_or_path"), (["--reward_funcs", "nodots"], "dotted import path")],
+    [
+        ([], "give --reward_funcs or --reward_model_name_or_path"),
+        (["--reward_funcs", "nodots"], "dotted import path"),
+    ],
 )
 def test_grpo_command_errors_name_the_flag(tmp_path, capsys, extra, message):
     Dataset.from_dict({"prompt": ["a b"] * 8}).to_json(str(tmp_path / "data.jsonl"))
@@ -97,6 +100,8 @@ def test_grpo_command_errors_name_the_flag(tmp_path, capsys, extra, message):
 @pytest.mark.slow
 def test_examples_script_is_the_command():
     script = Path(__file__).resolve().parents[2] / "examples" / "scripts" / "grpo.py"
-    result = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "--num_generations" in result.stdout and "--reward_funcs" in result.stdout

@@ -17,10 +17,21 @@ TINY = ["--batch_size", "4", "--mini_batch_size", "2", "--ppo_epochs", "1", "--m
 
 
 def run_cli(*args: str, cwd) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1",
-           "WANDB_MODE": "disabled"}
-    return subprocess.run([sys.executable, "-m", "rlhfkit", "ppo", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=600)
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "OMP_NUM_THREADS": "1",
+        "WANDB_MODE": "disabled",
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "rlhfkit", "ppo", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def summary(result: subprocess.CompletedProcess) -> dict:
@@ -33,8 +44,22 @@ def test_cli_trains_saves_checkpoints_and_resumes(tmp_path):
     data = tmp_path / "prompts.jsonl"
     data.write_text("\n".join(json.dumps({"prompt": f"The film number {i} was"}) for i in range(6)))
     out = tmp_path / "out"
-    first = run_cli("--dataset_name", str(data), "--reward", str(tiny_model_path("llama-reward")), "--steps", "3",
-                    "--save_steps", "1", "--save_total_limit", "2", "--output_dir", str(out), *TINY, cwd=tmp_path)
+    first = run_cli(
+        "--dataset_name",
+        str(data),
+        "--reward",
+        str(tiny_model_path("llama-reward")),
+        "--steps",
+        "3",
+        "--save_steps",
+        "1",
+        "--save_total_limit",
+        "2",
+        "--output_dir",
+        str(out),
+        *TINY,
+        cwd=tmp_path,
+    )
     assert first.returncode == 0, first.stderr[-3000:]
     assert summary(first)["steps"] == 3
     assert "step 3/3: mean score" in first.stdout
@@ -44,8 +69,16 @@ def test_cli_trains_saves_checkpoints_and_resumes(tmp_path):
     assert (out / "checkpoint-3" / "trainer_state.json").is_file()
 
     # second run: the built-in task and its reward, continuing from the newest checkpoint of the output folder
-    resumed = run_cli("--steps", "4", "--resume_from_checkpoint", str(out),
-                      "--output_dir", str(tmp_path / "out2"), *TINY, cwd=tmp_path)
+    resumed = run_cli(
+        "--steps",
+        "4",
+        "--resume_from_checkpoint",
+        str(out),
+        "--output_dir",
+        str(tmp_path / "out2"),
+        *TINY,
+        cwd=tmp_path,
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "step 4/4" in resumed.stdout and "step 3/4" not in resumed.stdout  # continued, not restarted
     assert summary(resumed)["steps"] == 4
@@ -71,5 +104,12 @@ def test_cli_help_lists_ppo_and_script_flags(capsys):
         ppo_command.main(["--help"])
     assert exit_info.value.code == 0
     text = capsys.readouterr().out
-    for flag in ("--model_name_or_path", "--dataset_name", "--reward", "--output_dir", "--steps", "--init_kl_coef"):
+    for flag in (
+        "--model_name_or_path",
+        "--dataset_name",
+        "--reward",
+        "--output_dir",
+        "--steps",
+        "--init_kl_coef",
+    ):
         assert flag in text

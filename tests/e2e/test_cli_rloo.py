@@ -1,5 +1,5 @@
 """`rlhfkit rloo` end to end: a subprocess run on a built-in task, a local dataset with a local reward
-model (seed 000's flags), and the offline error for hub-only names."""
+model (TRL 0.x's flags), and the offline error for hub-only names."""
 
 from __future__ import annotations
 

@@ -56,7 +56,15 @@ def test_report_files_exist_and_parse(rloo_run):
     metrics = json.loads((out / "metrics.json").read_text())
     evaluation = metrics["evaluation"]
     assert metrics["config"]["algo"] == "rloo" and metrics["config"]["size"] == "tiny"
-    assert set(metrics["stages"]) == {"base", "sft", "preferences", "reward", "rl", "polarity_judge", "evaluation"}
+    assert set(metrics["stages"]) == {
+        "base",
+        "sft",
+        "preferences",
+        "reward",
+        "rl",
+        "polarity_judge",
+        "evaluation",
+    }
     for key in (
         "win_rate_rl_vs_sft",
         "gold_score_sft",

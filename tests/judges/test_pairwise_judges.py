@@ -94,8 +94,10 @@ def test_judges_name_bad_input():
 
 def test_built_in_sentiment_rule_judge_prefers_the_positive_review():
     judge = load_judge("positive-review")  # the demo's VADER judge, via the task registry
-    pairs = [[" It was dreadful, boring and ugly.", " A wonderful, moving and beautiful film."],
-             [" I loved every minute, a delight.", " A waste of time, awful acting."]]
+    pairs = [
+        [" It was dreadful, boring and ugly.", " A wonderful, moving and beautiful film."],
+        [" I loved every minute, a delight.", " A waste of time, awful acting."],
+    ]
     assert judge.judge(["The film", "Honestly,"], pairs) == [1, 0]
 
 
@@ -103,12 +105,20 @@ def _trained_reward_model():
     """A tiny reward model trained for a few steps to score "great" above "awful"."""
     torch.manual_seed(0)
     model, tokenizer = tiny_model("llama-reward"), tiny_tokenizer(padding_side="right")
-    prompts, good, bad = ["The movie was", "I think it is", "Overall,"], [" great", " truly great"], [" awful", " truly awful"]
+    prompts, good, bad = (
+        ["The movie was", "I think it is", "Overall,"],
+        [" great", " truly great"],
+        [" awful", " truly awful"],
+    )
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
 
     def scores(completions):
-        batch = tokenizer([p + c for p in prompts for c in completions], return_tensors="pt", padding=True,
-                          add_special_tokens=False)
+        batch = tokenizer(
+            [p + c for p in prompts for c in completions],
+            return_tensors="pt",
+            padding=True,
+            add_special_tokens=False,
+        )
         return model(**batch).logits[:, 0]
 
     for _ in range(30):
@@ -186,11 +196,18 @@ def test_position_biased_lm_gives_ties_not_wins(favourite):
 def test_lm_choice_margins_do_not_depend_on_padding_or_batching():
     model, tokenizer = tiny_model("llama"), tiny_tokenizer()
     judge = LMPairwiseJudge(model, tokenizer, batch_size=4)
-    prompts, firsts, seconds = ["short", "a much longer prompt than the other one"], ["x", "yes indeed"], ["y z", "no"]
+    prompts, firsts, seconds = (
+        ["short", "a much longer prompt than the other one"],
+        ["x", "yes indeed"],
+        ["y z", "no"],
+    )
     batched = judge.choice_margins(prompts, firsts, seconds)
     for i in range(2):  # each alone, unpadded, by hand: log p(A) - log p(B) at the last position
-        ids = tokenizer(judge.prompt_text(prompts[i], firsts[i], seconds[i]), add_special_tokens=False,
-                        return_tensors="pt")["input_ids"]
+        ids = tokenizer(
+            judge.prompt_text(prompts[i], firsts[i], seconds[i]),
+            add_special_tokens=False,
+            return_tensors="pt",
+        )["input_ids"]
         with torch.no_grad():
             logprobs = torch.log_softmax(model(input_ids=ids).logits[0, -1].float(), -1)
         a, b = judge.choice_ids
@@ -208,8 +225,13 @@ def test_lm_judge_checks_its_template_and_choices():
     judge = LMPairwiseJudge(tiny_model("llama"), tokenizer)
     with pytest.raises(ValueError, match="positions"):
         judge.judge(["word " * 5000], [["a", "b"]])
-    plain = LMPairwiseJudge(model, tokenizer, use_chat_template=False, choices=("0", "1"),
-                            template="Q: {prompt}\n0: {first}\n1: {second}\nBetter:")
+    plain = LMPairwiseJudge(
+        model,
+        tokenizer,
+        use_chat_template=False,
+        choices=("0", "1"),
+        template="Q: {prompt}\n0: {first}\n1: {second}\nBetter:",
+    )
     assert plain.prompt_text("p", "a", "b") == "Q: p\n0: a\n1: b\nBetter:"
 
 

@@ -22,7 +22,8 @@ def reward_adapter_dir(tmp_path_factory):
     torch.manual_seed(1)
     base = tiny_model("llama-reward")
     model = get_peft_model(
-        base, LoraConfig(task_type=TaskType.SEQ_CLS, r=4, target_modules=LORA_TARGETS, init_lora_weights=False)
+        base,
+        LoraConfig(task_type=TaskType.SEQ_CLS, r=4, target_modules=LORA_TARGETS, init_lora_weights=False),
     )
     folder = tmp_path_factory.mktemp("reward_adapter")
     model.save_pretrained(folder)
@@ -37,7 +38,8 @@ def sft_adapter_dir(tmp_path_factory, llama_path):
 
     base = AutoModelForCausalLM.from_pretrained(llama_path)
     model = get_peft_model(
-        base, LoraConfig(task_type=TaskType.CAUSAL_LM, r=4, target_modules=LORA_TARGETS, init_lora_weights=False)
+        base,
+        LoraConfig(task_type=TaskType.CAUSAL_LM, r=4, target_modules=LORA_TARGETS, init_lora_weights=False),
     )
     folder = tmp_path_factory.mktemp("sft_adapter")
     model.save_pretrained(folder)

@@ -57,7 +57,9 @@ def test_scores_match_the_standalone_reward_model(model, reward_model, left_pad)
 
 def test_reward_adapter_is_frozen_and_policy_stays_trainable(model):
     trainable_before = {n for n, p in model.named_parameters() if p.requires_grad}
-    assert trainable_before and not any("reward_adapter" in n or n.startswith("score.") for n in trainable_before)
+    assert trainable_before and not any(
+        "reward_adapter" in n or n.startswith("score.") for n in trainable_before
+    )
     model.train()
     model.compute_reward_score(*batch())
     assert {n for n, p in model.named_parameters() if p.requires_grad} == trainable_before
@@ -74,8 +76,12 @@ def test_scores_unchanged_by_policy_updates(model):
         (logits.logsumexp(-1).mean() + values.pow(2).mean()).backward()
         optimizer.step()
         optimizer.zero_grad()
-    assert not torch.allclose(model(input_ids, attention_mask=mask)[0], logits_before, atol=1e-4)  # policy moved
-    torch.testing.assert_close(model.compute_reward_score(input_ids, attention_mask=mask), scores_before, rtol=0, atol=0)
+    assert not torch.allclose(
+        model(input_ids, attention_mask=mask)[0], logits_before, atol=1e-4
+    )  # policy moved
+    torch.testing.assert_close(
+        model.compute_reward_score(input_ids, attention_mask=mask), scores_before, rtol=0, atol=0
+    )
 
 
 def test_several_policy_adapters(model):
@@ -151,14 +157,18 @@ def test_save_load_several_policies_without_the_reward_adapter(model, tmp_path, 
     input_ids, mask = batch()
     model.eval(), loaded.eval()
     with torch.no_grad():
-        torch.testing.assert_close(loaded(input_ids, attention_mask=mask)[0], model(input_ids, attention_mask=mask)[0])
+        torch.testing.assert_close(
+            loaded(input_ids, attention_mask=mask)[0], model(input_ids, attention_mask=mask)[0]
+        )
     scores = loaded.compute_reward_score(input_ids, mask, ppo_adapter_name="policy_1")
-    torch.testing.assert_close(scores, model.compute_reward_score(input_ids, mask, ppo_adapter_name="policy_1"))
+    torch.testing.assert_close(
+        scores, model.compute_reward_score(input_ids, mask, ppo_adapter_name="policy_1")
+    )
 
 
 def test_reward_scorer_reads_a_reward_adapter_like_the_standalone_model(model, reward_model):
+    from rlhfkit.rewards.scoring import RewardScorer
     from rlhfkit.rollout import pad_left, pad_right
-    from rlhfkit.rollout.rewards import RewardScorer
     from rlhfkit.testing import tiny_tokenizer
 
     tokenizer = tiny_tokenizer(padding_side="left")
@@ -193,7 +203,7 @@ def test_reward_scorer_reads_a_reward_adapter_like_the_standalone_model(model, r
 
 
 def test_reward_scorer_needs_a_loaded_reward_adapter(llama_path):
-    from rlhfkit.rollout.rewards import RewardScorer
+    from rlhfkit.rewards.scoring import RewardScorer
     from rlhfkit.testing import tiny_tokenizer
 
     plain = AutoModelForCausalLMWithValueHead.from_pretrained(llama_path, peft_config=policy_lora())

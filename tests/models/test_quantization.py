@@ -18,7 +18,9 @@ pytestmark = pytest.mark.filterwarnings("ignore:no value head found", "ignore::U
 def test_missing_bitsandbytes_names_the_extra(monkeypatch, llama_path, flag):
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(
-        quantization.importlib.util, "find_spec", lambda name, *a: None if name == "bitsandbytes" else real_find_spec(name, *a)
+        quantization.importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "bitsandbytes" else real_find_spec(name, *a),
     )
     with pytest.raises(ImportError, match=r"rlhfkit\[quant\]") as err:
         AutoModelForCausalLMWithValueHead.from_pretrained(llama_path, **{flag: True})

@@ -86,7 +86,9 @@ def test_t5_shares_encoder_blocks():
     shared = shared_parameter_names(model, 1)
     assert any("encoder.block.0." in n for n in shared)
     assert not any("encoder.block.1." in n or "decoder." in n for n in shared)
-    assert count_shared_parameters(model, ref) == sum(p.numel() for n, p in model.named_parameters() if n in shared)
+    assert count_shared_parameters(model, ref) == sum(
+        p.numel() for n, p in model.named_parameters() if n in shared
+    )
 
 
 class Custom(nn.Module):
@@ -174,6 +176,8 @@ def test_sft_lora_policy_keeps_the_sft_model_as_reference(sft_adapter_dir, llama
     model.save_pretrained(tmp_path)
     loaded = AutoModelForCausalLMWithValueHead.from_pretrained(tmp_path, summary_dropout_prob=0.0)
     torch.testing.assert_close(logits_of(loaded, input_ids, mask), logits_of(model, input_ids, mask))
-    torch.testing.assert_close(logits_of(create_reference_model(loaded), input_ids, mask), sft_logits, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        logits_of(create_reference_model(loaded), input_ids, mask), sft_logits, atol=1e-5, rtol=1e-5
+    )
     with pytest.raises(ValueError, match="merge_and_unload"):
         AutoModelForCausalLMWithValueHead.from_pretrained(sft_adapter_dir, peft_config=policy_lora())

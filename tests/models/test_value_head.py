@@ -79,10 +79,14 @@ def test_value_head_is_float32_on_a_bf16_base():
 
 
 def test_value_equals_linear_map_of_last_hidden_state():
-    model = AutoModelForCausalLMWithValueHead.from_pretrained(tiny_model_path("gpt2"), summary_dropout_prob=0.0)
+    model = AutoModelForCausalLMWithValueHead.from_pretrained(
+        tiny_model_path("gpt2"), summary_dropout_prob=0.0
+    )
     input_ids, mask = batch()
     _, _, values = model(input_ids, attention_mask=mask)
-    hidden = model.pretrained_model(input_ids, attention_mask=mask, output_hidden_states=True).hidden_states[-1]
+    hidden = model.pretrained_model(input_ids, attention_mask=mask, output_hidden_states=True).hidden_states[
+        -1
+    ]
     w, b = model.v_head.summary.weight, model.v_head.summary.bias
     torch.testing.assert_close(values, hidden @ w[0] + b[0])  # values[b, t] = <h[b, t], w> + bias
 
@@ -101,7 +105,9 @@ def test_init_strategies():
 
 
 def test_value_head_bias_is_trained():
-    model = AutoModelForCausalLMWithValueHead.from_pretrained(tiny_model_path("gpt2"), summary_dropout_prob=0.0)
+    model = AutoModelForCausalLMWithValueHead.from_pretrained(
+        tiny_model_path("gpt2"), summary_dropout_prob=0.0
+    )
     assert model.v_head.summary.bias.requires_grad
     before = model.v_head.summary.bias.detach().clone()
     optimizer = torch.optim.SGD(model.v_head.parameters(), lr=0.1)
@@ -115,15 +121,25 @@ def test_value_head_bias_is_trained():
 
 def test_dropout_is_configurable():
     input_ids, mask = batch()
-    no_dropout = AutoModelForCausalLMWithValueHead.from_pretrained(tiny_model_path("gpt2"), summary_dropout_prob=0.0)
+    no_dropout = AutoModelForCausalLMWithValueHead.from_pretrained(
+        tiny_model_path("gpt2"), summary_dropout_prob=0.0
+    )
     no_dropout.train()
-    torch.testing.assert_close(no_dropout(input_ids, attention_mask=mask)[2], no_dropout(input_ids, attention_mask=mask)[2])
-    dropout = AutoModelForCausalLMWithValueHead.from_pretrained(tiny_model_path("gpt2"), summary_dropout_prob=0.5)
+    torch.testing.assert_close(
+        no_dropout(input_ids, attention_mask=mask)[2], no_dropout(input_ids, attention_mask=mask)[2]
+    )
+    dropout = AutoModelForCausalLMWithValueHead.from_pretrained(
+        tiny_model_path("gpt2"), summary_dropout_prob=0.5
+    )
     assert dropout.v_head.dropout.p == 0.5
     dropout.train()
-    assert not torch.equal(dropout(input_ids, attention_mask=mask)[2], dropout(input_ids, attention_mask=mask)[2])
+    assert not torch.equal(
+        dropout(input_ids, attention_mask=mask)[2], dropout(input_ids, attention_mask=mask)[2]
+    )
     dropout.eval()
-    torch.testing.assert_close(dropout(input_ids, attention_mask=mask)[2], dropout(input_ids, attention_mask=mask)[2])
+    torch.testing.assert_close(
+        dropout(input_ids, attention_mask=mask)[2], dropout(input_ids, attention_mask=mask)[2]
+    )
 
 
 def trained_copy(model):
@@ -144,7 +160,9 @@ def test_full_round_trip_and_plain_transformers_load(tmp_path):
     outputs_equal(model, loaded, input_ids, mask)
     plain = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
     with torch.no_grad():
-        torch.testing.assert_close(plain(input_ids, attention_mask=mask).logits, loaded(input_ids, attention_mask=mask)[0])
+        torch.testing.assert_close(
+            plain(input_ids, attention_mask=mask).logits, loaded(input_ids, attention_mask=mask)[0]
+        )
 
 
 def test_sharded_round_trip(tmp_path):
@@ -205,21 +223,29 @@ def test_wraps_built_models_and_passes_through():
     assert model.config is base.config
     input_ids, mask = batch(2, 5)
     out = model.generate(input_ids, attention_mask=mask, max_new_tokens=3, do_sample=False, pad_token_id=1)
-    torch.testing.assert_close(out, base.generate(input_ids, attention_mask=mask, max_new_tokens=3, do_sample=False, pad_token_id=1))
+    torch.testing.assert_close(
+        out, base.generate(input_ids, attention_mask=mask, max_new_tokens=3, do_sample=False, pad_token_id=1)
+    )
     model.gradient_checkpointing_enable()
     assert base.is_gradient_checkpointing
     model.gradient_checkpointing_disable()
-    wrapped = AutoModelForCausalLMWithValueHead.from_pretrained(tiny_model("llama"), peft_config=policy_lora())
+    wrapped = AutoModelForCausalLMWithValueHead.from_pretrained(
+        tiny_model("llama"), peft_config=policy_lora()
+    )
     assert wrapped.is_peft_model
 
 
 def test_push_to_hub_passes_through(monkeypatch):
     model = AutoModelForCausalLMWithValueHead.from_pretrained(tiny_model_path("gpt2"))
     calls = []
-    monkeypatch.setattr(model.pretrained_model, "push_to_hub", lambda repo, **kw: calls.append(("base", repo, kw)))
+    monkeypatch.setattr(
+        model.pretrained_model, "push_to_hub", lambda repo, **kw: calls.append(("base", repo, kw))
+    )
     import huggingface_hub
 
-    monkeypatch.setattr(huggingface_hub.HfApi, "upload_file", lambda self, **kw: calls.append(("head", kw["path_in_repo"])))
+    monkeypatch.setattr(
+        huggingface_hub.HfApi, "upload_file", lambda self, **kw: calls.append(("head", kw["path_in_repo"]))
+    )
     model.push_to_hub("me/model", private=True)
     assert calls == [("base", "me/model", {"private": True}), ("head", VALUE_HEAD_FILE)]
 

@@ -1,8 +1,8 @@
 """Child process of test_resume_after_sigkill: trains one tiny run of a trainer, checkpointing every 2 steps.
 
-    python resume_worker.py NAME OUT full      # two fresh runs: OUT/a/final.safetensors, OUT/b/final.safetensors
-    python resume_worker.py NAME OUT kill      # SIGKILLs itself in the middle of step 3 (checkpoint-2 is on disk)
-    python resume_worker.py NAME OUT resume    # resumes OUT/cut from its latest checkpoint: OUT/cut/final.safetensors
+python resume_worker.py NAME OUT full      # two fresh runs: OUT/a/final.safetensors, OUT/b/final.safetensors
+python resume_worker.py NAME OUT kill      # SIGKILLs itself in the middle of step 3 (checkpoint-2 is on disk)
+python resume_worker.py NAME OUT resume    # resumes OUT/cut from its latest checkpoint: OUT/cut/final.safetensors
 """
 
 from __future__ import annotations
@@ -36,10 +36,11 @@ def _hf_trainer(name: str, out: Path, kill: bool):
 
     save = dict(save_strategy="steps", save_steps=SAVE_EVERY)
     if name == "rloo":
-        from rlhfkit.tasks import KeywordReward, toy_prompt_dataset
+        from rlhfkit.rewards import KeywordReward
+        from rlhfkit.tasks import toy_prompt_dataset
         from rlhfkit.testing import tiny_model, tiny_tokenizer
-        from rlhfkit.trainers.rloo import RLOOTrainer
-        from rlhfkit.trainers.rloo_config import RLOOConfig
+        from rlhfkit.trainers.rloo.config import RLOOConfig
+        from rlhfkit.trainers.rloo.trainer import RLOOTrainer
 
         torch.manual_seed(0)
         config = RLOOConfig(
@@ -50,10 +51,11 @@ def _hf_trainer(name: str, out: Path, kill: bool):
         trainer = RLOOTrainer(config, tiny_tokenizer(padding_side="left"), tiny_model("llama"), tiny_model("llama"),
                               KeywordReward("e"), toy_prompt_dataset(n=16))  # fmt: skip
     elif name == "grpo":  # three passes over each generation batch: checkpoint-2 falls inside one
-        from rlhfkit.tasks import KeywordReward, toy_prompt_dataset
+        from rlhfkit.rewards import KeywordReward
+        from rlhfkit.tasks import toy_prompt_dataset
         from rlhfkit.testing import tiny_model, tiny_tokenizer
-        from rlhfkit.trainers.grpo import GRPOTrainer
-        from rlhfkit.trainers.grpo_config import GRPOConfig
+        from rlhfkit.trainers.grpo.config import GRPOConfig
+        from rlhfkit.trainers.grpo.trainer import GRPOTrainer
 
         def count_e(completions, **columns):
             return KeywordReward("e")(completions)
@@ -92,7 +94,9 @@ def _run_ppo(out: Path, mode: str) -> dict[str, torch.Tensor]:
     trainer = PPOTrainer(config, model, tokenizer=tok)
     if mode == "resume":
         trainer.load_checkpoint(str(out))  # the output folder: its latest intact checkpoint-<step>
-    queries = [torch.tensor(tok.encode(t)) for t in ["the film was", "a story about", "we saw it", "the cast"]]
+    queries = [
+        torch.tensor(tok.encode(t)) for t in ["the film was", "a story about", "we saw it", "the cast"]
+    ]
     while trainer.current_step < STEPS:
         responses = trainer.generate(queries, return_prompt=False, max_new_tokens=5, do_sample=True)
         if mode == "kill" and trainer.current_step + 1 == KILL_IN:
@@ -107,8 +111,8 @@ def _run_ppo(out: Path, mode: str) -> dict[str, torch.Tensor]:
 def _run_ddpo(out: Path, mode: str) -> dict[str, torch.Tensor]:
     from rlhfkit.models.sd_pipeline import DefaultDDPOStableDiffusionPipeline
     from rlhfkit.testing.diffusion import tiny_sd_pipeline_path
-    from rlhfkit.trainers.ddpo import DDPOTrainer
-    from rlhfkit.trainers.ddpo_config import DDPOConfig
+    from rlhfkit.trainers.ddpo.config import DDPOConfig
+    from rlhfkit.trainers.ddpo.trainer import DDPOTrainer
 
     calls = itertools.count(1)
 
@@ -135,7 +139,9 @@ def run(name: str, out: Path, mode: str) -> None:
         name, lambda: _run_hf(name, out, mode)
     )
     weights = runner()
-    save_file({k: v.detach().contiguous().clone() for k, v in weights.items()}, str(out / "final.safetensors"))
+    save_file(
+        {k: v.detach().contiguous().clone() for k, v in weights.items()}, str(out / "final.safetensors")
+    )
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from rlhfkit.trainers.checkpointing import atomic_directory, latest_checkpoint, publish_directory
+from rlhfkit.trainers.common.checkpointing import atomic_directory, latest_checkpoint, publish_directory
 
 # Child process: replaces `final` with a ~40 MB checkpoint, announces it is half-way, then waits to be killed.
 _SLOW_SAVER = textwrap.dedent(
@@ -23,7 +23,7 @@ _SLOW_SAVER = textwrap.dedent(
     from pathlib import Path
     import torch
     from safetensors.torch import save_file
-    from rlhfkit.trainers.checkpointing import atomic_directory
+    from rlhfkit.trainers.common.checkpointing import atomic_directory
 
     final, started = Path(sys.argv[1]), Path(sys.argv[2])
     with atomic_directory(final) as tmp:

@@ -12,8 +12,8 @@ import torch
 
 from rlhfkit import core
 from rlhfkit.testing import tiny_model, tiny_tokenizer, tiny_value_head_model
-from rlhfkit.trainers.checkpointing import latest_checkpoint, validate_checkpoint
-from rlhfkit.trainers.config_checks import exact_div
+from rlhfkit.trainers.common.checkpointing import latest_checkpoint, validate_checkpoint
+from rlhfkit.trainers.common.config import exact_div
 
 
 @pytest.fixture(scope="module")
@@ -61,8 +61,8 @@ def test_core(call, error, match):
 def _cfg(name, **kw):
     import importlib
 
-    module = {"RLOOConfig": "rloo_config", "RewardConfig": "reward_config", "SFTConfig": "sft_config",
-              "DPOConfig": "dpo_config"}[name]  # fmt: skip
+    module = {"RLOOConfig": "rloo.config", "RewardConfig": "reward_model.config", "SFTConfig": "sft.config",
+              "DPOConfig": "dpo.config"}[name]  # fmt: skip
     cls = getattr(importlib.import_module(f"rlhfkit.trainers.{module}"), name)
     return cls(output_dir="unused", report_to="none", use_cpu=True, **kw)
 
@@ -93,9 +93,9 @@ def test_config(name, kwargs, error, match):
 
 
 def _rloo(tok, out, dataset=None, policy=None, reward=None, tokenizer=None, **kw):
-    from rlhfkit.tasks import KeywordReward
-    from rlhfkit.trainers.rloo import RLOOTrainer
-    from rlhfkit.trainers.rloo_config import RLOOConfig
+    from rlhfkit.rewards import KeywordReward
+    from rlhfkit.trainers.rloo.config import RLOOConfig
+    from rlhfkit.trainers.rloo.trainer import RLOOTrainer
 
     cfg = dict(output_dir=str(out), report_to="none", use_cpu=True, per_device_train_batch_size=2,
                response_length=4, total_episodes=4, num_sample_generations=0, disable_tqdm=True)  # fmt: skip
@@ -163,8 +163,8 @@ TRAINER_CASES = [
 
 
 def _reward(tok, out, dataset=None, model=None, **kw):
-    from rlhfkit.trainers.reward import RewardTrainer
-    from rlhfkit.trainers.reward_config import RewardConfig
+    from rlhfkit.trainers.reward_model.config import RewardConfig
+    from rlhfkit.trainers.reward_model.trainer import RewardTrainer
 
     args = RewardConfig(output_dir=str(out), report_to="none", use_cpu=True, max_steps=1, **kw)
     return RewardTrainer(
@@ -174,8 +174,8 @@ def _reward(tok, out, dataset=None, model=None, **kw):
 
 
 def _sft(tok, out, dataset=None, **kw):
-    from rlhfkit.trainers.sft import SFTTrainer
-    from rlhfkit.trainers.sft_config import SFTConfig
+    from rlhfkit.trainers.sft.config import SFTConfig
+    from rlhfkit.trainers.sft.trainer import SFTTrainer
 
     args = SFTConfig(output_dir=str(out), report_to="none", use_cpu=True, max_steps=1, **kw)
     dataset = dataset if dataset is not None else datasets.Dataset.from_list([{"text": "a b"}] * 4)
@@ -183,8 +183,8 @@ def _sft(tok, out, dataset=None, **kw):
 
 
 def _dpo(tok, out, dataset=None, same_ref=False, **kw):
-    from rlhfkit.trainers.dpo import DPOTrainer
-    from rlhfkit.trainers.dpo_config import DPOConfig
+    from rlhfkit.trainers.dpo.config import DPOConfig
+    from rlhfkit.trainers.dpo.trainer import DPOTrainer
 
     args = DPOConfig(output_dir=str(out), report_to="none", use_cpu=True, max_steps=1, **kw)
     model = tiny_model("llama")
@@ -194,7 +194,9 @@ def _dpo(tok, out, dataset=None, same_ref=False, **kw):
     )  # fmt: skip
 
 
-@pytest.mark.parametrize("build, error, match", [c[1:] for c in TRAINER_CASES], ids=[c[0] for c in TRAINER_CASES])
+@pytest.mark.parametrize(
+    "build, error, match", [c[1:] for c in TRAINER_CASES], ids=[c[0] for c in TRAINER_CASES]
+)
 def test_trainer(build, error, match, tok, tmp_path):
     with pytest.raises(error, match=match):
         build(tok, tmp_path)
@@ -290,8 +292,8 @@ def test_ppo_and_ddpo_refuse_corrupt_checkpoints(tmp_path):
 
     from rlhfkit.models.sd_pipeline import DefaultDDPOStableDiffusionPipeline
     from rlhfkit.testing.diffusion import tiny_sd_pipeline_path
-    from rlhfkit.trainers.ddpo import DDPOTrainer
-    from rlhfkit.trainers.ddpo_config import DDPOConfig
+    from rlhfkit.trainers.ddpo.config import DDPOConfig
+    from rlhfkit.trainers.ddpo.trainer import DDPOTrainer
 
     ddpo_ckpt = tmp_path / "ddpo" / "checkpoint-1"
     ddpo_ckpt.mkdir(parents=True)

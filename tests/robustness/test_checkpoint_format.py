@@ -15,8 +15,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from rlhfkit.trainers import checkpointing
-from rlhfkit.trainers.checkpointing import (
+from rlhfkit.trainers.common import checkpointing
+from rlhfkit.trainers.common.checkpointing import (
     LOCK_FILE,
     CheckpointError,
     CheckpointLockError,
@@ -35,7 +35,10 @@ from rlhfkit.trainers.checkpointing import (
 
 def _save(root, step, value=None):
     def write(folder):
-        save_file({"w": torch.full((64,), float(step if value is None else value))}, str(folder / "model.safetensors"))
+        save_file(
+            {"w": torch.full((64,), float(step if value is None else value))},
+            str(folder / "model.safetensors"),
+        )
         (folder / "trainer_state.json").write_text(json.dumps({"step": step}))
 
     return write_checkpoint(root / f"checkpoint-{step}", write, step)
@@ -93,7 +96,9 @@ def test_full_disk_keeps_the_previous_checkpoint_and_says_so(tmp_path, monkeypat
         raise OSError(errno.ENOSPC, "No space left on device")  # ... then it filled up
 
     monkeypatch.setattr(sys.modules[__name__], "save_file", full_disk)
-    with pytest.raises(CheckpointWriteError, match="no space left .*checkpoint-2.*previous checkpoint is intact"):
+    with pytest.raises(
+        CheckpointWriteError, match="no space left .*checkpoint-2.*previous checkpoint is intact"
+    ):
         _save(tmp_path, 2)
     with pytest.raises(CheckpointWriteError, match="no space left .*checkpoint-1"):
         _save(tmp_path, 1, value=5.0)  # replacing an existing folder: the old one stays
@@ -128,7 +133,10 @@ def test_retention_keeps_the_newest_and_the_protected(tmp_path):
     for step in (1, 2, 3, 10, 20):
         _save(tmp_path, step)
     prune_checkpoints(tmp_path, 2, protect=(str(tmp_path / "checkpoint-1"),))
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-1", "checkpoint-20"]  # the limit counts the protected
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "checkpoint-1",
+        "checkpoint-20",
+    ]  # the limit counts the protected
     prune_checkpoints(tmp_path, None)  # None keeps everything
     prune_checkpoints(tmp_path, 1)
     assert [p.name for p in tmp_path.iterdir()] == ["checkpoint-20"]
@@ -140,7 +148,9 @@ def test_lock_held_by_a_live_process_names_it(tmp_path):
         (tmp_path / LOCK_FILE).write_text(json.dumps({"pid": sleeper.pid, "host": socket.gethostname()}))
         with pytest.raises(CheckpointLockError, match=rf"in use by another run \(pid {sleeper.pid} on host"):
             lock_output_dir(tmp_path)
-        with pytest.raises(CheckpointLockError, match=f"pid {sleeper.pid}"):  # every trainer saves through this
+        with pytest.raises(
+            CheckpointLockError, match=f"pid {sleeper.pid}"
+        ):  # every trainer saves through this
             checkpointing.save_training_checkpoint(tmp_path / "checkpoint-1", 1, {"w": torch.zeros(1)}, {})
         assert not (tmp_path / "checkpoint-1").exists()
     finally:
@@ -172,7 +182,12 @@ def test_state_round_trip_needs_no_pickle(tmp_path):
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
     model(torch.ones(1, 3)).sum().backward()
     optimizer.step()
-    state = {"optimizer": optimizer.state_dict(), "moments": (1.5, 2), "none": None, "arr": np.arange(3, dtype=np.int16)}
+    state = {
+        "optimizer": optimizer.state_dict(),
+        "moments": (1.5, 2),
+        "none": None,
+        "arr": np.arange(3, dtype=np.int16),
+    }
     save_state(tmp_path, "s", state)
     back = load_state(tmp_path, "s")
     assert back["moments"] == (1.5, 2) and back["none"] is None and back["arr"].dtype == np.int16

@@ -11,7 +11,7 @@ import warnings
 import pytest
 import torch
 
-from rlhfkit.trainers.guards import NonFiniteError, NonFiniteStepWarning
+from rlhfkit.trainers.common.guards import NonFiniteError, NonFiniteStepWarning
 
 
 def _prompts():
@@ -26,8 +26,8 @@ def _brightness(images, prompts, metadata):
 def _trainer(logdir, reward=_brightness, **kw):
     from rlhfkit.models.sd_pipeline import DefaultDDPOStableDiffusionPipeline
     from rlhfkit.testing.diffusion import tiny_sd_pipeline_path
-    from rlhfkit.trainers.ddpo import DDPOTrainer
-    from rlhfkit.trainers.ddpo_config import DDPOConfig
+    from rlhfkit.trainers.ddpo.config import DDPOConfig
+    from rlhfkit.trainers.ddpo.trainer import DDPOTrainer
 
     cfg = dict(num_epochs=3, sample_num_steps=3, sample_batch_size=2, sample_num_batches_per_epoch=1,
                train_batch_size=2, mixed_precision="no", logdir=str(logdir), save_freq=1000, train_learning_rate=1e-2)  # fmt: skip

@@ -21,7 +21,7 @@ from workers.hf_fixtures import build, flat_params
 
 from rlhfkit import PPOConfig, PPOTrainer
 from rlhfkit.testing import tiny_tokenizer, tiny_value_head_model
-from rlhfkit.trainers.guards import NonFiniteStepWarning, loss_scaler_active
+from rlhfkit.trainers.common.guards import NonFiniteStepWarning, loss_scaler_active
 
 HUGE = 2.0**127
 
@@ -49,8 +49,14 @@ def test_loss_scaler_active_reads_the_accelerator():
 def test_ppo_leaves_overflows_to_the_scaler():
     tokenizer = tiny_tokenizer()
     model = tiny_value_head_model("llama", summary_dropout_prob=0.0)
-    config = PPOConfig(batch_size=4, mini_batch_size=2, ppo_epochs=2, learning_rate=1e-3, seed=0,
-                       max_consecutive_nonfinite_steps=1)
+    config = PPOConfig(
+        batch_size=4,
+        mini_batch_size=2,
+        ppo_epochs=2,
+        learning_rate=1e-3,
+        seed=0,
+        max_consecutive_nonfinite_steps=1,
+    )
     trainer = PPOTrainer(config, copy.deepcopy(model), tokenizer=tokenizer)
     scaler = overflowing_scaler()
     trainer.optimizer = install_scaler(trainer.accelerator, trainer.optimizer, scaler)
@@ -92,16 +98,26 @@ def test_trainer_based_trainers_leave_overflows_to_the_scaler(tmp_path):
 def test_ddpo_leaves_overflows_to_the_scaler(tmp_path):
     from rlhfkit.models.sd_pipeline import DefaultDDPOStableDiffusionPipeline
     from rlhfkit.testing.diffusion import tiny_sd_pipeline_path
-    from rlhfkit.trainers.ddpo import DDPOTrainer
-    from rlhfkit.trainers.ddpo_config import DDPOConfig
+    from rlhfkit.trainers.ddpo.config import DDPOConfig
+    from rlhfkit.trainers.ddpo.trainer import DDPOTrainer
 
-    config = DDPOConfig(num_epochs=2, sample_num_steps=3, sample_batch_size=2, sample_num_batches_per_epoch=1,
-                        train_batch_size=2, mixed_precision="no", logdir=str(tmp_path), save_freq=1000,
-                        train_learning_rate=1e-2, max_consecutive_nonfinite_steps=1)
+    config = DDPOConfig(
+        num_epochs=2,
+        sample_num_steps=3,
+        sample_batch_size=2,
+        sample_num_batches_per_epoch=1,
+        train_batch_size=2,
+        mixed_precision="no",
+        logdir=str(tmp_path),
+        save_freq=1000,
+        train_learning_rate=1e-2,
+        max_consecutive_nonfinite_steps=1,
+    )
     torch.manual_seed(0)
     pipe = DefaultDDPOStableDiffusionPipeline(str(tiny_sd_pipeline_path()))
-    trainer = DDPOTrainer(config, lambda images, prompts, meta: images.mean(dim=(1, 2, 3)),
-                          lambda: ("a cat", {}), pipe)
+    trainer = DDPOTrainer(
+        config, lambda images, prompts, meta: images.mean(dim=(1, 2, 3)), lambda: ("a cat", {}), pipe
+    )
     scaler = overflowing_scaler()
     trainer.optimizer = install_scaler(trainer.accelerator, trainer.optimizer, scaler)
     # DDPO's LoRA gradients are too small to overflow even at this scale: overflow one gradient for as

@@ -14,12 +14,12 @@ from hypothesis import strategies as st
 
 CONFIGS = {
     "PPOConfig": "rlhfkit.trainers.ppo",
-    "RLOOConfig": "rlhfkit.trainers.rloo_config",
-    "GRPOConfig": "rlhfkit.trainers.grpo_config",
-    "RewardConfig": "rlhfkit.trainers.reward_config",
-    "SFTConfig": "rlhfkit.trainers.sft_config",
-    "DPOConfig": "rlhfkit.trainers.dpo_config",
-    "DDPOConfig": "rlhfkit.trainers.ddpo_config",
+    "RLOOConfig": "rlhfkit.trainers.rloo.config",
+    "GRPOConfig": "rlhfkit.trainers.grpo.config",
+    "RewardConfig": "rlhfkit.trainers.reward_model.config",
+    "SFTConfig": "rlhfkit.trainers.sft.config",
+    "DPOConfig": "rlhfkit.trainers.dpo.config",
+    "DDPOConfig": "rlhfkit.trainers.ddpo.config",
 }
 ODD_INTS = st.sampled_from([-3, -1, 0, 1, 2, 3, 7, 10**9])
 ODD_FLOATS = st.sampled_from([-1.0, 0.0, 1e-12, 0.5, 1.0, 3.0, 1e12, math.nan, math.inf])

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rlhfkit import core
-from rlhfkit.trainers.config_checks import exact_div
+from rlhfkit.trainers.common.config import exact_div
 
 FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 SCALES = st.sampled_from([1e-6, 1.0, 1e4])
@@ -210,10 +210,12 @@ def test_core_functions_reject_non_tensors_clearly(bad):
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(content=st.binary(max_size=64), suffix=st.sampled_from([".json", ".safetensors", ".pt", ".bin", ".txt"]))
+@given(
+    content=st.binary(max_size=64), suffix=st.sampled_from([".json", ".safetensors", ".pt", ".bin", ".txt"])
+)
 def test_validate_checkpoint_on_random_bytes(tmp_path, content, suffix):
     # any garbage in a checkpoint file is either accepted (plain text, valid JSON) or a ValueError naming it
-    from rlhfkit.trainers.checkpointing import validate_checkpoint
+    from rlhfkit.trainers.common.checkpointing import validate_checkpoint
 
     folder = tmp_path / "checkpoint-1"
     folder.mkdir(exist_ok=True)

@@ -12,8 +12,8 @@ import torch
 from torch import nn
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
-from rlhfkit.trainers.checkpointing import LOCK_FILE, latest_checkpoint
-from rlhfkit.trainers.guards import (
+from rlhfkit.trainers.common.checkpointing import LOCK_FILE, latest_checkpoint
+from rlhfkit.trainers.common.guards import (
     GracefulStop,
     NonFiniteError,
     NonFiniteGuard,
@@ -192,7 +192,9 @@ def test_sigint_saves_checkpoint_and_resume_continues_exactly(tmp_path):
     assert tr.stopped_by_signal and tr.state.global_step == 4
     ckpt = latest_checkpoint(cut_dir)
     assert ckpt == cut_dir / "checkpoint-4"
-    assert not [p for p in cut_dir.iterdir() if p.name.startswith(".") and p.name != LOCK_FILE]  # no staging leftovers
+    assert not [
+        p for p in cut_dir.iterdir() if p.name.startswith(".") and p.name != LOCK_FILE
+    ]  # no staging leftovers
     assert signal.getsignal(signal.SIGINT) is handler_before  # restored
     _, resumed = _train(cut_dir, _Rows(), resume=str(ckpt))
     torch.testing.assert_close(cut.params[-1], full.params[3], rtol=0, atol=0)

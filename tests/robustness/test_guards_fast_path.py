@@ -2,7 +2,7 @@
 
 import torch
 
-from rlhfkit.trainers.guards import non_finite_names
+from rlhfkit.trainers.common.guards import non_finite_names
 
 
 def test_fused_check_matches_elementwise():

@@ -11,8 +11,8 @@ import torch
 from transformers import TrainerCallback
 from workers.hf_fixtures import build, flat_params
 
-from rlhfkit.trainers.checkpointing import latest_checkpoint
-from rlhfkit.trainers.guards import NonFiniteStepWarning
+from rlhfkit.trainers.common.checkpointing import latest_checkpoint
+from rlhfkit.trainers.common.guards import NonFiniteStepWarning
 
 NAMES = ["reward", "sft", "dpo"]
 
@@ -86,7 +86,7 @@ def test_checkpoint_failures_through_the_trainer(tmp_path, monkeypatch):
 
     from transformers import Trainer
 
-    from rlhfkit.trainers.checkpointing import LOCK_FILE, CheckpointLockError, CheckpointWriteError
+    from rlhfkit.trainers.common.checkpointing import LOCK_FILE, CheckpointLockError, CheckpointWriteError
 
     kw = dict(per_device=2, max_steps=4, save_strategy="steps", save_steps=2)
     full = build("sft", str(tmp_path / "full"), **kw)
@@ -110,16 +110,23 @@ def test_checkpoint_failures_through_the_trainer(tmp_path, monkeypatch):
 
     monkeypatch.setattr(Trainer, "_save_rng_state", full_disk_on_second_save)
     cut = build("sft", str(tmp_path / "cut"), **kw)
-    with pytest.raises(CheckpointWriteError, match="no space left .*checkpoint-4.*previous checkpoint is intact"):
+    with pytest.raises(
+        CheckpointWriteError, match="no space left .*checkpoint-4.*previous checkpoint is intact"
+    ):
         cut.train()
     monkeypatch.undo()
-    assert sorted(p.name for p in (tmp_path / "cut").iterdir()) == [LOCK_FILE, "checkpoint-2"]  # no staging left
+    assert sorted(p.name for p in (tmp_path / "cut").iterdir()) == [
+        LOCK_FILE,
+        "checkpoint-2",
+    ]  # no staging left
     assert latest_checkpoint(tmp_path / "cut") == tmp_path / "cut" / "checkpoint-2"
 
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         (tmp_path / "locked").mkdir()
-        (tmp_path / "locked" / LOCK_FILE).write_text(json.dumps({"pid": sleeper.pid, "host": socket.gethostname()}))
+        (tmp_path / "locked" / LOCK_FILE).write_text(
+            json.dumps({"pid": sleeper.pid, "host": socket.gethostname()})
+        )
         with pytest.raises(CheckpointLockError, match=f"pid {sleeper.pid}"):
             build("sft", str(tmp_path / "locked"), **kw).train()
     finally:

@@ -17,8 +17,8 @@ import torch
 
 from rlhfkit import PPOConfig, PPOTrainer
 from rlhfkit.testing import tiny_tokenizer, tiny_value_head_model
-from rlhfkit.trainers.checkpointing import validate_checkpoint
-from rlhfkit.trainers.guards import NonFiniteError, NonFiniteStepWarning
+from rlhfkit.trainers.common.checkpointing import validate_checkpoint
+from rlhfkit.trainers.common.guards import NonFiniteError, NonFiniteStepWarning
 
 QUERY_TEXTS = ["the film was", "a story about", "we saw it", "the cast"]
 
@@ -26,7 +26,9 @@ QUERY_TEXTS = ["the film was", "a story about", "we saw it", "the cast"]
 def _trainer(**kw):
     tok = tiny_tokenizer()
     model = tiny_value_head_model("llama")
-    cfg = dict(batch_size=4, mini_batch_size=2, ppo_epochs=1, learning_rate=1e-3, seed=7, use_score_scaling=True)
+    cfg = dict(
+        batch_size=4, mini_batch_size=2, ppo_epochs=1, learning_rate=1e-3, seed=7, use_score_scaling=True
+    )
     cfg.update(kw)
     return PPOTrainer(PPOConfig(**cfg), model, tokenizer=tok), tok
 
@@ -38,7 +40,9 @@ def _params(trainer):
 def _step(trainer, tok, bad=False):
     queries = [torch.tensor(tok.encode(t)) for t in QUERY_TEXTS]
     responses = trainer.generate(queries, return_prompt=False, max_new_tokens=4, do_sample=True)
-    scores = [torch.tensor(float("nan") if bad and i == 1 else float(len(r))) for i, r in enumerate(responses)]
+    scores = [
+        torch.tensor(float("nan") if bad and i == 1 else float(len(r))) for i, r in enumerate(responses)
+    ]
     return trainer.step(queries, responses, scores)
 
 
@@ -110,7 +114,9 @@ def test_ppo_command_saves_and_exits_cleanly_on_sigint(tmp_path):
     output = "".join(lines) + (rest or "")
     assert proc.returncode == 0, output[-3000:]
     assert "stopped on request" in output
-    saved = Path(output.split("--resume_from_checkpoint ")[1].split()[0])  # checkpoint-<the step it stopped after>
+    saved = Path(
+        output.split("--resume_from_checkpoint ")[1].split()[0]
+    )  # checkpoint-<the step it stopped after>
     assert saved.parent == out and saved.name.startswith("checkpoint-")
     validate_checkpoint(saved)
     assert (saved / "trainer_state.json").exists()

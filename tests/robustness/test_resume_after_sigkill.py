@@ -17,7 +17,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rlhfkit.trainers.checkpointing import latest_checkpoint
+from rlhfkit.trainers.common.checkpointing import latest_checkpoint
 
 WORKER = Path(__file__).with_name("resume_worker.py")
 TRAINERS = ["ppo", "rloo", "grpo", "reward", "sft", "dpo", "ddpo"]
@@ -53,5 +53,7 @@ def test_sigkill_then_resume_matches_uninterrupted_run(name, tmp_path):
 
     resumed = _worker(name, tmp_path, "resume")  # also takes over the killed run's stale lock
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    _assert_same_weights(a, load_file(str(tmp_path / "cut" / "final.safetensors")), "resumed vs uninterrupted")
+    _assert_same_weights(
+        a, load_file(str(tmp_path / "cut" / "final.safetensors")), "resumed vs uninterrupted"
+    )
     assert latest_checkpoint(checkpoints).name == "checkpoint-4"

@@ -10,12 +10,13 @@ import pytest
 import torch
 from transformers import TrainerCallback
 
-from rlhfkit.tasks import KeywordReward, toy_prompt_dataset
+from rlhfkit.rewards import KeywordReward
+from rlhfkit.tasks import toy_prompt_dataset
 from rlhfkit.testing import tiny_model, tiny_tokenizer
-from rlhfkit.trainers.checkpointing import latest_checkpoint
-from rlhfkit.trainers.guards import NonFiniteError, NonFiniteStepWarning
-from rlhfkit.trainers.rloo import RLOOTrainer
-from rlhfkit.trainers.rloo_config import RLOOConfig
+from rlhfkit.trainers.common.checkpointing import latest_checkpoint
+from rlhfkit.trainers.common.guards import NonFiniteError, NonFiniteStepWarning
+from rlhfkit.trainers.rloo.config import RLOOConfig
+from rlhfkit.trainers.rloo.trainer import RLOOTrainer
 
 
 def _trainer(out, reward=None, callbacks=None, **kw):

@@ -67,10 +67,15 @@ def test_forward_batch_equals_row_by_row_forward_and_zeroes_untrained_tokens():
     assert out.logprobs.shape == out.values.shape == (3, 3)
     for i in range(3):
         row = batch[[i]]
-        single = forward_response(model, row.query_ids, row.query_mask, row.responses, row.response_mask,
-                                  with_values=True)
+        single = forward_response(
+            model, row.query_ids, row.query_mask, row.responses, row.response_mask, with_values=True
+        )
         n = row.responses.shape[1]
         trained = batch.loss_mask[i, :n]
-        torch.testing.assert_close(out.logprobs[i, :n][trained], single.logprobs[0][trained], atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(out.values[i, :n][trained], single.values[0][trained], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            out.logprobs[i, :n][trained], single.logprobs[0][trained], atol=1e-5, rtol=1e-5
+        )
+        torch.testing.assert_close(
+            out.values[i, :n][trained], single.values[0][trained], atol=1e-5, rtol=1e-5
+        )
     assert (out.logprobs[~batch.loss_mask] == 0).all() and (out.values[~batch.loss_mask] == 0).all()

@@ -64,7 +64,9 @@ def assert_same(a, b, values=False):
 def early_stops(model, steps=10, lengths=(3, 7, 5, 1)):
     """Stop tokens that end row 0 at its 3rd token and row 2 at its 6th (greedy), the others run on."""
     ids, mask = prompts(lengths)
-    greedy = HFGenerationBackend(model, PAD).generate(ids, mask, SamplingParams(steps, do_sample=False)).responses
+    greedy = (
+        HFGenerationBackend(model, PAD).generate(ids, mask, SamplingParams(steps, do_sample=False)).responses
+    )
     return (int(greedy[0, 2]), int(greedy[2, 5]))
 
 
@@ -108,7 +110,10 @@ def test_a_prompt_repeated_in_a_group_is_prefilled_once_and_matches_generate():
     assert_same(*outs)
     responses = outs[1].responses
     assert (responses[0] == responses[2]).all() and not (responses[0] == responses[3]).all()
-    assert widths[-8] == (2, 6) and widths[-7] == (6, 1)  # the loop's prefill: one row per prompt, then every row
+    assert widths[-8] == (2, 6) and widths[-7] == (
+        6,
+        1,
+    )  # the loop's prefill: one row per prompt, then every row
     torch.manual_seed(0)
     sampled = DecodeLoopBackend(model, PAD).generate(ids, mask, SamplingParams(8, do_sample=True))
     assert not (sampled.responses[0] == sampled.responses[1]).all()  # the group's rows still sample apart
@@ -124,7 +129,9 @@ def test_greedy_matches_generate_with_a_value_head_and_repetition_penalty():
 def test_lora_adapters_the_active_one_is_used():
     from peft import LoraConfig, get_peft_model
 
-    model = get_peft_model(model_of("llama"), LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    model = get_peft_model(
+        model_of("llama"), LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    )
     model.add_adapter("other", LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
     params = SamplingParams(8, do_sample=False)
     outs = {}
@@ -153,7 +160,9 @@ def test_ended_rows_leave_the_batch_and_are_padded_like_generate():
 
 def test_min_new_tokens_holds_the_stop_tokens_back():
     model = model_of("qwen2")
-    params = SamplingParams(10, do_sample=False, stop_token_ids=early_stops(model), extra={"min_new_tokens": 10})
+    params = SamplingParams(
+        10, do_sample=False, stop_token_ids=early_stops(model), extra={"min_new_tokens": 10}
+    )
     a, b = both(model, params)
     assert_same(a, b)
     assert b.response_mask.all()
@@ -162,7 +171,9 @@ def test_min_new_tokens_holds_the_stop_tokens_back():
 def test_sampling_with_the_seeds_settings_runs_the_loop_and_repeats_with_a_seed(caplog):
     model = model_of("llama")
     seeds_kwargs = {"min_length": -1, "top_k": 0.0, "top_p": 1.0, "do_sample": True, "max_new_tokens": 12}
-    settings = SamplingParams.from_generation_config(generation_config_from_kwargs(model.generation_config, seeds_kwargs))
+    settings = SamplingParams.from_generation_config(
+        generation_config_from_kwargs(model.generation_config, seeds_kwargs)
+    )
     ids, mask = prompts()
     runs = []
     for _ in range(2):
@@ -199,7 +210,11 @@ def test_none_settings_take_the_models_and_transformers_defaults():
     model = model_of("llama")
     config = HFGenerationBackend(model, PAD).generation_config(SamplingParams(5))
     settings = DecodeSettings.resolve(model, config)
-    assert (settings.top_k, settings.top_p, settings.temperature) == (50, 1.0, 1.0)  # transformers' global default
+    assert (settings.top_k, settings.top_p, settings.temperature) == (
+        50,
+        1.0,
+        1.0,
+    )  # transformers' global default
     assert settings.eos_token_ids == (model.generation_config.eos_token_id,)
     model.generation_config.top_k = 7
     assert DecodeSettings.resolve(model, config).top_k == 7

@@ -71,7 +71,9 @@ def test_several_stop_tokens_and_no_stop_token(tokenizer):
     free = backend.generate(ids, mask, greedy)
     # stop at two tokens greedy decoding produces at columns 2 and 4 of rows 0 and 1
     a, b = int(free.responses[0, 2]), int(free.responses[1, 4])
-    stopped = backend.generate(ids, mask, SamplingParams(max_new_tokens=8, do_sample=False, stop_token_ids=[a, b]))
+    stopped = backend.generate(
+        ids, mask, SamplingParams(max_new_tokens=8, do_sample=False, stop_token_ids=[a, b])
+    )
     for row in range(4):
         hits = torch.isin(free.responses[row], torch.tensor([a, b])).nonzero().flatten()
         end = int(hits[0]) + 1 if len(hits) else 8
@@ -91,13 +93,17 @@ def test_chunking_equals_one_batch(tokenizer):
     ids = torch.cat([torch.full((4, 3), tokenizer.pad_token_id), ids], dim=1)
     mask = torch.cat([torch.zeros(4, 3, dtype=mask.dtype), mask], dim=1)
     params = SamplingParams(max_new_tokens=6, do_sample=False, stop_token_ids=[tokenizer.eos_token_id])
-    whole = HFGenerationBackend(model, tokenizer.pad_token_id).generate(ids, mask, params, logprob_temperature=1.0)
+    whole = HFGenerationBackend(model, tokenizer.pad_token_id).generate(
+        ids, mask, params, logprob_temperature=1.0
+    )
     seen = []
     chunked = HFGenerationBackend(model, tokenizer.pad_token_id, chunk_size=3, progress=seen.append).generate(
         ids, mask, params, logprob_temperature=1.0
     )
     assert seen == [3, 1]
-    assert torch.equal(whole.responses, chunked.responses) and torch.equal(whole.response_mask, chunked.response_mask)
+    assert torch.equal(whole.responses, chunked.responses) and torch.equal(
+        whole.response_mask, chunked.response_mask
+    )
     real = whole.response_mask
     torch.testing.assert_close(whole.logprobs[real], chunked.logprobs[real], atol=1e-5, rtol=1e-5)
     # sampling under a fixed seed: the chunked call equals the same chunks sampled one after the other
@@ -105,8 +111,10 @@ def test_chunking_equals_one_batch(tokenizer):
     torch.manual_seed(3)
     chunked = HFGenerationBackend(model, tokenizer.pad_token_id, chunk_size=2).generate(ids, mask, sample)
     torch.manual_seed(3)
-    one_by_one = [HFGenerationBackend(model, tokenizer.pad_token_id).generate(ids[r], mask[r], sample)
-                  for r in (slice(0, 2), slice(2, 4))]
+    one_by_one = [
+        HFGenerationBackend(model, tokenizer.pad_token_id).generate(ids[r], mask[r], sample)
+        for r in (slice(0, 2), slice(2, 4))
+    ]
     assert torch.equal(chunked.responses, torch.cat([o.responses for o in one_by_one]))
 
 
@@ -114,22 +122,36 @@ def test_settings_reach_generate(tokenizer, monkeypatch):
     model = model_of("llama")
     calls = spy_on_generate(model, monkeypatch)
     ids, mask = prompts(tokenizer)
-    params = SamplingParams(max_new_tokens=5, temperature=0.7, top_k=7, top_p=0.9, min_p=0.05,
-                            repetition_penalty=1.3, stop_token_ids=[5, 9], extra={"no_repeat_ngram_size": 2})
+    params = SamplingParams(
+        max_new_tokens=5,
+        temperature=0.7,
+        top_k=7,
+        top_p=0.9,
+        min_p=0.05,
+        repetition_penalty=1.3,
+        stop_token_ids=[5, 9],
+        extra={"no_repeat_ngram_size": 2},
+    )
     HFGenerationBackend(model, 3).generate(ids, mask, params)
     config = calls[0]["generation_config"]
     assert (config.max_new_tokens, config.do_sample, config.temperature, config.top_k, config.top_p) == (
-        5, True, 0.7, 7, 0.9
+        5,
+        True,
+        0.7,
+        7,
+        0.9,
     )
     assert (config.min_p, config.repetition_penalty, config.no_repeat_ngram_size) == (0.05, 1.3, 2)
     assert config.eos_token_id == [5, 9] and config.pad_token_id == 3
     # greedy decoding does not pass sampling-only settings (transformers warns about them)
-    config = HFGenerationBackend(model, 3).generation_config(SamplingParams(max_new_tokens=2, do_sample=False,
-                                                                            temperature=0.5, top_k=3))
+    config = HFGenerationBackend(model, 3).generation_config(
+        SamplingParams(max_new_tokens=2, do_sample=False, temperature=0.5, top_k=3)
+    )
     assert config.do_sample is False and config.temperature is None and config.top_k is None
     with pytest.raises(ValueError, match="num_beams"):
-        HFGenerationBackend(model, 3).generate(ids, mask, SamplingParams(max_new_tokens=2, extra={"num_beams": 2}),
-                                               logprob_temperature=1.0)
+        HFGenerationBackend(model, 3).generate(
+            ids, mask, SamplingParams(max_new_tokens=2, extra={"num_beams": 2}), logprob_temperature=1.0
+        )
     with pytest.raises(ValueError, match="unknown generation settings"):
         HFGenerationBackend(model, 3).generate(ids, mask, SamplingParams(max_new_tokens=2, extra={"nope": 1}))
 
@@ -150,8 +172,15 @@ def test_sampling_params_reject_bad_values(kwargs, match):
 
 
 def test_sampling_params_from_a_generation_config():
-    config = GenerationConfig(max_new_tokens=4, do_sample=True, top_k=0, temperature=0.8, no_repeat_ngram_size=3,
-                              eos_token_id=2, pad_token_id=1)
+    config = GenerationConfig(
+        max_new_tokens=4,
+        do_sample=True,
+        top_k=0,
+        temperature=0.8,
+        no_repeat_ngram_size=3,
+        eos_token_id=2,
+        pad_token_id=1,
+    )
     params = SamplingParams.from_generation_config(config, stop_token_ids=[7])
     assert (params.max_new_tokens, params.do_sample, params.top_k, params.temperature) == (4, True, 0, 0.8)
     assert params.top_p is None and params.stop_token_ids == (7,)
@@ -160,7 +189,9 @@ def test_sampling_params_from_a_generation_config():
 
 def raw_forward_logprobs(model, ids, mask, out, temperature):
     with torch.no_grad():
-        return forward_response(model, ids, mask, out.responses, out.response_mask, temperature=temperature).logprobs
+        return forward_response(
+            model, ids, mask, out.responses, out.response_mask, temperature=temperature
+        ).logprobs
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
@@ -168,8 +199,14 @@ def test_streamed_logprobs_equal_a_forward_pass_and_the_output_logits_path(arch,
     model = model_of(arch)
     ids, mask = prompts(tokenizer)
     # processors that change the sampling distribution: the logprobs still read the raw logits
-    params = SamplingParams(max_new_tokens=7, temperature=0.7, top_k=20, top_p=0.95, repetition_penalty=1.2,
-                            stop_token_ids=[tokenizer.eos_token_id])
+    params = SamplingParams(
+        max_new_tokens=7,
+        temperature=0.7,
+        top_k=20,
+        top_p=0.95,
+        repetition_penalty=1.2,
+        stop_token_ids=[tokenizer.eos_token_id],
+    )
     backend = HFGenerationBackend(model, tokenizer.pad_token_id, chunk_size=3)
     calls = spy_on_generate(model, monkeypatch)
     for temperature in (1.0, 0.7):
@@ -193,12 +230,17 @@ def test_streamed_logprobs_equal_a_forward_pass_and_the_output_logits_path(arch,
         old = model.generate(input_ids=chunk_ids, attention_mask=chunk_mask, generation_config=config)
         piece = old.sequences[:, chunk_ids.shape[1] :]
         from_logits = torch.stack(
-            [torch.log_softmax(step / 0.7, -1).gather(-1, token[:, None])[:, 0] for step, token in zip(old.logits, piece.T)],
+            [
+                torch.log_softmax(step / 0.7, -1).gather(-1, token[:, None])[:, 0]
+                for step, token in zip(old.logits, piece.T)
+            ],
             dim=1,
         )
         real = out.response_mask[rows, : piece.shape[1]]
         assert torch.equal(piece[real], out.responses[rows, : piece.shape[1]][real])
-        torch.testing.assert_close(out.logprobs[rows, : piece.shape[1]][real], from_logits[real], atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(
+            out.logprobs[rows, : piece.shape[1]][real], from_logits[real], atol=1e-6, rtol=1e-6
+        )
 
 
 def test_streamed_logprobs_of_an_encoder_decoder(tokenizer):
@@ -209,7 +251,9 @@ def test_streamed_logprobs_of_an_encoder_decoder(tokenizer):
         ids, mask, SamplingParams(max_new_tokens=5, top_k=0), logprob_temperature=1.0
     )
     expected = raw_forward_logprobs(model, ids, mask, out, 1.0)
-    torch.testing.assert_close(out.logprobs[out.response_mask], expected[out.response_mask], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        out.logprobs[out.response_mask], expected[out.response_mask], atol=1e-5, rtol=1e-5
+    )
 
 
 def test_streamed_logprobs_need_the_hook_and_a_positive_temperature():
@@ -269,5 +313,7 @@ def test_streamed_rows_share_one_buffer_and_keep_exact_values():
         buffers.append(streamed._pending.data_ptr())
     assert len(set(buffers)) == 1
     got = streamed.finish(tokens)
-    want = torch.stack([torch.log_softmax(s / 0.5, -1) for s in steps], 1).gather(-1, tokens[..., None])[..., 0]
+    want = torch.stack([torch.log_softmax(s / 0.5, -1) for s in steps], 1).gather(-1, tokens[..., None])[
+        ..., 0
+    ]
     assert torch.equal(got, want)

@@ -45,7 +45,9 @@ def test_release_free_heap_returns_freed_small_blocks():
     kept = torch.ones(1)  # allocated after them: the heap cannot shrink from its top
     high = _rss_mb()
     del blocks
-    assert not host_memory.release_free_heap(model, rows=1048)  # too small to be worth a trim: nothing happens
+    assert not host_memory.release_free_heap(
+        model, rows=1048
+    )  # too small to be worth a trim: nothing happens
     assert not host_memory.release_free_heap(torch.nn.Linear(2, 2), rows=10**6)  # not a generation model
     assert host_memory.release_free_heap(model, rows=1049)
     assert high - _rss_mb() > 40  # most of the 77 MB went back although it sits below `kept`

@@ -58,7 +58,9 @@ def _assert_matches_forward_response(model, with_values=False):
     ref_entropy = entropy_from_logits(ref.logits)
     torch.testing.assert_close(ref_entropy, ref.entropy)
     ref_grads = torch.autograd.grad(loss(ref.logprobs, ref.values, ref_entropy), params)
-    out = _chunked(model, *batch, temperature=TEMPERATURE, with_values=with_values, with_entropy=True, chunk_rows=4)
+    out = _chunked(
+        model, *batch, temperature=TEMPERATURE, with_values=with_values, with_entropy=True, chunk_rows=4
+    )
     assert out is not None, "expected the chunked path, not a fallback"
     logprobs, values, entropy = out
     assert logprobs.shape == entropy.shape == (3, 6) and logprobs.dtype == torch.float32
@@ -93,7 +95,9 @@ def test_lora_peft_model_matches_forward_response():
 
     base = AutoModelForCausalLM.from_pretrained(tiny_model_path("llama"))
     # non-zero LoRA weights, so the adapter changes the hidden states the head sees
-    model = get_peft_model(base, LoraConfig(r=2, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    model = get_peft_model(
+        base, LoraConfig(r=2, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    )
     assert find_lm_head(model).weight is base.lm_head.weight
     _assert_matches_forward_response(model)
 
@@ -141,7 +145,8 @@ def test_unsupported_heads_fall_back_and_log_once(caplog, monkeypatch):
     custom = AutoModelForCausalLM.from_pretrained(tiny_model_path("llama"))
     custom.lm_head = _ScaledHead(custom.lm_head)
     lora_head = get_peft_model(
-        AutoModelForCausalLM.from_pretrained(tiny_model_path("llama")), LoraConfig(r=2, target_modules=["lm_head"])
+        AutoModelForCausalLM.from_pretrained(tiny_model_path("llama")),
+        LoraConfig(r=2, target_modules=["lm_head"]),
     )
     softcapped = Gemma2ForCausalLM(Gemma2Config(
         vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
@@ -197,10 +202,14 @@ def test_forward_response_takes_the_chunked_path_for_large_logits(monkeypatch):
     model = tiny_value_head_model("llama", summary_dropout_prob=0.0).eval()
     batch = _batch(model.config.vocab_size)
     # packed=False: this is the padded batch's chunked path (packed rows have their own, tests/rollout/test_packing.py)
-    full = forward_response(model, *batch, with_values=True, with_entropy=True, packed=False)  # small: full logits
+    full = forward_response(
+        model, *batch, with_values=True, with_entropy=True, packed=False
+    )  # small: full logits
     calls = []
     original = scoring.chunked_response_outputs
-    monkeypatch.setattr(scoring, "chunked_response_outputs", lambda *a, **k: calls.append(1) or original(*a, **k))
+    monkeypatch.setattr(
+        scoring, "chunked_response_outputs", lambda *a, **k: calls.append(1) or original(*a, **k)
+    )
     assert forward_response(model, *batch, with_values=True, packed=False).logprobs is not None and not calls
     monkeypatch.setattr(scoring, "CHUNKED_HEAD_MIN_LOGITS", 8)  # now 18 tokens x vocab is "large"
     lean = forward_response(model, *batch, with_values=True, with_entropy=True, packed=False)

@@ -47,8 +47,15 @@ def _assert_packed_matches_padded(model, pack_calls, with_values=False, chunked=
 
     def run(packed):
         # full logits: entropy differentiated from them; chunked: entropy is a (detached) statistic
-        out = forward_response(model, *batch, temperature=TEMPERATURE, with_values=with_values,
-                               with_entropy=True, return_logits=not chunked, packed=packed)
+        out = forward_response(
+            model,
+            *batch,
+            temperature=TEMPERATURE,
+            with_values=with_values,
+            with_entropy=True,
+            return_logits=not chunked,
+            packed=packed,
+        )
         entropy = out.entropy if chunked else entropy_from_logits(out.logits)
         total = a * out.logprobs + b * entropy + (c * out.values if with_values else 0)
         return out, entropy, torch.autograd.grad((total * real).sum(), params)
@@ -69,7 +76,9 @@ def _assert_packed_matches_padded(model, pack_calls, with_values=False, chunked=
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize(("arch", "attention"), [("gpt2", "sdpa"), ("llama", "sdpa"), ("llama", "eager"), ("qwen2", "sdpa")])
+@pytest.mark.parametrize(
+    ("arch", "attention"), [("gpt2", "sdpa"), ("llama", "sdpa"), ("llama", "eager"), ("qwen2", "sdpa")]
+)
 def test_plain_models_match_padded(arch, attention, pack_calls):
     _assert_packed_matches_padded(tiny_model(arch, attn_implementation=attention), pack_calls)
 
@@ -82,7 +91,9 @@ def test_lora_peft_model_matches_padded(pack_calls):
     from peft import LoraConfig, get_peft_model
 
     # non-zero LoRA weights, so the adapter changes the hidden states
-    model = get_peft_model(tiny_model("llama"), LoraConfig(r=2, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    model = get_peft_model(
+        tiny_model("llama"), LoraConfig(r=2, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    )
     _assert_packed_matches_padded(model, pack_calls)
 
 
@@ -90,7 +101,9 @@ def test_packed_rows_combine_with_the_chunked_path(monkeypatch, pack_calls):
     monkeypatch.setattr(scoring, "CHUNKED_HEAD_MIN_LOGITS", 8)  # every batch now takes the chunked head
     calls = []
     original = scoring.packed_chunked_outputs
-    monkeypatch.setattr(scoring, "packed_chunked_outputs", lambda *a, **k: calls.append(1) or original(*a, **k))
+    monkeypatch.setattr(
+        scoring, "packed_chunked_outputs", lambda *a, **k: calls.append(1) or original(*a, **k)
+    )
     _assert_packed_matches_padded(tiny_value_head_model("gpt2"), pack_calls, with_values=True, chunked=True)
     assert calls == [1]
 
@@ -98,7 +111,9 @@ def test_packed_rows_combine_with_the_chunked_path(monkeypatch, pack_calls):
 def test_lora_on_the_head_uses_full_logits_over_packed_rows(pack_calls):
     from peft import LoraConfig, get_peft_model
 
-    model = get_peft_model(tiny_model("llama"), LoraConfig(r=2, target_modules=["lm_head", "q_proj"], init_lora_weights=False))
+    model = get_peft_model(
+        tiny_model("llama"), LoraConfig(r=2, target_modules=["lm_head", "q_proj"], init_lora_weights=False)
+    )
     _assert_packed_matches_padded(model, pack_calls)
 
 
@@ -120,8 +135,12 @@ def test_no_attention_across_rows(pack_calls):
     model = tiny_model("llama").eval()
     query_ids, query_mask, responses, response_mask = _batch(model.config.vocab_size)
     attention_mask = torch.cat([query_mask, response_mask.long()], dim=1)
-    rows = pack_rows(torch.cat([query_ids, responses], dim=1), attention_mask,
-                     scoring.position_ids_from_mask(attention_mask), responses.shape[1])
+    rows = pack_rows(
+        torch.cat([query_ids, responses], dim=1),
+        attention_mask,
+        scoring.position_ids_from_mask(attention_mask),
+        responses.shape[1],
+    )
     # rows 2, 3 and 1 (11, 4 and 3 tokens) share the second packed row, in that order
     assert rows.input_ids.shape == (2, 18) and (rows.index[1:] // 18 == 1).all()
     before = forward_response(model, query_ids, query_mask, responses, response_mask, packed=True).logprobs
@@ -146,9 +165,13 @@ def test_automatic_switch_packs_when_it_saves_tokens(pack_calls):
     scoring_calls = []
     original = scoring.packed_logits_and_values
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(scoring, "packed_logits_and_values", lambda *a, **k: scoring_calls.append(1) or original(*a, **k))
+        mp.setattr(
+            scoring, "packed_logits_and_values", lambda *a, **k: scoring_calls.append(1) or original(*a, **k)
+        )
         forward_response(model, query_ids, query_mask, responses, response_mask)
-        forward_response(model, query_ids, torch.ones_like(query_mask), responses, torch.ones_like(response_mask))
+        forward_response(
+            model, query_ids, torch.ones_like(query_mask), responses, torch.ones_like(response_mask)
+        )
     assert scoring_calls == [1]
 
 
@@ -168,7 +191,9 @@ def test_unsupported_models_fall_back_and_log_once(caplog, monkeypatch, pack_cal
     assert len(messages) == 1 and "'mistral'" in messages[0], messages
     assert not pack_calls
     real = batch[3]
-    torch.testing.assert_close(out.logprobs[real], forward_response(mistral, *batch, packed=False).logprobs[real])
+    torch.testing.assert_close(
+        out.logprobs[real], forward_response(mistral, *batch, packed=False).logprobs[real]
+    )
     # a backend whose kernel is not built from masking_utils' mask: not packed (checked without running it)
     flash = tiny_model("llama")
     flash.config._attn_implementation = "flash_attention_2"

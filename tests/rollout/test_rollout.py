@@ -81,7 +81,9 @@ def test_logprobs_do_not_depend_on_padding_or_chunking(arch, tokenizer):
 def test_temperature_and_entropy(tokenizer):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_path("llama")).eval()
     ids, mask = pad_left(_queries(tokenizer, ["a good", "the worst"]), tokenizer.pad_token_id)
-    responses, response_mask = pad_right(_queries(tokenizer, [" movie", " film ever"]), tokenizer.pad_token_id)
+    responses, response_mask = pad_right(
+        _queries(tokenizer, [" movie", " film ever"]), tokenizer.pad_token_id
+    )
     out = forward_response(
         model, ids, mask, responses, response_mask, temperature=0.7, with_entropy=True, return_logits=True
     )
@@ -135,8 +137,10 @@ def test_forward_accepts_looks_through_peft_but_not_the_value_head():
     from rlhfkit.rollout.scoring import forward_accepts
 
     base = AutoModelForCausalLM.from_pretrained(tiny_model_path("llama"))
-    peft_model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_path("llama")),
-                                LoraConfig(r=2, target_modules=["q_proj"]))
+    peft_model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(tiny_model_path("llama")),
+        LoraConfig(r=2, target_modules=["q_proj"]),
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         wrapped = AutoModelForCausalLMWithValueHead(peft_model)

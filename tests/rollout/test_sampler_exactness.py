@@ -64,7 +64,9 @@ def assert_follows(draws: torch.Tensor, probs: torch.Tensor) -> None:
     z = (observed - n * share).abs() / (n * share * (1 - share)).sqrt()
     worst = int(z.argmax())
     tokens = (bins == worst).nonzero()[:, 0]
-    assert z.max() <= Z, f"tokens {tokens[0]}..{tokens[-1]}: {int(observed[worst])} draws, expected {n * share[worst]:.1f}"
+    assert z.max() <= Z, (
+        f"tokens {tokens[0]}..{tokens[-1]}: {int(observed[worst])} draws, expected {n * share[worst]:.1f}"
+    )
 
 
 def assert_same_distribution(a: torch.Tensor, b: torch.Tensor, vocab: int) -> None:
@@ -151,7 +153,9 @@ WARPERS = {
 
 def settings_of(**kw) -> DecodeSettings:
     base = dict(temperature=1.0, top_k=0, top_p=1.0, min_p=None)
-    return DecodeSettings(1, True, repetition_penalty=1.0, min_length=0, min_new_tokens=0, eos_token_ids=(), **{**base, **kw})
+    return DecodeSettings(
+        1, True, repetition_penalty=1.0, min_length=0, min_new_tokens=0, eos_token_ids=(), **{**base, **kw}
+    )
 
 
 @pytest.mark.parametrize("vocab", VOCABS)
@@ -159,7 +163,9 @@ def settings_of(**kw) -> DecodeSettings:
 def test_the_decode_loops_warpers_and_sampler_follow_transformers_distribution(name, vocab):
     kw, warpers = WARPERS[name]
     logits = torch.randn(1, vocab, generator=torch.Generator().manual_seed(5)) * 3
-    expected = LogitsProcessorList(warpers)(torch.zeros(1, 1, dtype=torch.long), logits.clone()).double().softmax(-1)
+    expected = (
+        LogitsProcessorList(warpers)(torch.zeros(1, 1, dtype=torch.long), logits.clone()).double().softmax(-1)
+    )
     probs = process_logits(logits, settings_of(**kw), None).softmax(-1)  # what the decode loop samples from
     assert_follows(draw(probs, 200_000, seed=6), expected[0])
 
@@ -188,6 +194,8 @@ def test_both_backends_sample_the_next_token_from_the_models_distribution(backen
     expected = LogitsProcessorList(warpers)(prompt, logits.clone()).double().softmax(-1)[0]
     params = SamplingParams(1, do_sample=True, **{**dict(temperature=1.0, top_k=0, top_p=1.0), **kw})
     torch.manual_seed(7)
-    out = backend(model, 0, chunk_size=5000).generate(prompt.expand(n, -1), torch.ones(n, 3, dtype=torch.long), params)
+    out = backend(model, 0, chunk_size=5000).generate(
+        prompt.expand(n, -1), torch.ones(n, 3, dtype=torch.long), params
+    )
     assert out.responses.shape == (n, 1)
     assert_follows(out.responses[:, 0], expected)

@@ -48,4 +48,11 @@ def test_the_answer_column_scores_completions_exactly():
     right, other = rows["answer"]
     completions = [right, f" {right}\n", right + "1", f"{right} and", other, ""]
     answers = [right] * len(completions)
-    assert reward(rows["prompt"][:1] * 6, completions, answer=answers) == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0]
+    assert reward(completions, prompts=rows["prompt"][:1] * 6, answer=answers) == [
+        1.0,
+        1.0,
+        0.0,
+        0.0,
+        0.0,
+        0.0,
+    ]

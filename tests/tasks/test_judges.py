@@ -6,7 +6,9 @@ import sys
 
 import pytest
 
-from rlhfkit.tasks import SentimentJudge, label_preference_pairs, review_prompts, review_records
+from rlhfkit.data.preference import label_preference_pairs
+from rlhfkit.rewards import SentimentJudge
+from rlhfkit.tasks import review_prompts, review_records
 
 pytest.importorskip("vaderSentiment")
 
@@ -61,9 +63,7 @@ def test_pairs_keep_the_higher_scored_completion_and_drop_ties():
     def judge(texts):
         return [float(t.count("!")) for t in texts]
 
-    pairs = label_preference_pairs(
-        ["p1", "p2", "p3"], ["a!!", "b", "c!"], ["a!", "b!!!", "d!"], judge
-    )
+    pairs = label_preference_pairs(["p1", "p2", "p3"], ["a!!", "b", "c!"], ["a!", "b!!!", "d!"], judge)
     assert pairs.column_names == ["prompt", "chosen", "rejected"]
     # p1: 2 > 1 keeps a; p2: 0 < 3 keeps b's rival; p3: 1 == 1 is a tie and is dropped
     assert pairs["prompt"] == ["p1", "p2"]

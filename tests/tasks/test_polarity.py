@@ -16,7 +16,17 @@ def classifier():
 
 
 def test_features_are_words_and_adjacent_pairs():
-    assert features("Not good, really!") == ["not", "good", ",", "really", "!", "not good", "good ,", ", really", "really !"]
+    assert features("Not good, really!") == [
+        "not",
+        "good",
+        ",",
+        "really",
+        "!",
+        "not good",
+        "good ,",
+        ", really",
+        "really !",
+    ]
 
 
 def test_training_reviews_avoid_test_split_openings():

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlhfkit.tasks import KeywordReward, LengthReward, token_count_reward, toy_prompt_dataset, toy_prompts
+from rlhfkit.rewards import KeywordReward, LengthReward, token_count_reward
+from rlhfkit.tasks import toy_prompt_dataset, toy_prompts
 
 
 def test_keyword_reward_counts_caps_and_penalises_length():

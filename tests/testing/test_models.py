@@ -29,7 +29,16 @@ TEXTS = ["The movie was great fun.", "Awful plot."]
 
 
 def test_names_match_the_documented_list():
-    documented = ("gpt2", "llama", "qwen2", "t5", "gpt2-reward", "llama-reward", "qwen2-reward", "llama-small")
+    documented = (
+        "gpt2",
+        "llama",
+        "qwen2",
+        "t5",
+        "gpt2-reward",
+        "llama-reward",
+        "qwen2-reward",
+        "llama-small",
+    )
     assert TINY_MODEL_NAMES == documented
     assert set(AUTO_CLASS) == set(documented)
 

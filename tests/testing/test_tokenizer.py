@@ -16,7 +16,12 @@ def tok():
 
 @pytest.mark.parametrize(
     "text",
-    ["I loved this movie, the acting was brilliant.", "  two  spaces\tand a tab\n", "naïve café ☕ 😀 ünïcödé", ""],
+    [
+        "I loved this movie, the acting was brilliant.",
+        "  two  spaces\tand a tab\n",
+        "naïve café ☕ 😀 ünïcödé",
+        "",
+    ],
 )
 def test_round_trip_any_text(tok, text):
     # byte-level BPE: every string, even characters absent from the corpus, decodes back exactly

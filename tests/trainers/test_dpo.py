@@ -12,8 +12,8 @@ import torch.nn.functional as F
 
 from rlhfkit.testing import tiny_model, tiny_tokenizer
 from rlhfkit.testing.training_args import few_step_args
-from rlhfkit.trainers.dpo import DPOTrainer
-from rlhfkit.trainers.dpo_config import DPOConfig
+from rlhfkit.trainers.dpo.config import DPOConfig
+from rlhfkit.trainers.dpo.trainer import DPOTrainer
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +82,10 @@ def test_concatenated_forward_matches_naive_loop(tmp_path, tok):
         assert logits_chosen.shape == (2, keep, model.config.vocab_size) == logits_rejected.shape
         mean_chosen = trainer._mean_response_logit(logits_chosen, labels[:2])
         mean_rejected = trainer._mean_response_logit(logits_rejected, labels[2:])
-        sides = (("chosen", chosen, logits_chosen, mean_chosen), ("rejected", rejected, logits_rejected, mean_rejected))
+        sides = (
+            ("chosen", chosen, logits_chosen, mean_chosen),
+            ("rejected", rejected, logits_rejected, mean_rejected),
+        )
         for i, row in enumerate(trainer.train_dataset):
             for side, got, got_logits, got_mean in sides:
                 prompt, response = row["prompt_input_ids"], row[f"{side}_input_ids"]
@@ -94,7 +97,9 @@ def test_concatenated_forward_matches_naive_loop(tmp_path, tok):
                 # per-token logits (right padding): column c of the kept block is position first - 1 + c
                 scoring = logits[len(prompt) - 1 : len(prompt) + len(response) - 1]
                 start = len(prompt) - 1 - (first - 1)
-                torch.testing.assert_close(got_logits[i, start : start + len(response)], scoring, atol=1e-4, rtol=1e-4)
+                torch.testing.assert_close(
+                    got_logits[i, start : start + len(response)], scoring, atol=1e-4, rtol=1e-4
+                )
                 # the logged mean logit: over the vocabulary at the positions that predict the response
                 assert got_mean[i].item() == pytest.approx(scoring.mean().item(), abs=1e-4)
 

@@ -11,8 +11,8 @@ import torch
 from rlhfkit.rollout import lm_head, scoring
 from rlhfkit.testing import tiny_model, tiny_tokenizer
 from rlhfkit.testing.training_args import few_step_args
-from rlhfkit.trainers.dpo import DPOTrainer
-from rlhfkit.trainers.dpo_config import DPOConfig
+from rlhfkit.trainers.dpo.config import DPOConfig
+from rlhfkit.trainers.dpo.trainer import DPOTrainer
 
 ROWS = [
     {"prompt": "the plot: ", "chosen": "yes good fun", "rejected": "no"},
@@ -30,7 +30,9 @@ def _trainer(tmp_path, tok, model, n_pairs=3, peft_config=None, **config):
     rows = [ROWS[i % len(ROWS)] for i in range(n_pairs)]
     args = few_step_args(DPOConfig, tmp_path / "out", max_length=64, max_prompt_length=32, **config)
     dataset = datasets.Dataset.from_list(rows)
-    return DPOTrainer(model=model, args=args, train_dataset=dataset, processing_class=tok, peft_config=peft_config)
+    return DPOTrainer(
+        model=model, args=args, train_dataset=dataset, processing_class=tok, peft_config=peft_config
+    )
 
 
 def _batch(trainer, n=3):
@@ -40,11 +42,15 @@ def _batch(trainer, n=3):
 def _straightforward(trainer, model, batch):
     """Full (2B, T, V) logits, a float32 log-softmax and the shifted labels: what the chunked path replaces."""
     inputs = trainer.concatenated_inputs(batch)
-    logits = model(
-        input_ids=inputs["concatenated_input_ids"],
-        attention_mask=inputs["concatenated_attention_mask"],
-        use_cache=False,
-    ).logits[:, :-1].float()
+    logits = (
+        model(
+            input_ids=inputs["concatenated_input_ids"],
+            attention_mask=inputs["concatenated_attention_mask"],
+            use_cache=False,
+        )
+        .logits[:, :-1]
+        .float()
+    )
     labels = inputs["concatenated_labels"][:, 1:]
     mask = labels != trainer.label_pad_token_id
     logp = torch.log_softmax(logits, -1).gather(-1, torch.where(mask, labels, 0)[..., None]).squeeze(-1)
@@ -84,7 +90,9 @@ def test_policy_pass_matches_full_logits(tmp_path, tok, chunk_calls, arch, tied)
 def test_peft_policy_and_its_adapter_free_reference(tmp_path, tok, chunk_calls):
     from peft import LoraConfig
 
-    lora = LoraConfig(task_type="CAUSAL_LM", r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    lora = LoraConfig(
+        task_type="CAUSAL_LM", r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False
+    )
     trainer = _trainer(tmp_path, tok, tiny_model("llama"), peft_config=lora)
     assert trainer.reference.kind == "base"
     batch = _batch(trainer)
@@ -104,7 +112,9 @@ def test_unplain_head_falls_back_to_full_logits(tmp_path, tok, chunk_calls, unpl
         _assert_same_values_and_grads(trainer, unplain_head_model, batch)
         loss, metrics = trainer.get_batch_metrics(unplain_head_model, batch)  # policy and reference passes
     assert chunk_calls == []
-    assert loss.item() == pytest.approx(0.6931472, abs=1e-5) and metrics["logits/chosen"] != 0  # log 2: same nets
+    assert (
+        loss.item() == pytest.approx(0.6931472, abs=1e-5) and metrics["logits/chosen"] != 0
+    )  # log 2: same nets
     reasons = [r.getMessage() for r in caplog.records if "not a plain torch.nn.Linear" in r.getMessage()]
     assert len(reasons) == 1  # once per model class and reason
 

@@ -8,11 +8,12 @@ import pytest
 import torch
 from datasets import Dataset
 
-import rlhfkit.trainers.grpo as grpo_module
-from rlhfkit.tasks import KeywordReward, toy_prompt_dataset
+import rlhfkit.trainers.grpo.trainer as grpo_module
+from rlhfkit.rewards import KeywordReward
+from rlhfkit.tasks import toy_prompt_dataset
 from rlhfkit.testing import tiny_model, tiny_tokenizer
-from rlhfkit.trainers.grpo import GRPOTrainer
-from rlhfkit.trainers.grpo_config import GRPOConfig
+from rlhfkit.trainers.grpo.config import GRPOConfig
+from rlhfkit.trainers.grpo.trainer import GRPOTrainer
 
 METRICS = (
     "reward", "reward_std", "rewards/count_e/mean", "rewards/count_e/std", "frac_reward_zero_std",
@@ -126,7 +127,9 @@ def test_conversational_prompts_use_the_chat_template(tmp_path, tokenizer):
         return [float(len(c[0]["content"])) for c in completions]
 
     messages = [[{"role": "user", "content": text}] for text in ["the film was", "a story about"] * 4]
-    trainer = _trainer(tmp_path, tokenizer, reward=reply_length, dataset=Dataset.from_dict({"prompt": messages}), max_steps=1)
+    trainer = _trainer(
+        tmp_path, tokenizer, reward=reply_length, dataset=Dataset.from_dict({"prompt": messages}), max_steps=1
+    )
     trainer.train()
     assert seen["prompts"][0] == messages[trainer.schedule.indices(0)[0]]
     assert all(c[0]["role"] == "assistant" and isinstance(c[0]["content"], str) for c in seen["completions"])
@@ -209,7 +212,7 @@ def test_top_entropy_quantile_trains_on_the_most_uncertain_tokens(tmp_path, toke
 
     monkeypatch.setattr(grpo_module, "policy_loss", spy)
     _trainer(tmp_path, tokenizer, top_entropy_quantile=0.25, max_steps=1).train()
-    (keep, loss_mask), = masks
+    ((keep, loss_mask),) = masks
     assert not (keep & ~loss_mask).any()
     assert 0.2 <= keep.sum() / loss_mask.sum() <= 0.35  # a quarter of the loss tokens (ties kept)
 
@@ -238,7 +241,9 @@ def test_soft_overlong_penalty_counts_completion_tokens(tmp_path, tokenizer):
     from rlhfkit.rewards import soft_overlong_penalty
 
     # free up to 6 - 4 = 2 tokens, then -1/4 per token: completions of 5 tokens (no eos reached) score -0.75
-    trainer = _trainer(tmp_path, tokenizer, reward=soft_overlong_penalty(6, 4), max_completion_length=5, max_steps=1)
+    trainer = _trainer(
+        tmp_path, tokenizer, reward=soft_overlong_penalty(6, 4), max_completion_length=5, max_steps=1
+    )
     trainer.train()
     lengths = trainer._buffer.response_mask.sum(1).float()
     torch.testing.assert_close(trainer._buffer.scores, ((2 - lengths) / 4).clamp(-1, 0))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlhfkit.trainers.grpo_config import GRPOConfig
+from rlhfkit.trainers.grpo.config import GRPOConfig
 
 
 def _config(**kwargs) -> GRPOConfig:
@@ -25,7 +25,9 @@ def test_defaults_follow_trl():
     assert {k: getattr(config, k) for k in expected} == expected
 
 
-@pytest.mark.parametrize("given, expected", [(True, "group"), (False, "none"), ("batch", "batch"), ("false", "none")])
+@pytest.mark.parametrize(
+    "given, expected", [(True, "group"), (False, "none"), ("batch", "batch"), ("false", "none")]
+)
 def test_scale_rewards_accepts_trls_booleans(given, expected):
     assert _config(scale_rewards=given).scale_rewards == expected
 
@@ -33,11 +35,19 @@ def test_scale_rewards_accepts_trls_booleans(given, expected):
 def test_generation_sizes_are_derived_once():
     # 8 per device, 2 accumulation steps: one generation feeds one update (16 completions, 2 groups of 8)
     config = _config(gradient_accumulation_steps=2)
-    assert (config.steps_per_generation, config.generation_batch_size, config.updates_per_generation) == (2, 16, 1)
+    assert (config.steps_per_generation, config.generation_batch_size, config.updates_per_generation) == (
+        2,
+        16,
+        1,
+    )
     assert config.local_prompts_per_generation == 2
     # generation_batch_size=32 with 8 per step: 4 micro-batches, i.e. 2 updates of 2 micro-batches each
     config = _config(gradient_accumulation_steps=2, generation_batch_size=32)
-    assert (config.steps_per_generation, config.updates_per_generation, config.local_prompts_per_generation) == (4, 2, 4)
+    assert (
+        config.steps_per_generation,
+        config.updates_per_generation,
+        config.local_prompts_per_generation,
+    ) == (4, 2, 4)
 
 
 @pytest.mark.parametrize(
@@ -56,7 +66,10 @@ def test_generation_sizes_are_derived_once():
         ({"sync_ref_model": True}, "sync_ref_model needs beta > 0"),
         ({"steps_per_generation": 2, "generation_batch_size": 16}, "not both"),
         ({"num_generations": 3}, "multiple of num_generations"),
-        ({"gradient_accumulation_steps": 2, "steps_per_generation": 3}, "multiple of gradient_accumulation_steps"),
+        (
+            {"gradient_accumulation_steps": 2, "steps_per_generation": 3},
+            "multiple of gradient_accumulation_steps",
+        ),
         ({"generation_batch_size": 12}, "generation_batch_size by per_device_train_batch_size"),
         ({"reward_weights": []}, "reward_weights must be a non-empty list"),
         ({"max_sampling_rounds": 0}, "max_sampling_rounds must be a positive integer"),

@@ -9,7 +9,7 @@ import warnings
 
 import pytest
 
-from rlhfkit.trainers.health import (
+from rlhfkit.trainers.common.health import (
     ALARMS,
     TRAINER_METRICS,
     HealthMonitor,
@@ -171,7 +171,10 @@ def test_clip_fraction_or_approx_kl_blowing_up(names, metrics, expected):
     [(0.2, 1.0, "mean |sampling - training| logprob 0.2 > 0.05"), (0.01, 8.0, "largest")],
 )
 def test_sampling_and_training_logprobs_disagree(mean, largest, expected):
-    metrics = {"sampling/sampling_logp_difference/mean": mean, "sampling/sampling_logp_difference/max": largest}
+    metrics = {
+        "sampling/sampling_logp_difference/mean": mean,
+        "sampling/sampling_logp_difference/max": largest,
+    }
     values, messages = HealthMonitor(GRPO).check(metrics, 1)
     assert values["health/logprob_mismatch"] == 1.0
     assert len(messages) == 1 and expected in messages[0] and "training dtype" in messages[0]
@@ -208,14 +211,16 @@ def test_watch_warns_on_the_main_process_only():
     assert found["health/update_blowup"] == 1.0
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert watch(copy.deepcopy(HealthMonitor(GRPO)), {"clip_ratio/region_mean": 0.9}, 1, main_process=False)
+        assert watch(
+            copy.deepcopy(HealthMonitor(GRPO)), {"clip_ratio/region_mean": 0.9}, 1, main_process=False
+        )
         assert watch(None, {"clip_ratio/region_mean": 0.9}, 1) == {}
 
 
 def test_history_round_trips_and_a_restored_monitor_goes_on_like_the_uninterrupted_one(tmp_path):
     import json
 
-    from rlhfkit.trainers.checkpointing import load_state, save_state
+    from rlhfkit.trainers.common.checkpointing import load_state, save_state
 
     steps = [healthy_step(i) for i in range(30)]
     steps[0] = {"eval/win_rate": 0.4}  # judged before any reward: its reward is NaN (stored as None)
@@ -242,7 +247,9 @@ def test_history_round_trips_and_a_restored_monitor_goes_on_like_the_uninterrupt
     assert fresh_messages and "health/entropy_ratio" not in fresh_values[0]  # what resuming without it did
 
 
-@pytest.mark.parametrize("bad", [{"window": 1}, {"entropy_floor": 0}, {"kl_growth": -0.1}, {"warn_every": math.inf}])
+@pytest.mark.parametrize(
+    "bad", [{"window": 1}, {"entropy_floor": 0}, {"kl_growth": -0.1}, {"warn_every": math.inf}]
+)
 def test_bad_thresholds_are_named(bad):
     name = next(iter(bad))
     with pytest.raises(ValueError, match=f"HealthThresholds.{name}"):
@@ -279,10 +286,11 @@ def test_ppo_step_with_a_huge_learning_rate_reports_the_blowup():
 def test_grpo_run_warns_and_sees_a_win_rate_logged_by_a_callback(tmp_path):
     from transformers import TrainerCallback
 
-    from rlhfkit.tasks import KeywordReward, toy_prompt_dataset
+    from rlhfkit.rewards import KeywordReward
+    from rlhfkit.tasks import toy_prompt_dataset
     from rlhfkit.testing import tiny_model, tiny_tokenizer
-    from rlhfkit.trainers.grpo import GRPOTrainer
-    from rlhfkit.trainers.grpo_config import GRPOConfig
+    from rlhfkit.trainers.grpo.config import GRPOConfig
+    from rlhfkit.trainers.grpo.trainer import GRPOTrainer
 
     def count_e(completions, **kwargs):
         return KeywordReward("e")(completions)
@@ -322,10 +330,11 @@ def test_grpo_run_warns_and_sees_a_win_rate_logged_by_a_callback(tmp_path):
 
 @pytest.mark.slow
 def test_rloo_logs_health_and_completion_length(tmp_path):
-    from rlhfkit.tasks import KeywordReward, toy_prompt_dataset
+    from rlhfkit.rewards import KeywordReward
+    from rlhfkit.tasks import toy_prompt_dataset
     from rlhfkit.testing import tiny_model, tiny_tokenizer
-    from rlhfkit.trainers.rloo import RLOOTrainer
-    from rlhfkit.trainers.rloo_config import RLOOConfig
+    from rlhfkit.trainers.rloo.config import RLOOConfig
+    from rlhfkit.trainers.rloo.trainer import RLOOTrainer
 
     config = RLOOConfig(
         output_dir=str(tmp_path / "out"), report_to="none", use_cpu=True, per_device_train_batch_size=4, rloo_k=2,
@@ -333,7 +342,9 @@ def test_rloo_logs_health_and_completion_length(tmp_path):
         num_sample_generations=0, disable_tqdm=True, seed=3, learning_rate=1e-3,
     )  # fmt: skip
     tokenizer = tiny_tokenizer(padding_side="left")
-    trainer = RLOOTrainer(config, tokenizer, tiny_model("llama"), None, KeywordReward("e"), toy_prompt_dataset(n=16))
+    trainer = RLOOTrainer(
+        config, tokenizer, tiny_model("llama"), None, KeywordReward("e"), toy_prompt_dataset(n=16)
+    )
     trainer.train()
     logs = [h for h in trainer.state.log_history if "objective/scores" in h]
     assert all(0 < h["completions/mean_length"] <= 5 for h in logs)
@@ -342,7 +353,7 @@ def test_rloo_logs_health_and_completion_length(tmp_path):
 
 def test_monitor_for_reads_the_adaptive_controllers_limit():
     from rlhfkit.core.kl import AdaptiveKLController, FixedKLController
-    from rlhfkit.trainers.health import monitor_for
+    from rlhfkit.trainers.common.health import monitor_for
 
     controller = AdaptiveKLController(0.2, target=6.0, horizon=10000)
     monitor = monitor_for("ppo", controller, samples_per_step=256)
@@ -356,11 +367,12 @@ def test_monitor_for_reads_the_adaptive_controllers_limit():
 @pytest.mark.slow
 def test_the_win_rate_callbacks_results_reach_the_reward_hacking_alarm(tmp_path):
     from rlhfkit.judges import RuleJudge
-    from rlhfkit.tasks import KeywordReward, toy_prompt_dataset
+    from rlhfkit.rewards import KeywordReward
+    from rlhfkit.tasks import toy_prompt_dataset
     from rlhfkit.testing import tiny_model, tiny_tokenizer
-    from rlhfkit.trainers.grpo import GRPOTrainer
-    from rlhfkit.trainers.grpo_config import GRPOConfig
-    from rlhfkit.trainers.win_rate_callback import WinRateCallback
+    from rlhfkit.trainers.common.win_rate import WinRateCallback
+    from rlhfkit.trainers.grpo.config import GRPOConfig
+    from rlhfkit.trainers.grpo.trainer import GRPOTrainer
 
     def count_e(completions, **kwargs):
         return KeywordReward("e")(completions)
@@ -372,7 +384,11 @@ def test_the_win_rate_callbacks_results_reach_the_reward_hacking_alarm(tmp_path)
     )  # fmt: skip
     tokenizer = tiny_tokenizer(padding_side="left")
     trainer = GRPOTrainer(
-        tiny_model("llama"), count_e, args=config, train_dataset=toy_prompt_dataset(n=16), processing_class=tokenizer
+        tiny_model("llama"),
+        count_e,
+        args=config,
+        train_dataset=toy_prompt_dataset(n=16),
+        processing_class=tokenizer,
     )
     prompts = [f"Tell me about topic {i}:" for i in range(6)]
     judge = RuleJudge.of_texts(KeywordReward("e"))

@@ -9,18 +9,18 @@ import warnings
 import pytest
 from transformers import HfArgumentParser
 
-from rlhfkit.trainers import legacy_training_args
-from rlhfkit.trainers.dpo_config import DPOConfig
-from rlhfkit.trainers.legacy_training_args import (
+from rlhfkit.trainers.common import legacy_training_args
+from rlhfkit.trainers.common.legacy_training_args import (
     REMOVED_TRAINING_ARGS,
     LegacyTrainingArguments,
     RemovedTrainingArgumentWarning,
 )
-from rlhfkit.trainers.reward_config import RewardConfig
-from rlhfkit.trainers.rloo_config import RLOOConfig
-from rlhfkit.trainers.sft_config import SFTConfig
+from rlhfkit.trainers.dpo.config import DPOConfig
+from rlhfkit.trainers.reward_model.config import RewardConfig
+from rlhfkit.trainers.rloo.config import RLOOConfig
+from rlhfkit.trainers.sft.config import SFTConfig
 
-# the fields of seed 000's RLOOConfig signature that transformers 5's TrainingArguments no longer has
+# the fields of TRL 0.x's RLOOConfig signature that transformers 5's TrainingArguments no longer has
 SEED_000_REMOVED = (
     "overwrite_output_dir per_gpu_train_batch_size per_gpu_eval_batch_size warmup_ratio logging_dir "
     "save_safetensors no_cuda use_mps_device jit_mode_eval use_ipex fp16_opt_level half_precision_backend "
@@ -99,7 +99,10 @@ def test_old_name_maps_to_its_successor_and_warns_naming_it(name):
         got = [getattr(x, "value", x) for x in got] if isinstance(got, list) else got
         assert got == want or str(got) == str(want), (field, got)
     if name == "fsdp_transformer_layer_cls_to_wrap":
-        assert config.fsdp_config["transformer_layer_cls_to_wrap"] in ("LlamaDecoderLayer", ["LlamaDecoderLayer"])
+        assert config.fsdp_config["transformer_layer_cls_to_wrap"] in (
+            "LlamaDecoderLayer",
+            ["LlamaDecoderLayer"],
+        )
     changed = {k for k, v in _normalised(config).items() if baseline.get(k) != v}
     assert changed <= set(expected) | {"fsdp_config"}
 

@@ -9,7 +9,7 @@ import torch
 
 from rlhfkit import PPOConfig, PPOTrainer
 from rlhfkit.testing import tiny_tokenizer, tiny_value_head_model
-from rlhfkit.trainers.checkpointing import LOCK_FILE, load_state
+from rlhfkit.trainers.common.checkpointing import LOCK_FILE, load_state
 
 
 @pytest.fixture(scope="module")
@@ -28,8 +28,16 @@ QUERY_TEXTS = ["the film was", "a story about", "we saw it", "the cast"]
 
 def new_trainer(base_model, tokenizer):
     config = PPOConfig(
-        batch_size=4, mini_batch_size=2, ppo_epochs=2, learning_rate=1e-3, seed=7, init_kl_coef=0.5,
-        target=0.01, horizon=10, use_score_scaling=True, use_score_norm=True,
+        batch_size=4,
+        mini_batch_size=2,
+        ppo_epochs=2,
+        learning_rate=1e-3,
+        seed=7,
+        init_kl_coef=0.5,
+        target=0.01,
+        horizon=10,
+        use_score_scaling=True,
+        use_score_norm=True,
     )
     model = copy.deepcopy(base_model)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
@@ -48,8 +56,16 @@ def run_steps(trainer, tokenizer, n):
     return history
 
 
-KEYS = ["objective/kl", "objective/kl_coef", "ppo/loss/total", "ppo/mean_scores", "ppo/mean_scores_scaled",
-        "ppo/val/vpred", "ppo/learning_rate", "tokens/responses_len_mean"]
+KEYS = [
+    "objective/kl",
+    "objective/kl_coef",
+    "ppo/loss/total",
+    "ppo/mean_scores",
+    "ppo/mean_scores_scaled",
+    "ppo/val/vpred",
+    "ppo/learning_rate",
+    "tokens/responses_len_mean",
+]
 
 
 def test_resumed_run_matches_uninterrupted_run(base_model, tokenizer, tmp_path):
@@ -74,7 +90,9 @@ def test_resumed_run_matches_uninterrupted_run(base_model, tokenizer, tmp_path):
     assert resumed.running.state_dict() == uninterrupted.running.state_dict()
     assert resumed.health.state_dict() == uninterrupted.health.state_dict()  # the alarms' history came back
     assert [step for step, _ in resumed.health.state_dict()["series"]["kl"]["first"]] == [1, 2, 3, 4]
-    for (name, p), (_, q) in zip(uninterrupted.policy.state_dict().items(), resumed.policy.state_dict().items()):
+    for (name, p), (_, q) in zip(
+        uninterrupted.policy.state_dict().items(), resumed.policy.state_dict().items()
+    ):
         assert torch.equal(p, q), name
     assert resumed.current_step == uninterrupted.current_step == 4
 
@@ -86,8 +104,14 @@ def test_checkpoint_folder_is_replaced_atomically_and_validated(base_model, toke
     run_steps(trainer, tokenizer, 1)
     trainer.save_checkpoint(str(target))  # overwriting an existing checkpoint
     assert sorted(p.name for p in target.iterdir()) == [
-        "manifest.json", "model.safetensors", "trainer_state.json", "trainer_state.safetensors"]
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".") and p.name != LOCK_FILE]  # no temp folders
+        "manifest.json",
+        "model.safetensors",
+        "trainer_state.json",
+        "trainer_state.safetensors",
+    ]
+    assert not [
+        p for p in tmp_path.iterdir() if p.name.startswith(".") and p.name != LOCK_FILE
+    ]  # no temp folders
     state = load_state(target, "trainer_state")
     assert state["step"] == 1 and set(state) >= {"optimizer", "kl_ctl", "running", "rng", "lr_scheduler"}
     (tmp_path / "other").mkdir()
@@ -99,13 +123,17 @@ def test_checkpoint_folder_is_replaced_atomically_and_validated(base_model, toke
 def test_lora_policy_checkpoint_round_trip(tokenizer, tmp_path):
     from peft import LoraConfig, TaskType
 
-    lora = LoraConfig(task_type=TaskType.CAUSAL_LM, r=4, lora_alpha=8, lora_dropout=0.0,
-                      target_modules=["q_proj", "v_proj"])
+    lora = LoraConfig(
+        task_type=TaskType.CAUSAL_LM, r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"]
+    )
 
     def lora_trainer():
         model = tiny_value_head_model("llama", peft_config=lora)
-        return PPOTrainer(PPOConfig(batch_size=4, mini_batch_size=2, ppo_epochs=1, learning_rate=1e-2), model,
-                          tokenizer=tokenizer)
+        return PPOTrainer(
+            PPOConfig(batch_size=4, mini_batch_size=2, ppo_epochs=1, learning_rate=1e-2),
+            model,
+            tokenizer=tokenizer,
+        )
 
     trainer = lora_trainer()
     run_steps(trainer, tokenizer, 1)

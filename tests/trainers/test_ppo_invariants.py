@@ -62,15 +62,25 @@ def test_logprobs_do_not_depend_on_padding_or_forward_chunks(base_model, tokeniz
 
 
 @pytest.mark.parametrize("mini_batch_size, accumulation", [(1, 8), (2, 4)])
-def test_minibatch_times_accumulation_gives_the_same_update(base_model, tokenizer, mini_batch_size, accumulation):
+def test_minibatch_times_accumulation_gives_the_same_update(
+    base_model, tokenizer, mini_batch_size, accumulation
+):
     batch = rollout()
     reference = sgd_trainer(base_model, tokenizer, batch_size=8, mini_batch_size=8, ppo_epochs=2)
     stats_ref = reference.step(*batch)
-    split = sgd_trainer(base_model, tokenizer, batch_size=8, mini_batch_size=mini_batch_size,
-                        gradient_accumulation_steps=accumulation, ppo_epochs=2)
+    split = sgd_trainer(
+        base_model,
+        tokenizer,
+        batch_size=8,
+        mini_batch_size=mini_batch_size,
+        gradient_accumulation_steps=accumulation,
+        ppo_epochs=2,
+    )
     stats_split = split.step(*batch)
     assert stats_ref["ppo/optimizer_steps"] == stats_split["ppo/optimizer_steps"] == 2.0
-    for (name, p_ref), (_, p_split) in zip(reference.policy.named_parameters(), split.policy.named_parameters()):
+    for (name, p_ref), (_, p_split) in zip(
+        reference.policy.named_parameters(), split.policy.named_parameters()
+    ):
         torch.testing.assert_close(p_split, p_ref, atol=2e-6, rtol=1e-5, msg=name)
     # the update is real, not zero: weights moved from the initial model
     initial = dict(base_model.named_parameters())
@@ -93,8 +103,12 @@ def test_tokenizer_padding_side_does_not_change_the_update(base_model, tokenizer
 
 def test_shared_layers_receive_no_gradient(base_model, tokenizer):
     model = copy.deepcopy(base_model)
-    trainer = PPOTrainer(PPOConfig(batch_size=4, mini_batch_size=2, ppo_epochs=1, learning_rate=1e-2), model,
-                         tokenizer=tokenizer, num_shared_layers=1)
+    trainer = PPOTrainer(
+        PPOConfig(batch_size=4, mini_batch_size=2, ppo_epochs=1, learning_rate=1e-2),
+        model,
+        tokenizer=tokenizer,
+        num_shared_layers=1,
+    )
     shared = {n for n, p in trainer.policy.named_parameters() if not p.requires_grad}
     assert any("layers.0." in n for n in shared) and any("embed_tokens" in n for n in shared)
     assert not any("layers.1." in n for n in shared)
@@ -104,7 +118,9 @@ def test_shared_layers_receive_no_gradient(base_model, tokenizer):
     for name, param in trainer.policy.named_parameters():
         if name in shared:
             assert param.grad is None and torch.equal(param, before[name]), name
-    assert any(not torch.equal(p, before[n]) for n, p in trainer.policy.named_parameters() if "layers.1." in n)
+    assert any(
+        not torch.equal(p, before[n]) for n, p in trainer.policy.named_parameters() if "layers.1." in n
+    )
     # the reference holds the very same tensors for the shared part, a frozen copy for the rest
     ref_params = dict(trainer.ref_model.named_parameters())
     name0 = next(n for n in shared if "layers.0." in n)
@@ -112,15 +128,19 @@ def test_shared_layers_receive_no_gradient(base_model, tokenizer):
 
 
 def test_lora_policy_trains_only_adapter_and_value_head(tokenizer):
-    lora = LoraConfig(task_type=TaskType.CAUSAL_LM, r=4, lora_alpha=8, lora_dropout=0.0,
-                      target_modules=["q_proj", "v_proj"])
+    lora = LoraConfig(
+        task_type=TaskType.CAUSAL_LM, r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"]
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = AutoModelForCausalLMWithValueHead.from_pretrained(
             tiny_model_path("llama"), peft_config=lora, summary_dropout_prob=0.0
         )
-    trainer = PPOTrainer(PPOConfig(batch_size=4, mini_batch_size=2, ppo_epochs=4, learning_rate=1e-2), model,
-                         tokenizer=tokenizer)
+    trainer = PPOTrainer(
+        PPOConfig(batch_size=4, mini_batch_size=2, ppo_epochs=4, learning_rate=1e-2),
+        model,
+        tokenizer=tokenizer,
+    )
     assert trainer.is_peft_model and trainer.ref_model is None  # no second copy of the weights
     before = {n: p.detach().clone() for n, p in trainer.policy.named_parameters()}
     q, r, s = rollout(n=4)
@@ -149,19 +169,29 @@ def test_multi_adapter_rl_reward_adapter_scores_and_stays_frozen(tokenizer, tmp_
     from rlhfkit.rollout import pad_left
     from rlhfkit.testing import tiny_model
 
-    reward = get_peft_model(tiny_model("llama-reward"), LoraConfig(
-        task_type=TaskType.SEQ_CLS, r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    reward = get_peft_model(
+        tiny_model("llama-reward"),
+        LoraConfig(
+            task_type=TaskType.SEQ_CLS, r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False
+        ),
+    )
     reward.save_pretrained(tmp_path / "rm_adapter")
-    policy_lora = LoraConfig(task_type=TaskType.CAUSAL_LM, r=4, lora_alpha=8, lora_dropout=0.0,
-                             target_modules=["q_proj", "v_proj"])
+    policy_lora = LoraConfig(
+        task_type=TaskType.CAUSAL_LM, r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"]
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = AutoModelForCausalLMWithValueHead.from_pretrained(
-            tiny_model_path("llama"), peft_config=policy_lora, reward_adapter=str(tmp_path / "rm_adapter"),
+            tiny_model_path("llama"),
+            peft_config=policy_lora,
+            reward_adapter=str(tmp_path / "rm_adapter"),
             summary_dropout_prob=0.0,
         )
-    trainer = PPOTrainer(PPOConfig(batch_size=4, mini_batch_size=2, ppo_epochs=2, learning_rate=1e-2), model,
-                         tokenizer=tokenizer)
+    trainer = PPOTrainer(
+        PPOConfig(batch_size=4, mini_batch_size=2, ppo_epochs=2, learning_rate=1e-2),
+        model,
+        tokenizer=tokenizer,
+    )
     q, r, _ = rollout(n=4)
     before = {n: p.detach().clone() for n, p in trainer.policy.named_parameters()}
     ids, mask = pad_left([torch.cat([a, b]) for a, b in zip(q, r)], tokenizer.pad_token_id)
@@ -172,4 +202,6 @@ def test_multi_adapter_rl_reward_adapter_scores_and_stays_frozen(tokenizer, tmp_
     assert changed and not any("reward_adapter" in n for n in changed)
     assert all(".default." in n or n.startswith("v_head") for n in changed), changed
     # scoring again gives the same scores: the reward adapter did not move
-    torch.testing.assert_close(trainer.model.sequence_reward_score(input_ids=ids, attention_mask=mask), scores)
+    torch.testing.assert_close(
+        trainer.model.sequence_reward_score(input_ids=ids, attention_mask=mask), scores
+    )

@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from rlhfkit import AutoModelForCausalLMWithValueHead, PPOConfig, PPOTrainer
+from rlhfkit.rewards import KeywordReward
 from rlhfkit.rollout import pad_left, pad_right
-from rlhfkit.tasks import KeywordReward, toy_prompts
+from rlhfkit.tasks import toy_prompts
 from rlhfkit.testing import tiny_model_path, tiny_tokenizer, tiny_value_head_model
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -36,8 +37,13 @@ def test_seed_002_walkthrough_with_rlhfkit_imports(tmp_path, monkeypatch):
     from transformers import AutoTokenizer
 
     monkeypatch.chdir(tmp_path)
-    config = PPOConfig(model_name=str(tiny_model_path("llama")), learning_rate=1.41e-5, batch_size=4,
-                       mini_batch_size=2, ppo_epochs=1)
+    config = PPOConfig(
+        model_name=str(tiny_model_path("llama")),
+        learning_rate=1.41e-5,
+        batch_size=4,
+        mini_batch_size=2,
+        ppo_epochs=1,
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = AutoModelForCausalLMWithValueHead.from_pretrained(config.model_name)
@@ -58,8 +64,14 @@ def test_seed_002_walkthrough_with_rlhfkit_imports(tmp_path, monkeypatch):
 
     dataset = dataset.map(tokenize, batched=False)
     ppo_trainer = PPOTrainer(model=model, config=config, train_dataset=dataset, tokenizer=tokenizer)
-    generation_kwargs = {"min_length": -1, "top_k": 0.0, "top_p": 1.0, "do_sample": True,
-                         "pad_token_id": tokenizer.eos_token_id, "max_new_tokens": 6}
+    generation_kwargs = {
+        "min_length": -1,
+        "top_k": 0.0,
+        "top_p": 1.0,
+        "do_sample": True,
+        "pad_token_id": tokenizer.eos_token_id,
+        "max_new_tokens": 6,
+    }
     all_stats = []
     for _epoch in range(ppo_trainer.config.ppo_epochs):
         for batch in ppo_trainer.dataloader:
@@ -85,8 +97,9 @@ def test_mean_score_rises_on_a_learnable_task():
     """
     tokenizer = tiny_tokenizer()
     model = tiny_value_head_model("llama", summary_dropout_prob=0.0)
-    config = PPOConfig(batch_size=32, mini_batch_size=16, ppo_epochs=4, learning_rate=1e-3, init_kl_coef=0.05,
-                       seed=0)
+    config = PPOConfig(
+        batch_size=32, mini_batch_size=16, ppo_epochs=4, learning_rate=1e-3, init_kl_coef=0.05, seed=0
+    )
     trainer = PPOTrainer(config, model, tokenizer=tokenizer)
     queries = [torch.tensor(tokenizer.encode(p)) for p in toy_prompts("train", n=64)]
     ids, mask = pad_left(queries, tokenizer.pad_token_id)
@@ -97,8 +110,9 @@ def test_mean_score_rises_on_a_learnable_task():
     scores_per_step = []
     for step in range(25):
         batch = [queries[(step * 32 + i) % len(queries)] for i in range(32)]
-        responses = trainer.generate(batch, return_prompt=False, max_new_tokens=2, do_sample=True, top_k=0,
-                                     batch_size=32)
+        responses = trainer.generate(
+            batch, return_prompt=False, max_new_tokens=2, do_sample=True, top_k=0, batch_size=32
+        )
         response_ids, response_mask = pad_right(responses, tokenizer.pad_token_id)
         hits = (torch.isin(response_ids, favourites) & response_mask).sum(1).float()
         scores = hits / response_mask.sum(1)

@@ -14,7 +14,7 @@ import torch
 from rlhfkit import AutoModelForCausalLMWithValueHead, PPOConfig, PPOTrainer
 from rlhfkit.rollout import HFGenerationBackend, SamplingParams, forward_response, pad_left
 from rlhfkit.testing import tiny_model_path, tiny_tokenizer, tiny_value_head_model
-from rlhfkit.trainers.optimizers import fused_optimizer_kwargs
+from rlhfkit.trainers.common.optimizers import fused_optimizer_kwargs
 from rlhfkit.trainers.ppo.sampling_cache import SamplingCache
 
 
@@ -44,7 +44,9 @@ TEXTS = ["the film", "a very long story about a", "it", "we left early because"]
 def test_generation_logprobs_and_values_equal_a_forward_pass(arch, tokenizer):
     model = value_head_model(arch).eval()
     ids, mask = pad_left(queries_of(tokenizer, TEXTS), tokenizer.pad_token_id)
-    params = SamplingParams(max_new_tokens=7, temperature=0.7, top_k=0, stop_token_ids=[tokenizer.eos_token_id])
+    params = SamplingParams(
+        max_new_tokens=7, temperature=0.7, top_k=0, stop_token_ids=[tokenizer.eos_token_id]
+    )
     backend = HFGenerationBackend(model, tokenizer.pad_token_id, chunk_size=3, value_head=model.v_head)
     torch.manual_seed(0)
     out = backend.generate(ids, mask, params, logprob_temperature=1.0)
@@ -79,7 +81,10 @@ def test_step_with_recorded_outputs_matches_recomputing_them(base_model, tokeniz
     queries = queries_of(tokenizer, TEXTS)
     # SGD: Adam's first step moves a weight by about lr whatever its gradient's size, so float-rounding
     # differences in near-zero gradients would show up as lr-sized weight differences
-    reuse, recompute = make_trainer(base_model, tokenizer, sgd=True), make_trainer(base_model, tokenizer, sgd=True)
+    reuse, recompute = (
+        make_trainer(base_model, tokenizer, sgd=True),
+        make_trainer(base_model, tokenizer, sgd=True),
+    )
     recompute.config.reuse_generation_outputs = False
     torch.manual_seed(0)
     responses = reuse.generate(queries, batch_size=3, return_prompt=False, **GEN)
@@ -90,7 +95,13 @@ def test_step_with_recorded_outputs_matches_recomputing_them(base_model, tokeniz
     stats_recompute = recompute.step(queries, responses, scores)
     assert stats_reuse["ppo/reused_generation_outputs"] == 1.0
     assert stats_recompute["ppo/reused_generation_outputs"] == 0.0
-    for key in ("objective/logprobs", "objective/kl", "ppo/val/mean", "ppo/loss/total", "ppo/policy/ratio_mean"):
+    for key in (
+        "objective/logprobs",
+        "objective/kl",
+        "ppo/val/mean",
+        "ppo/loss/total",
+        "ppo/policy/ratio_mean",
+    ):
         assert stats_reuse[key] == pytest.approx(stats_recompute[key], abs=1e-4), key
     for (name, a), b in zip(reuse.policy.named_parameters(), recompute.policy.parameters()):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4, msg=name)
@@ -102,7 +113,7 @@ def test_outputs_are_reused_only_for_pairs_sampled_by_the_current_weights(base_m
     scores = [torch.tensor(1.0)] * 4
     torch.manual_seed(0)
     with_prompt = trainer.generate(queries, batch_size=4, **GEN)  # return_prompt=True: strip it ourselves
-    responses = [full[len(q):] for q, full in zip(queries, with_prompt)]
+    responses = [full[len(q) :] for q, full in zip(queries, with_prompt)]
     assert trainer.step(queries, responses, scores)["ppo/reused_generation_outputs"] == 1.0
     # the same pairs again: the weights changed in between, so the record no longer applies
     assert trainer.step(queries, responses, scores)["ppo/reused_generation_outputs"] == 0.0
@@ -118,8 +129,11 @@ def test_outputs_are_reused_only_for_pairs_sampled_by_the_current_weights(base_m
 
 def test_low_precision_policies_recompute(base_model, tokenizer):
     """bf16 rounds the cached decoding path and a full forward differently: step() takes the forward pass."""
-    trainer = PPOTrainer(PPOConfig(batch_size=4, mini_batch_size=2, ppo_epochs=1, learning_rate=1e-3, seed=0),
-                         copy.deepcopy(base_model).to(torch.bfloat16), tokenizer=tokenizer)
+    trainer = PPOTrainer(
+        PPOConfig(batch_size=4, mini_batch_size=2, ppo_epochs=1, learning_rate=1e-3, seed=0),
+        copy.deepcopy(base_model).to(torch.bfloat16),
+        tokenizer=tokenizer,
+    )
     queries = queries_of(tokenizer, TEXTS)
     torch.manual_seed(0)
     responses = trainer.generate(queries, batch_size=4, return_prompt=False, **GEN)

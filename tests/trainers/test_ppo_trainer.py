@@ -22,18 +22,51 @@ from rlhfkit.rollout.batch import RolloutBatch
 from rlhfkit.testing import tiny_model_path, tiny_tokenizer, tiny_value_head_model
 
 DOCUMENTED_KEYS = [
-    "objective/kl", "objective/kl_dist", "objective/kl_coef", "objective/entropy", "objective/logprobs",
-    "objective/ref_logprobs", "ppo/mean_scores", "ppo/std_scores", "ppo/mean_non_score_reward",
-    "ppo/loss/policy", "ppo/loss/value", "ppo/loss/total", "ppo/policy/entropy", "ppo/policy/approxkl",
-    "ppo/policy/policykl", "ppo/policy/clipfrac", "ppo/policy/advantages", "ppo/policy/advantages_mean",
+    "objective/kl",
+    "objective/kl_dist",
+    "objective/kl_coef",
+    "objective/entropy",
+    "objective/logprobs",
+    "objective/ref_logprobs",
+    "ppo/mean_scores",
+    "ppo/std_scores",
+    "ppo/mean_non_score_reward",
+    "ppo/loss/policy",
+    "ppo/loss/value",
+    "ppo/loss/total",
+    "ppo/policy/entropy",
+    "ppo/policy/approxkl",
+    "ppo/policy/policykl",
+    "ppo/policy/clipfrac",
+    "ppo/policy/advantages",
+    "ppo/policy/advantages_mean",
     "ppo/policy/ratio",
-    "ppo/returns/mean", "ppo/returns/var", "ppo/val/vpred", "ppo/val/error", "ppo/val/clipfrac", "ppo/val/mean",
-    "ppo/val/var", "ppo/val/var_explained", "ppo/learning_rate", "tokens/queries_len_mean",
-    "tokens/queries_len_std", "tokens/queries_dist", "tokens/responses_len_mean", "tokens/responses_len_std",
-    "tokens/responses_dist", "time/ppo/forward_pass", "time/ppo/compute_rewards",
-    "time/ppo/compute_advantages", "time/ppo/optimize_step", "time/ppo/calc_stats", "time/ppo/total",
+    "ppo/returns/mean",
+    "ppo/returns/var",
+    "ppo/val/vpred",
+    "ppo/val/error",
+    "ppo/val/clipfrac",
+    "ppo/val/mean",
+    "ppo/val/var",
+    "ppo/val/var_explained",
+    "ppo/learning_rate",
+    "tokens/queries_len_mean",
+    "tokens/queries_len_std",
+    "tokens/queries_dist",
+    "tokens/responses_len_mean",
+    "tokens/responses_len_std",
+    "tokens/responses_dist",
+    "time/ppo/forward_pass",
+    "time/ppo/compute_rewards",
+    "time/ppo/compute_advantages",
+    "time/ppo/optimize_step",
+    "time/ppo/calc_stats",
+    "time/ppo/total",
     # debugging extras
-    "ppo/policy/ratio_mean", "ppo/policy/ratio_var", "ppo/skipped_minibatches", "ppo/early_stopped",
+    "ppo/policy/ratio_mean",
+    "ppo/policy/ratio_var",
+    "ppo/skipped_minibatches",
+    "ppo/early_stopped",
     "ppo/optimizer_steps",
 ]
 
@@ -73,8 +106,13 @@ def test_constructor_rejects_bad_arguments(base_model, tokenizer):
     with pytest.raises(TypeError, match="value head"):
         PPOTrainer(config, base_model.pretrained_model, tokenizer=tokenizer)
     with pytest.raises(ValueError, match="num_shared_layers"):
-        PPOTrainer(config, copy.deepcopy(base_model), ref_model=copy.deepcopy(base_model), tokenizer=tokenizer,
-                   num_shared_layers=1)
+        PPOTrainer(
+            config,
+            copy.deepcopy(base_model),
+            ref_model=copy.deepcopy(base_model),
+            tokenizer=tokenizer,
+            num_shared_layers=1,
+        )
     with pytest.raises(TypeError, match="tokenizer"):
         PPOTrainer(config, copy.deepcopy(base_model))
     with pytest.raises(TypeError, match="PPOConfig"):
@@ -88,13 +126,19 @@ def test_dataloader_from_a_dataset_with_token_lists(base_model, tokenizer):
     dataset = Dataset.from_dict({"query": texts, "meta": list(range(10))})
     dataset = dataset.map(lambda s: {"input_ids": tokenizer.encode(s["query"])})
     # seed 002 passes the prompts as train_dataset=
-    trainer = PPOTrainer(PPOConfig(batch_size=4, mini_batch_size=2), copy.deepcopy(base_model),
-                         tokenizer=tokenizer, train_dataset=dataset)
+    trainer = PPOTrainer(
+        PPOConfig(batch_size=4, mini_batch_size=2),
+        copy.deepcopy(base_model),
+        tokenizer=tokenizer,
+        train_dataset=dataset,
+    )
     batches = list(trainer.dataloader)
     assert len(batches) == 2  # 10 // 4, the incomplete batch is dropped
     batch = batches[0]
     assert set(batch) == {"query", "input_ids"}  # "meta" is not used by the model: removed
-    assert all(isinstance(t, torch.Tensor) and t.dtype == torch.long and t.dim() == 1 for t in batch["input_ids"])
+    assert all(
+        isinstance(t, torch.Tensor) and t.dtype == torch.long and t.dim() == 1 for t in batch["input_ids"]
+    )
     assert [tokenizer.decode(t) for t in batch["input_ids"]] == batch["query"]
 
 
@@ -105,15 +149,18 @@ def test_generate_returns_unpadded_responses_cut_at_eos(base_model, tokenizer):
     # make the greedy next token of query 0 the stop token, so a cut certainly happens
     stop = int(trainer.policy(input_ids=queries[0][None])[0][0, -1].argmax())
     torch.manual_seed(0)
-    responses = trainer.generate(queries, batch_size=2, return_prompt=False, max_new_tokens=6,
-                                 do_sample=False, eos_token_id=stop)
+    responses = trainer.generate(
+        queries, batch_size=2, return_prompt=False, max_new_tokens=6, do_sample=False, eos_token_id=stop
+    )
     assert isinstance(responses, list) and len(responses) == 3
     assert responses[0].tolist() == [stop]  # greedy: stop first, everything after it is dropped
     for r in responses:
         assert r.dim() == 1 and 1 <= len(r) <= 6
         hits = (r == stop).nonzero().flatten()
         assert len(hits) == 0 or hits[0] == len(r) - 1  # nothing after the first stop token
-    with_prompt = trainer.generate(queries, batch_size=2, max_new_tokens=6, do_sample=False, eos_token_id=stop)
+    with_prompt = trainer.generate(
+        queries, batch_size=2, max_new_tokens=6, do_sample=False, eos_token_id=stop
+    )
     for q, r, full in zip(queries, responses, with_prompt):
         assert torch.equal(full, torch.cat([q, r]))
 
@@ -124,11 +171,20 @@ def test_generate_single_query_length_sampler_and_reference(base_model, tokenize
     out = trainer.generate(query, max_new_tokens=4, do_sample=True)
     assert out.dim() == 2 and out.shape[0] == 1 and torch.equal(out[0, : len(query)], query)
     queries = [query] * 5
-    responses = trainer.generate(queries, length_sampler=LengthSampler(2, 4), return_prompt=False, do_sample=True,
-                                 min_length=-1, top_k=0.0, top_p=1.0, pad_token_id=tokenizer.eos_token_id)
+    responses = trainer.generate(
+        queries,
+        length_sampler=LengthSampler(2, 4),
+        return_prompt=False,
+        do_sample=True,
+        min_length=-1,
+        top_k=0.0,
+        top_p=1.0,
+        pad_token_id=tokenizer.eos_token_id,
+    )
     assert all(1 <= len(r) <= 3 for r in responses)
-    responses, ref_responses = trainer.generate(queries, return_prompt=False, generate_ref_response=True,
-                                                max_new_tokens=3, do_sample=False)
+    responses, ref_responses = trainer.generate(
+        queries, return_prompt=False, generate_ref_response=True, max_new_tokens=3, do_sample=False
+    )
     # before any update the reference is the policy: greedy answers agree
     assert all(torch.equal(a, b) for a, b in zip(responses, ref_responses))
     with pytest.raises(ValueError, match="unknown generation"):
@@ -166,7 +222,11 @@ def _counting_forward(trainer):
     [
         (lambda q, r, s: (q, r[:3], s), ValueError, "lengths"),
         (lambda q, r, s: (q[:3], r[:3], s[:3]), ValueError, "batch_size"),
-        (lambda q, r, s: (q, [torch.tensor([], dtype=torch.long)] + r[1:], s), ValueError, r"responses\[0\] is empty"),
+        (
+            lambda q, r, s: (q, [torch.tensor([], dtype=torch.long)] + r[1:], s),
+            ValueError,
+            r"responses\[0\] is empty",
+        ),
         (lambda q, r, s: (q, r, [torch.ones(2, 2)] + s[1:]), ValueError, r"scores\[0\]"),
         (lambda q, r, s: ([q[0].float()] + q[1:], r, s), TypeError, r"queries\[0\].*integer"),
         (lambda q, r, s: (q, r, [torch.tensor(True)] + s[1:]), TypeError, r"scores\[0\]"),
@@ -187,8 +247,8 @@ def test_bad_step_inputs_fail_before_any_forward_pass(base_model, tokenizer, mut
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 def test_non_finite_scores_skip_the_step_with_a_warning(base_model, tokenizer, bad):
-    # not an error: the step is skipped and counted (rlhfkit.trainers.guards.NonFiniteGuard)
-    from rlhfkit.trainers.guards import NonFiniteStepWarning
+    # not an error: the step is skipped and counted (rlhfkit.trainers.common.guards.NonFiniteGuard)
+    from rlhfkit.trainers.common.guards import NonFiniteStepWarning
 
     trainer = make_trainer(base_model, tokenizer)
     before = trainable_snapshot(trainer.policy)
@@ -226,7 +286,9 @@ def test_step_updates_the_policy_and_reports_documented_stats(base_model, tokeni
     assert stats["ppo/skipped_minibatches"] == 0.0 and stats["ppo/early_stopped"] == 0.0
     assert stats["tokens/responses_len_mean"] == pytest.approx(sum(len(x) for x in r) / 4)
     assert stats["objective/kl_dist"].shape == (4,)
-    moved = [n for n, p in trainer.policy.named_parameters() if p.requires_grad and not torch.equal(p, before[n])]
+    moved = [
+        n for n, p in trainer.policy.named_parameters() if p.requires_grad and not torch.equal(p, before[n])
+    ]
     frozen = [n for n, p in trainer.policy.named_parameters() if p.requires_grad and n not in moved]
     # every parameter that takes part in the forward pass moved (a token embedding row only moves if used)
     assert not [n for n in frozen if "embed_tokens" not in n], frozen
@@ -255,8 +317,13 @@ def test_learning_rate_logged_is_the_one_the_step_used(base_model, tokenizer):
     model = copy.deepcopy(base_model)
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.01)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.5**step)
-    trainer = PPOTrainer(PPOConfig(batch_size=4, mini_batch_size=2, ppo_epochs=1), model, tokenizer=tokenizer,
-                         optimizer=optimizer, lr_scheduler=scheduler)
+    trainer = PPOTrainer(
+        PPOConfig(batch_size=4, mini_batch_size=2, ppo_epochs=1),
+        model,
+        tokenizer=tokenizer,
+        optimizer=optimizer,
+        lr_scheduler=scheduler,
+    )
     logged = [trainer.step(*fake_rollout())["ppo/learning_rate"] for _ in range(3)]
     # step k trains at 0.01 * 0.5**k; the scheduler moves on only after the step
     assert logged == pytest.approx([0.01, 0.005, 0.0025])
@@ -296,8 +363,9 @@ def test_ratio_threshold_skips_minibatches_without_an_optimizer_step(base_model,
 
 
 def test_early_stopping_on_policy_kl(base_model, tokenizer):
-    trainer = make_trainer(base_model, tokenizer, early_stopping=True, target_kl=1e-9, ppo_epochs=4,
-                           learning_rate=1e-2)
+    trainer = make_trainer(
+        base_model, tokenizer, early_stopping=True, target_kl=1e-9, ppo_epochs=4, learning_rate=1e-2
+    )
     stats = trainer.step(*fake_rollout())
     assert stats["ppo/early_stopped"] == 1.0
     assert stats["ppo/optimizer_steps"] < 8.0  # 4 epochs x 2 groups without stopping
@@ -353,8 +421,14 @@ def test_compute_rewards_full_kl_from_logits(base_model, tokenizer):
     ref_logits = torch.tensor([[[0.0, math.log(3.0)]]])
     logprobs = torch.log_softmax(logits, -1)[..., 0]
     ref_logprobs = torch.log_softmax(ref_logits, -1)[..., 0]
-    _, _, kls = trainer.compute_rewards(torch.tensor([0.0]), logprobs, ref_logprobs, torch.ones(1, 1, dtype=torch.bool),
-                                        logits=logits, ref_logits=ref_logits)
+    _, _, kls = trainer.compute_rewards(
+        torch.tensor([0.0]),
+        logprobs,
+        ref_logprobs,
+        torch.ones(1, 1, dtype=torch.bool),
+        logits=logits,
+        ref_logits=ref_logits,
+    )
     assert kls.item() == pytest.approx(0.5 * math.log(4 / 3))
 
 
@@ -399,12 +473,26 @@ def test_train_minibatch_steps_the_optimizer(base_model, tokenizer):
     before = trainable_snapshot(trainer.policy)
     q, r, _ = fake_rollout(n=2)
     batch = RolloutBatch.from_sequences(q, r, tokenizer.pad_token_id)
-    out = forward_response(trainer.policy, batch.query_ids, batch.query_mask, batch.responses, batch.response_mask,
-                           with_values=True)
+    out = forward_response(
+        trainer.policy,
+        batch.query_ids,
+        batch.query_mask,
+        batch.responses,
+        batch.response_mask,
+        with_values=True,
+    )
     mask = batch.loss_mask
     old = out.logprobs.detach() - 0.1
-    stats = trainer.train_minibatch(old, out.values.detach(), out.logprobs, None, out.values, mask,
-                                    torch.ones_like(old), torch.ones_like(old))
+    stats = trainer.train_minibatch(
+        old,
+        out.values.detach(),
+        out.logprobs,
+        None,
+        out.values,
+        mask,
+        torch.ones_like(old),
+        torch.ones_like(old),
+    )
     assert stats["policy/skipped"].item() == 0.0
     assert any(not torch.equal(p, before[n]) for n, p in trainer.policy.named_parameters() if p.requires_grad)
 
@@ -416,10 +504,18 @@ def test_record_step_stats_hand_values(base_model, tokenizer):
     logprobs = torch.tensor([[-1.0, -2.0, -9.0], [-3.0, -9.0, -9.0]])
     zeros = torch.zeros(2, 3)
     stats = trainer.record_step_stats(
-        kl_coef=0.1, scores=torch.tensor([1.0, 3.0]), queries=[torch.ones(2), torch.ones(4)],
-        responses=[torch.ones(2), torch.ones(1)], logprobs=logprobs, ref_logprobs=zeros, values=zeros,
-        returns=torch.tensor([[1.0, 2.0, 0.0], [3.0, 0.0, 0.0]]), advantages=zeros,
-        non_score_rewards=-0.1 * kls, kls=kls, mask=mask,
+        kl_coef=0.1,
+        scores=torch.tensor([1.0, 3.0]),
+        queries=[torch.ones(2), torch.ones(4)],
+        responses=[torch.ones(2), torch.ones(1)],
+        logprobs=logprobs,
+        ref_logprobs=zeros,
+        values=zeros,
+        returns=torch.tensor([[1.0, 2.0, 0.0], [3.0, 0.0, 0.0]]),
+        advantages=zeros,
+        non_score_rewards=-0.1 * kls,
+        kls=kls,
+        mask=mask,
         train_stats={"loss/policy": torch.tensor([1.0, 3.0])},
     )
     assert stats["objective/kl"].item() == pytest.approx((3.0 + 0.5) / 2)  # per-sequence sums, averaged
@@ -443,9 +539,14 @@ def test_gather_stats_is_identity_in_one_process(base_model, tokenizer):
 def test_encoder_decoder_generate_and_step(tokenizer):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = AutoModelForSeq2SeqLMWithValueHead.from_pretrained(tiny_model_path("t5"), summary_dropout_prob=0.0)
-    trainer = PPOTrainer(PPOConfig(batch_size=2, mini_batch_size=1, ppo_epochs=1, learning_rate=1e-3), model,
-                         tokenizer=tokenizer)
+        model = AutoModelForSeq2SeqLMWithValueHead.from_pretrained(
+            tiny_model_path("t5"), summary_dropout_prob=0.0
+        )
+    trainer = PPOTrainer(
+        PPOConfig(batch_size=2, mini_batch_size=1, ppo_epochs=1, learning_rate=1e-3),
+        model,
+        tokenizer=tokenizer,
+    )
     assert trainer.is_encoder_decoder and trainer.config.is_encoder_decoder
     queries = [torch.tensor(tokenizer.encode(t)) for t in ["translate this", "and that one please"]]
     responses = trainer.generate(queries, max_new_tokens=4, do_sample=True)  # never includes the prompt
@@ -459,8 +560,9 @@ def test_encoder_decoder_generate_and_step(tokenizer):
 
 # ---------------------------------------------------------------------------------------- logging and saving
 def test_log_stats_writes_tensorboard_events(base_model, tokenizer, tmp_path):
-    trainer = make_trainer(base_model, tokenizer, log_with="tensorboard",
-                           project_kwargs={"logging_dir": str(tmp_path / "tb")})
+    trainer = make_trainer(
+        base_model, tokenizer, log_with="tensorboard", project_kwargs={"logging_dir": str(tmp_path / "tb")}
+    )
     q, r, s = fake_rollout()
     stats = trainer.step(q, r, s)
     batch = {"query": ["a", "b", "c", "d"], "response": ["w", "x", "y", "z"]}
@@ -509,12 +611,18 @@ def test_push_to_hub_uploads_what_save_pretrained_writes(base_model, tokenizer, 
         return "commit-info"
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(HfApi, "create_repo", lambda self, repo_id, **k: calls.setdefault("repo", (repo_id, k)))
+    monkeypatch.setattr(
+        HfApi, "create_repo", lambda self, repo_id, **k: calls.setdefault("repo", (repo_id, k))
+    )
     monkeypatch.setattr(HfApi, "upload_folder", upload_folder)
     trainer = make_trainer(base_model, tokenizer)
     assert trainer.push_to_hub("me/ppo-model", private=True, branch="dev") == "commit-info"
     assert calls["repo"] == ("me/ppo-model", {"private": True, "exist_ok": True})
     assert calls["upload"][0] == "me/ppo-model" and calls["upload"][2:] == ("dev", False)
-    assert {"README.md", "config.json", "model.safetensors", "value_head.safetensors", "tokenizer.json"} <= set(
-        calls["files"]
-    )
+    assert {
+        "README.md",
+        "config.json",
+        "model.safetensors",
+        "value_head.safetensors",
+        "tokenizer.json",
+    } <= set(calls["files"])

@@ -12,8 +12,9 @@ from peft import LoraConfig, get_peft_model
 
 from rlhfkit.models.adapters import add_reference_adapter
 from rlhfkit.models.reference import Reference, choose_reference
+from rlhfkit.rewards import KeywordReward
 from rlhfkit.rollout import forward_response, pad_left, pad_right
-from rlhfkit.tasks import KeywordReward, toy_prompt_dataset
+from rlhfkit.tasks import toy_prompt_dataset
 from rlhfkit.testing import tiny_model, tiny_tokenizer
 
 
@@ -36,7 +37,11 @@ def test_choose_reference_kinds():
     assert not copied.model.training and not any(p.requires_grad for p in copied.model.parameters())
     given = tiny_model("llama").train()
     explicit = choose_reference(plain, given)
-    assert explicit.model is given and not given.training and not any(p.requires_grad for p in given.parameters())
+    assert (
+        explicit.model is given
+        and not given.training
+        and not any(p.requires_grad for p in given.parameters())
+    )
     with pytest.raises(ValueError, match="must not be the policy itself"):
         choose_reference(plain, plain)
 
@@ -53,16 +58,27 @@ def test_choose_reference_kinds():
 
 
 def test_rloo_with_a_lora_policy_needs_no_ref_policy(tmp_path):
-    from rlhfkit.trainers.rloo import RLOOTrainer
-    from rlhfkit.trainers.rloo_config import RLOOConfig
+    from rlhfkit.trainers.rloo.config import RLOOConfig
+    from rlhfkit.trainers.rloo.trainer import RLOOTrainer
 
     tokenizer = tiny_tokenizer(padding_side="left")
     base = tiny_model("llama").eval()
     policy = get_peft_model(tiny_model("llama"), _lora())
     config = RLOOConfig(
-        output_dir=str(tmp_path / "out"), report_to="none", use_cpu=True, per_device_train_batch_size=4,
-        rloo_k=2, num_ppo_epochs=1, response_length=5, total_episodes=8, logging_steps=1,
-        save_strategy="no", num_sample_generations=0, disable_tqdm=True, seed=3, learning_rate=1e-2,
+        output_dir=str(tmp_path / "out"),
+        report_to="none",
+        use_cpu=True,
+        per_device_train_batch_size=4,
+        rloo_k=2,
+        num_ppo_epochs=1,
+        response_length=5,
+        total_episodes=8,
+        logging_steps=1,
+        save_strategy="no",
+        num_sample_generations=0,
+        disable_tqdm=True,
+        seed=3,
+        learning_rate=1e-2,
     )
     with pytest.raises(ValueError, match="ref_policy must not be the policy itself"):
         RLOOTrainer(config, tokenizer, policy, policy, KeywordReward("e"), toy_prompt_dataset(n=16))
@@ -85,8 +101,8 @@ def test_rloo_with_a_lora_policy_needs_no_ref_policy(tmp_path):
 
 
 def test_dpo_uses_the_frozen_sft_reference_adapter(tmp_path):
-    from rlhfkit.trainers.dpo import DPOTrainer
-    from rlhfkit.trainers.dpo_config import DPOConfig
+    from rlhfkit.trainers.dpo.config import DPOConfig
+    from rlhfkit.trainers.dpo.trainer import DPOTrainer
 
     torch.manual_seed(0)
     sft = get_peft_model(tiny_model("llama"), _lora(init_lora_weights=False))  # a "trained" SFT LoRA
@@ -96,9 +112,16 @@ def test_dpo_uses_the_frozen_sft_reference_adapter(tmp_path):
         [{"prompt": f"the film {i}: ", "chosen": "yes good", "rejected": "no bad"} for i in range(8)]
     )
     args = DPOConfig(
-        output_dir=str(tmp_path / "out"), use_cpu=True, report_to="none", max_steps=2,
-        per_device_train_batch_size=4, save_strategy="no", learning_rate=1e-2, seed=0,
-        max_length=64, max_prompt_length=32,
+        output_dir=str(tmp_path / "out"),
+        use_cpu=True,
+        report_to="none",
+        max_steps=2,
+        per_device_train_batch_size=4,
+        save_strategy="no",
+        learning_rate=1e-2,
+        seed=0,
+        max_length=64,
+        max_prompt_length=32,
     )
     trainer = DPOTrainer(model=sft, args=args, train_dataset=pairs, processing_class=tiny_tokenizer())
     assert trainer.ref_model is None and trainer.reference.kind == "adapter"

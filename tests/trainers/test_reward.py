@@ -15,8 +15,8 @@ from transformers import EvalPrediction
 
 from rlhfkit.testing import tiny_model, tiny_model_path, tiny_tokenizer
 from rlhfkit.testing.training_args import few_step_args
-from rlhfkit.trainers.reward import RewardTrainer, compute_accuracy
-from rlhfkit.trainers.reward_config import RewardConfig
+from rlhfkit.trainers.reward_model.config import RewardConfig
+from rlhfkit.trainers.reward_model.trainer import RewardTrainer, compute_accuracy
 
 
 @pytest.fixture(scope="module")

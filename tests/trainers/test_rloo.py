@@ -10,10 +10,11 @@ import pytest
 import torch
 from datasets import Dataset
 
-from rlhfkit.tasks import KeywordReward, toy_prompt_dataset
+from rlhfkit.rewards import KeywordReward
+from rlhfkit.tasks import toy_prompt_dataset
 from rlhfkit.testing import tiny_model, tiny_tokenizer
-from rlhfkit.trainers.rloo import RLOOTrainer
-from rlhfkit.trainers.rloo_config import RLOOConfig
+from rlhfkit.trainers.rloo.config import RLOOConfig
+from rlhfkit.trainers.rloo.trainer import RLOOTrainer
 
 METRICS = (
     "eps",
@@ -261,7 +262,7 @@ def test_score_rises_on_a_learnable_task(tmp_path, tokenizer):
 
 
 def test_metrics_are_logged_every_update_by_default_and_each_named_eval_set_gets_samples(tmp_path, tokenizer):
-    config = RLOOConfig(  # no logging_steps: seed 000's RLOO logs every update
+    config = RLOOConfig(  # no logging_steps: TRL 0.x's RLOO logs every update
         output_dir=str(tmp_path / "out"),
         report_to="none",
         use_cpu=True,
@@ -277,8 +278,13 @@ def test_metrics_are_logged_every_update_by_default_and_each_named_eval_set_gets
     )
     evals = {"short": toy_prompt_dataset("test", n=2), "other": toy_prompt_dataset("test", n=3)}
     trainer = RLOOTrainer(
-        config, tokenizer, tiny_model("llama"), tiny_model("llama"), KeywordReward("e"),
-        toy_prompt_dataset(n=8), eval_dataset=evals,
+        config,
+        tokenizer,
+        tiny_model("llama"),
+        tiny_model("llama"),
+        KeywordReward("e"),
+        toy_prompt_dataset(n=8),
+        eval_dataset=evals,
     )
     trainer.train()
     logs = [h for h in trainer.state.log_history if "objective/scores" in h]
@@ -290,5 +296,12 @@ def test_metrics_are_logged_every_update_by_default_and_each_named_eval_set_gets
     samples = trainer.generate_completions()
     assert set(samples) == {"short", "other"} and len(samples["other"]["score"]) == 2
     with pytest.raises(ValueError, match="eval_dataset"):
-        RLOOTrainer(config, tokenizer, tiny_model("llama"), tiny_model("llama"), KeywordReward("e"),
-                    toy_prompt_dataset(n=8), eval_dataset={})
+        RLOOTrainer(
+            config,
+            tokenizer,
+            tiny_model("llama"),
+            tiny_model("llama"),
+            KeywordReward("e"),
+            toy_prompt_dataset(n=8),
+            eval_dataset={},
+        )

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from rlhfkit.trainers.rloo_config import RLOOConfig
+from rlhfkit.trainers.rloo.config import RLOOConfig
 
 
 def _config(**kwargs) -> RLOOConfig:

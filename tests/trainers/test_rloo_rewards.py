@@ -5,16 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlhfkit.rollout import pad_left, pad_right, reward_model_scores
-from rlhfkit.rollout.rewards import RewardScorer
-from rlhfkit.testing import tiny_model, tiny_tokenizer
-from rlhfkit.trainers.guards import NonFiniteStepWarning
-from rlhfkit.trainers.rloo_rewards import (
+from rlhfkit.core.rewards import (
     RLHF_REWARDS,
     compute_rlhf_reward,
     sequence_kl_reward,
     summed_token_rewards,
 )
+from rlhfkit.rewards.scoring import RewardScorer
+from rlhfkit.rollout import pad_left, pad_right, reward_model_scores
+from rlhfkit.testing import tiny_model, tiny_tokenizer
+from rlhfkit.trainers.common.guards import NonFiniteStepWarning
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +69,7 @@ def test_bad_reward_function_output_names_the_function(tokenizer, result, match)
 
 
 def test_non_finite_scores_warn_naming_the_function(tokenizer):
-    # not an error: the trainer skips the update (rlhfkit.trainers.guards.NonFiniteGuard)
+    # not an error: the trainer skips the update (rlhfkit.trainers.common.guards.NonFiniteGuard)
     def my_reward(completions):
         return [1.0, float("inf")]
 

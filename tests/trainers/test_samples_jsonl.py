@@ -7,11 +7,12 @@ import math
 
 import pytest
 
-from rlhfkit.tasks import KeywordReward, toy_prompt_dataset
+from rlhfkit.rewards import KeywordReward
+from rlhfkit.tasks import toy_prompt_dataset
 from rlhfkit.testing import tiny_model, tiny_tokenizer
-from rlhfkit.trainers.grpo import GRPOTrainer
-from rlhfkit.trainers.grpo_config import GRPOConfig
-from rlhfkit.trainers.sample_table import markdown_table, save_samples
+from rlhfkit.trainers.common.progress import markdown_table, save_samples
+from rlhfkit.trainers.grpo.config import GRPOConfig
+from rlhfkit.trainers.grpo.trainer import GRPOTrainer
 
 
 def count_e(completions, **kwargs):

@@ -9,8 +9,8 @@ import torch.nn.functional as F
 
 from rlhfkit.testing import tiny_model, tiny_model_path, tiny_tokenizer
 from rlhfkit.testing.training_args import few_step_args
-from rlhfkit.trainers.sft import SFTTrainer
-from rlhfkit.trainers.sft_config import SFTConfig
+from rlhfkit.trainers.sft.config import SFTConfig
+from rlhfkit.trainers.sft.trainer import SFTTrainer
 
 DOCS = [
     "the cat sat on the mat",
@@ -28,7 +28,9 @@ def tok():
 
 
 def _config(tmp_path, **kw):
-    return few_step_args(SFTConfig, tmp_path / "out", **{"per_device_train_batch_size": 2, "max_seq_length": 32, **kw})
+    return few_step_args(
+        SFTConfig, tmp_path / "out", **{"per_device_train_batch_size": 2, "max_seq_length": 32, **kw}
+    )
 
 
 def _text_ds():
@@ -177,9 +179,20 @@ def test_infinite_packing_and_plain_training_arguments(tmp_path, tok):
 def test_a_keyword_of_another_trainer_is_refused_by_name(tmp_path, tok):
     # max_length is DPO's and the reward trainer's keyword; SFT's is max_seq_length. Refused before any data work.
     with pytest.raises(TypeError, match="max_length"):
-        SFTTrainer(model=tiny_model("llama"), args=_config(tmp_path), train_dataset=_text_ds(), processing_class=tok,
-                   max_length=16)
-    trainer = SFTTrainer(model=tiny_model("llama"), args=_config(tmp_path), train_dataset=_text_ds(),
-                         processing_class=tok, max_seq_length=16, dataset_batch_size=2)
+        SFTTrainer(
+            model=tiny_model("llama"),
+            args=_config(tmp_path),
+            train_dataset=_text_ds(),
+            processing_class=tok,
+            max_length=16,
+        )
+    trainer = SFTTrainer(
+        model=tiny_model("llama"),
+        args=_config(tmp_path),
+        train_dataset=_text_ds(),
+        processing_class=tok,
+        max_seq_length=16,
+        dataset_batch_size=2,
+    )
     assert (trainer.args.max_seq_length, trainer.args.dataset_batch_size) == (16, 2)
     assert max(len(row["input_ids"]) for row in trainer.train_dataset) <= 16

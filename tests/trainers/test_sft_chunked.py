@@ -14,8 +14,8 @@ from rlhfkit.rollout import lm_head, scoring
 from rlhfkit.testing import tiny_model, tiny_tokenizer
 from rlhfkit.testing.tokenizer import corpus_text
 from rlhfkit.testing.training_args import few_step_args
-from rlhfkit.trainers.sft import SFTTrainer
-from rlhfkit.trainers.sft_config import SFTConfig
+from rlhfkit.trainers.sft.config import SFTConfig
+from rlhfkit.trainers.sft.trainer import SFTTrainer
 
 DOCS = corpus_text().splitlines()[:8]  # the tiny tokenizer's own sentences
 
@@ -30,7 +30,9 @@ def _trainer(tmp_path, tok, model, peft_config=None, **config):
         SFTConfig, tmp_path / "out", **{"per_device_train_batch_size": 2, "max_seq_length": 16, **config}
     )
     dataset = datasets.Dataset.from_list([{"text": d} for d in DOCS])
-    return SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tok, peft_config=peft_config)
+    return SFTTrainer(
+        model=model, args=args, train_dataset=dataset, processing_class=tok, peft_config=peft_config
+    )
 
 
 def _batch(trainer):
@@ -81,7 +83,9 @@ def test_loss_matches_transformers(tmp_path, tok, chunk_calls, arch, tied, packi
 def test_peft_model_loss_matches_transformers(tmp_path, tok, chunk_calls):
     from peft import LoraConfig
 
-    lora = LoraConfig(task_type="CAUSAL_LM", r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    lora = LoraConfig(
+        task_type="CAUSAL_LM", r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False
+    )
     trainer = _trainer(tmp_path, tok, tiny_model("llama"), peft_config=lora)
     batch = _batch(trainer)
     _assert_matches_transformers(trainer, trainer.model, batch, torch.tensor(40))
@@ -105,7 +109,9 @@ def test_outputs_and_label_smoothing_keep_the_logits_path(tmp_path, tok, chunk_c
         loss, outputs = trainer.compute_loss(model, batch, return_outputs=True)
         assert outputs.logits.shape == (*batch["input_ids"].shape, model.config.vocab_size)
         torch.testing.assert_close(loss, _hand_loss(model, batch, None))
-        trainer.label_smoother = lambda *a, **k: torch.tensor(-1.0)  # stands in for transformers' LabelSmoother
+        trainer.label_smoother = lambda *a, **k: torch.tensor(
+            -1.0
+        )  # stands in for transformers' LabelSmoother
         assert trainer.compute_loss(model, batch).item() == -1.0
     assert chunk_calls == []
 

@@ -10,12 +10,13 @@ import torch
 
 from rlhfkit import PPOConfig, PPOTrainer
 from rlhfkit.judges import RuleJudge
+from rlhfkit.rewards import KeywordReward
 from rlhfkit.rollout import SamplingParams
-from rlhfkit.tasks import KeywordReward, toy_prompt_dataset
+from rlhfkit.tasks import toy_prompt_dataset
 from rlhfkit.testing import tiny_model, tiny_tokenizer, tiny_value_head_model
-from rlhfkit.trainers.grpo import GRPOTrainer
-from rlhfkit.trainers.grpo_config import GRPOConfig
-from rlhfkit.trainers.win_rate_callback import WinRateCallback
+from rlhfkit.trainers.common.win_rate import WinRateCallback
+from rlhfkit.trainers.grpo.config import GRPOConfig
+from rlhfkit.trainers.grpo.trainer import GRPOTrainer
 
 KEYS = ("eval/win_rate", "eval/win_rate_low", "eval/win_rate_high")
 PROMPTS = [f"Tell me about topic {i}:" for i in range(16)]
@@ -47,7 +48,9 @@ def _judge() -> RuleJudge:
 
 def test_logs_win_rate_with_its_interval_every_n_steps_and_the_reference_stays_frozen(tmp_path, tokenizer):
     trainer = _grpo(tmp_path, tokenizer)
-    callback = WinRateCallback(_judge(), PROMPTS, trainer=trainer, every_n_steps=2, num_prompts=6, max_new_tokens=4)
+    callback = WinRateCallback(
+        _judge(), PROMPTS, trainer=trainer, every_n_steps=2, num_prompts=6, max_new_tokens=4
+    )
     trainer.add_callback(callback)
     start = {k: v.clone() for k, v in trainer.model.named_parameters()}
     trainer.train()
@@ -57,7 +60,9 @@ def test_logs_win_rate_with_its_interval_every_n_steps_and_the_reference_stays_f
     # every update's own metrics line is still logged, those at the win-rate steps included
     assert [h["step"] for h in trainer.state.log_history if "loss" in h] == [1, 2, 3, 4]
     for entry in logged:
-        assert 0.0 <= entry["eval/win_rate_low"] <= entry["eval/win_rate"] <= entry["eval/win_rate_high"] <= 1.0
+        assert (
+            0.0 <= entry["eval/win_rate_low"] <= entry["eval/win_rate"] <= entry["eval/win_rate_high"] <= 1.0
+        )
     for name, param in callback.reference.model.named_parameters():  # the snapshot of the start, untouched
         assert torch.equal(param, start[name]), name
     assert any(not torch.equal(p, start[n]) for n, p in trainer.model.named_parameters())
@@ -78,7 +83,9 @@ def test_the_callback_does_not_change_training(tmp_path, tokenizer):
     plain.train()
     watched = _grpo(tmp_path / "watched", tokenizer, max_steps=2)
     sampled = SamplingParams(max_new_tokens=4, do_sample=True, temperature=1.0)
-    watched.add_callback(WinRateCallback(_judge(), PROMPTS[:4], trainer=watched, every_n_steps=1, sampling_params=sampled))
+    watched.add_callback(
+        WinRateCallback(_judge(), PROMPTS[:4], trainer=watched, every_n_steps=1, sampling_params=sampled)
+    )
     watched.train()
     for (name, a), b in zip(plain.model.named_parameters(), watched.model.parameters()):
         torch.testing.assert_close(a, b, atol=0, rtol=0, msg=name)
@@ -93,19 +100,30 @@ def test_a_policy_trained_toward_the_judges_preference_wins(tmp_path, tokenizer)
     )  # fmt: skip
     sampled = SamplingParams(max_new_tokens=6, do_sample=True, temperature=1.0)
     prompts = toy_prompt_dataset("test", n=32)["prompt"]
-    trainer.add_callback(WinRateCallback(_judge(), prompts, trainer=trainer, every_n_steps=25, sampling_params=sampled))
+    trainer.add_callback(
+        WinRateCallback(_judge(), prompts, trainer=trainer, every_n_steps=25, sampling_params=sampled)
+    )
     trainer.train()
     (final,) = [h for h in trainer.state.log_history if "eval/win_rate" in h]
-    print(f"win rate after 25 updates: {final['eval/win_rate']:.2f} [{final['eval/win_rate_low']:.2f}, "
-          f"{final['eval/win_rate_high']:.2f}]")
+    print(
+        f"win rate after 25 updates: {final['eval/win_rate']:.2f} [{final['eval/win_rate_low']:.2f}, "
+        f"{final['eval/win_rate_high']:.2f}]"
+    )
     assert final["eval/win_rate"] > 0.5 and final["eval/win_rate_high"] > final["eval/win_rate_low"]
 
 
 def test_ppo_users_merge_on_ppo_step_into_log_stats(tmp_path):
     tokenizer = tiny_tokenizer()
     model = tiny_value_head_model("llama", summary_dropout_prob=0.0)
-    config = PPOConfig(batch_size=4, mini_batch_size=2, ppo_epochs=1, learning_rate=1e-2, seed=0,
-                       log_with="tensorboard", project_kwargs={"logging_dir": str(tmp_path / "tb")})
+    config = PPOConfig(
+        batch_size=4,
+        mini_batch_size=2,
+        ppo_epochs=1,
+        learning_rate=1e-2,
+        seed=0,
+        log_with="tensorboard",
+        project_kwargs={"logging_dir": str(tmp_path / "tb")},
+    )
     trainer = PPOTrainer(config, copy.deepcopy(model), tokenizer=tokenizer)
     callback = WinRateCallback(_judge(), PROMPTS[:4], trainer=trainer, every_n_steps=2, max_new_tokens=4,
                                output_dir=str(tmp_path / "ppo"))  # fmt: skip
@@ -127,10 +145,14 @@ def test_ppo_users_merge_on_ppo_step_into_log_stats(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     tag, texts = "samples/win_rate/text_summary", []
-    for events in (tmp_path / "tb").rglob("events.out.tfevents.*"):  # accelerate keeps hparams in a file of their own
+    for events in (tmp_path / "tb").rglob(
+        "events.out.tfevents.*"
+    ):  # accelerate keeps hparams in a file of their own
         accumulator = EventAccumulator(str(events), size_guidance={"tensors": 0}).Reload()
         texts += accumulator.Tensors(tag) if tag in accumulator.Tags()["tensors"] else []
-    assert [t.step for t in texts] == [2] and "reference_response" in texts[0].tensor_proto.string_val[0].decode()
+    assert [t.step for t in texts] == [2] and "reference_response" in texts[0].tensor_proto.string_val[
+        0
+    ].decode()
 
 
 def test_bad_arguments_fail_before_any_work(tmp_path, tokenizer):
@@ -154,14 +176,18 @@ def test_works_in_the_hf_trainer_loop_of_sft(tmp_path):
     import datasets
 
     from rlhfkit.testing.training_args import few_step_args
-    from rlhfkit.trainers.sft import SFTTrainer
-    from rlhfkit.trainers.sft_config import SFTConfig
+    from rlhfkit.trainers.sft.config import SFTConfig
+    from rlhfkit.trainers.sft.trainer import SFTTrainer
 
     docs = ["the cat sat on the mat", "a dog ran far away today", "hello there friend", "rain on the town"]
-    args = few_step_args(SFTConfig, tmp_path / "out", per_device_train_batch_size=2, max_seq_length=32, max_steps=2)
+    args = few_step_args(
+        SFTConfig, tmp_path / "out", per_device_train_batch_size=2, max_seq_length=32, max_steps=2
+    )
     trainer = SFTTrainer(model=tiny_model("llama"), args=args, processing_class=tiny_tokenizer(padding_side="right"),
                          train_dataset=datasets.Dataset.from_list([{"text": d} for d in docs]))  # fmt: skip
-    trainer.add_callback(WinRateCallback(_judge(), PROMPTS[:3], trainer=trainer, every_n_steps=1, max_new_tokens=3))
+    trainer.add_callback(
+        WinRateCallback(_judge(), PROMPTS[:3], trainer=trainer, every_n_steps=1, max_new_tokens=3)
+    )
     trainer.train()
     logged = [h for h in trainer.state.log_history if "eval/win_rate" in h]
     assert [h["step"] for h in logged] == [1, 2] and all(set(KEYS) <= set(h) for h in logged)
@@ -186,4 +212,6 @@ def test_a_peft_policy_is_judged_against_its_adapter_disabled_base(tmp_path, tok
     (entry,) = [h for h in trainer.state.log_history if "eval/win_rate" in h]
     assert entry["eval/win_rate_low"] <= entry["eval/win_rate"] <= entry["eval/win_rate_high"]
     rows = [json.loads(r) for r in (tmp_path / "out" / "samples.jsonl").open()]
-    assert any(r["reference_response"] != r["response"] for r in rows)  # the base differs from the trained policy
+    assert any(
+        r["reference_response"] != r["response"] for r in rows
+    )  # the base differs from the trained policy

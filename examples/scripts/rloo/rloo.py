@@ -1,6 +1,6 @@
 """TRL's `examples/scripts/rloo/rloo.py` path (seed 000's command): the same flags as `rlhfkit rloo`.
 
-    python examples/scripts/rloo/rloo.py --help
+python examples/scripts/rloo/rloo.py --help
 """
 
 import sys

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from rlhfkit.commands._args import local_folder, parse_args, run_main
-from rlhfkit.trainers.ddpo_config import DDPOConfig
+from rlhfkit.trainers.ddpo.config import DDPOConfig
 
 PROG = "rlhfkit ddpo"
 
@@ -27,7 +27,9 @@ def jpeg_size_kb(images: torch.Tensor, quality: int = 95) -> torch.Tensor:
     """JPEG file size in kilobytes of each image in a (B, 3, H, W) batch with values in [0, 1]."""
     from PIL import Image
 
-    pixels = (images.detach().float().clamp(0, 1) * 255).round().to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
+    pixels = (
+        (images.detach().float().clamp(0, 1) * 255).round().to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
+    )
     sizes = []
     for array in pixels:
         buffer = io.BytesIO()
@@ -51,21 +53,31 @@ def brightness(images: torch.Tensor, prompts: Any, metadata: Any) -> tuple[torch
     return images.float().mean(dim=(1, 2, 3)).cpu(), {}
 
 
-REWARDS = {"compressibility": compressibility, "incompressibility": incompressibility, "brightness": brightness}
+REWARDS = {
+    "compressibility": compressibility,
+    "incompressibility": incompressibility,
+    "brightness": brightness,
+}
 DEFAULT_PROMPTS = "a cat,a dog,a horse,a bird,a red flower,a blue sky"
 
 
 @dataclass
 class DDPOScriptArguments:
     pretrained_model: str | None = field(
-        default=None, metadata={"help": "Stable Diffusion folder or hub id; default: the offline tiny pipeline."}
+        default=None,
+        metadata={"help": "Stable Diffusion folder or hub id; default: the offline tiny pipeline."},
     )
-    pretrained_revision: str | None = field(default=None, metadata={"help": "Revision of --pretrained_model."})
+    pretrained_revision: str | None = field(
+        default=None, metadata={"help": "Revision of --pretrained_model."}
+    )
     reward: str = field(default="compressibility", metadata={"help": f"Reward: {' | '.join(REWARDS)}."})
-    prompts: str = field(default=DEFAULT_PROMPTS, metadata={"help": "Comma-separated prompts, drawn at random."})
+    prompts: str = field(
+        default=DEFAULT_PROMPTS, metadata={"help": "Comma-separated prompts, drawn at random."}
+    )
     lora_rank: int = field(default=4, metadata={"help": "LoRA rank when --train_use_lora (the default)."})
     output_dir: str | None = field(
-        default=None, metadata={"help": "Where the trained weights go at the end (LoRA weights or a full pipeline)."}
+        default=None,
+        metadata={"help": "Where the trained weights go at the end (LoRA weights or a full pipeline)."},
     )
 
     def __post_init__(self) -> None:
@@ -79,7 +91,7 @@ def _train(argv: list[str] | None) -> int:
     from accelerate.utils import set_seed
 
     from rlhfkit.models.sd_pipeline import DefaultDDPOStableDiffusionPipeline
-    from rlhfkit.trainers.ddpo import DDPOTrainer
+    from rlhfkit.trainers.ddpo.trainer import DDPOTrainer
 
     config, args = parse_args((DDPOConfig, DDPOScriptArguments), argv, PROG, __doc__.splitlines()[0])
     model = args.pretrained_model
@@ -93,7 +105,9 @@ def _train(argv: list[str] | None) -> int:
     # runs with the same --seed start from different LoRA A matrices (B is zero, so epoch 0 still agrees).
     set_seed(config.seed)
     pipeline = DefaultDDPOStableDiffusionPipeline(
-        model, pretrained_model_revision=args.pretrained_revision, use_lora=config.train_use_lora,
+        model,
+        pretrained_model_revision=args.pretrained_revision,
+        use_lora=config.train_use_lora,
         lora_rank=args.lora_rank,
     )
     prompts = [p.strip() for p in args.prompts.split(",") if p.strip()]

@@ -17,8 +17,12 @@ def _last_log(trainer: Any) -> dict[str, Any]:
 
 
 COMMAND = TrainerCommand(
-    "rlhfkit dpo", "Direct preference optimisation.",
-    trainer="rlhfkit.trainers.dpo:DPOTrainer", config="rlhfkit.trainers.dpo_config:DPOConfig",
-    auto_model="AutoModelForCausalLM", peft_task_type="CAUSAL_LM", summary=_last_log,
+    "rlhfkit dpo",
+    "Direct preference optimisation.",
+    trainer="rlhfkit.trainers.dpo.trainer:DPOTrainer",
+    config="rlhfkit.trainers.dpo.config:DPOConfig",
+    auto_model="AutoModelForCausalLM",
+    peft_task_type="CAUSAL_LM",
+    summary=_last_log,
 )
 main = COMMAND.main

@@ -24,12 +24,15 @@ from rlhfkit.commands._args import ScriptArguments, TrainerCommand, load_prompts
 @dataclass
 class GRPOScriptArguments(ScriptArguments):
     reward_model_name_or_path: str | None = field(
-        default=None, metadata={"help": "Local folder of a sequence-classification reward model (one output)."}
+        default=None,
+        metadata={"help": "Local folder of a sequence-classification reward model (one output)."},
     )
     reward_funcs: list[str] | None = field(
         default=None, metadata={"help": "Reward functions as dotted import paths, e.g. 'my_rewards.correct'."}
     )
-    num_eval_prompts: int = field(default=16, metadata={"help": "Built-in tasks only: test prompts kept aside."})
+    num_eval_prompts: int = field(
+        default=16, metadata={"help": "Built-in tasks only: test prompts kept aside."}
+    )
 
 
 def import_reward(path: str) -> Any:
@@ -46,13 +49,13 @@ def import_reward(path: str) -> Any:
 
 
 def task_reward(task: Any) -> Any:
-    """A built-in task's GRPO reward: its `column_reward` when it has one (it reads the dataset's columns),
-    else its `reward_fn(texts)` wrapped and named after the task."""
-    if task.column_reward is not None:
-        return task.column_reward
+    """A built-in task's reward for GRPO: as it is when it reads the dataset's columns (it carries its own
+    name), else named after the task, which names its `rewards/<name>` metric."""
+    if task.reward_columns:
+        return task.reward
 
-    def reward(prompts: list, completions: list, **columns: Any) -> list[float]:
-        return task.reward_fn(completions)
+    def reward(completions: list, **columns: Any) -> list[float | None]:
+        return task.reward(completions, **columns)
 
     reward.__name__ = task.name.replace("-", "_")
     return reward
@@ -61,16 +64,20 @@ def task_reward(task: Any) -> Any:
 def inputs(script_args: GRPOScriptArguments) -> tuple[Any, Any, dict[str, Any]]:
     """Prompts (a built-in task or a local dataset) and the reward functions the flags name."""
     train, evaluation, task = load_prompts(
-        script_args.dataset_name, script_args.dataset_train_split, script_args.dataset_test_split,
+        script_args.dataset_name,
+        script_args.dataset_train_split,
+        script_args.dataset_test_split,
         script_args.num_eval_prompts,
-    )  # fmt: skip
+    )
     funcs = [import_reward(path) for path in script_args.reward_funcs or []]
     if script_args.reward_model_name_or_path:
         funcs.insert(0, local_folder(script_args.reward_model_name_or_path, "--reward_model_name_or_path"))
     if not funcs and task is not None:
         funcs.append(task_reward(task))
     if not funcs:
-        raise ValueError("give --reward_funcs or --reward_model_name_or_path (or a built-in task as --dataset_name)")
+        raise ValueError(
+            "give --reward_funcs or --reward_model_name_or_path (or a built-in task as --dataset_name)"
+        )
     return train, evaluation, {"reward_funcs": funcs}
 
 
@@ -80,9 +87,15 @@ def _summary(trainer: Any) -> dict[str, Any]:
 
 
 COMMAND = TrainerCommand(
-    "rlhfkit grpo", "Group relative policy optimisation (GRPO).",
-    trainer="rlhfkit.trainers.grpo:GRPOTrainer", config="rlhfkit.trainers.grpo_config:GRPOConfig",
-    auto_model="AutoModelForCausalLM", peft_task_type="CAUSAL_LM", summary=_summary,
-    script_arguments=GRPOScriptArguments, inputs=inputs, evaluate=False,
+    "rlhfkit grpo",
+    "Group relative policy optimisation (GRPO).",
+    trainer="rlhfkit.trainers.grpo.trainer:GRPOTrainer",
+    config="rlhfkit.trainers.grpo.config:GRPOConfig",
+    auto_model="AutoModelForCausalLM",
+    peft_task_type="CAUSAL_LM",
+    summary=_summary,
+    script_arguments=GRPOScriptArguments,
+    inputs=inputs,
+    evaluate=False,
 )
 main = COMMAND.main

@@ -32,36 +32,51 @@ PROG = "rlhfkit judge"
 @dataclass
 class JudgeArguments:
     model_name_or_path: str | None = field(
-        default=None, metadata={"help": "Local folder of the policy (causal LM) whose completions are judged."}
+        default=None,
+        metadata={"help": "Local folder of the policy (causal LM) whose completions are judged."},
     )
     judge_model: str | None = field(
         default=None,
-        metadata={"help": "A local causal LM folder, a local reward-model folder, or a built-in rule judge "
-                  "(the reward of a built-in task scored from text: positive-review, keyword, length)."},
+        metadata={
+            "help": "A local causal LM folder, a local reward-model folder, or a built-in rule judge "
+            "(the reward of a built-in task scored from text: positive-review, keyword, length)."
+        },
     )
-    num_examples: int | None = field(default=None, metadata={"help": "Judge this many prompts (default: all)."})
+    num_examples: int | None = field(
+        default=None, metadata={"help": "Judge this many prompts (default: all)."}
+    )
     dataset_name: str | None = field(
         default=None,
-        metadata={"help": "Local dataset (.jsonl/.json/.csv/.parquet file or folder) with prompt and reference "
-                  "completion columns; default: the built-in review openings with the rest of each review."},
+        metadata={
+            "help": "Local dataset (.jsonl/.json/.csv/.parquet file or folder) with prompt and reference "
+            "completion columns; default: the built-in review openings with the rest of each review."
+        },
     )
     dataset_split: str | None = field(
-        default=None, metadata={"help": "Split to read; default: the only one, else test, validation or train."}
+        default=None,
+        metadata={"help": "Split to read; default: the only one, else test, validation or train."},
     )
     prompt_column: str = field(default="prompt", metadata={"help": "Column holding the prompts."})
     completion_column: str = field(default="completion", metadata={"help": "Column holding the references."})
     max_new_tokens: int = field(default=64, metadata={"help": "Longest policy completion, in tokens."})
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature of the policy (> 0)."})
-    seed: int = field(default=0, metadata={"help": "Seed of the prompt draw (built-in prompts) and sampling."})
+    seed: int = field(
+        default=0, metadata={"help": "Seed of the prompt draw (built-in prompts) and sampling."}
+    )
     batch_size: int = field(default=16, metadata={"help": "Prompts per generation chunk."})
     output_file: str | None = field(
-        default=None, metadata={"help": "Optional .jsonl: one row per prompt with both completions and the verdict."}
+        default=None,
+        metadata={"help": "Optional .jsonl: one row per prompt with both completions and the verdict."},
     )
     tokenizer_name_or_path: str | None = field(
         default=None, metadata={"help": "Policy tokenizer folder; defaults to model_name_or_path."}
     )
-    trust_remote_code: bool = field(default=False, metadata={"help": "Allow custom model code from the folders."})
-    dtype: str = field(default="auto", metadata={"help": "Weight dtype: 'auto', 'float32', 'bfloat16' or 'float16'."})
+    trust_remote_code: bool = field(
+        default=False, metadata={"help": "Allow custom model code from the folders."}
+    )
+    dtype: str = field(
+        default="auto", metadata={"help": "Weight dtype: 'auto', 'float32', 'bfloat16' or 'float16'."}
+    )
 
     def __post_init__(self):
         if self.num_examples is not None and self.num_examples < 1:
@@ -73,15 +88,19 @@ class JudgeArguments:
 
     def model_arguments(self) -> ModelArguments:
         return ModelArguments(
-            model_name_or_path=self.model_name_or_path, tokenizer_name_or_path=self.tokenizer_name_or_path,
-            trust_remote_code=self.trust_remote_code, dtype=self.dtype,
+            model_name_or_path=self.model_name_or_path,
+            tokenizer_name_or_path=self.tokenizer_name_or_path,
+            trust_remote_code=self.trust_remote_code,
+            dtype=self.dtype,
         )
 
 
 def _pick_split(dataset_dict, name: str, split: str | None):
     if split is not None:
         if split not in dataset_dict:
-            raise ValueError(f"--dataset_split {split!r} is not in {name!r} (available: {sorted(dataset_dict)})")
+            raise ValueError(
+                f"--dataset_split {split!r} is not in {name!r} (available: {sorted(dataset_dict)})"
+            )
         return dataset_dict[split]
     if len(dataset_dict) == 1:
         return next(iter(dataset_dict.values()))
@@ -103,17 +122,24 @@ def load_references(args: JudgeArguments) -> tuple[list[str], list[str]]:
     if not Path(args.dataset_name).expanduser().exists():
         raise offline_error("--dataset_name", args.dataset_name, DATASET_HINT, kind="path")
     rows = _pick_split(load_local_dataset(args.dataset_name), args.dataset_name, args.dataset_split)
-    for flag, column in (("--prompt_column", args.prompt_column), ("--completion_column", args.completion_column)):
+    for flag, column in (
+        ("--prompt_column", args.prompt_column),
+        ("--completion_column", args.completion_column),
+    ):
         if column not in rows.column_names:
-            raise ValueError(f"{flag}: dataset {args.dataset_name!r} has no column {column!r} "
-                             f"(columns: {rows.column_names})")
+            raise ValueError(
+                f"{flag}: dataset {args.dataset_name!r} has no column {column!r} "
+                f"(columns: {rows.column_names})"
+            )
     if args.num_examples is not None:
         rows = rows.select(range(min(args.num_examples, len(rows))))
     prompts, references = list(rows[args.prompt_column]), list(rows[args.completion_column])
     if not prompts:
         raise ValueError(f"--dataset_name {args.dataset_name!r}: the split is empty")
     if not all(isinstance(x, str) for x in prompts + references):
-        raise ValueError(f"--prompt_column and --completion_column must hold plain text in {args.dataset_name!r}")
+        raise ValueError(
+            f"--prompt_column and --completion_column must hold plain text in {args.dataset_name!r}"
+        )
     return prompts, references
 
 
@@ -136,13 +162,23 @@ def _body(argv: list[str] | None) -> int:
     local_folder(args.model_name_or_path, "--model_name_or_path")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     tokenizer = load_tokenizer(args.model_arguments(), padding_side="left")
-    judge = load_judge(args.judge_model, tokenizer, device=device, **model_init_kwargs(args.model_arguments()))
+    judge = load_judge(
+        args.judge_model, tokenizer, device=device, **model_init_kwargs(args.model_arguments())
+    )
     prompts, references = load_references(args)
     policy = load_model(args.model_arguments(), AutoModelForCausalLM).to(device)
     samples = sample_completions(
-        policy, tokenizer, prompts, args.max_new_tokens, args.temperature, args.seed, chunk_size=args.batch_size
+        policy,
+        tokenizer,
+        prompts,
+        args.max_new_tokens,
+        args.temperature,
+        args.seed,
+        chunk_size=args.batch_size,
     )
-    judgements = judge.judge(prompts, [[ref, completion] for ref, completion in zip(references, samples.texts)])
+    judgements = judge.judge(
+        prompts, [[ref, completion] for ref, completion in zip(references, samples.texts)]
+    )
     rate, low, high = win_rate(judgements, model_index=1)
     wins, ties = judgements.count(1), judgements.count(-1)
     if args.output_file:

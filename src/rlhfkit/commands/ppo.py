@@ -37,7 +37,9 @@ class PPOScriptArguments:
 
     dataset_name: str = field(
         default="length",
-        metadata={"help": "Built-in task name (see rlhfkit.tasks) or a local dataset with a 'query'/'prompt' column."},
+        metadata={
+            "help": "Built-in task name (see rlhfkit.tasks) or a local dataset with a 'query'/'prompt' column."
+        },
     )
     dataset_train_split: str = field(default="train", metadata={"help": "Split of a local dataset to use."})
     reward: str = field(
@@ -46,7 +48,9 @@ class PPOScriptArguments:
     )
     output_dir: str = field(default="ppo-output", metadata={"help": "Where the trained model is saved."})
     max_new_tokens: int = field(default=8, metadata={"help": "Longest response, in tokens."})
-    num_prompts: int | None = field(default=None, metadata={"help": "Use only this many prompts (None: all)."})
+    num_prompts: int | None = field(
+        default=None, metadata={"help": "Use only this many prompts (None: all)."}
+    )
     save_steps: int = field(
         default=0, metadata={"help": "Checkpoint every N steps into output_dir/checkpoint-<step> (0: off)."}
     )
@@ -55,7 +59,9 @@ class PPOScriptArguments:
     )
     resume_from_checkpoint: str | None = field(
         default=None,
-        metadata={"help": "A checkpoint-<step> folder, or an output folder (its newest intact checkpoint), to continue from."},
+        metadata={
+            "help": "A checkpoint-<step> folder, or an output folder (its newest intact checkpoint), to continue from."
+        },
     )
 
 
@@ -66,7 +72,9 @@ class PPOCommandConfig(PPOConfig):
     steps: int = field(default=25, metadata={"help": "Number of PPO steps (batches of prompts)."})
     batch_size: int = field(default=32, metadata={"help": "Prompts per step."})
     mini_batch_size: int = field(default=16, metadata={"help": "Samples per forward/backward pass."})
-    learning_rate: float = field(default=1e-3, metadata={"help": "Adam learning rate (high: tiny random models)."})
+    learning_rate: float = field(
+        default=1e-3, metadata={"help": "Adam learning rate (high: tiny random models)."}
+    )
     init_kl_coef: float = field(default=0.05, metadata={"help": "Initial KL coefficient."})
 
 
@@ -75,7 +83,9 @@ def prompt_dataset(args: PPOScriptArguments, tokenizer: Any):
     dataset, _, task = load_prompts(args.dataset_name, args.dataset_train_split)
     if "query" not in dataset.column_names:
         if "prompt" not in dataset.column_names:
-            raise ValueError(f"--dataset_name: needs a 'query' or 'prompt' column, has {dataset.column_names}")
+            raise ValueError(
+                f"--dataset_name: needs a 'query' or 'prompt' column, has {dataset.column_names}"
+            )
         dataset = dataset.rename_column("prompt", "query")
     if args.num_prompts is not None:
         dataset = dataset.select(range(min(args.num_prompts, len(dataset))))
@@ -87,11 +97,13 @@ def prompt_dataset(args: PPOScriptArguments, tokenizer: Any):
 
 def reward_scorer(args: PPOScriptArguments, task_reward: Any, tokenizer: Any, device: Any):
     """A `RewardScorer`: the task's reward function (on completions) or a local reward model (on full texts)."""
-    from rlhfkit.rollout.rewards import RewardScorer
+    from rlhfkit.rewards.scoring import RewardScorer
 
     if args.reward == "task":
         if task_reward is None:
-            raise ValueError("--reward task needs a built-in --dataset_name; for local data pass a reward model folder")
+            raise ValueError(
+                "--reward task needs a built-in --dataset_name; for local data pass a reward model folder"
+            )
         return RewardScorer(task_reward, tokenizer, device=device)
     if not Path(args.reward).is_dir():
         raise ValueError(f"--reward {args.reward!r} is neither 'task' nor a local reward-model folder")
@@ -120,7 +132,7 @@ def _check_paths(args: PPOScriptArguments, model_args: ModelArguments) -> None:
 def _body(argv: list[str] | None) -> int:
     from rlhfkit.models.value_head import AutoModelForCausalLMWithValueHead
     from rlhfkit.testing import tiny_model_path
-    from rlhfkit.trainers.checkpointing import CHECKPOINT_PREFIX, prune_checkpoints
+    from rlhfkit.trainers.common.checkpointing import CHECKPOINT_PREFIX, prune_checkpoints
     from rlhfkit.trainers.ppo import PPOTrainer
 
     args, config, model_args = parse_args(
@@ -138,11 +150,15 @@ def _body(argv: list[str] | None) -> int:
     )
     trainer = PPOTrainer(config, model, tokenizer=tokenizer, dataset=dataset)
     if len(trainer.dataloader) == 0:
-        raise ValueError(f"--dataset_name has {len(dataset)} prompts, fewer than --batch_size {config.batch_size}")
+        raise ValueError(
+            f"--dataset_name has {len(dataset)} prompts, fewer than --batch_size {config.batch_size}"
+        )
     scorer = reward_scorer(args, task_reward, tokenizer, trainer.current_device)
     if args.resume_from_checkpoint:
         trainer.load_checkpoint(args.resume_from_checkpoint)
-    generation_kwargs = dict(min_length=-1, top_k=0, top_p=1.0, do_sample=True, max_new_tokens=args.max_new_tokens)
+    generation_kwargs = dict(
+        min_length=-1, top_k=0, top_p=1.0, do_sample=True, max_new_tokens=args.max_new_tokens
+    )
 
     first = last = None
 
@@ -158,17 +174,23 @@ def _body(argv: list[str] | None) -> int:
         while trainer.current_step < config.steps:
             for batch in trainer.dataloader:
                 queries = batch["input_ids"]
-                responses = trainer.generate(queries, return_prompt=False, batch_size=config.batch_size,
-                                             **generation_kwargs)
+                responses = trainer.generate(
+                    queries, return_prompt=False, batch_size=config.batch_size, **generation_kwargs
+                )
                 batch["response"] = tokenizer.batch_decode(responses, skip_special_tokens=True)
                 # a task scores the completion; a reward model reads prompt and completion together
-                scores = list(scorer.score_responses(queries, responses, batch["query"], batch["response"])[0].cpu())
+                scores = list(
+                    scorer.score_responses(queries, responses, batch["query"], batch["response"])[0].cpu()
+                )
                 stats = trainer.step(queries, responses, scores)
                 trainer.log_stats(stats, batch, scores)
                 first = stats["ppo/mean_scores"] if first is None else first
                 last = stats["ppo/mean_scores"]
-                print(f"step {trainer.current_step}/{config.steps}: mean score {last:.4f}, "
-                      f"kl {stats['objective/kl']:.4f}, loss {stats['ppo/loss/total']:.4f}", flush=True)
+                print(
+                    f"step {trainer.current_step}/{config.steps}: mean score {last:.4f}, "
+                    f"kl {stats['objective/kl']:.4f}, loss {stats['ppo/loss/total']:.4f}",
+                    flush=True,
+                )
                 if args.save_steps and trainer.current_step % args.save_steps == 0:
                     save()
                 if trainer.should_stop():  # SIGINT/SIGTERM: save where --resume_from_checkpoint can find it
@@ -178,8 +200,16 @@ def _body(argv: list[str] | None) -> int:
                 if trainer.current_step >= config.steps:
                     break
     trainer.save_pretrained(args.output_dir)
-    print(json.dumps({"output_dir": args.output_dir, "steps": trainer.current_step,
-                      "first_mean_score": first, "last_mean_score": last}))
+    print(
+        json.dumps(
+            {
+                "output_dir": args.output_dir,
+                "steps": trainer.current_step,
+                "first_mean_score": first,
+                "last_mean_score": last,
+            }
+        )
+    )
     return 0
 
 

@@ -9,9 +9,13 @@ from __future__ import annotations
 from rlhfkit.commands._args import TrainerCommand
 
 COMMAND = TrainerCommand(
-    "rlhfkit reward", "Train a reward model (Bradley-Terry).",
-    trainer="rlhfkit.trainers.reward:RewardTrainer", config="rlhfkit.trainers.reward_config:RewardConfig",
-    auto_model="AutoModelForSequenceClassification", peft_task_type="SEQ_CLS", model_kwargs={"num_labels": 1},
+    "rlhfkit reward",
+    "Train a reward model (Bradley-Terry).",
+    trainer="rlhfkit.trainers.reward_model.trainer:RewardTrainer",
+    config="rlhfkit.trainers.reward_model.config:RewardConfig",
+    auto_model="AutoModelForSequenceClassification",
+    peft_task_type="SEQ_CLS",
+    model_kwargs={"num_labels": 1},
     summary=lambda trainer: {"overlong": trainer.overlong_counts},
 )
 main = COMMAND.main

@@ -36,7 +36,7 @@ class RLOOScriptArguments(ScriptArguments):
 
 
 def _default(name: str) -> str:
-    from rlhfkit.trainers.rloo_config import RLOOConfig
+    from rlhfkit.trainers.rloo.config import RLOOConfig
 
     return next(f.default for f in fields(RLOOConfig) if f.name == name)
 
@@ -46,16 +46,18 @@ def _body(argv: list[str] | None) -> int:
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
     from rlhfkit.commands._args import model_init_kwargs, peft_config_from
-    from rlhfkit.trainers.rloo_config import RLOOConfig
+    from rlhfkit.trainers.rloo.config import RLOOConfig
 
     script_args, config, model_args = parse_args(
         (RLOOScriptArguments, RLOOConfig, ModelArguments), argv, PROG, "REINFORCE leave-one-out training"
     )
     train_dataset, eval_dataset, task = load_prompts(
-        script_args.dataset_name, script_args.dataset_train_split, script_args.dataset_test_split,
+        script_args.dataset_name,
+        script_args.dataset_train_split,
+        script_args.dataset_test_split,
         script_args.num_eval_prompts,
     )
-    from rlhfkit.trainers.rloo import RLOOTrainer
+    from rlhfkit.trainers.rloo.trainer import RLOOTrainer
 
     sft_path = config.sft_model_path
     if sft_path == _default("sft_model_path") and not Path(sft_path).exists():

@@ -9,9 +9,12 @@ from __future__ import annotations
 from rlhfkit.commands._args import TrainerCommand
 
 COMMAND = TrainerCommand(
-    "rlhfkit sft", "Supervised fine-tuning.",
-    trainer="rlhfkit.trainers.sft:SFTTrainer", config="rlhfkit.trainers.sft_config:SFTConfig",
-    auto_model="AutoModelForCausalLM", peft_task_type="CAUSAL_LM",
+    "rlhfkit sft",
+    "Supervised fine-tuning.",
+    trainer="rlhfkit.trainers.sft.trainer:SFTTrainer",
+    config="rlhfkit.trainers.sft.config:SFTConfig",
+    auto_model="AutoModelForCausalLM",
+    peft_task_type="CAUSAL_LM",
     summary=lambda trainer: {"train_loss": trainer.state.log_history[-1].get("train_loss")},
 )
 main = COMMAND.main

@@ -11,7 +11,9 @@ from rlhfkit.testing import TINY_MODEL_NAMES, cache_root, tiny_model_path, tiny_
 class TinyModelsArguments:
     cache_dir: str | None = field(
         default=None,
-        metadata={"help": "Cache folder (default: $RLHFKIT_CACHE or ~/.cache/rlhfkit); a versioned subfolder is used."},
+        metadata={
+            "help": "Cache folder (default: $RLHFKIT_CACHE or ~/.cache/rlhfkit); a versioned subfolder is used."
+        },
     )
     names: list[str] = field(
         default_factory=lambda: list(TINY_MODEL_NAMES),
@@ -26,7 +28,9 @@ def main(argv: list[str] | None = None) -> int:
     (args,) = parser.parse_args_into_dataclasses(args=argv)
     unknown = [name for name in args.names if name not in TINY_MODEL_NAMES]
     if unknown:  # checked up front so nothing is built when one name is wrong
-        parser.error(f"--names: unknown tiny model(s) {', '.join(unknown)}; valid: {', '.join(TINY_MODEL_NAMES)}")
+        parser.error(
+            f"--names: unknown tiny model(s) {', '.join(unknown)}; valid: {', '.join(TINY_MODEL_NAMES)}"
+        )
     print(f"cache: {cache_root(args.cache_dir)}")
     print(f"{'tokenizer':<14} {tiny_tokenizer_path(args.cache_dir)}")
     for name in args.names:

@@ -1,12 +1,13 @@
-"""Advantage estimators: GAE for PPO, the leave-one-out baseline for RLOO, group-relative ones for GRPO.
+"""Advantage estimators: GAE for PPO, group-relative ones for GRPO and RLOO.
 
 GAE (Schulman et al. 2016) runs over the response tokens. Positions where `mask` is False are
 skipped: they get zero advantage and return, and neither their reward nor their value reaches
 earlier steps (for right-padded responses the episode simply ends at the last real token, with a
-bootstrap value of 0). RLOO (Ahmadian et al. 2024) treats a whole completion as one action.
+bootstrap value of 0).
 
-`group_advantages` serves GRPO (Shao et al. 2024): the G completions of a prompt sit in consecutive
-rows and are compared with each other. A NaN reward ("no reward function applied") is left out of
+`group_advantages` serves every trainer that samples a group of G completions per prompt, always on
+consecutive rows, and compares them with each other: GRPO (Shao et al. 2024) against the group mean,
+RLOO (Ahmadian et al. 2024) against the mean of the other G-1, each completion one action. A NaN reward ("no reward function applied") is left out of
 every mean and std and gets advantage 0. Stds are unbiased (Bessel), plus 1e-4, as TRL's GRPO.
 """
 
@@ -72,24 +73,6 @@ def whitened_gae(
     return advantages.detach(), returns.detach()
 
 
-def rloo_advantages(rlhf_reward: torch.Tensor, rloo_k: int) -> torch.Tensor:
-    """Reward minus the mean reward of the other k-1 completions of the same prompt.
-
-    rlhf_reward: (k*B,), laid out so that the k completions of prompt i sit at i, i+B, ..., i+(k-1)B
-    (k generation rounds over the same B prompts, concatenated). Returns (k*B,).
-    """
-    if rloo_k < 2:
-        raise ValueError(f"rloo_k must be >= 2 for a leave-one-out baseline, got {rloo_k}")
-    if rlhf_reward.dim() != 1:
-        raise ValueError(f"rlhf_reward must be 1-D (k*B,), got shape {tuple(rlhf_reward.shape)}")
-    if rlhf_reward.numel() % rloo_k != 0:
-        raise ValueError(f"rlhf_reward has {rlhf_reward.numel()} entries, not divisible by rloo_k={rloo_k}")
-    grouped = rlhf_reward.reshape(rloo_k, -1)  # (k, B): column i holds prompt i's completions
-    baseline = (grouped.sum(0, keepdim=True) - grouped) / (rloo_k - 1)
-    return (grouped - baseline).flatten()
-
-
-
 _STD_EPS = 1e-4  # TRL GRPO's epsilon, added to the std before dividing
 
 
@@ -116,20 +99,10 @@ def _leave_one_out_baseline(grouped: torch.Tensor) -> torch.Tensor:
     return grouped - others_sum / others_count.clamp(min=1).masked_fill(others_count < 1, float("nan"))
 
 
-def _reinforce_pp_baseline(grouped: torch.Tensor) -> torch.Tensor:
-    """(B, G) -> group-centred rewards standardised over the whole batch (REINFORCE++-baseline, Hu et al. 2025).
-
-    The batch mean of the centred values is subtracted too (it is 0 unless a group has NaN rewards).
-    """
-    centred = _group_mean_baseline(grouped)
-    return (centred - torch.nanmean(centred)) / (_nan_std(centred) + _STD_EPS)
-
-
 # name -> fn(grouped rewards (B, G)) -> advantages (B, G) before `scale_rewards`
 ADVANTAGE_ESTIMATORS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "group_mean": _group_mean_baseline,
     "rloo": _leave_one_out_baseline,
-    "reinforce_pp": _reinforce_pp_baseline,
 }
 
 # scale_rewards -> fn(grouped rewards (B, G)) -> std to divide by (broadcastable), or None
@@ -148,17 +121,13 @@ def group_advantages(
     rewards: (N,) with N = B * group_size, group g in rows g*G .. g*G+G-1 (NaN = unscored).
     estimator: a key of ADVANTAGE_ESTIMATORS. scale_rewards: "group" divides by the std of the raw
     rewards of each group, "batch" by their std over the whole batch (+1e-4 both), "none" keeps
-    the scale. "reinforce_pp" standardises itself, so it takes scale_rewards="none" only.
+    the scale.
     Returns (N,), detached; 0 where the reward is NaN or a group's std is undefined.
     """
     if estimator not in ADVANTAGE_ESTIMATORS:
         raise ValueError(f"unknown estimator {estimator!r}; valid: {', '.join(ADVANTAGE_ESTIMATORS)}")
     if scale_rewards not in _REWARD_SCALES:
         raise ValueError(f"unknown scale_rewards {scale_rewards!r}; valid: {', '.join(_REWARD_SCALES)}")
-    if estimator == "reinforce_pp" and scale_rewards != "none":
-        raise ValueError(
-            f"estimator='reinforce_pp' already divides by the batch std; pass scale_rewards='none', got {scale_rewards!r}"
-        )
     if rewards.dim() != 1:
         raise ValueError(f"rewards must be 1-D (N,), got shape {tuple(rewards.shape)}")
     if group_size < 1 or rewards.numel() % group_size != 0:
@@ -168,9 +137,25 @@ def group_advantages(
             f"group_size must be >= 2 for estimator={estimator!r} with scale_rewards={scale_rewards!r}, got {group_size}"
         )
     with torch.no_grad():
-        grouped = rewards.detach().float().reshape(-1, group_size)
+        dtype = torch.promote_types(rewards.dtype, torch.float32)  # float64 stays float64
+        grouped = rewards.detach().to(dtype).reshape(-1, group_size)
         advantages = ADVANTAGE_ESTIMATORS[estimator](grouped)
         std = _REWARD_SCALES[scale_rewards](grouped)
         if std is not None:
             advantages = advantages / (std + _STD_EPS)
     return torch.nan_to_num(advantages.flatten(), nan=0.0)
+
+
+def rloo_advantages(rlhf_reward: torch.Tensor, rloo_k: int) -> torch.Tensor:
+    """RLOO's advantage: each reward minus the mean reward of the other k-1 completions of its prompt.
+
+    rlhf_reward: (B*k,), the k completions of each prompt on consecutive rows (the layout of every
+    trainer that samples a group per prompt). `group_advantages` with the "rloo" estimator, unscaled.
+    """
+    if rloo_k < 2:
+        raise ValueError(f"rloo_k must be >= 2 for a leave-one-out baseline, got {rloo_k}")
+    if rlhf_reward.dim() != 1:
+        raise ValueError(f"rlhf_reward must be 1-D (B*k,), got shape {tuple(rlhf_reward.shape)}")
+    if rlhf_reward.numel() % rloo_k != 0:
+        raise ValueError(f"rlhf_reward has {rlhf_reward.numel()} entries, not divisible by rloo_k={rloo_k}")
+    return group_advantages(rlhf_reward, rloo_k, estimator="rloo", scale_rewards="none")

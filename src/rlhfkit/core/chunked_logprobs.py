@@ -100,7 +100,9 @@ class _OnlineStats:
         return self.chosen - lse, lse, entropy
 
 
-def _logit_grad(log_probs: torch.Tensor, targets, entropy, grad_logprobs, grad_entropy, onehot_grad) -> torch.Tensor:
+def _logit_grad(
+    log_probs: torch.Tensor, targets, entropy, grad_logprobs, grad_entropy, onehot_grad
+) -> torch.Tensor:
     """dL/dz for one tile, built in place in the block that holds log p on entry.
 
     dL/dz = -p * (g_lp + g_H (log p + H)) + onehot(y) g_lp; an unused output's gradient is None.
@@ -162,8 +164,19 @@ class _ChunkedLogprobs(torch.autograd.Function):
                 None if grad_logprobs is None else grad_logprobs[rows],
                 None if grad_entropy is None else grad_entropy[rows],
             )
-            _tile_backward(hidden[rows], weight, bias, targets[rows], lse[rows], entropy[rows], row_grads,
-                           ctx.temperature, rows, cols, grads)
+            _tile_backward(
+                hidden[rows],
+                weight,
+                bias,
+                targets[rows],
+                lse[rows],
+                entropy[rows],
+                row_grads,
+                ctx.temperature,
+                rows,
+                cols,
+                grads,
+            )
         grad_hidden = None if grads.hidden is None else grads.hidden.to(hidden.dtype)
         grad_weight = None if grads.weight is None else grads.weight.to(weight.dtype)
         grad_bias = None if grads.bias is None else grads.bias.to(bias.dtype)
@@ -220,11 +233,15 @@ def chunked_token_logprobs(
         logprobs (...) float32 (float64 for float64 inputs), or (logprobs, entropy) when `with_entropy`.
     """
     if hidden.dim() < 1 or weight.dim() != 2 or hidden.shape[-1] != weight.shape[1]:
-        raise ValueError(f"hidden {tuple(hidden.shape)} must be (..., H) and weight {tuple(weight.shape)} (V, H)")
+        raise ValueError(
+            f"hidden {tuple(hidden.shape)} must be (..., H) and weight {tuple(weight.shape)} (V, H)"
+        )
     if bias is not None and bias.shape != (weight.shape[0],):
         raise ValueError(f"bias {tuple(bias.shape)} must be (V,) = ({weight.shape[0]},)")
     if targets.shape != hidden.shape[:-1]:
-        raise ValueError(f"targets {tuple(targets.shape)} must equal hidden's leading dims {tuple(hidden.shape[:-1])}")
+        raise ValueError(
+            f"targets {tuple(targets.shape)} must equal hidden's leading dims {tuple(hidden.shape[:-1])}"
+        )
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     if chunk_rows is not None and chunk_rows < 1:

@@ -67,7 +67,9 @@ def ddim_posterior(
         x0 = out
         eps = (x_t - a_t.sqrt() * x0) / (1 - a_t).sqrt()
     else:
-        raise ValueError(f"prediction_type must be 'epsilon', 'v_prediction' or 'sample', got {prediction_type!r}")
+        raise ValueError(
+            f"prediction_type must be 'epsilon', 'v_prediction' or 'sample', got {prediction_type!r}"
+        )
     if clip_sample_range is not None:
         x0 = x0.clamp(-clip_sample_range, clip_sample_range)
     variance = (1 - a_prev) / (1 - a_t) * (1 - a_t / a_prev)
@@ -171,8 +173,11 @@ class PerPromptStatTracker:
     def get_stats(self) -> dict[str, dict[str, float]]:
         """Per prompt: mean, sample std (0 with a single reward) and count of the buffered rewards."""
         return {
-            p: {"mean": float(torch.tensor(list(b)).mean()),
-                "std": float(torch.tensor(list(b)).std()) if len(b) > 1 else 0.0, "count": len(b)}
+            p: {
+                "mean": float(torch.tensor(list(b)).mean()),
+                "std": float(torch.tensor(list(b)).std()) if len(b) > 1 else 0.0,
+                "count": len(b),
+            }
             for p, b in self.buffers.items()
         }
 

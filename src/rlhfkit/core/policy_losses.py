@@ -145,9 +145,13 @@ def _check_inputs(loss_type, logprobs, old_logprobs, advantages, loss_mask, extr
         raise ValueError(f"logprobs must be (N, T), got shape {tuple(logprobs.shape)}")
     for name, tensor in {"old_logprobs": old_logprobs, "loss_mask": loss_mask, **extra}.items():
         if tensor is not None and tensor.shape != logprobs.shape:
-            raise ValueError(f"{name} shape {tuple(tensor.shape)} must equal logprobs {tuple(logprobs.shape)}")
+            raise ValueError(
+                f"{name} shape {tuple(tensor.shape)} must equal logprobs {tuple(logprobs.shape)}"
+            )
     if advantages.shape != logprobs.shape[:1]:
-        raise ValueError(f"advantages must be (N,) = ({logprobs.size(0)},), got shape {tuple(advantages.shape)}")
+        raise ValueError(
+            f"advantages must be (N,) = ({logprobs.size(0)},), got shape {tuple(advantages.shape)}"
+        )
 
 
 def _masked_stat(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -185,11 +189,17 @@ def policy_loss(
     whole optimizer step (default: this micro-batch's). epsilon_high None -> epsilon_low.
     """
     _check_inputs(
-        loss_type, logprobs, old_logprobs, advantages, loss_mask,
+        loss_type,
+        logprobs,
+        old_logprobs,
+        advantages,
+        loss_mask,
         {"per_token_kl": per_token_kl, "entropy_mask": entropy_mask},
     )
     if importance_sampling_level not in ("token", "sequence"):
-        raise ValueError(f"importance_sampling_level must be 'token' or 'sequence', got {importance_sampling_level!r}")
+        raise ValueError(
+            f"importance_sampling_level must be 'token' or 'sequence', got {importance_sampling_level!r}"
+        )
     if beta > 0 and per_token_kl is None:
         raise ValueError(f"beta={beta} > 0 needs per_token_kl (N, T)")
     spec = POLICY_LOSSES[loss_type]
@@ -237,7 +247,9 @@ def entropy_mask(entropies: torch.Tensor, loss_mask: torch.Tensor, quantile: flo
     if not 0.0 <= quantile <= 1.0:
         raise ValueError(f"quantile must be in [0, 1], got {quantile}")
     if entropies.shape != loss_mask.shape:
-        raise ValueError(f"loss_mask shape {tuple(loss_mask.shape)} must equal entropies {tuple(entropies.shape)}")
+        raise ValueError(
+            f"loss_mask shape {tuple(loss_mask.shape)} must equal entropies {tuple(entropies.shape)}"
+        )
     mask = loss_mask.bool()
     values = entropies.detach().float()[mask]
     if values.numel() == 0:

@@ -1,19 +1,23 @@
-"""Per-token KL-shaped rewards and score scaling.
+"""The reward maths: per-token KL-shaped rewards, RLOO's per-completion reward, score scaling.
 
 reward_t = -beta * KL_t on every real response token, plus the sequence score on the last real
 token (Ziegler et al. 2019; Stiennon et al. 2020). Score scaling keeps running moments that can be
 merged across processes with the parallel-variance formula of Chan et al. (1979), so every rank
 can normalise with the statistics of the global batch.
+
+RLOO's reward is one number per completion: the score minus the KL penalty, taken per completion or,
+Reinforce++ style, per token and then summed over the completion (`compute_rlhf_reward`).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import torch
 
 from rlhfkit.core.kl import kl_penalty as _kl_penalty
-from rlhfkit.core.masking import last_true_indices
+from rlhfkit.core.masking import last_true_indices, masked_whiten
 
 
 def compute_token_rewards(
@@ -138,3 +142,75 @@ def scale_scores(
     """Normalise scores with running moments: (s - mean) / std, or s / std if not shift_mean."""
     centred = scores - moments.mean if shift_mean else scores
     return centred / (moments.std + eps)
+
+
+def normalize_scores(scores: torch.Tensor, clip_range: float) -> torch.Tensor:
+    """Reinforce++ `normalize_reward`: standardise the raw scores (N,) of a batch, then clip to ±clip_range.
+
+    Applied to the scores before the KL term is added, so the KL penalty keeps its kl_coef scale.
+    """
+    return clip_tensor(masked_whiten(scores, None), clip_range)
+
+
+class RLHFReward(NamedTuple):
+    """RLOO's reward of each of N completions, with its parts."""
+
+    reward: torch.Tensor  # (N,) score - kl_coef * KL: what the leave-one-out baseline acts on
+    non_score_reward: torch.Tensor  # (N,) the KL part alone
+    kl: torch.Tensor  # (N, T) per-token KL estimate, zero on padding
+
+
+def sequence_kl_reward(
+    scores: torch.Tensor,
+    logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    response_mask: torch.Tensor,
+    kl_coef: float,
+) -> RLHFReward:
+    """One KL penalty per completion: score - kl_coef * sum_t kl_t."""
+    kl = torch.where(response_mask.bool(), _kl_penalty(logprobs, ref_logprobs, "kl"), 0.0)
+    non_score_reward = -kl_coef * kl.sum(1)
+    return RLHFReward(scores + non_score_reward, non_score_reward, kl)
+
+
+def summed_token_rewards(
+    scores: torch.Tensor,
+    logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    response_mask: torch.Tensor,
+    kl_coef: float,
+) -> RLHFReward:
+    """Reinforce++ eq. (1) per-token rewards (-kl_coef * kl_t, plus the score on the last real token),
+    summed over each completion: RLOO's advantage is one number per completion. Equal to
+    `sequence_kl_reward` up to float rounding (the sums are taken in another order).
+    """
+    rewards, non_score_rewards, kl = compute_token_rewards(
+        scores, logprobs, ref_logprobs, response_mask, kl_coef
+    )
+    return RLHFReward(rewards.sum(1), non_score_rewards.sum(1), kl)
+
+
+# config.token_level_kl -> where the KL penalty is applied (per completion or per token); both give (N,) rewards
+RLHF_REWARDS: dict[bool, Callable[..., RLHFReward]] = {
+    False: sequence_kl_reward,
+    True: summed_token_rewards,
+}
+
+
+def compute_rlhf_reward(
+    scores: torch.Tensor,
+    logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    response_mask: torch.Tensor,
+    kl_coef: float,
+    token_level_kl: bool = False,
+    normalize_clip_range: float | None = None,
+) -> RLHFReward:
+    """RLOO's reward per completion: score - kl_coef * KL, the score first normalised when asked.
+
+    `normalize_clip_range` set (Reinforce++ `normalize_reward`) standardises and clips the raw scores (N,)
+    before the KL term is added.
+    """
+    if normalize_clip_range is not None:
+        scores = normalize_scores(scores, normalize_clip_range)
+    return RLHF_REWARDS[token_level_kl](scores, logprobs, ref_logprobs, response_mask, kl_coef)

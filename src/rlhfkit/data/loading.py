@@ -20,7 +20,9 @@ DATASET_HINT = (
 
 def offline_error(what: str, value: str, hint: str = MODEL_HINT, kind: str = "folder") -> ValueError:
     """The one error for a name that is not on disk: every loader refuses hub names the same way."""
-    return ValueError(f"{what} {value!r} is not a local {kind}; rlhfkit runs offline and downloads nothing. {hint}")
+    return ValueError(
+        f"{what} {value!r} is not a local {kind}; rlhfkit runs offline and downloads nothing. {hint}"
+    )
 
 
 def load_local_dataset(name_or_path: str):

@@ -29,7 +29,7 @@ logger = logging.getLogger(__name__)
 
 
 class ConstantLengthDataset(IterableDataset):
-    """Iterable of packed blocks from a text dataset (seed 001's packing dataset for SFTTrainer).
+    """Iterable of packed blocks from a text dataset (TRL 0.x's packing dataset for SFTTrainer).
 
     Args:
         tokenizer: turns text into ids; its eos_token_id is the default separator.

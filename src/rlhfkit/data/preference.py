@@ -4,12 +4,14 @@ Reward rows become `input_ids_chosen` / `attention_mask_chosen` / `input_ids_rej
 `attention_mask_rejected` (the full text, prompt included: the model scores whole sequences).
 DPO rows become `prompt_input_ids`, `chosen_input_ids`, `rejected_input_ids` where the responses hold
 only the completion tokens (ending in EOS); the collator joins prompt and response later.
+`label_preference_pairs` builds such pairs from two completions per prompt and a reward that ranks them.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from rlhfkit.data.preparation import (
     as_prompt_completion,
@@ -22,6 +24,9 @@ from rlhfkit.data.preparation import (
     split_prompt_completion_text,
     with_eos,
 )
+
+if TYPE_CHECKING:  # pragma: no cover
+    from datasets import Dataset
 
 logger = logging.getLogger(__name__)
 
@@ -244,3 +249,40 @@ def prepare_dpo_dataset(
         dataset = dataset.remove_columns([c for c in names if c not in keep])
     _check_not_all_identical(dataset, "chosen_input_ids", "rejected_input_ids", owner, arg)
     return dataset
+
+
+def label_preference_pairs(
+    prompts: Sequence[str],
+    completions_a: Sequence[str],
+    completions_b: Sequence[str],
+    judge: Callable[[list[str]], list[float]],
+) -> Dataset:
+    """Judge two completions per prompt and keep the preferred one as "chosen".
+
+    Returns a `datasets.Dataset` with "prompt", "chosen" and "rejected" columns (the reward/DPO
+    format). Pairs the judge scores equally carry no preference and are dropped; the count is logged
+    and stored in `dataset.info.description`.
+    """
+    if not len(prompts) == len(completions_a) == len(completions_b):
+        raise ValueError(
+            "prompts, completions_a and completions_b must have the same length, got "
+            f"{len(prompts)}, {len(completions_a)} and {len(completions_b)}"
+        )
+    from datasets import Dataset, DatasetInfo
+
+    scores_a, scores_b = list(judge(list(completions_a))), list(judge(list(completions_b)))
+    if len(scores_a) != len(completions_a) or len(scores_b) != len(completions_b):
+        raise ValueError("judge must return one score per completion")
+    rows: dict[str, list[str]] = {"prompt": [], "chosen": [], "rejected": []}
+    ties = 0
+    for prompt, a, b, score_a, score_b in zip(prompts, completions_a, completions_b, scores_a, scores_b):
+        if score_a == score_b:
+            ties += 1
+            continue
+        chosen, rejected = (a, b) if score_a > score_b else (b, a)
+        rows["prompt"].append(prompt)
+        rows["chosen"].append(chosen)
+        rows["rejected"].append(rejected)
+    logger.info("label_preference_pairs: kept %d pairs, dropped %d ties", len(rows["prompt"]), ties)
+    info = DatasetInfo(description=f"preference pairs labelled by a judge; {ties} ties dropped")
+    return Dataset.from_dict(rows, info=info)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlhfkit.trainers.checkpointing import atomic_directory
+from rlhfkit.trainers.common.checkpointing import atomic_directory
 
 DONE_FILE = "done.json"
 FORMAT_VERSION = 1

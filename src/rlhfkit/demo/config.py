@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from rlhfkit.trainers.config_fields import option
+from rlhfkit.trainers.common.config import option
 
 ALGOS = ("rloo", "ppo", "ppo-multi-adapter", "dpo")
 # --task -> the RL algorithms it runs, the first being its default: sentiment learns from a reward model,
@@ -160,7 +160,9 @@ class DemoConfig:
         if self.algo is None:
             self.algo = algos[0]
         if self.algo not in algos:
-            raise ValueError(f"--algo must be one of {', '.join(algos)} for --task {self.task}, got {self.algo!r}")
+            raise ValueError(
+                f"--algo must be one of {', '.join(algos)} for --task {self.task}, got {self.algo!r}"
+            )
         for name, value in TASK_PRESETS[self.task][self.size].items():
             if getattr(self, name) is None:
                 setattr(self, name, value)

@@ -38,7 +38,7 @@ def judgements(scores: Sequence[float], baseline_scores: Sequence[float]) -> lis
 
 @torch.no_grad()
 def learned_scores(reward_model, samples: Completions) -> list[float]:
-    from rlhfkit.rollout.rewards import RewardScorer
+    from rlhfkit.rewards.scoring import RewardScorer
 
     device = next(reward_model.parameters()).device
     scorer = RewardScorer(reward_model, tokenizer=None, device=device)
@@ -100,7 +100,7 @@ def second_judge_metrics(
 
 
 def judges_verdict(rate: float, low: float, high: float) -> str:
-    """"better", "worse" or "no difference": where a win rate's 95% interval lies relative to 50%."""
+    """ "better", "worse" or "no difference": where a win rate's 95% interval lies relative to 50%."""
     return "better" if low > 0.5 else "worse" if high < 0.5 else "no difference"
 
 
@@ -114,7 +114,8 @@ def evaluate(
 ) -> dict[str, Any]:
     """Sample both policies on the test prompts and write metrics.json and samples.jsonl into `out`.
     `classifier`: the second judge's stage (`stages.train_polarity_judge`); None judges by VADER alone."""
-    from rlhfkit.tasks import SentimentJudge, review_prompts
+    from rlhfkit.rewards import SentimentJudge
+    from rlhfkit.tasks import review_prompts
 
     tokenizer = load_tokenizer(sft.path)
     prompts = review_prompts("test", n=cfg.eval_num_prompts, seed=cfg.seed)

@@ -14,12 +14,11 @@ and at the top: report.md, metrics.json, plots/.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rlhfkit.demo import evaluation, rl, stages
-from rlhfkit.demo.cache import Stage, StageResult, run_stage
+from rlhfkit.demo import evaluation, rl, runner, stages
+from rlhfkit.demo.cache import Stage, StageResult
 from rlhfkit.demo.config import DemoConfig
 from rlhfkit.demo.report import write_report
 
@@ -48,55 +47,42 @@ RL_FIELDS = {
 }
 
 
-def _console():
-    from rich.console import Console
-
-    return Console()
-
-
-def _print_summary(console, stage: Stage, result: StageResult) -> None:
-    from rich.table import Table
-
-    table = Table(
-        title=f"{stage.title}: {'reused' if result.reused else f'{result.seconds:.1f} s'}",
-        show_header=False,
-        title_justify="left",
-    )
-    for key, value in result.summary.items():
-        table.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value))
-    console.print(table)
-
-
 def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     """Run (or reuse) every stage, write the report; returns the metrics written to metrics.json."""
     if cfg.task != "sentiment":  # a verifiable task: exact reward, GRPO, no reward model
         from rlhfkit.demo.verifiable import run_verifiable_demo
 
         return run_verifiable_demo(cfg)
-    _quiet_runtime(cfg)
-    console = _console()
+    runner.quiet_runtime(cfg)
+    console = runner.make_console()
     root = Path(cfg.output_dir)
     root.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     results: dict[str, StageResult] = {}
-    run = stage_runner(cfg, root, console, results)
+    run = runner.stage_runner(cfg, root, console, results)
     base = run(
         "base", Stage("base", "1/6 base model", cfg.values("model"), lambda out: stages.build_base(cfg, out))
     )
     sft = run(
         "sft",
         Stage(
-            "sft", "2/6 supervised fine-tuning", cfg.values(*STAGE_FIELDS["sft"]),
-            lambda out: stages.train_sft(cfg, base, out), [base],
+            "sft",
+            "2/6 supervised fine-tuning",
+            cfg.values(*STAGE_FIELDS["sft"]),
+            lambda out: stages.train_sft(cfg, base, out),
+            [base],
         ),
-    )  # fmt: skip
+    )
     prefs = run(
         "preferences",
         Stage(
-            "preferences", "3/6 preference pairs (SFT samples, VADER labels)",
-            cfg.values(*STAGE_FIELDS["preferences"]), lambda out: stages.make_preferences(cfg, sft, out), [sft],
+            "preferences",
+            "3/6 preference pairs (SFT samples, VADER labels)",
+            cfg.values(*STAGE_FIELDS["preferences"]),
+            lambda out: stages.make_preferences(cfg, sft, out),
+            [sft],
         ),
-    )  # fmt: skip
+    )
     adapter = stages.reward_uses_adapter(cfg)
     rm_params = {
         **cfg.values(*STAGE_FIELDS["reward"]),
@@ -108,10 +94,13 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     reward = run(
         "reward",
         Stage(
-            "reward_adapter" if adapter else "reward_model", "4/6 reward model", rm_params,
-            lambda out: stages.train_reward(cfg, sft, prefs, out), [sft, prefs],
+            "reward_adapter" if adapter else "reward_model",
+            "4/6 reward model",
+            rm_params,
+            lambda out: stages.train_reward(cfg, sft, prefs, out),
+            [sft, prefs],
         ),
-    )  # fmt: skip
+    )
     train = rl.RL_ALGOS[cfg.algo]
     title = (
         "DPO on the preference pairs" if cfg.algo == "dpo" else f"RL: {cfg.algo} against the learned reward"
@@ -119,57 +108,37 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     policy = run(
         "rl",
         Stage(
-            f"rl-{cfg.algo}", f"5/6 {title}", cfg.values("seed", *RL_FIELDS[cfg.algo], *STAGE_FIELDS["curve"]),
-            lambda out: train(cfg, sft, reward, prefs, out), [sft, reward, prefs],
+            f"rl-{cfg.algo}",
+            f"5/6 {title}",
+            cfg.values("seed", *RL_FIELDS[cfg.algo], *STAGE_FIELDS["curve"]),
+            lambda out: train(cfg, sft, reward, prefs, out),
+            [sft, reward, prefs],
         ),
-    )  # fmt: skip
+    )
     polarity = run(
         "polarity_judge",
         Stage(
-            "polarity_judge", "6/6 second judge (classifier on the review generator's labels)",
-            {"seed": cfg.seed, "reviews": stages.POLARITY_REVIEWS, "version": stages.POLARITY_VERSION}, lambda out: stages.train_polarity_judge(cfg, out),
+            "polarity_judge",
+            "6/6 second judge (classifier on the review generator's labels)",
+            {"seed": cfg.seed, "reviews": stages.POLARITY_REVIEWS, "version": stages.POLARITY_VERSION},
+            lambda out: stages.train_polarity_judge(cfg, out),
         ),
-    )  # fmt: skip
+    )
     evaluated = run(
         "evaluation",
         Stage(
-            f"evaluation-{cfg.algo}", "6/6 evaluation (gold judge and second judge)",
+            f"evaluation-{cfg.algo}",
+            "6/6 evaluation (gold judge and second judge)",
             cfg.values(*STAGE_FIELDS["evaluation"]),
-            lambda out: evaluation.evaluate(cfg, sft, reward, policy, out, polarity), [sft, reward, policy, polarity],
+            lambda out: evaluation.evaluate(cfg, sft, reward, policy, out, polarity),
+            [sft, reward, policy, polarity],
         ),
-    )  # fmt: skip
+    )
     samples = evaluation.read_samples(evaluated)
     evaluation.print_samples(samples[: cfg.eval_samples_shown], cfg.algo, console)
     metrics = write_report(cfg, root, results, samples, time.perf_counter() - start)
     _print_outcome(console, cfg.algo, metrics["evaluation"], root)
     return metrics
-
-
-def stage_runner(
-    cfg: DemoConfig, root: Path, console: Any, results: dict[str, StageResult]
-) -> Callable[[str, Stage], StageResult]:
-    """`run(key, stage)`: run or reuse the stage under `root`, print its summary, keep it in `results[key]`."""
-    from transformers import set_seed
-
-    def run(key: str, stage: Stage) -> StageResult:
-        set_seed(cfg.seed)  # each stage starts from the same RNG state, reused or not
-        result = run_stage(stage, root, fresh=cfg.fresh, announce=console.print)
-        _print_summary(console, stage, result)
-        results[key] = result
-        return result
-
-    return run
-
-
-def _quiet_runtime(cfg: DemoConfig) -> None:
-    """Thread count from the config; transformers logs only errors, so the console keeps the summaries."""
-    import torch
-    from transformers.utils import logging as hf_logging
-
-    if cfg.num_threads:
-        torch.set_num_threads(cfg.num_threads)
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()  # no per-file "Loading weights" bars; training bars stay
 
 
 def _print_outcome(console: Any, algo: str, ev: dict[str, Any], root: Path) -> None:

@@ -55,8 +55,15 @@ def score_histogram(path: Path, scores: dict[str, Sequence[float]], title: str) 
 
 
 def band_plot(
-    path: Path, x: Sequence[float], values: Sequence[float], low: Sequence[float], high: Sequence[float],
-    title: str, xlabel: str, ylabel: str, level: float | None = None,
+    path: Path,
+    x: Sequence[float],
+    values: Sequence[float],
+    low: Sequence[float],
+    high: Sequence[float],
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    level: float | None = None,
 ) -> Path:
     """One line with a shaded band between `low` and `high` (an interval), and an optional dashed `level`."""
     plt = _pyplot()

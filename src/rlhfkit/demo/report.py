@@ -87,8 +87,15 @@ def make_plots(out: Path, stages: dict[str, StageResult], samples: list[dict[str
     if points.get("step"):  # WinRateCallback during RL: the policy against SFT under the gold judge
         made.append(
             plots.band_plot(
-                folder / "win_rate_curve.png", points["step"], points["rate"], points["low"], points["high"],
-                "RL: win rate against SFT during training (gold judge)", "update", "win rate", level=0.5,
+                folder / "win_rate_curve.png",
+                points["step"],
+                points["rate"],
+                points["low"],
+                points["high"],
+                "RL: win rate against SFT during training (gold judge)",
+                "update",
+                "win rate",
+                level=0.5,
             )
         )
     made.append(
@@ -132,7 +139,9 @@ def write_report(
 ) -> dict[str, Any]:
     """Write metrics.json, report.md and plots/*.png into `out`; returns the metrics dict."""
     plotted = partial(make_plots, out, stages, samples)
-    return write_files(cfg, out, stages, total_seconds, plotted, _result_lines(cfg, stages), _sample_lines(cfg, samples))
+    return write_files(
+        cfg, out, stages, total_seconds, plotted, _result_lines(cfg, stages), _sample_lines(cfg, samples)
+    )
 
 
 def write_files(
@@ -194,7 +203,9 @@ def judges_sentence(algo: str, evaluation: dict[str, Any]) -> str:
     from rlhfkit.demo.evaluation import judges_verdict
 
     gold = judges_verdict(evaluation["win_rate_rl_vs_sft"], *evaluation["win_rate_ci95"])
-    second = judges_verdict(evaluation["win_rate_rl_vs_sft_classifier"], *evaluation["win_rate_classifier_ci95"])
+    second = judges_verdict(
+        evaluation["win_rate_rl_vs_sft_classifier"], *evaluation["win_rate_classifier_ci95"]
+    )
     said = {"better": "beats SFT", "worse": "loses to SFT", "no difference": "is not told apart from SFT"}
     if gold == second:
         return f"Both judges agree: {algo} {said[gold]} (95% intervals)."

@@ -44,23 +44,34 @@ def win_rate_callback(cfg: DemoConfig, tokenizer, total_steps: int, out: Path, t
     if not cfg.curve_points:
         return None
     from rlhfkit.judges import RuleJudge
+    from rlhfkit.rewards import SentimentJudge
     from rlhfkit.rollout import SamplingParams
-    from rlhfkit.tasks import SentimentJudge, review_prompts
-    from rlhfkit.trainers.win_rate_callback import WinRateCallback
+    from rlhfkit.tasks import review_prompts
+    from rlhfkit.trainers.common.win_rate import WinRateCallback
 
     vader = SentimentJudge()
     # the gold judge reads the whole review, as in the evaluation stage
     judge = RuleJudge(lambda prompts, completions: vader([p + c for p, c in zip(prompts, completions)]))
     params = SamplingParams(
-        cfg.response_length, temperature=cfg.temperature, top_k=0, top_p=1.0,
+        cfg.response_length,
+        temperature=cfg.temperature,
+        top_k=0,
+        top_p=1.0,
         stop_token_ids=None if tokenizer.eos_token_id is None else (tokenizer.eos_token_id,),
-    )  # fmt: skip
+    )
     prompts = review_prompts("test", n=cfg.curve_num_prompts, seed=cfg.seed + 2000)
     return WinRateCallback(
-        judge, prompts, trainer=trainer, every_n_steps=max(1, total_steps // cfg.curve_points),
-        reference_model=reference, sampling_params=params, tokenizer=tokenizer, batch_size=64,
-        seed=cfg.seed, output_dir=str(out),
-    )  # fmt: skip
+        judge,
+        prompts,
+        trainer=trainer,
+        every_n_steps=max(1, total_steps // cfg.curve_points),
+        reference_model=reference,
+        sampling_params=params,
+        tokenizer=tokenizer,
+        batch_size=64,
+        seed=cfg.seed,
+        output_dir=str(out),
+    )
 
 
 def _train_and_save(trainer, tokenizer, out: Path, callback) -> Any:
@@ -118,8 +129,8 @@ def _summary(curves: dict[str, list[float]], updates: int) -> dict[str, Any]:
 def train_rloo(cfg: DemoConfig, sft: StageResult, reward: StageResult, preferences: StageResult, out: Path):
     from transformers import AutoModelForCausalLM
 
-    from rlhfkit.trainers.rloo import RLOOTrainer
-    from rlhfkit.trainers.rloo_config import RLOOConfig
+    from rlhfkit.trainers.rloo.config import RLOOConfig
+    from rlhfkit.trainers.rloo.trainer import RLOOTrainer
 
     tokenizer = load_tokenizer(sft.path)
     mini_batches = 2 if cfg.rl_batch_size % (2 * cfg.rloo_k) == 0 else 1
@@ -218,7 +229,7 @@ def _ppo_config(cfg: DemoConfig, learning_rate: float):
 
 def train_ppo(cfg: DemoConfig, sft: StageResult, reward: StageResult, preferences: StageResult, out: Path):
     from rlhfkit.models.value_head import AutoModelForCausalLMWithValueHead
-    from rlhfkit.rollout.rewards import RewardScorer
+    from rlhfkit.rewards.scoring import RewardScorer
     from rlhfkit.trainers.ppo import PPOTrainer
 
     tokenizer = load_tokenizer(sft.path)
@@ -235,14 +246,17 @@ def train_ppo(cfg: DemoConfig, sft: StageResult, reward: StageResult, preference
 def train_ppo_multi_adapter(
     cfg: DemoConfig, sft: StageResult, reward: StageResult, preferences: StageResult, out: Path
 ):
-    """One SFT base in memory: the policy LoRA trains, the frozen reward adapter scores (seed 004)."""
+    """One SFT base in memory: the policy LoRA trains, the frozen reward adapter scores (TRL 0.x's multi-adapter RL)."""
     from rlhfkit.models.value_head import AutoModelForCausalLMWithValueHead
-    from rlhfkit.rollout.rewards import RewardScorer
+    from rlhfkit.rewards.scoring import RewardScorer
     from rlhfkit.trainers.ppo import PPOTrainer
 
     tokenizer = load_tokenizer(sft.path)
     model = AutoModelForCausalLMWithValueHead.from_pretrained(
-        str(sft.path), peft_config=adapter_lora(cfg, "CAUSAL_LM"), reward_adapter=str(reward.path), dtype=torch.float32
+        str(sft.path),
+        peft_config=adapter_lora(cfg, "CAUSAL_LM"),
+        reward_adapter=str(reward.path),
+        dtype=torch.float32,
     )
     # LoRA updates are low-rank and start at zero: they need a larger step than full fine-tuning
     trainer = PPOTrainer(_ppo_config(cfg, 4 * cfg.rl_learning_rate), model, None, tokenizer)
@@ -258,8 +272,8 @@ def train_ppo_multi_adapter(
 
 # ---------------------------------------------------------------------- DPO (offline, on the same pairs)
 def train_dpo(cfg: DemoConfig, sft: StageResult, reward: StageResult, preferences: StageResult, out: Path):
-    from rlhfkit.trainers.dpo import DPOTrainer
-    from rlhfkit.trainers.dpo_config import DPOConfig
+    from rlhfkit.trainers.dpo.config import DPOConfig
+    from rlhfkit.trainers.dpo.trainer import DPOTrainer
 
     tokenizer = load_tokenizer(sft.path)
     train = load_pairs(preferences, "train", with_eos=False)
@@ -278,7 +292,9 @@ def train_dpo(cfg: DemoConfig, sft: StageResult, reward: StageResult, preference
         model=str(sft.path), ref_model=None, args=args, train_dataset=train, processing_class=tokenizer
     )
     steps = -(-len(train) // 16) * cfg.dpo_epochs
-    result = _train_and_save(trainer, tokenizer, out, win_rate_callback(cfg, tokenizer, steps, out, trainer=trainer))
+    result = _train_and_save(
+        trainer, tokenizer, out, win_rate_callback(cfg, tokenizer, steps, out, trainer=trainer)
+    )
     history = [h for h in trainer.state.log_history if "rewards/margins" in h]
     curves = {
         "step": [h["step"] for h in history],

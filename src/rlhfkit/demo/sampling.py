@@ -54,7 +54,9 @@ def sample_completions(
     query_ids, query_mask = encode_prompts(tokenizer, prompts, device)
     sampling = dict(temperature=temperature, top_k=0, top_p=1.0) if not greedy else {}
     params = SamplingParams(
-        max_new_tokens=max_new_tokens, do_sample=not greedy, **sampling,
+        max_new_tokens=max_new_tokens,
+        do_sample=not greedy,
+        **sampling,
         stop_token_ids=None if tokenizer.eos_token_id is None else (tokenizer.eos_token_id,),
     )
     from rich.progress import Progress

@@ -30,7 +30,10 @@ def adapter_lora(cfg: DemoConfig, task_type: str) -> Any:
     from peft import LoraConfig
 
     return LoraConfig(
-        task_type=task_type, r=cfg.lora_r, lora_alpha=2 * cfg.lora_r, lora_dropout=0.0,
+        task_type=task_type,
+        r=cfg.lora_r,
+        lora_alpha=2 * cfg.lora_r,
+        lora_dropout=0.0,
         target_modules=REWARD_ADAPTER_TARGETS,
     )
 
@@ -117,8 +120,8 @@ def build_base(cfg: DemoConfig, out: Path) -> dict[str, Any]:
 def train_sft(cfg: DemoConfig, base: StageResult, out: Path) -> dict[str, Any]:
     """Next-token training on the synthetic review corpus, documents packed into fixed blocks."""
     from rlhfkit.tasks import review_sft_dataset
-    from rlhfkit.trainers.sft import SFTTrainer
-    from rlhfkit.trainers.sft_config import SFTConfig
+    from rlhfkit.trainers.sft.config import SFTConfig
+    from rlhfkit.trainers.sft.trainer import SFTTrainer
 
     tokenizer = load_tokenizer(base.path)
     args = SFTConfig(
@@ -156,7 +159,8 @@ def make_preferences(cfg: DemoConfig, sft: StageResult, out: Path) -> dict[str, 
     The chosen/rejected text keeps the eos token when the completion emitted one, so the reward model
     is trained on the same token sequences it will score during RL (where its score is read at eos).
     """
-    from rlhfkit.tasks import SentimentJudge, review_prompts
+    from rlhfkit.rewards import SentimentJudge
+    from rlhfkit.tasks import review_prompts
 
     tokenizer, policy = load_tokenizer(sft.path), load_policy(sft.path)
     prompts = review_prompts("train", n=cfg.pref_num_prompts, seed=cfg.seed)
@@ -226,14 +230,14 @@ REWARD_ADAPTER_VERSION = 2  # in the adapter stage's cache key: 2 trains at rm_l
 
 
 def reward_uses_adapter(cfg: DemoConfig) -> bool:
-    """Multi-adapter RL needs the reward model as a LoRA adapter on the SFT base (seed 004)."""
+    """Multi-adapter RL needs the reward model as a LoRA adapter on the SFT base (TRL 0.x's multi-adapter RL)."""
     return cfg.algo == "ppo-multi-adapter"
 
 
 def train_reward(cfg: DemoConfig, sft: StageResult, preferences: StageResult, out: Path) -> dict[str, Any]:
     """Bradley-Terry reward model initialised from the SFT model; accuracy measured on held-out pairs."""
-    from rlhfkit.trainers.reward import RewardTrainer
-    from rlhfkit.trainers.reward_config import RewardConfig
+    from rlhfkit.trainers.reward_model.config import RewardConfig
+    from rlhfkit.trainers.reward_model.trainer import RewardTrainer
 
     tokenizer = load_tokenizer(sft.path)
     tokenizer.padding_side = "right"
@@ -306,7 +310,11 @@ def train_polarity_judge(cfg: DemoConfig, out: Path) -> dict[str, Any]:
 
     train = polarity_training_reviews(POLARITY_REVIEWS, seed=cfg.seed + POLARITY_SEED_OFFSET)
     seen = {text for text, _ in train}
-    heldout = [r for r in review_records(POLARITY_REVIEWS, seed=cfg.seed + POLARITY_SEED_OFFSET + 1) if r[0] not in seen]
+    heldout = [
+        r
+        for r in review_records(POLARITY_REVIEWS, seed=cfg.seed + POLARITY_SEED_OFFSET + 1)
+        if r[0] not in seen
+    ]
     classifier = PolarityClassifier.train(train, seed=cfg.seed)
     classifier.save(out)
     return {

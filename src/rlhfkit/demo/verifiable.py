@@ -17,51 +17,36 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from rlhfkit.demo import pipeline, stages
+from rlhfkit.demo import runner, stages
 from rlhfkit.demo.cache import Stage, StageResult
 from rlhfkit.demo.config import DemoConfig
 from rlhfkit.demo.sampling import sample_completions
 from rlhfkit.judges.win_rates import wilson_interval
+from rlhfkit.tasks import Task, get_task
 
-
-@dataclass(frozen=True)
-class VerifiableTask:
-    """Data and exact reward of a task: `prompt_dataset(split, n, seed)` gives "prompt" and "answer"
-    columns, `sft_dataset(n, seed)` "prompt" and "completion", and `reward(prompts, completions, answer)`
-    one float per completion (the GRPO reward-function form)."""
-
-    name: str
-    description: str
-    prompt_dataset: Callable[..., Any]
-    sft_dataset: Callable[..., Any]
-    reward: Callable[..., list[float]]
-
-
-def _addition() -> VerifiableTask:
-    from rlhfkit.rewards import exact_match_reward
-    from rlhfkit.tasks import addition
-
-    return VerifiableTask(
-        "addition",
-        "two-digit addition, `37+48=` -> `85`, scored by exact match",
-        addition.addition_prompt_dataset,
-        addition.addition_sft_dataset,
-        exact_match_reward("answer"),
-    )
-
-
-VERIFIABLE_TASKS: dict[str, Callable[[], VerifiableTask]] = {"addition": _addition}
-SFT_FIELDS = ("seed", "sft_steps", "sft_batch_size", "sft_learning_rate", "sft_target_accuracy", "response_length")
+SFT_FIELDS = (
+    "seed",
+    "sft_steps",
+    "sft_batch_size",
+    "sft_learning_rate",
+    "sft_target_accuracy",
+    "response_length",
+)
 GRPO_FIELDS = (
-    "seed", "rl_updates", "rl_batch_size", "rl_learning_rate", "rl_epochs", "num_generations", "kl_coef",
-    "temperature", "response_length",
-)  # fmt: skip
+    "seed",
+    "rl_updates",
+    "rl_batch_size",
+    "rl_learning_rate",
+    "rl_epochs",
+    "num_generations",
+    "kl_coef",
+    "temperature",
+    "response_length",
+)
 EVAL_FIELDS = ("seed", "eval_num_prompts", "temperature", "response_length")
 
 
@@ -69,7 +54,7 @@ EVAL_FIELDS = ("seed", "eval_num_prompts", "temperature", "response_length")
 PROBE_SIZE, PROBE_EVERY = 256, 20  # train problems checked, and how often, for --sft_target_accuracy
 
 
-def _stop_at_accuracy(cfg: DemoConfig, task: VerifiableTask, tokenizer: Any, probe_seen: list[float]) -> Any:
+def _stop_at_accuracy(cfg: DemoConfig, task: Task, tokenizer: Any, probe_seen: list[float]) -> Any:
     """A callback ending SFT once greedy accuracy on PROBE_SIZE *train* problems reaches the target.
 
     The point where a short SFT run starts to get answers right moves by a hundred steps or more from seed
@@ -82,20 +67,24 @@ def _stop_at_accuracy(cfg: DemoConfig, task: VerifiableTask, tokenizer: Any, pro
     class StopAtAccuracy(TrainerCallback):
         def on_step_end(self, args, state, control, model=None, **kwargs):
             if state.global_step % PROBE_EVERY == 0:
-                greedy = sample_completions(model, tokenizer, probe["prompt"], cfg.response_length, 1.0, 0, 256, True)
-                probe_seen.append(sum(task.reward(probe["prompt"], greedy.texts, answer=probe["answer"])) / PROBE_SIZE)
-                if probe_seen[-1] >= cfg.sft_target_accuracy:  # never un-stop the trainer's own max_steps stop
+                greedy = sample_completions(
+                    model, tokenizer, probe["prompt"], cfg.response_length, 1.0, 0, 256, True
+                )
+                probe_seen.append(sum(task.reward(greedy.texts, answer=probe["answer"])) / PROBE_SIZE)
+                if (
+                    probe_seen[-1] >= cfg.sft_target_accuracy
+                ):  # never un-stop the trainer's own max_steps stop
                     control.should_training_stop = True
             return control
 
     return StopAtAccuracy()
 
 
-def train_sft(cfg: DemoConfig, task: VerifiableTask, base: StageResult, out: Path) -> dict[str, Any]:
+def train_sft(cfg: DemoConfig, task: Task, base: StageResult, out: Path) -> dict[str, Any]:
     """Completion-only next-token training on train problems, one problem per row; with
     `sft_target_accuracy` it stops early once the policy answers that share of train problems."""
-    from rlhfkit.trainers.sft import SFTTrainer
-    from rlhfkit.trainers.sft_config import SFTConfig
+    from rlhfkit.trainers.sft.config import SFTConfig
+    from rlhfkit.trainers.sft.trainer import SFTTrainer
 
     tokenizer = stages.load_tokenizer(base.path)
     args = SFTConfig(
@@ -147,7 +136,7 @@ def _reward_bar(progress: Any, total: int) -> Any:
     return RewardBar()
 
 
-def train_grpo(cfg: DemoConfig, task: VerifiableTask, sft: StageResult, out: Path) -> dict[str, Any]:
+def train_grpo(cfg: DemoConfig, task: Task, sft: StageResult, out: Path) -> dict[str, Any]:
     """GRPO from the SFT policy on train problems; the reward function reads the "answer" column."""
     from rich.progress import Progress
     from transformers import PrinterCallback
@@ -197,12 +186,12 @@ def _accuracy(metrics: dict[str, Any], key: str, rewards: list[float]) -> None:
     """`key`: the share of exact answers; `key`_ci95: its 95% Wilson interval (rounded for reading)."""
     correct = int(sum(rewards))
     metrics[key] = correct / len(rewards)
-    metrics[f"{key}_ci95"] = [round(bound, 4) for bound in wilson_interval(correct / len(rewards), len(rewards))]
+    metrics[f"{key}_ci95"] = [
+        round(bound, 4) for bound in wilson_interval(correct / len(rewards), len(rewards))
+    ]
 
 
-def evaluate(
-    cfg: DemoConfig, task: VerifiableTask, sft: StageResult, rl: StageResult, out: Path
-) -> dict[str, Any]:
+def evaluate(cfg: DemoConfig, task: Task, sft: StageResult, rl: StageResult, out: Path) -> dict[str, Any]:
     """Greedy and sampled accuracy of the SFT and GRPO policies on held-out problems; samples.jsonl."""
     tokenizer = stages.load_tokenizer(sft.path)
     held_out = task.prompt_dataset("test", n=cfg.eval_num_prompts, seed=cfg.seed)
@@ -216,8 +205,8 @@ def evaluate(
             policy, tokenizer, prompts, cfg.response_length, cfg.temperature, cfg.seed + 1000, 256
         )
         texts[name] = greedy.texts
-        _accuracy(metrics, f"greedy_{name}", task.reward(prompts, greedy.texts, answer=answers))
-        _accuracy(metrics, f"sampled_{name}", task.reward(prompts, sampled.texts, answer=answers))
+        _accuracy(metrics, f"greedy_{name}", task.reward(greedy.texts, prompts=prompts, answer=answers))
+        _accuracy(metrics, f"sampled_{name}", task.reward(sampled.texts, prompts=prompts, answer=answers))
     metrics["lift_points"] = 100 * (metrics["greedy_rl"] - metrics["greedy_sft"])
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2), encoding="utf-8")
     with open(out / "samples.jsonl", "w", encoding="utf-8") as fh:
@@ -233,14 +222,14 @@ def run_verifiable_demo(cfg: DemoConfig) -> dict[str, Any]:
     from rlhfkit.demo import verifiable_report as task_report
     from rlhfkit.demo.report import write_files
 
-    task = VERIFIABLE_TASKS[cfg.task]()
-    pipeline._quiet_runtime(cfg)
-    console = pipeline._console()
+    task = get_task(cfg.task)
+    runner.quiet_runtime(cfg)
+    console = runner.make_console()
     root = Path(cfg.output_dir)
     root.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     results: dict[str, StageResult] = {}
-    run = pipeline.stage_runner(cfg, root, console, results)
+    run = runner.stage_runner(cfg, root, console, results)
 
     name = task.name
     run("base", Stage("base", "1/4 base model", cfg.values("model"), lambda out: stages.build_base(cfg, out)))
@@ -253,7 +242,9 @@ def run_verifiable_demo(cfg: DemoConfig) -> dict[str, Any]:
         parents = [results[k] for k in reads]  # compute(cfg, task, *parents, out)
         run(key, Stage(folder, title, cfg.values(*fields), partial(compute, cfg, task, *parents), parents))
     evaluated = results["evaluation"]
-    samples = [json.loads(line) for line in (evaluated.path / "samples.jsonl").read_text("utf-8").splitlines()]
+    samples = [
+        json.loads(line) for line in (evaluated.path / "samples.jsonl").read_text("utf-8").splitlines()
+    ]
     task_report.print_samples(samples[: cfg.eval_samples_shown], console)
     lines = task_report.result_lines(cfg, task.description, results), task_report.sample_lines(cfg, samples)
     plotted = partial(task_report.make_plots, root, results)

@@ -19,18 +19,26 @@ def make_plots(out: Path, stages: dict[str, StageResult]) -> list[Path]:
     curves = json.loads((stages["rl"].path / "curves.json").read_text("utf-8"))
     made = [
         plots.line_plot(
-            folder / "rl_reward.png", curves["step"], {"mean reward": curves["reward"]},
-            "GRPO: exact-match reward of the sampled completions", "step", "mean reward (share correct)",
+            folder / "rl_reward.png",
+            curves["step"],
+            {"mean reward": curves["reward"]},
+            "GRPO: exact-match reward of the sampled completions",
+            "step",
+            "mean reward (share correct)",
         )
-    ]  # fmt: skip
+    ]
     history = json.loads((stages["sft"].path / "log_history.json").read_text("utf-8"))
     losses = [(h["step"], h["loss"]) for h in history if "loss" in h]
     made.append(
         plots.line_plot(
-            folder / "sft_loss.png", [s for s, _ in losses], {"loss": [v for _, v in losses]},
-            "SFT warm start: completion-token loss", "step", "cross-entropy",
+            folder / "sft_loss.png",
+            [s for s, _ in losses],
+            {"loss": [v for _, v in losses]},
+            "SFT warm start: completion-token loss",
+            "step",
+            "cross-entropy",
         )
-    )  # fmt: skip
+    )
     return made
 
 
@@ -70,7 +78,13 @@ def result_lines(cfg: DemoConfig, description: str, stages: dict[str, StageResul
 
 
 def sample_lines(cfg: DemoConfig, samples: Sequence[dict[str, Any]]) -> list[str]:
-    lines = ["", "## Sample completions (held-out, greedy)", "", "| prompt | answer | SFT | GRPO |", "|---|---|---|---|"]
+    lines = [
+        "",
+        "## Sample completions (held-out, greedy)",
+        "",
+        "| prompt | answer | SFT | GRPO |",
+        "|---|---|---|---|",
+    ]
     for row in samples[: cfg.eval_samples_shown]:
         marks = {name: "✓" if row[name].strip() == row["answer"] else "✗" for name in ("sft", "rl")}
         lines.append(

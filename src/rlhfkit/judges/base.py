@@ -30,7 +30,9 @@ class BasePairwiseJudge(BaseJudge):
     """
 
     @abstractmethod
-    def judge(self, prompts: list[str], completions: list[list[str]], shuffle_order: bool = True) -> list[int]:
+    def judge(
+        self, prompts: list[str], completions: list[list[str]], shuffle_order: bool = True
+    ) -> list[int]:
         raise NotImplementedError
 
 
@@ -49,7 +51,9 @@ def check_pairs(prompts: Sequence[str], completions: Sequence[Sequence[str]]) ->
     if isinstance(prompts, str):
         raise TypeError("prompts must be a list of strings, got a single str; wrap it in a list")
     if len(prompts) != len(completions):
-        raise ValueError(f"got {len(prompts)} prompts for {len(completions)} completion pairs; expected one each")
+        raise ValueError(
+            f"got {len(prompts)} prompts for {len(completions)} completion pairs; expected one each"
+        )
     for i, pair in enumerate(completions):
         if isinstance(pair, str) or len(pair) != 2:
             raise ValueError(f"completions[{i}] must be a pair [first, second] of completions, got {pair!r}")

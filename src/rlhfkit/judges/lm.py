@@ -42,7 +42,9 @@ def _check_template(template: str) -> None:
 def choice_token_ids(tokenizer: Any, choices: Sequence[str]) -> tuple[int, int]:
     """The token ids of the two choice strings; each must be exactly one token, and they must differ."""
     if isinstance(choices, str) or len(choices) != 2:
-        raise ValueError(f"choices must be two strings (labels of the first and second answer), got {choices!r}")
+        raise ValueError(
+            f"choices must be two strings (labels of the first and second answer), got {choices!r}"
+        )
     ids = []
     for choice in choices:
         encoded = tokenizer.encode(choice, add_special_tokens=False)
@@ -89,7 +91,9 @@ class LMPairwiseJudge(BasePairwiseJudge):
         self.use_chat_template, self.batch_size, self.margin = use_chat_template, batch_size, margin
         self.pad_id = pad_id
 
-    def judge(self, prompts: list[str], completions: list[list[str]], shuffle_order: bool = True) -> list[int]:
+    def judge(
+        self, prompts: list[str], completions: list[list[str]], shuffle_order: bool = True
+    ) -> list[int]:
         check_pairs(prompts, completions)
         n = len(prompts)
         firsts = [pair[0] for pair in completions] + [pair[1] for pair in completions]

@@ -31,7 +31,9 @@ def _own_tokenizer(path: Path, fallback: Any, trust_remote_code: bool) -> Any:
             tokenizer.pad_token = tokenizer.eos_token
         return tokenizer
     if fallback is None:
-        raise ValueError(f"judge model folder {str(path)!r} has no tokenizer and no policy tokenizer was given")
+        raise ValueError(
+            f"judge model folder {str(path)!r} has no tokenizer and no policy tokenizer was given"
+        )
     return fallback
 
 
@@ -50,12 +52,14 @@ def load_judge(
     (`RewardModelJudge`); any other model folder is read as a causal LM judge (`LMPairwiseJudge`).
     """
     if not judge_model:
-        raise ValueError(f"{flag} is required: a local causal LM folder, a local reward-model folder or one of "
-                         f"the built-in rule judges ({', '.join(rule_judge_names())})")
+        raise ValueError(
+            f"{flag} is required: a local causal LM folder, a local reward-model folder or one of "
+            f"the built-in rule judges ({', '.join(rule_judge_names())})"
+        )
     path = Path(judge_model).expanduser()
     if not path.exists():
         if judge_model in rule_judge_names():
-            return RuleJudge.of_texts(get_task(judge_model).reward_fn)
+            return RuleJudge.of_texts(get_task(judge_model).reward)
         hint = (
             "Pass a local causal LM folder, a local reward-model folder (sequence classification, one output) or "
             f"a built-in rule judge: {', '.join(rule_judge_names())}"
@@ -72,6 +76,8 @@ def load_judge(
         model = AutoModelForSequenceClassification.from_pretrained(path, **options).to(device)
         return RewardModelJudge(model, judge_tokenizer)
     if config.is_encoder_decoder:
-        raise ValueError(f"{flag} {judge_model!r} is an encoder-decoder model; the LM judge needs a causal LM")
+        raise ValueError(
+            f"{flag} {judge_model!r} is an encoder-decoder model; the LM judge needs a causal LM"
+        )
     model = AutoModelForCausalLM.from_pretrained(path, **options).to(device)
     return LMPairwiseJudge(model, judge_tokenizer)

@@ -14,7 +14,7 @@ from typing import Any
 from torch import nn
 
 from rlhfkit.judges.base import TIE, BasePairwiseJudge, BaseRankJudge, check_pairs
-from rlhfkit.rollout.rewards import RewardScorer
+from rlhfkit.rewards.scoring import RewardScorer
 
 ScoreFn = Callable[[list[str], list[str]], Sequence[float]]
 
@@ -31,7 +31,9 @@ class ScoreJudge(BasePairwiseJudge):
         """One score per (prompt, completion)."""
         return self.scorer.score_texts(prompts, completions)[0].tolist()
 
-    def judge(self, prompts: list[str], completions: list[list[str]], shuffle_order: bool = True) -> list[int]:
+    def judge(
+        self, prompts: list[str], completions: list[list[str]], shuffle_order: bool = True
+    ) -> list[int]:
         check_pairs(prompts, completions)
         flat_prompts = [p for p in prompts for _ in range(2)]
         scores = self.scores(flat_prompts, [c for pair in completions for c in pair])
@@ -71,7 +73,9 @@ class RuleJudge(ScoreJudge):
 
     def __init__(self, fn: ScoreFn, margin: float = 0.0):
         if not callable(fn):
-            raise TypeError(f"fn must be callable as fn(prompts, completions) -> scores, got {type(fn).__name__}")
+            raise TypeError(
+                f"fn must be callable as fn(prompts, completions) -> scores, got {type(fn).__name__}"
+            )
 
         def score(completions: list[str], prompts: list[str]) -> Sequence[float]:
             return fn(prompts, completions)
@@ -82,6 +86,7 @@ class RuleJudge(ScoreJudge):
     @classmethod
     def of_texts(cls, fn: Callable[[list[str]], Sequence[float]], margin: float = 0.0) -> RuleJudge:
         """A rule judge over a scorer that reads completions only (`fn(completions) -> scores`)."""
+
         def by_text(prompts: list[str], completions: list[str]) -> Sequence[float]:
             return fn(completions)
 
@@ -98,20 +103,26 @@ class ScoreRankJudge(BaseRankJudge):
 
     def __init__(self, judge: ScoreJudge):
         if not isinstance(judge, ScoreJudge):
-            raise TypeError(f"judge must be a ScoreJudge (RewardModelJudge, RuleJudge), got {type(judge).__name__}")
+            raise TypeError(
+                f"judge must be a ScoreJudge (RewardModelJudge, RuleJudge), got {type(judge).__name__}"
+            )
         self.scorer_judge = judge
 
     def judge(
         self, prompts: list[str], completions: list[list[str]], shuffle_order: bool = True
     ) -> list[list[int]]:
         if len(prompts) != len(completions):
-            raise ValueError(f"got {len(prompts)} prompts for {len(completions)} completion lists; expected one each")
+            raise ValueError(
+                f"got {len(prompts)} prompts for {len(completions)} completion lists; expected one each"
+            )
         flat_prompts = [p for p, group in zip(prompts, completions) for _ in group]
         scores = self.scorer_judge.scores(flat_prompts, [c for group in completions for c in group])
         ranks, start = [], 0
         for group in completions:
             own = scores[start : start + len(group)]
             # best first; a non-finite score ranks last
-            ranks.append(sorted(range(len(group)), key=lambda i: -own[i] if math.isfinite(own[i]) else math.inf))
+            ranks.append(
+                sorted(range(len(group)), key=lambda i: -own[i] if math.isfinite(own[i]) else math.inf)
+            )
             start += len(group)
         return ranks

@@ -179,7 +179,9 @@ def load_reward_adapter(
     weight = head_state["weight"]
     hidden = _backbone(peft_model).config.get_text_config().hidden_size
     if weight.shape[1] != hidden:
-        raise ValueError(f"reward score head expects hidden size {weight.shape[1]}, the base model has {hidden}")
+        raise ValueError(
+            f"reward score head expects hidden size {weight.shape[1]}, the base model has {hidden}"
+        )
     device = next(peft_model.parameters()).device
     head = nn.Linear(weight.shape[1], weight.shape[0], bias="bias" in head_state, dtype=weight.dtype)
     head.load_state_dict(head_state)
@@ -222,7 +224,11 @@ def score_with_adapter(
     _require_adapter(peft_model, reward_adapter_name, "reward_adapter_name")
     if ppo_adapter_name is not None:
         _require_adapter(peft_model, ppo_adapter_name, "ppo_adapter_name")
-    with torch.no_grad(), eval_mode(peft_model), use_adapter(peft_model, reward_adapter_name, ppo_adapter_name):
+    with (
+        torch.no_grad(),
+        eval_mode(peft_model),
+        use_adapter(peft_model, reward_adapter_name, ppo_adapter_name),
+    ):
         # positions follow the mask, so a left-padded row scores as it would unpadded
         hidden = _backbone(peft_model)(
             input_ids=input_ids,

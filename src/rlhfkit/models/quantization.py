@@ -32,7 +32,9 @@ def bnb_quantization_config(
 
     if load_in_8bit:
         return BitsAndBytesConfig(load_in_8bit=True)
-    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=compute_dtype, bnb_4bit_quant_type="nf4")
+    return BitsAndBytesConfig(
+        load_in_4bit=True, bnb_4bit_compute_dtype=compute_dtype, bnb_4bit_quant_type="nf4"
+    )
 
 
 def is_quantized(model: Any) -> bool:

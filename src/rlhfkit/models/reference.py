@@ -98,7 +98,9 @@ def choose_reference(
     """
     if ref_model is not None:
         if ref_model is policy:
-            raise ValueError(f"{argument} must not be the policy itself; pass None to let the trainer build one")
+            raise ValueError(
+                f"{argument} must not be the policy itself; pass None to let the trainer build one"
+            )
         if not isinstance(ref_model, nn.Module):
             raise TypeError(f"{argument} must be a torch.nn.Module or None, got {type(ref_model).__name__}")
         return Reference("model", ref_model.eval().requires_grad_(False))
@@ -155,7 +157,9 @@ class AdapterReference(nn.Module):
 
 def _layer_regex(pattern: str) -> re.Pattern[str]:
     if pattern.count("{layer}") != 1:
-        raise ValueError(f"pattern must contain '{{layer}}' exactly once, e.g. 'model.layers.{{layer}}'; got {pattern!r}")
+        raise ValueError(
+            f"pattern must contain '{{layer}}' exactly once, e.g. 'model.layers.{{layer}}'; got {pattern!r}"
+        )
     head, tail = pattern.split("{layer}")
     return re.compile(r"(?:^|\.)" + re.escape(head) + r"(\d+)" + re.escape(tail) + r"\.")
 
@@ -208,7 +212,11 @@ def create_reference_model(
     if num_shared_layers is None:
         ref = copy.deepcopy(model)
     else:
-        if isinstance(num_shared_layers, bool) or not isinstance(num_shared_layers, int) or num_shared_layers < 1:
+        if (
+            isinstance(num_shared_layers, bool)
+            or not isinstance(num_shared_layers, int)
+            or num_shared_layers < 1
+        ):
             raise ValueError(
                 f"num_shared_layers must be a positive integer (or None for a full copy), got {num_shared_layers!r}"
             )

@@ -85,13 +85,18 @@ class DDPOStableDiffusionPipeline(ABC):
         prev_sample: torch.Tensor | None = None,
         generator: torch.Generator | None = None,
     ) -> DDIMStepOutput:
-        return ddim_step_with_logprob(self.scheduler, model_output, timestep, sample, eta, prev_sample, generator)
+        return ddim_step_with_logprob(
+            self.scheduler, model_output, timestep, sample, eta, prev_sample, generator
+        )
 
     def encode_prompts(self, prompts: list[str], device: torch.device | str | None = None) -> torch.Tensor:
         """Text-encoder hidden states (B, L, D) for prompts padded to the tokenizer's max length."""
         device = device or next(self.text_encoder.parameters()).device
         ids = self.tokenizer(
-            list(prompts), padding="max_length", truncation=True, max_length=self.tokenizer.model_max_length,
+            list(prompts),
+            padding="max_length",
+            truncation=True,
+            max_length=self.tokenizer.model_max_length,
             return_tensors="pt",
         ).input_ids.to(device)
         return self.text_encoder(ids)[0]
@@ -129,7 +134,9 @@ class DefaultDDPOStableDiffusionPipeline(DDPOStableDiffusionPipeline):
         if pretrained_model_revision is not None:
             kwargs["revision"] = pretrained_model_revision
         self.sd_pipeline = StableDiffusionPipeline.from_pretrained(str(pretrained_model_name), **kwargs)
-        self.sd_pipeline.scheduler = DDIMScheduler.from_config(self.sd_pipeline.scheduler.config, set_alpha_to_one=False)
+        self.sd_pipeline.scheduler = DDIMScheduler.from_config(
+            self.sd_pipeline.scheduler.config, set_alpha_to_one=False
+        )
         self.use_lora = use_lora
         self.pretrained_model = str(pretrained_model_name)
         self.sd_pipeline.vae.requires_grad_(False)
@@ -139,7 +146,9 @@ class DefaultDDPOStableDiffusionPipeline(DDPOStableDiffusionPipeline):
             from peft import LoraConfig
 
             config = LoraConfig(
-                r=lora_rank, lora_alpha=lora_alpha or lora_rank, init_lora_weights="gaussian",
+                r=lora_rank,
+                lora_alpha=lora_alpha or lora_rank,
+                init_lora_weights="gaussian",
                 target_modules=list(LORA_TARGET_MODULES),
             )
             self.sd_pipeline.unet.add_adapter(config)
@@ -193,7 +202,9 @@ class DefaultDDPOStableDiffusionPipeline(DDPOStableDiffusionPipeline):
         batch = prompt_embeds.shape[0]
         use_cfg = guidance_scale > 1.0
         if use_cfg and negative_prompt_embeds is None:
-            negatives = [negative_prompt or ""] * batch if not isinstance(negative_prompt, list) else negative_prompt
+            negatives = (
+                [negative_prompt or ""] * batch if not isinstance(negative_prompt, list) else negative_prompt
+            )
             negative_prompt_embeds = self.encode_prompts(negatives)
         unet, device = self.unet, prompt_embeds.device
         scale = 2 ** (len(self.vae.config.block_out_channels) - 1)
@@ -207,7 +218,9 @@ class DefaultDDPOStableDiffusionPipeline(DDPOStableDiffusionPipeline):
         for t in self.scheduler.timesteps:
             model_input = torch.cat([latents] * 2) if use_cfg else latents
             model_input = self.scheduler.scale_model_input(model_input, t)
-            noise_pred = unet(model_input.to(unet.dtype), t, encoder_hidden_states=embeds.to(unet.dtype)).sample
+            noise_pred = unet(
+                model_input.to(unet.dtype), t, encoder_hidden_states=embeds.to(unet.dtype)
+            ).sample
             noise_pred = classifier_free_guidance(noise_pred, guidance_scale) if use_cfg else noise_pred
             step = self.scheduler_step(noise_pred, t, latents, eta, generator=generator)
             latents = step.prev_sample
@@ -253,4 +266,3 @@ class DefaultDDPOStableDiffusionPipeline(DDPOStableDiffusionPipeline):
             StableDiffusionPipeline.save_lora_weights(str(output_dir), unet_lora_layers=layers)
         else:
             self.sd_pipeline.save_pretrained(str(output_dir), safe_serialization=True)
-

@@ -61,7 +61,9 @@ def _check_head_args(summary_dropout_prob: float, v_head_init_strategy: str | No
     if not 0.0 <= summary_dropout_prob < 1.0:
         raise ValueError(f"summary_dropout_prob must be in [0, 1), got {summary_dropout_prob}")
     if v_head_init_strategy not in V_HEAD_INIT_STRATEGIES:
-        raise ValueError(f"v_head_init_strategy must be one of {V_HEAD_INIT_STRATEGIES}, got {v_head_init_strategy!r}")
+        raise ValueError(
+            f"v_head_init_strategy must be one of {V_HEAD_INIT_STRATEGIES}, got {v_head_init_strategy!r}"
+        )
 
 
 def _read_value_head(pretrained: str | os.PathLike) -> dict[str, torch.Tensor] | None:
@@ -181,7 +183,9 @@ class PreTrainedModelWrapper(nn.Module):
         return result + (returned_cache(outputs),) if return_past_key_values else result
 
     # ----------------------------------------------------------------- multi-adapter RL
-    def load_reward_adapter(self, reward_adapter: str | os.PathLike, adapter_name: str = "reward_adapter") -> None:
+    def load_reward_adapter(
+        self, reward_adapter: str | os.PathLike, adapter_name: str = "reward_adapter"
+    ) -> None:
         """Load a LoRA reward adapter and its score head, frozen, into this PEFT model (see `adapters`)."""
         if self.score is not None:
             raise ValueError(f"a reward adapter ({self.reward_adapter_name!r}) is already loaded")
@@ -228,7 +232,9 @@ class PreTrainedModelWrapper(nn.Module):
         return scores.squeeze(-1) if scores.shape[-1] == 1 else scores
 
     # ----------------------------------------------------------------- state dict
-    def state_dict(self, *args: Any, destination: Any = None, prefix: str = "", keep_vars: bool = False) -> Any:
+    def state_dict(
+        self, *args: Any, destination: Any = None, prefix: str = "", keep_vars: bool = False
+    ) -> Any:
         """The base model's state dict plus `v_head.*` (and the reward `score.*`) keys."""
         if args:
             raise TypeError("pass state_dict arguments by keyword")
@@ -279,8 +285,11 @@ class PreTrainedModelWrapper(nn.Module):
             (folder / ADAPTER_LAYOUT_FILE).write_text(json.dumps(layout, indent=2))
         if state_dict is None:
             state_dict = {f"v_head.{k}": v for k, v in self.v_head.state_dict().items()}
-        head = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in state_dict.items()
-                if k.startswith("v_head.")}  # fmt: skip
+        head = {
+            k: v.detach().to("cpu", torch.float32).contiguous()
+            for k, v in state_dict.items()
+            if k.startswith("v_head.")
+        }
         save_file(head, str(folder / VALUE_HEAD_FILE))
 
     def push_to_hub(self, repo_id: str, *args: Any, **kwargs: Any) -> Any:
@@ -293,10 +302,14 @@ class PreTrainedModelWrapper(nn.Module):
         with tempfile.TemporaryDirectory() as tmp:
             from safetensors.torch import save_file
 
-            head = {f"v_head.{k}": v.detach().to("cpu").contiguous() for k, v in self.v_head.state_dict().items()}
+            head = {
+                f"v_head.{k}": v.detach().to("cpu").contiguous() for k, v in self.v_head.state_dict().items()
+            }
             save_file(head, os.path.join(tmp, VALUE_HEAD_FILE))
             HfApi(token=kwargs.get("token")).upload_file(
-                path_or_fileobj=os.path.join(tmp, VALUE_HEAD_FILE), path_in_repo=VALUE_HEAD_FILE, repo_id=repo_id
+                path_or_fileobj=os.path.join(tmp, VALUE_HEAD_FILE),
+                path_in_repo=VALUE_HEAD_FILE,
+                repo_id=repo_id,
             )
         return result
 
@@ -342,7 +355,9 @@ class PreTrainedModelWrapper(nn.Module):
             raise ValueError("reward_adapter is supported for causal language models only")
         if isinstance(pretrained_model_name_or_path, nn.Module):
             if load_in_8bit or load_in_4bit:
-                raise ValueError("load_in_8bit/load_in_4bit apply when loading by name; this model is already built")
+                raise ValueError(
+                    "load_in_8bit/load_in_4bit apply when loading by name; this model is already built"
+                )
             model = pretrained_model_name_or_path
             if peft_config is not None:
                 if isinstance(model, PeftModel):
@@ -403,11 +418,16 @@ class PreTrainedModelWrapper(nn.Module):
             raise ValueError(f"adapter_config.json in {folder / names[first]} does not name its base model")
         base = cls.transformers_parent_class.from_pretrained(base_name, *model_args, **model_kwargs)
         model = PeftModel.from_pretrained(
-            base, str(folder / names[first]), adapter_name=first, is_trainable=is_trainable and first != reference
+            base,
+            str(folder / names[first]),
+            adapter_name=first,
+            is_trainable=is_trainable and first != reference,
         )
         for name, sub in names.items():
             if name != first:
-                model.load_adapter(str(folder / sub), adapter_name=name, is_trainable=is_trainable and name != reference)
+                model.load_adapter(
+                    str(folder / sub), adapter_name=name, is_trainable=is_trainable and name != reference
+                )
         with adapters._keep_trainable_flags(model):
             model.set_adapter(layout["active_adapter"])
         if reference == "new":  # a plain (SFT) adapter folder: its frozen copy is the KL reference

@@ -1,4 +1,9 @@
-"""Exact-match accuracy, regex format check, length penalties (DAPO's soft overlong punishment).
+"""Rule rewards: exact-match accuracy, regex format, length penalties (DAPO's soft overlong
+punishment), and the toy keyword/length/token-count rewards of the learning tests.
+
+Every text reward here has TRL's reward-function signature, `fn(completions, **columns) -> list`:
+`completions` first (so `fn(texts)` works from a notebook or as an RLOO/PPO reward), everything else
+by keyword (`prompts`, `completion_ids` and the dataset's other columns when GRPO calls it).
 
 Lengths are counted in tokens when the trainer passes the `completion_ids` column, otherwise in
 characters of the completion text (a plain call from a notebook). Answers are compared after
@@ -10,7 +15,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
 
 RewardFn = Callable[..., list[float | None]]
 
@@ -48,12 +56,14 @@ def exact_match_reward(column: str = "solution") -> RewardFn:
     so the reward can sit beside others on a dataset where only some rows are verifiable.
     """
 
-    def reward(prompts: list, completions: list, **columns: Any) -> list[float | None]:
+    def reward(completions: list, **columns: Any) -> list[float | None]:
         references = columns.get(column)
         if references is None:
             return [None] * len(completions)
         if len(references) != len(completions):
-            raise ValueError(f"column {column!r} has {len(references)} rows for {len(completions)} completions")
+            raise ValueError(
+                f"column {column!r} has {len(references)} rows for {len(completions)} completions"
+            )
         return [
             None if ref is None else float(final_answer(completion_text(c)) == final_answer(str(ref)))
             for c, ref in zip(completions, references)
@@ -66,14 +76,16 @@ def exact_match_reward(column: str = "solution") -> RewardFn:
 accuracy_reward = exact_match_reward("solution")
 
 
-def format_reward(pattern: str = r"<think>.*?</think>\s*<answer>.*?</answer>", flags: int = re.DOTALL) -> RewardFn:
+def format_reward(
+    pattern: str = r"<think>.*?</think>\s*<answer>.*?</answer>", flags: int = re.DOTALL
+) -> RewardFn:
     """1.0 when the whole completion (outer whitespace stripped) matches `pattern`, else 0.0.
 
     The default is DeepSeek-R1's reasoning format; `flags` default to DOTALL so `.` spans lines.
     """
     compiled = re.compile(pattern, flags)
 
-    def reward(prompts: list, completions: list, **columns: Any) -> list[float | None]:
+    def reward(completions: list, **columns: Any) -> list[float | None]:
         return [float(compiled.fullmatch(completion_text(c).strip()) is not None) for c in completions]
 
     reward.__name__ = "format_reward"
@@ -95,7 +107,7 @@ def length_penalty(target_length: int, coef: float = 0.01) -> RewardFn:
     if coef < 0:
         raise ValueError(f"coef must be >= 0 (it is the size of a penalty), got {coef}")
 
-    def reward(prompts: list, completions: list, completion_ids: list | None = None, **columns: Any) -> list:
+    def reward(completions: list, completion_ids: list | None = None, **columns: Any) -> list:
         return [-coef * max(0, n - target_length) for n in _lengths(completions, completion_ids)]
 
     reward.__name__ = "length_penalty"
@@ -116,8 +128,70 @@ def soft_overlong_penalty(max_completion_length: int, overlong_buffer: int) -> R
         )
     free = max_completion_length - overlong_buffer
 
-    def reward(prompts: list, completions: list, completion_ids: list | None = None, **columns: Any) -> list:
-        return [max(-1.0, min(0.0, (free - n) / overlong_buffer)) for n in _lengths(completions, completion_ids)]
+    def reward(completions: list, completion_ids: list | None = None, **columns: Any) -> list:
+        return [
+            max(-1.0, min(0.0, (free - n) / overlong_buffer)) for n in _lengths(completions, completion_ids)
+        ]
 
     reward.__name__ = "soft_overlong_penalty"
     return reward
+
+
+class KeywordReward:
+    """1.0 per occurrence of `word` in a completion (case-insensitive), capped at `cap`, minus
+    `length_penalty` per whitespace-separated word.
+
+    Substring matching (not whole words) gives a random model a signal from its first steps.
+    """
+
+    def __init__(self, word: str = "good", cap: int = 5, length_penalty: float = 0.0) -> None:
+        if not isinstance(word, str) or not word.strip():
+            raise ValueError(f"word must be a non-empty string, got {word!r}")
+        if cap < 1:
+            raise ValueError(f"cap must be >= 1, got {cap}")
+        if length_penalty < 0:
+            raise ValueError(f"length_penalty must be >= 0, got {length_penalty}")
+        self.word, self.cap, self.length_penalty = word.strip().lower(), cap, length_penalty
+
+    def __call__(self, completions: list[str], **columns: Any) -> list[float]:
+        texts = _check_texts(completions)
+        return [
+            float(min(text.lower().count(self.word), self.cap)) - self.length_penalty * len(text.split())
+            for text in texts
+        ]
+
+
+class LengthReward:
+    """`1 - |words - target_words| / target_words`: 1 at exactly `target_words`, falling linearly."""
+
+    def __init__(self, target_words: int = 2) -> None:
+        if not isinstance(target_words, int) or target_words < 1:
+            raise ValueError(f"target_words must be a positive int, got {target_words!r}")
+        self.target_words = target_words
+
+    def __call__(self, completions: list[str], **columns: Any) -> list[float]:
+        texts = _check_texts(completions)
+        target = self.target_words
+        return [1.0 - abs(len(text.split()) - target) / target for text in texts]
+
+
+def token_count_reward(responses: torch.Tensor, token_id: int, response_mask: torch.Tensor) -> torch.Tensor:
+    """Fraction of real response tokens equal to `token_id`.
+
+    Args: responses (B, T) token ids; response_mask (B, T), True/1 for a real token.
+    Returns: (B,) float32 scores in [0, 1]; 0 for a response with no real tokens.
+    """
+    if responses.shape != response_mask.shape:
+        raise ValueError(
+            f"responses and response_mask must have the same shape, got {tuple(responses.shape)} "
+            f"and {tuple(response_mask.shape)}"
+        )
+    mask = response_mask.bool()
+    hits = ((responses == token_id) & mask).sum(dim=-1).float()
+    return hits / mask.sum(dim=-1).clamp(min=1).float()
+
+
+def _check_texts(completions: list[str]) -> list[str]:
+    if isinstance(completions, str):
+        raise TypeError("completions must be a list of strings, got a single str; wrap it in a list")
+    return [completion_text(c) for c in completions]

@@ -1,16 +1,14 @@
-"""Generation and scoring of completions, shared by PPO and RLOO."""
+"""Generation and scoring of completions, shared by every online trainer."""
 
-from rlhfkit.rollout.decoding import DecodeLoopBackend, make_generation_backend
-from rlhfkit.rollout.generation import (
+from rlhfkit.rollout.backends import (
+    GENERATION_BACKENDS,
     GenerationBackend,
     GenerationOutput,
-    HFGenerationBackend,
-    LengthSampler,
     SamplingParams,
-    eval_mode,
-    pad_left,
-    pad_right,
+    make_generation_backend,
 )
+from rlhfkit.rollout.decoding import DecodeLoopBackend
+from rlhfkit.rollout.generation import HFGenerationBackend, LengthSampler, eval_mode, pad_left, pad_right
 from rlhfkit.rollout.scoring import (
     ForwardOutput,
     forward_response,
@@ -20,6 +18,7 @@ from rlhfkit.rollout.scoring import (
 )
 
 __all__ = [
+    "GENERATION_BACKENDS",
     "DecodeLoopBackend",
     "ForwardOutput",
     "GenerationBackend",

@@ -20,8 +20,16 @@ from dataclasses import dataclass
 import torch
 
 # Fields whose dim 1 runs over response positions (and so are trimmed together).
-_PER_TOKEN = ("responses", "response_mask", "loss_mask", "logprobs", "ref_logprobs", "values",
-              "advantages", "returns")
+_PER_TOKEN = (
+    "responses",
+    "response_mask",
+    "loss_mask",
+    "logprobs",
+    "ref_logprobs",
+    "values",
+    "advantages",
+    "returns",
+)
 
 
 @dataclass(frozen=True)
@@ -88,8 +96,10 @@ class RolloutBatch:
 
     def __getitem__(self, rows: torch.Tensor | slice | Sequence[int]) -> RolloutBatch:
         """The rows `rows` of every field, trimmed to the query and response columns those rows use."""
-        picked = {f.name: None if (v := getattr(self, f.name)) is None else v[rows]
-                  for f in dataclasses.fields(self)}
+        picked = {
+            f.name: None if (v := getattr(self, f.name)) is None else v[rows]
+            for f in dataclasses.fields(self)
+        }
         return RolloutBatch(**picked).trimmed()
 
     def trimmed(self) -> RolloutBatch:
@@ -108,10 +118,16 @@ class RolloutBatch:
         return dataclasses.replace(self, **changes)
 
     def to(self, device: torch.device | str) -> RolloutBatch:
-        return RolloutBatch(**{f.name: None if (v := getattr(self, f.name)) is None else v.to(device)
-                               for f in dataclasses.fields(self)})
+        return RolloutBatch(
+            **{
+                f.name: None if (v := getattr(self, f.name)) is None else v.to(device)
+                for f in dataclasses.fields(self)
+            }
+        )
 
-    def minibatches(self, size: int, order: torch.Tensor | None = None) -> Iterator[tuple[torch.Tensor, RolloutBatch]]:
+    def minibatches(
+        self, size: int, order: torch.Tensor | None = None
+    ) -> Iterator[tuple[torch.Tensor, RolloutBatch]]:
         """(row indices, rows) for consecutive chunks of `size` rows, in `order` (default: 0..B-1)."""
         if size < 1:
             raise ValueError(f"minibatch size must be a positive integer, got {size}")

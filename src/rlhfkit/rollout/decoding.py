@@ -14,10 +14,8 @@ reason logged once.
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -32,9 +30,18 @@ logger = logging.getLogger(__name__)
 
 # GenerationConfig fields the loop reads, and fields that do not change what is sampled
 _HANDLED = {
-    "do_sample", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "min_length", "min_new_tokens",
-    "max_new_tokens", "eos_token_id", "pad_token_id",
-}  # fmt: skip
+    "do_sample",
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
+    "repetition_penalty",
+    "min_length",
+    "min_new_tokens",
+    "max_new_tokens",
+    "eos_token_id",
+    "pad_token_id",
+}
 _IGNORED = {"max_length", "bos_token_id", "decoder_start_token_id", "transformers_version", "use_cache"}
 _logged_reasons: set[str] = set()
 
@@ -70,24 +77,41 @@ class DecodeSettings:
             return "PEFT prompt-learning adapters are not supported"
         generator = generating_module(model)
         layer_types = set(getattr(generator.config, "layer_types", None) or ())
-        if not generator._supports_default_dynamic_cache() or layer_types - {"full_attention", "sliding_attention"}:
+        if not generator._supports_default_dynamic_cache() or layer_types - {
+            "full_attention",
+            "sliding_attention",
+        }:
             return f"{type(generator).__name__}'s cache is not a plain attention KV cache"
         merged, _ = generator._prepare_generation_config(config)
         baseline = GenerationConfig()
         baseline.update(**generator.generation_config._get_default_generation_params(), defaults_only=True)
         base = baseline.to_dict()
         for key, value in merged.to_dict().items():
-            off = value in (None, False) and base.get(key) in (None, False)  # a model config's output_attentions=False
-            if not key.startswith("_") and key not in _HANDLED | _IGNORED and value != base.get(key) and not off:
+            off = value in (None, False) and base.get(key) in (
+                None,
+                False,
+            )  # a model config's output_attentions=False
+            if (
+                not key.startswith("_")
+                and key not in _HANDLED | _IGNORED
+                and value != base.get(key)
+                and not off
+            ):
                 return f"generation setting {key}={value!r} is not supported"
         eos = merged.eos_token_id
         eos = () if eos is None else (eos,) if isinstance(eos, int) else tuple(eos)
         return cls(
-            max_new_tokens=merged.max_new_tokens, do_sample=bool(merged.do_sample),
-            temperature=float(merged.temperature), top_k=int(merged.top_k or 0), top_p=float(merged.top_p),
-            min_p=merged.min_p, repetition_penalty=float(merged.repetition_penalty),
-            min_length=int(merged.min_length or 0), min_new_tokens=int(merged.min_new_tokens or 0), eos_token_ids=eos,
-        )  # fmt: skip
+            max_new_tokens=merged.max_new_tokens,
+            do_sample=bool(merged.do_sample),
+            temperature=float(merged.temperature),
+            top_k=int(merged.top_k or 0),
+            top_p=float(merged.top_p),
+            min_p=merged.min_p,
+            repetition_penalty=float(merged.repetition_penalty),
+            min_length=int(merged.min_length or 0),
+            min_new_tokens=int(merged.min_new_tokens or 0),
+            eos_token_ids=eos,
+        )
 
 
 def process_logits(scores: torch.Tensor, settings: DecodeSettings, seen: torch.Tensor | None, blocked=None):
@@ -195,14 +219,18 @@ class DecodeLoopBackend(HFGenerationBackend):
             _log_fallback_once(settings)
             return super()._generate_chunk(ids, mask, config, logprob_temperature, hidden)
         first = int(mask.any(0).long().argmax())  # columns before it are padding in every row of the chunk
-        loop = _DecodeLoop(self.model, settings, self.pad_token_id, logprob_temperature, self.value_head, hidden)
+        loop = _DecodeLoop(
+            self.model, settings, self.pad_token_id, logprob_temperature, self.value_head, hidden
+        )
         return loop.run(ids[:, first:], mask[:, first:])
 
 
 class _DecodeLoop:
     """One chunk's decoding: prefill, then one token per step for the rows that have not ended."""
 
-    def __init__(self, model, settings: DecodeSettings, pad_token_id, logprob_temperature, value_head, hidden):
+    def __init__(
+        self, model, settings: DecodeSettings, pad_token_id, logprob_temperature, value_head, hidden
+    ):
         self.generator, self.settings, self.pad = generating_module(model), settings, pad_token_id
         self.logprob_temperature, self.value_head, self.hidden = logprob_temperature, value_head, hidden
         accepts = inspect.signature(self.generator.forward).parameters
@@ -238,10 +266,14 @@ class _DecodeLoop:
         if self.settings.repetition_penalty == 1.0:
             return None
         seen = torch.zeros((ids.shape[0], vocab + 1), dtype=torch.bool, device=ids.device)
-        seen.scatter_(1, ids.clamp(max=vocab).masked_fill(mask == 0, vocab), True)  # padding -> the spare column
+        seen.scatter_(
+            1, ids.clamp(max=vocab).masked_fill(mask == 0, vocab), True
+        )  # padding -> the spare column
         return seen[:, :vocab]
 
-    def _choose(self, raw: torch.Tensor, seen, step: int, prompt_width: int, stops: torch.Tensor) -> torch.Tensor:
+    def _choose(
+        self, raw: torch.Tensor, seen, step: int, prompt_width: int, stops: torch.Tensor
+    ) -> torch.Tensor:
         s = self.settings
         blocked = step < s.min_new_tokens or prompt_width + step < s.min_length
         scores = process_logits(raw, s, seen, stops if blocked else None)
@@ -251,7 +283,9 @@ class _DecodeLoop:
         batch, width, steps = ids.shape[0], ids.shape[1], self.settings.max_new_tokens
         device = ids.device
         tokens = torch.full((batch, steps), self.pad, dtype=torch.long, device=device)
-        logprobs = torch.zeros((batch, steps), device=device) if self.logprob_temperature is not None else None
+        logprobs = (
+            torch.zeros((batch, steps), device=device) if self.logprob_temperature is not None else None
+        )
         values = torch.zeros((batch, steps), device=device) if self.value_head is not None else None
         # no padding at all: no mask, so the model builds none per step (a causal mask is the same attention)
         full_mask = None if bool(mask.all()) else torch.cat([mask, mask.new_ones((batch, steps))], dim=1)
@@ -285,14 +319,22 @@ class _DecodeLoop:
                     full_mask = full_mask[live] if full_mask is not None else None
                     seen = seen[live] if seen is not None else None
             raw = self._forward(
-                input_ids=token[:, None], position_ids=next_position, cache=cache,
+                input_ids=token[:, None],
+                position_ids=next_position,
+                cache=cache,
                 attention_mask=None if full_mask is None else full_mask[:, : width + step + 1],
-            )  # fmt: skip
+            )
             next_position = next_position + 1
         keep = slice(0, done)
-        return tokens[:, keep], None if logprobs is None else logprobs[:, keep], None if values is None else values[:, keep]
+        return (
+            tokens[:, keep],
+            None if logprobs is None else logprobs[:, keep],
+            None if values is None else values[:, keep],
+        )
 
-    def _record(self, tokens, logprobs, values, rows, step: int, raw: torch.Tensor, token: torch.Tensor) -> None:
+    def _record(
+        self, tokens, logprobs, values, rows, step: int, raw: torch.Tensor, token: torch.Tensor
+    ) -> None:
         """Write this step's tokens, their logprobs under raw logits / temperature, and values, by output row."""
         tokens[rows, step] = token
         if logprobs is not None:
@@ -302,25 +344,3 @@ class _DecodeLoop:
             state = self.hidden.pop()[:, -1]
             values[rows, step] = self.value_head(state).float().reshape(-1)
         self.hidden.clear()
-
-
-ENGINES: dict[str, type[HFGenerationBackend]] = {"rlhfkit": DecodeLoopBackend, "transformers": HFGenerationBackend}
-
-
-def make_generation_backend(
-    model: torch.nn.Module,
-    pad_token_id: int,
-    *,
-    engine: str = "rlhfkit",
-    chunk_size: int | None = None,
-    value_head: torch.nn.Module | None = None,
-    weights_context: Callable[[], contextlib.AbstractContextManager] | None = None,
-    progress: Callable[[int], None] | None = None,
-) -> HFGenerationBackend:
-    """The sampler every trainer uses: `engine` "rlhfkit" (the decode loop) or "transformers" (`generate`)."""
-    if engine not in ENGINES:
-        raise ValueError(f"generation_backend must be one of {sorted(ENGINES)}, got {engine!r}")
-    return ENGINES[engine](
-        model, pad_token_id, chunk_size=chunk_size, value_head=value_head, weights_context=weights_context,
-        progress=progress,
-    )  # fmt: skip

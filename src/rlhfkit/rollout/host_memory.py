@@ -54,7 +54,10 @@ def fix_mmap_threshold() -> bool:
     _applied = mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) == 1
     _libc = libc if _applied else None
     if _applied:
-        logger.info("glibc mmap threshold fixed at %d bytes (freed large blocks go back to the OS)", MMAP_THRESHOLD_BYTES)
+        logger.info(
+            "glibc mmap threshold fixed at %d bytes (freed large blocks go back to the OS)",
+            MMAP_THRESHOLD_BYTES,
+        )
     return _applied
 
 

@@ -29,11 +29,23 @@ logger = logging.getLogger(__name__)
 # their transformers modeling code; value: config attribute and whether the logits are multiplied (True)
 # or divided (False) by it.
 _PLAIN_HEAD_MODEL_TYPES = {
-    "gemma": None, "gpt2": None, "gpt_neox": None, "llama": None, "mistral": None, "mixtral": None,
-    "olmo2": None, "opt": None, "phi3": None, "qwen2": None, "qwen2_moe": None, "qwen3": None,
-    "qwen3_moe": None, "smollm3": None,
-    "cohere": ("logit_scale", True), "granite": ("logits_scaling", False),
-}  # fmt: skip
+    "gemma": None,
+    "gpt2": None,
+    "gpt_neox": None,
+    "llama": None,
+    "mistral": None,
+    "mixtral": None,
+    "olmo2": None,
+    "opt": None,
+    "phi3": None,
+    "qwen2": None,
+    "qwen2_moe": None,
+    "qwen3": None,
+    "qwen3_moe": None,
+    "smollm3": None,
+    "cohere": ("logit_scale", True),
+    "granite": ("logits_scaling", False),
+}
 _SHARDING_WRAPPERS = ("FullyShardedDataParallel", "DeepSpeedEngine")
 _logged_fallbacks: set[tuple[str, str]] = set()
 
@@ -55,7 +67,10 @@ def _unwrap(model: nn.Module) -> tuple[nn.Module, str | None]:
         if name in _SHARDING_WRAPPERS or name.startswith("FSDP"):
             return model, f"{name} shards the head weight outside its forward"
         if name == "OptimizedModule":
-            return model, "a torch.compile'd model may not run the backbone hook that catches the hidden states"
+            return (
+                model,
+                "a torch.compile'd model may not run the backbone hook that catches the hidden states",
+            )
         if name == "DistributedDataParallel":
             model = model.module
         elif hasattr(model, "v_head") and hasattr(model, "pretrained_model"):
@@ -90,7 +105,9 @@ def _inspect(model: nn.Module) -> LMHead | str:
     if getattr(config, "final_logit_softcapping", None) or getattr(config, "is_encoder_decoder", False):
         return "its logits are soft-capped or come from a decoder with its own head"
     head = base.get_output_embeddings()
-    if type(head) is not nn.Linear:  # exact type: LoRA, quantised and modules_to_save heads are subclasses or wrappers
+    if (
+        type(head) is not nn.Linear
+    ):  # exact type: LoRA, quantised and modules_to_save heads are subclasses or wrappers
         return f"its output head is {type(head).__name__}, not a plain torch.nn.Linear"
     backbone = getattr(base, getattr(base, "base_model_prefix", ""), None)
     if not isinstance(backbone, nn.Module):
@@ -157,9 +174,14 @@ def head_token_logprobs(
     152k vocabulary it lowered the benchmark's PPO and RLOO peaks by 1 to 24 MiB (benchmarks/FINDINGS.md).
     """
     result = chunked_token_logprobs(
-        hidden, head.weight, head.bias, targets, temperature=temperature / head.logit_scale,
-        chunk_rows=chunk_rows, with_entropy=with_entropy,
-    )  # fmt: skip
+        hidden,
+        head.weight,
+        head.bias,
+        targets,
+        temperature=temperature / head.logit_scale,
+        chunk_rows=chunk_rows,
+        with_entropy=with_entropy,
+    )
     if torch.is_grad_enabled() and hidden.requires_grad:
         trim_heap(targets.numel() * head.weight.shape[0] * 4)  # the (N, V) float32 logits this path avoided
     return result
@@ -234,14 +256,21 @@ def chunked_response_outputs(
     if head is None:
         return None
     output, hidden = forward_hidden(
-        model, head, input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+        model,
+        head,
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        use_cache=False,
     )
     # position t predicts token t+1: response tokens are predicted from positions Lq-1 .. Lq+R-2
     window = slice(-(responses.shape[1] + 1), -1)
     values = None
     if with_values:
         if not isinstance(output, tuple):
-            raise ValueError("with_values=True needs a model with a value head (e.g. AutoModelForCausalLMWithValueHead)")
+            raise ValueError(
+                "with_values=True needs a model with a value head (e.g. AutoModelForCausalLMWithValueHead)"
+            )
         values = output[2][:, window].float()
     result = head_token_logprobs(head, hidden[:, window], responses, temperature, chunk_rows, with_entropy)
     logprobs, entropy = result if with_entropy else (result, None)

@@ -98,7 +98,9 @@ def pack_rows(
     base = torch.tensor([k * length + o for k, o in zip(bins, offsets)], device=input_ids.device)
     rank = (real.long().cumsum(1) - 1).clamp_(min=0)  # place of each token among its row's real tokens
     dest = (base.unsqueeze(1) + rank).clamp_(max=count * length - 1)
-    packed_ids = input_ids.new_zeros(count * length)  # the unused tail holds token 0 at position 0: its own rows
+    packed_ids = input_ids.new_zeros(
+        count * length
+    )  # the unused tail holds token 0 at position 0: its own rows
     packed_positions = position_ids.new_zeros(count * length)
     packed_ids[dest[real]] = input_ids[real]
     packed_positions[dest[real]] = position_ids[real]
@@ -111,8 +113,12 @@ def pack_rows(
 
 
 def maybe_pack(
-    model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
-    length_r: int, packed: bool | None,
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    length_r: int,
+    packed: bool | None,
 ) -> PackedRows | None:
     """`forward_response`'s switch: packed rows, or None to score the padded batch.
 
@@ -134,13 +140,19 @@ def _run(model: nn.Module, rows: PackedRows, head: LMHead | None) -> tuple[objec
     response positions, so the query tokens in the packed rows cost no vocabulary projection.
     """
     if head is None:
-        return model(input_ids=rows.input_ids, attention_mask=None, position_ids=rows.position_ids,
-                     use_cache=False), None
+        return model(
+            input_ids=rows.input_ids, attention_mask=None, position_ids=rows.position_ids, use_cache=False
+        ), None
     captured: list[torch.Tensor] = []
     hook = head.backbone.register_forward_hook(lambda _m, _a, out: captured.append(_last_hidden_state(out)))
     try:
-        output = model(input_ids=rows.input_ids, attention_mask=None, position_ids=rows.position_ids,
-                       use_cache=False, logits_to_keep=1)
+        output = model(
+            input_ids=rows.input_ids,
+            attention_mask=None,
+            position_ids=rows.position_ids,
+            use_cache=False,
+            logits_to_keep=1,
+        )
     finally:
         hook.remove()
     return output, captured[-1]
@@ -153,7 +165,9 @@ def _gather(x: torch.Tensor, rows: PackedRows) -> torch.Tensor:
 
 def _values(output, rows: PackedRows) -> torch.Tensor:
     if not isinstance(output, tuple):
-        raise ValueError("with_values=True needs a model with a value head (e.g. AutoModelForCausalLMWithValueHead)")
+        raise ValueError(
+            "with_values=True needs a model with a value head (e.g. AutoModelForCausalLMWithValueHead)"
+        )
     return _gather(output[2], rows).float()
 
 
@@ -190,6 +204,8 @@ def packed_chunked_outputs(
     if head is None:
         return None
     output, hidden = _run(model, rows, head)
-    result = head_token_logprobs(head, _gather(hidden, rows), responses, temperature, with_entropy=with_entropy)
+    result = head_token_logprobs(
+        head, _gather(hidden, rows), responses, temperature, with_entropy=with_entropy
+    )
     logprobs, entropy = result if with_entropy else (result, None)
     return logprobs, _values(output, rows) if with_values else None, entropy

@@ -34,10 +34,20 @@ def respond_to_batch(
     if not isinstance(txt_len, int) or txt_len < 1:
         raise ValueError(f"txt_len must be a positive integer, got {txt_len!r}")
     if int(top_k) < 0 or not 0.0 < top_p <= 1.0:
-        raise ValueError(f"respond_to_batch needs top_k >= 0 and 0 < top_p <= 1, got top_k={top_k}, top_p={top_p}")
+        raise ValueError(
+            f"respond_to_batch needs top_k >= 0 and 0 < top_p <= 1, got top_k={top_k}, top_p={top_p}"
+        )
     params = SamplingParams(
-        max_new_tokens=txt_len, do_sample=True, top_k=int(top_k), top_p=float(top_p), temperature=1.0,
+        max_new_tokens=txt_len,
+        do_sample=True,
+        top_k=int(top_k),
+        top_p=float(top_p),
+        temperature=1.0,
         extra={"min_new_tokens": txt_len},
     )
     # no response ends early, so the pad id never appears in the output; any valid id will do
-    return make_generation_backend(model, pad_token_id=0).generate(queries, torch.ones_like(queries), params).responses
+    return (
+        make_generation_backend(model, pad_token_id=0)
+        .generate(queries, torch.ones_like(queries), params)
+        .responses
+    )

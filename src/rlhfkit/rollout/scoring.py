@@ -153,7 +153,8 @@ def forward_response(
             options = dict(temperature=temperature, with_values=with_values, with_entropy=with_entropy)
             chunked = (
                 chunked_response_outputs(model, input_ids, attention_mask, position_ids, responses, **options)
-                if rows is None else packed_chunked_outputs(model, rows, responses, **options)
+                if rows is None
+                else packed_chunked_outputs(model, rows, responses, **options)
             )
             if chunked is not None:  # None: a head the chunked path does not handle (reason logged once)
                 logprobs, values, entropy = chunked
@@ -162,13 +163,17 @@ def forward_response(
         if rows is not None:
             logits, values = packed_logits_and_values(model, rows, with_values=with_values)
         else:
-            logits, values = _padded_logits(model, input_ids, attention_mask, position_ids, length_r, with_values)
+            logits, values = _padded_logits(
+                model, input_ids, attention_mask, position_ids, length_r, with_values
+            )
     if temperature != 1.0:
         logits = logits / temperature
     result = ForwardOutput(logprobs=selective_log_softmax(logits, responses))
     if with_values:
         if values is None:
-            raise ValueError("with_values=True needs a model with a value head (e.g. AutoModelForCausalLMWithValueHead)")
+            raise ValueError(
+                "with_values=True needs a model with a value head (e.g. AutoModelForCausalLMWithValueHead)"
+            )
         result.values = values.float()
     if with_entropy:  # a statistic: no graph through the vocabulary softmax
         with torch.no_grad():
@@ -202,8 +207,16 @@ def forward_batch(
     """
     length = batch.responses.shape[1]
     parts = [
-        forward_response(model, rows.query_ids, rows.query_mask, rows.responses, rows.response_mask,
-                         temperature=temperature, with_values=with_values, return_logits=return_logits)
+        forward_response(
+            model,
+            rows.query_ids,
+            rows.query_mask,
+            rows.responses,
+            rows.response_mask,
+            temperature=temperature,
+            with_values=with_values,
+            return_logits=return_logits,
+        )
         for _, rows in batch.minibatches(chunk_size)
     ]
 
@@ -214,7 +227,9 @@ def forward_batch(
     mask = batch.loss_mask
     values = joined("values")
     return ForwardOutput(
-        logprobs=joined("logprobs") * mask, values=None if values is None else values * mask, logits=joined("logits")
+        logprobs=joined("logprobs") * mask,
+        values=None if values is None else values * mask,
+        logits=joined("logits"),
     )
 
 
@@ -232,7 +247,9 @@ def last_token_scores(
         )
     last = last_true_indices(attention_mask)
     if (last < 0).any():
-        raise ValueError("attention_mask has a row with no real token; every row needs at least one real token (1)")
+        raise ValueError(
+            "attention_mask has a row with no real token; every row needs at least one real token (1)"
+        )
     hidden = backbone(
         input_ids=input_ids,
         attention_mask=attention_mask,
@@ -260,5 +277,7 @@ def reward_model_scores(
             )
         logits = reward_model(input_ids=input_ids, attention_mask=attention_mask).logits
     if logits.dim() == 2 and logits.shape[-1] != 1:
-        raise ValueError(f"reward model must output one score per sequence (num_labels=1), got {logits.shape[-1]}")
+        raise ValueError(
+            f"reward model must output one score per sequence (num_labels=1), got {logits.shape[-1]}"
+        )
     return logits.reshape(-1).float()

@@ -1,17 +1,17 @@
 """Built-in toy tasks and data for the demo, examples and tests (no download).
 
 - `reviews`: a synthetic movie-review corpus and its prompts ("positive-review" task)
-- `judges`: the VADER sentiment judge and preference-pair labelling
 - `polarity`: a learned second review judge trained on the generator's own labels (imports torch:
   `from rlhfkit.tasks.polarity import PolarityClassifier`)
-- `toy`: tiny learnable rewards (keyword, length, token count) for RL learning tests
-- `registry`: `get_task(name)` for command lines
+- `addition`: two-digit addition problems with exact answers ("addition" task)
+- `toy`: short instruction prompts for RL learning tests
+- `registry`: `get_task(name)` for command lines: a task's prompts and its reward
 - `sampling`: the seeded draw of `n` prompts from a split, shared by the tasks
 
-Only the standard library is imported here; datasets, torch and vaderSentiment load on use.
+The rewards the tasks are scored with live in `rlhfkit.rewards`. Only the standard library is imported
+here; datasets, torch and vaderSentiment load on use.
 """
 
-from rlhfkit.tasks.judges import SentimentJudge, label_preference_pairs
 from rlhfkit.tasks.registry import TASKS, Task, get_task, task_names, text_task_names
 from rlhfkit.tasks.reviews import (
     prompt_split,
@@ -22,16 +22,12 @@ from rlhfkit.tasks.reviews import (
     review_references,
     review_sft_dataset,
 )
-from rlhfkit.tasks.toy import KeywordReward, LengthReward, token_count_reward, toy_prompt_dataset, toy_prompts
+from rlhfkit.tasks.toy import toy_prompt_dataset, toy_prompts
 
 __all__ = [
     "TASKS",
-    "KeywordReward",
-    "LengthReward",
-    "SentimentJudge",
     "Task",
     "get_task",
-    "label_preference_pairs",
     "prompt_split",
     "review_corpus",
     "review_prompt_dataset",
@@ -41,7 +37,6 @@ __all__ = [
     "review_sft_dataset",
     "task_names",
     "text_task_names",
-    "token_count_reward",
     "toy_prompt_dataset",
     "toy_prompts",
 ]

@@ -68,7 +68,9 @@ class PolarityClassifier:
     def accuracy(self, records: Sequence[tuple[str, str]]) -> float:
         """Share of (text, polarity) records whose polarity the classifier gets right (P >= 0.5: positive)."""
         probs = self([text for text, _ in records])
-        return sum((p >= 0.5) == (label == "positive") for p, (_, label) in zip(probs, records)) / len(records)
+        return sum((p >= 0.5) == (label == "positive") for p, (_, label) in zip(probs, records)) / len(
+            records
+        )
 
     # ------------------------------------------------------------------ training
     @classmethod
@@ -110,7 +112,9 @@ class PolarityClassifier:
 
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / VOCAB_FILE).write_text(json.dumps({"vocab": self.vocab, "bias": self.bias}), encoding="utf-8")
+        (folder / VOCAB_FILE).write_text(
+            json.dumps({"vocab": self.vocab, "bias": self.bias}), encoding="utf-8"
+        )
         save_file({"weight": self.weight.contiguous()}, str(folder / WEIGHTS_FILE))
 
     @classmethod

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from rlhfkit.rewards import KeywordReward, LengthReward, SentimentJudge, exact_match_reward
 from rlhfkit.tasks import addition, reviews, toy
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -17,38 +18,37 @@ class Task:
     """A built-in task: where prompts come from and how completions are scored.
 
     `prompt_dataset(split="train"|"test", n=None, seed=0)` returns a Dataset with a "prompt" column;
-    `reward_fn(texts) -> scores` scores completions (one float each); `sft_dataset()`, when present,
-    returns a Dataset with a "text" column. A task scored against its dataset's other columns (an exact
-    answer) sets `column_reward`, a GRPO reward `(prompts, completions, **columns)`; its `reward_fn`,
-    which sees text only, then raises a ValueError saying so.
+    `reward(completions, **columns) -> scores` scores completions, TRL's reward-function signature (see
+    `rlhfkit.rewards`). A task scored against its dataset's other columns (an exact answer) names them in
+    `reward_columns`: only a trainer that passes the columns (GRPO) can train it. `sft_dataset(n, seed)`,
+    when present, returns the SFT warm-start data ("text", or "prompt" and "completion" columns).
     """
 
     name: str
     description: str
     prompt_dataset: Callable[..., Dataset]
-    reward_fn: Callable[[list[str]], list[float]]
+    reward: Callable[..., list[float | None]]
     sft_dataset: Callable[..., Dataset] | None = None
-    column_reward: Callable[..., list[float | None]] | None = None
+    reward_columns: tuple[str, ...] = ()
 
-    def text_reward(self, argument: str, use: str) -> Callable[[list[str]], list[float]]:
-        """`reward_fn`, or a ValueError naming `argument` when this task needs its dataset's columns (before any
-        model is loaded); `use` says where the text-only reward was asked for (e.g. "RLOO's reward")."""
-        if self.column_reward is not None:
+    def text_reward(self, argument: str, use: str) -> Callable[..., list[float | None]]:
+        """`reward`, or a ValueError naming `argument` when it needs the dataset's columns, which `use` (e.g.
+        "RLOO's reward") does not receive; raised before any model is loaded."""
+        if self.reward_columns:
             raise ValueError(
-                f"{argument} {self.name!r}: this task is scored against its dataset's columns, which {use} does "
-                f"not receive; train it with `rlhfkit grpo --dataset_name {self.name}`"
+                f"{argument} {self.name!r}: this task is scored against its dataset's "
+                f"{', '.join(map(repr, self.reward_columns))} column, which {use} does not receive; "
+                f"train it with `rlhfkit grpo --dataset_name {self.name}`"
             )
-        return self.reward_fn
+        return self.reward
 
 
 def _positive_review() -> Task:
-    from rlhfkit.tasks.judges import SentimentJudge
-
     return Task(
         name="positive-review",
         description="continue the opening of a movie review so that VADER judges it positive",
         prompt_dataset=reviews.review_prompt_dataset,
-        reward_fn=SentimentJudge(),
+        reward=SentimentJudge(),
         sft_dataset=reviews.review_sft_dataset,
     )
 
@@ -58,7 +58,7 @@ def _keyword(word: str = "good", cap: int = 5, length_penalty: float = 0.0) -> T
         name="keyword",
         description=f"say {word!r} as often as possible (1 point each, at most {cap})",
         prompt_dataset=toy.toy_prompt_dataset,
-        reward_fn=toy.KeywordReward(word, cap=cap, length_penalty=length_penalty),
+        reward=KeywordReward(word, cap=cap, length_penalty=length_penalty),
     )
 
 
@@ -67,37 +67,24 @@ def _length(target_words: int = 2) -> Task:
         name="length",
         description=f"answer in exactly {target_words} words",
         prompt_dataset=toy.toy_prompt_dataset,
-        reward_fn=toy.LengthReward(target_words),
+        reward=LengthReward(target_words),
     )
 
 
-def _needs_columns(name: str, columns: str) -> Callable[[list[str]], list[float]]:
-    """The `reward_fn` of a task that cannot be scored from completion text alone."""
-
-    def reward_fn(texts: list[str]) -> list[float]:
-        raise ValueError(
-            f"task {name!r} scores completions against its dataset's {columns} column, which a text-only "
-            f"reward does not receive; train it with `rlhfkit grpo --dataset_name {name}`"
-        )
-
-    return reward_fn
-
-
 def _addition() -> Task:
-    from rlhfkit.rewards import exact_match_reward
-
     return Task(
         name="addition",
         description="two-digit addition, `37+48=` -> `85`, scored by exact match with the 'answer' column",
         prompt_dataset=addition.addition_prompt_dataset,
-        reward_fn=_needs_columns("addition", "'answer'"),
-        column_reward=exact_match_reward("answer"),
+        reward=exact_match_reward("answer"),
+        sft_dataset=addition.addition_sft_dataset,
+        reward_columns=("answer",),
     )
 
 
 def text_task_names() -> list[str]:
     """The built-in tasks scored from completion text alone (rule judges, RLOO and PPO rewards)."""
-    return [name for name in task_names() if TASKS[name]().column_reward is None]
+    return [name for name in task_names() if not TASKS[name]().reward_columns]
 
 
 TASKS: dict[str, Callable[..., Task]] = {

@@ -48,18 +48,29 @@ def _one_review(rng: random.Random) -> tuple[str, str]:
     # neutral adjectives occasionally stand in, so not every sentence is loaded
     adj = _adj(rng, "neutral" if rng.random() < 0.1 else polarity)
     slots = {
-        "subject": subject, "Subject": _cap(subject), "when": when, "When": _cap(when),
-        "company": rng.choice(lx.COMPANY), "runtime": rng.choice(lx.RUNTIMES), "adj": adj,
+        "subject": subject,
+        "Subject": _cap(subject),
+        "when": when,
+        "When": _cap(when),
+        "company": rng.choice(lx.COMPANY),
+        "runtime": rng.choice(lx.RUNTIMES),
+        "adj": adj,
         "verdict": rng.choice(lx.VERDICTS[polarity]),
     }
     sentences = [rng.choice(lx.OPENING_TEMPLATES).format(**slots)]
     for _ in range(rng.choice((0, 1, 1, 2))):
         aspect, aspect2 = rng.sample(lx.ASPECTS, 2)
         follow = {
-            "aspect": aspect, "Aspect": _cap(aspect), "aspect2": aspect2, "role": rng.choice(lx.ROLES),
-            "verb": rng.choice(lx.VERBS[polarity]), "adj": _adj(rng, polarity),
-            "adj2": _adj(rng, polarity), "recommend": rng.choice(lx.RECOMMEND[polarity]),
-            "audience": rng.choice(lx.AUDIENCES), "noun": rng.choice(lx.FILM_NOUNS),
+            "aspect": aspect,
+            "Aspect": _cap(aspect),
+            "aspect2": aspect2,
+            "role": rng.choice(lx.ROLES),
+            "verb": rng.choice(lx.VERBS[polarity]),
+            "adj": _adj(rng, polarity),
+            "adj2": _adj(rng, polarity),
+            "recommend": rng.choice(lx.RECOMMEND[polarity]),
+            "audience": rng.choice(lx.AUDIENCES),
+            "noun": rng.choice(lx.FILM_NOUNS),
             "verdict": rng.choice(lx.VERDICTS[polarity]),
         }
         sentences.append(rng.choice(lx.FOLLOW_TEMPLATES).format(**follow))
@@ -111,7 +122,9 @@ def _review_openings(split: str, min_words: int, max_words: int) -> dict[str, st
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     if not 1 <= min_words <= max_words:
-        raise ValueError(f"need 1 <= min_words <= max_words, got min_words={min_words}, max_words={max_words}")
+        raise ValueError(
+            f"need 1 <= min_words <= max_words, got min_words={min_words}, max_words={max_words}"
+        )
     cut_rng = random.Random(f"review-prompts-{min_words}-{max_words}")
     openings: dict[str, str] = {}
     for text in review_corpus(PROMPT_POOL_SIZE, seed=0):

@@ -45,7 +45,10 @@ def _train_clip_bpe(out_dir: Path) -> None:
     )
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     trainer = trainers.BpeTrainer(
-        vocab_size=1000, special_tokens=specials, initial_alphabet=alphabet, end_of_word_suffix="</w>",
+        vocab_size=1000,
+        special_tokens=specials,
+        initial_alphabet=alphabet,
+        end_of_word_suffix="</w>",
         show_progress=False,
     )
     bpe.train_from_iterator([" ".join(_WORDS)] * 4, trainer=trainer)
@@ -63,24 +66,50 @@ def _components(vocab_size: int, pad_token_id: int, bos: int, eos: int) -> dict[
     from transformers import CLIPTextConfig, CLIPTextModel
 
     unet = UNet2DConditionModel(
-        sample_size=IMAGE_SIZE // 4, in_channels=4, out_channels=4, layers_per_block=1,
-        block_out_channels=(16, 32), down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
-        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"), cross_attention_dim=32, attention_head_dim=4,
+        sample_size=IMAGE_SIZE // 4,
+        in_channels=4,
+        out_channels=4,
+        layers_per_block=1,
+        block_out_channels=(16, 32),
+        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+        cross_attention_dim=32,
+        attention_head_dim=4,
         norm_num_groups=8,
     )
     vae = AutoencoderKL(
-        in_channels=3, out_channels=3, latent_channels=4, sample_size=IMAGE_SIZE, layers_per_block=1,
-        block_out_channels=(8, 16, 16), norm_num_groups=4,
-        down_block_types=("DownEncoderBlock2D",) * 3, up_block_types=("UpDecoderBlock2D",) * 3,
+        in_channels=3,
+        out_channels=3,
+        latent_channels=4,
+        sample_size=IMAGE_SIZE,
+        layers_per_block=1,
+        block_out_channels=(8, 16, 16),
+        norm_num_groups=4,
+        down_block_types=("DownEncoderBlock2D",) * 3,
+        up_block_types=("UpDecoderBlock2D",) * 3,
     )
-    text_encoder = CLIPTextModel(CLIPTextConfig(
-        vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, max_position_embeddings=TEXT_MAX_LENGTH, projection_dim=32,
-        pad_token_id=pad_token_id, bos_token_id=bos, eos_token_id=eos,
-    ))
+    text_encoder = CLIPTextModel(
+        CLIPTextConfig(
+            vocab_size=vocab_size,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            max_position_embeddings=TEXT_MAX_LENGTH,
+            projection_dim=32,
+            pad_token_id=pad_token_id,
+            bos_token_id=bos,
+            eos_token_id=eos,
+        )
+    )
     scheduler = DDIMScheduler(
-        beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear", clip_sample=False,
-        set_alpha_to_one=False, steps_offset=1, prediction_type="epsilon",
+        beta_start=0.00085,
+        beta_end=0.012,
+        beta_schedule="scaled_linear",
+        clip_sample=False,
+        set_alpha_to_one=False,
+        steps_offset=1,
+        prediction_type="epsilon",
     )
     return {"unet": unet, "vae": vae, "text_encoder": text_encoder, "scheduler": scheduler}
 
@@ -95,9 +124,15 @@ def _build_pipeline(out_dir: Path) -> None:
     tokenizer = CLIPTokenizer.from_pretrained(tok_dir)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(SEED)
-        parts = _components(len(tokenizer), tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id)
+        parts = _components(
+            len(tokenizer), tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id
+        )
     pipe = StableDiffusionPipeline(
-        **parts, tokenizer=tokenizer, safety_checker=None, feature_extractor=None, requires_safety_checker=False
+        **parts,
+        tokenizer=tokenizer,
+        safety_checker=None,
+        feature_extractor=None,
+        requires_safety_checker=False,
     )
     pipe.save_pretrained(out_dir, safe_serialization=True)
 
@@ -105,4 +140,3 @@ def _build_pipeline(out_dir: Path) -> None:
 def tiny_sd_pipeline_path(cache_dir: str | os.PathLike | None = None) -> Path:
     """Folder of the tiny Stable Diffusion pipeline; built once, then cached."""
     return publish_once(cache_root(cache_dir) / TINY_SD_NAME, "model_index.json", _build_pipeline)
-

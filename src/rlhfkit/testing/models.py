@@ -24,16 +24,30 @@ from rlhfkit.testing.tokenizer import EOS_TOKEN, PAD_TOKEN, tiny_tokenizer_path
 
 SEED = 20240607
 MAX_POSITIONS = 512
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
+_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+)
 
 
 def _gpt2(ids: dict[str, int], size: str = "tiny"):
     from transformers import GPT2Config
 
     return GPT2Config(
-        vocab_size=ids["vocab"], n_positions=MAX_POSITIONS, n_embd=128, n_layer=2, n_head=4,
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, summary_first_dropout=0.0,
-        bos_token_id=ids["bos"], eos_token_id=ids["eos"], pad_token_id=ids["pad"],
+        vocab_size=ids["vocab"],
+        n_positions=MAX_POSITIONS,
+        n_embd=128,
+        n_layer=2,
+        n_head=4,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        summary_first_dropout=0.0,
+        bos_token_id=ids["bos"],
+        eos_token_id=ids["eos"],
+        pad_token_id=ids["pad"],
     )
 
 
@@ -42,16 +56,32 @@ def _llama(ids: dict[str, int], size: str = "tiny"):
 
     dims = {
         # ~0.6M parameters: unit tests
-        "tiny": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-                     num_key_value_heads=2),
+        "tiny": dict(
+            hidden_size=128,
+            intermediate_size=256,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        ),
         # ~10M parameters: benchmarks that need a model big enough for timings to mean something
-        "small": dict(hidden_size=320, intermediate_size=864, num_hidden_layers=8, num_attention_heads=5,
-                      num_key_value_heads=5),
+        "small": dict(
+            hidden_size=320,
+            intermediate_size=864,
+            num_hidden_layers=8,
+            num_attention_heads=5,
+            num_key_value_heads=5,
+        ),
     }[size]
     return LlamaConfig(
-        vocab_size=ids["vocab"], max_position_embeddings=MAX_POSITIONS, rms_norm_eps=1e-6,
-        attention_dropout=0.0, tie_word_embeddings=False,
-        bos_token_id=ids["bos"], eos_token_id=ids["eos"], pad_token_id=ids["pad"], **dims,
+        vocab_size=ids["vocab"],
+        max_position_embeddings=MAX_POSITIONS,
+        rms_norm_eps=1e-6,
+        attention_dropout=0.0,
+        tie_word_embeddings=False,
+        bos_token_id=ids["bos"],
+        eos_token_id=ids["eos"],
+        pad_token_id=ids["pad"],
+        **dims,
     )
 
 
@@ -59,10 +89,20 @@ def _qwen2(ids: dict[str, int], size: str = "tiny"):
     from transformers import Qwen2Config
 
     return Qwen2Config(
-        vocab_size=ids["vocab"], max_position_embeddings=MAX_POSITIONS, hidden_size=128,
-        intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        rms_norm_eps=1e-6, attention_dropout=0.0, tie_word_embeddings=True, use_sliding_window=False,
-        bos_token_id=ids["bos"], eos_token_id=ids["eos"], pad_token_id=ids["pad"],
+        vocab_size=ids["vocab"],
+        max_position_embeddings=MAX_POSITIONS,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-6,
+        attention_dropout=0.0,
+        tie_word_embeddings=True,
+        use_sliding_window=False,
+        bos_token_id=ids["bos"],
+        eos_token_id=ids["eos"],
+        pad_token_id=ids["pad"],
     )
 
 
@@ -71,9 +111,19 @@ def _t5(ids: dict[str, int], size: str = "tiny"):
 
     # T5 starts decoding from the pad token, as the original models do.
     return T5Config(
-        vocab_size=ids["vocab"], d_model=128, d_kv=32, d_ff=256, num_layers=2, num_decoder_layers=2,
-        num_heads=4, dropout_rate=0.0, feed_forward_proj="relu", tie_word_embeddings=True,
-        eos_token_id=ids["eos"], pad_token_id=ids["pad"], decoder_start_token_id=ids["pad"],
+        vocab_size=ids["vocab"],
+        d_model=128,
+        d_kv=32,
+        d_ff=256,
+        num_layers=2,
+        num_decoder_layers=2,
+        num_heads=4,
+        dropout_rate=0.0,
+        feed_forward_proj="relu",
+        tie_word_embeddings=True,
+        eos_token_id=ids["eos"],
+        pad_token_id=ids["pad"],
+        decoder_start_token_id=ids["pad"],
     )
 
 
@@ -168,7 +218,9 @@ def tiny_model_path(name: str, cache_dir: str | os.PathLike | None = None) -> Pa
     )
 
 
-def tiny_value_head_model(name: str = "llama", cache_dir: str | os.PathLike | None = None, **from_pretrained_kwargs: Any):
+def tiny_value_head_model(
+    name: str = "llama", cache_dir: str | os.PathLike | None = None, **from_pretrained_kwargs: Any
+):
     """Tiny causal model `name` inside `AutoModelForCausalLMWithValueHead`; kwargs go to `from_pretrained`.
 
     The tiny models are plain LMs, so the wrapper's "no value head found" warning is expected and silenced.
@@ -179,7 +231,9 @@ def tiny_value_head_model(name: str = "llama", cache_dir: str | os.PathLike | No
 
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="no value head found", category=UserWarning)
-        return AutoModelForCausalLMWithValueHead.from_pretrained(tiny_model_path(name, cache_dir), **from_pretrained_kwargs)
+        return AutoModelForCausalLMWithValueHead.from_pretrained(
+            tiny_model_path(name, cache_dir), **from_pretrained_kwargs
+        )
 
 
 def tiny_model(name: str, cache_dir: str | os.PathLike | None = None, **from_pretrained_kwargs: Any):

@@ -35,7 +35,9 @@ CORPUS_FILE = "corpus.txt"
 
 def corpus_text() -> str:
     """The English text (everyday sentences and short movie reviews) the tokenizer is trained on."""
-    return resources.files("rlhfkit.testing").joinpath("data").joinpath(CORPUS_FILE).read_text(encoding="utf-8")
+    return (
+        resources.files("rlhfkit.testing").joinpath("data").joinpath(CORPUS_FILE).read_text(encoding="utf-8")
+    )
 
 
 def _train_backend():

@@ -16,9 +16,9 @@ from launch import save_result
 from safetensors.torch import save_file
 
 from rlhfkit.models.sd_pipeline import DefaultDDPOStableDiffusionPipeline
-from rlhfkit.trainers.ddpo import DDPOTrainer
-from rlhfkit.trainers.ddpo_config import DDPOConfig
-from rlhfkit.trainers.sharded_state import gather_optimizer_state
+from rlhfkit.trainers.common.sharding import gather_optimizer_state
+from rlhfkit.trainers.ddpo.config import DDPOConfig
+from rlhfkit.trainers.ddpo.trainer import DDPOTrainer
 
 pipeline_path, folder, fsdp = sys.argv[1], sys.argv[2], "--fsdp" in sys.argv
 accelerator_kwargs = {}
@@ -103,7 +103,9 @@ trainer.step(1, trainer.global_step)  # the uninterrupted run's epoch 2 (before 
 continued = full_params(unet, trainable_only=True)
 resumed = ddpo_trainer(resume_from=str(checkpoint))
 result["resumed_first_epoch"] = resumed.first_epoch
-result["resumed_equals_saved"] = torch.equal(full_params(resumed.sd_pipeline.unet, trainable_only=True), params)
+result["resumed_equals_saved"] = torch.equal(
+    full_params(resumed.sd_pipeline.unet, trainable_only=True), params
+)
 loaded_optimizer = gather_optimizer_state(resumed.sd_pipeline.unet, resumed.optimizer)
 if trainer.accelerator.is_main_process:  # the others get empty dicts
     pairs = [(saved_optimizer["state"][k], loaded_optimizer["state"][k]) for k in saved_optimizer["state"]]

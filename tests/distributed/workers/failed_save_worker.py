@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from launch import save_result
 
-import rlhfkit.trainers.checkpointing as checkpointing
+import rlhfkit.trainers.common.checkpointing as checkpointing
 
 folder = Path(sys.argv[1])
 dist.init_process_group("gloo", timeout=timedelta(seconds=60))
@@ -50,5 +50,7 @@ results = {
     "add": failing_save(3, 1, "save_state"),
     "publish": failing_save(4, 0, "write_manifest"),
 }
-checkpointing.save_training_checkpoint(folder / "checkpoint-5", 5, model, {})  # the processes still work together
+checkpointing.save_training_checkpoint(
+    folder / "checkpoint-5", 5, model, {}
+)  # the processes still work together
 save_result(results)

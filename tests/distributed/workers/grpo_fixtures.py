@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import torch
 
+from rlhfkit.rewards import KeywordReward
 from rlhfkit.rollout import forward_response
 from rlhfkit.rollout.batch import RolloutBatch
-from rlhfkit.tasks import KeywordReward, toy_prompt_dataset
+from rlhfkit.tasks import toy_prompt_dataset
 from rlhfkit.testing import tiny_model, tiny_tokenizer
 
 from .rl_fixtures import sgd
@@ -20,8 +21,8 @@ def count_e(completions, **columns):
 
 def grpo_trainer(out: str, per_device: int, **kw):
     """GRPOTrainer with plain SGD (updates are linear in the gradient, so a wrong normaliser shows exactly)."""
-    from rlhfkit.trainers.grpo import GRPOTrainer
-    from rlhfkit.trainers.grpo_config import GRPOConfig
+    from rlhfkit.trainers.grpo.config import GRPOConfig
+    from rlhfkit.trainers.grpo.trainer import GRPOTrainer
 
     cfg = dict(
         output_dir=out, report_to="none", use_cpu=True, per_device_train_batch_size=per_device,
@@ -46,7 +47,12 @@ def synthetic_grpo_rollout(model, rows: slice = slice(None)) -> RolloutBatch:
     lengths = torch.tensor([5, 1, 3, 2, 4, 5, 2, 1])
     response_mask = torch.arange(5)[None] < lengths[:, None]
     advantages = torch.randn(8, generator=g)
-    query_ids, responses, response_mask, advantages = query_ids[rows], responses[rows], response_mask[rows], advantages[rows]
+    query_ids, responses, response_mask, advantages = (
+        query_ids[rows],
+        responses[rows],
+        response_mask[rows],
+        advantages[rows],
+    )
     query_mask = torch.ones_like(query_ids, dtype=torch.bool)
     with torch.no_grad():
         old = forward_response(model, query_ids, query_mask, responses, response_mask).logprobs

@@ -44,7 +44,9 @@ result["reward_metric"] = trainer.state.log_history[-1]["reward"]
 result["world"] = trainer.accelerator.num_processes
 
 # C. dynamic sampling: every rank samples as many rounds as the rank that is shortest of useful groups
-trainer = grpo_trainer(out, per_device=2, dynamic_sampling=True, max_sampling_rounds=4, max_steps=1, **settings)
+trainer = grpo_trainer(
+    out, per_device=2, dynamic_sampling=True, max_sampling_rounds=4, max_steps=1, **settings
+)
 trainer.train()
 result["prompt_batches"] = trainer._prompt_batches
 save_result(result)

@@ -34,27 +34,32 @@ def build(name: str, out: str, per_device: int, **kw):
     torch.manual_seed(0)
     tok = tiny_tokenizer(padding_side="right")
     if name == "reward":
-        from rlhfkit.trainers.reward import RewardTrainer
-        from rlhfkit.trainers.reward_config import RewardConfig
+        from rlhfkit.trainers.reward_model.config import RewardConfig
+        from rlhfkit.trainers.reward_model.trainer import RewardTrainer
 
         model = tiny_model("llama-reward")
         args = _args(RewardConfig, out, per_device, **kw)
         return RewardTrainer(model=model, args=args, train_dataset=_pairs(16), processing_class=tok)
     if name == "sft":
-        from rlhfkit.trainers.sft import SFTTrainer
-        from rlhfkit.trainers.sft_config import SFTConfig
+        from rlhfkit.trainers.sft.config import SFTConfig
+        from rlhfkit.trainers.sft.trainer import SFTTrainer
 
         texts = [{"text": f"{WORDS[i % 8]} {WORDS[(i + 3) % 8]} {WORDS[(i + 5) % 8]}"} for i in range(16)]
         args = _args(SFTConfig, out, per_device, max_seq_length=32, **kw)
         return SFTTrainer(
-            model=tiny_model("llama"), args=args, train_dataset=datasets.Dataset.from_list(texts), processing_class=tok
+            model=tiny_model("llama"),
+            args=args,
+            train_dataset=datasets.Dataset.from_list(texts),
+            processing_class=tok,
         )
     if name == "dpo":
-        from rlhfkit.trainers.dpo import DPOTrainer
-        from rlhfkit.trainers.dpo_config import DPOConfig
+        from rlhfkit.trainers.dpo.config import DPOConfig
+        from rlhfkit.trainers.dpo.trainer import DPOTrainer
 
         args = _args(DPOConfig, out, per_device, max_length=64, max_prompt_length=32, **kw)
-        return DPOTrainer(model=tiny_model("llama"), args=args, train_dataset=_pairs(16), processing_class=tok)
+        return DPOTrainer(
+            model=tiny_model("llama"), args=args, train_dataset=_pairs(16), processing_class=tok
+        )
     raise ValueError(name)
 
 

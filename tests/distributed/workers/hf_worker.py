@@ -28,7 +28,9 @@ for name in ("reward", "sft", "dpo"):
     trainer.train()
     params = full_params(trainer.model)
     everyone = trainer.accelerator.gather(params[None])
-    trainer.save_model(str(out / name))  # every rank calls it; under FSDP2 the shards are gathered for the file
+    trainer.save_model(
+        str(out / name)
+    )  # every rank calls it; under FSDP2 the shards are gathered for the file
     trainer.accelerator.wait_for_everyone()
     saved = load_file(str(out / name / "model.safetensors"))
     names = [n for n, _ in trainer.model.named_parameters()]

@@ -35,7 +35,9 @@ result["distributed_type"] = str(trainer.accelerator.distributed_type)
 trainer = ppo_trainer(batch_size=2, **config_kw)
 prompts = [torch.tensor([5 + rank, 17, 42]), torch.tensor([60, 61 + rank])]
 if fsdp:  # C. each rank generates for its own prompts with the sharded policy, before and after training
-    result["greedy_start"] = [o.tolist() for o in trainer.generate(prompts, max_new_tokens=4, do_sample=False)]
+    result["greedy_start"] = [
+        o.tolist() for o in trainer.generate(prompts, max_new_tokens=4, do_sample=False)
+    ]
 stats = trainer.step(*ppo_rank_rollout(rank))
 params = flat_trainable(trainer.model)
 everyone = trainer.accelerator.gather(params[None])
@@ -48,6 +50,8 @@ result.update(
 if fsdp:
     result["greedy_end"] = [o.tolist() for o in trainer.generate(prompts, max_new_tokens=4, do_sample=False)]
     trainer.config.ds3_gather_for_generation = False  # each layer gathered on use instead of all at once
-    result["greedy_end_per_layer"] = [o.tolist() for o in trainer.generate(prompts, max_new_tokens=4, do_sample=False)]
+    result["greedy_end_per_layer"] = [
+        o.tolist() for o in trainer.generate(prompts, max_new_tokens=4, do_sample=False)
+    ]
     result["step_params"] = params.tolist()
 save_result(result)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import torch
 
+from rlhfkit.rewards import KeywordReward
 from rlhfkit.rollout import forward_response
 from rlhfkit.rollout.batch import RolloutBatch
-from rlhfkit.tasks import KeywordReward, toy_prompt_dataset
+from rlhfkit.tasks import toy_prompt_dataset
 from rlhfkit.testing import tiny_model, tiny_tokenizer, tiny_value_head_model
 
 SGD_LR = 0.5
@@ -20,8 +21,8 @@ def sgd(policy, cfg: dict) -> tuple[dict, tuple]:
 
 
 def rloo_trainer(out: str, per_device: int, **kw):
-    from rlhfkit.trainers.rloo import RLOOTrainer
-    from rlhfkit.trainers.rloo_config import RLOOConfig
+    from rlhfkit.trainers.rloo.config import RLOOConfig
+    from rlhfkit.trainers.rloo.trainer import RLOOTrainer
 
     cfg = dict(
         output_dir=out, report_to="none", use_cpu=True, per_device_train_batch_size=per_device, rloo_k=2,
@@ -76,7 +77,12 @@ def ppo_trainer(batch_size: int, adam: bool = False, **config_kw):
     torch.manual_seed(0)  # the value head is initialised at random: the same on every process
     model = tiny_value_head_model("llama", summary_dropout_prob=0.0)
     config = PPOConfig(
-        batch_size=batch_size, mini_batch_size=batch_size, ppo_epochs=1, seed=7, learning_rate=1.0, **config_kw
+        batch_size=batch_size,
+        mini_batch_size=batch_size,
+        ppo_epochs=1,
+        seed=7,
+        learning_rate=1.0,
+        **config_kw,
     )
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.Adam(params, lr=1e-2) if adam else torch.optim.SGD(params, lr=SGD_LR)
@@ -102,7 +108,9 @@ def fixed_ppo_batch(trainer, rows: list[int]):
     advantages, returns = torch.randn(4, 4, generator=g), torch.randn(4, 4, generator=g)
     batch = RolloutBatch.from_sequences([queries[i] for i in rows], [responses[i] for i in rows], 0)
     out = trainer._forward_batch(trainer.policy, batch, with_values=True)
-    return batch.replace(logprobs=out.logprobs, values=out.values, advantages=advantages[rows], returns=returns[rows])
+    return batch.replace(
+        logprobs=out.logprobs, values=out.values, advantages=advantages[rows], returns=returns[rows]
+    )
 
 
 def flat_trainable(model) -> torch.Tensor:

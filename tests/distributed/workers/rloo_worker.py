@@ -44,7 +44,9 @@ trainer.train()
 params = flat_params(trainer.policy)
 everyone = trainer.accelerator.gather(params[None])
 result["max_rank_diff"] = (everyone - everyone[0]).abs().max().item()
-result["moved"] = (params - flat_params(rloo_trainer(out, per_device=2, **settings).policy)).abs().max().item()
+result["moved"] = (
+    (params - flat_params(rloo_trainer(out, per_device=2, **settings).policy)).abs().max().item()
+)
 # stats of one more rollout: local scores, and the metric that should average over both ranks
 rollout, metrics = trainer._rollout(2)
 result["local_scores"] = rollout.scores.tolist()

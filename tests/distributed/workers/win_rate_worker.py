@@ -12,8 +12,8 @@ import torch
 from launch import save_result
 
 from rlhfkit.judges import RuleJudge
-from rlhfkit.tasks import KeywordReward
-from rlhfkit.trainers.win_rate_callback import WinRateCallback
+from rlhfkit.rewards import KeywordReward
+from rlhfkit.trainers.common.win_rate import WinRateCallback
 from workers.grpo_fixtures import flat_params, grpo_trainer
 
 out = tempfile.mkdtemp()
@@ -25,10 +25,14 @@ trainer.train()
 everyone = trainer.accelerator.gather(flat_params(trainer.model)[None])
 samples = Path(out) / "samples.jsonl"
 rows = [json.loads(line) for line in samples.open()] if samples.exists() else []
-save_result({
-    "rank": trainer.accelerator.process_index,
-    "win_rates": [[h["step"], h["eval/win_rate"]] for h in trainer.state.log_history if "eval/win_rate" in h],
-    "pair_steps": [r["step"] for r in rows if r["table"] == "win_rate"],
-    "max_rank_diff": (everyone - everyone[0]).abs().max().item(),
-    "finite": bool(torch.isfinite(everyone).all()),
-})
+save_result(
+    {
+        "rank": trainer.accelerator.process_index,
+        "win_rates": [
+            [h["step"], h["eval/win_rate"]] for h in trainer.state.log_history if "eval/win_rate" in h
+        ],
+        "pair_steps": [r["step"] for r in rows if r["table"] == "win_rate"],
+        "max_rank_diff": (everyone - everyone[0]).abs().max().item(),
+        "finite": bool(torch.isfinite(everyone).all()),
+    }
+)

@@ -1,4 +1,4 @@
-"""PPOConfig: every setting of the classic PPO loop (seed 001/002 field names and defaults).
+"""PPOConfig: every setting of the classic PPO loop (TRL 0.x field names and defaults).
 
 A plain dataclass, not TrainingArguments: `PPOTrainer` owns its loop. Derived batch sizes are
 computed once in `__post_init__` (and again by the trainer once the number of processes is known).
@@ -14,12 +14,13 @@ import warnings
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from rlhfkit.trainers.config_checks import check_field_types, exact_div
-from rlhfkit.trainers.config_fields import (
+from rlhfkit.trainers.common.config import (
     AccelerateTracking,
+    GenerationOptions,
     HealthChecks,
     NonfiniteStepLimit,
-    ZeRO3Generation,
+    check_field_types,
+    exact_div,
     option,
 )
 
@@ -34,7 +35,7 @@ def _default_exp_name() -> str:
 
 
 @dataclass
-class PPOConfig(AccelerateTracking, NonfiniteStepLimit, ZeRO3Generation, HealthChecks):
+class PPOConfig(AccelerateTracking, NonfiniteStepLimit, GenerationOptions, HealthChecks):
     """Configuration for `PPOTrainer`.
 
     Sizes: each `step()` takes `batch_size` samples (per process); they are split into minibatches of
@@ -119,7 +120,9 @@ class PPOConfig(AccelerateTracking, NonfiniteStepLimit, ZeRO3Generation, HealthC
         check_field_types(self)
         if self.forward_batch_size is not None:
             warnings.warn(
-                "forward_batch_size is deprecated; use mini_batch_size (set from it now)", FutureWarning, stacklevel=3
+                "forward_batch_size is deprecated; use mini_batch_size (set from it now)",
+                FutureWarning,
+                stacklevel=3,
             )
             self.mini_batch_size = self.forward_batch_size
         if self.optimize_cuda_cache is not None:
@@ -140,21 +143,37 @@ class PPOConfig(AccelerateTracking, NonfiniteStepLimit, ZeRO3Generation, HealthC
 
     def validate(self) -> None:
         """Check every setting and (re)compute the derived batch sizes; raises ValueError on bad input."""
-        for name in ("batch_size", "mini_batch_size", "gradient_accumulation_steps", "ppo_epochs", "steps",
-                     "max_consecutive_nonfinite_steps"):
+        for name in (
+            "batch_size",
+            "mini_batch_size",
+            "gradient_accumulation_steps",
+            "ppo_epochs",
+            "steps",
+            "max_consecutive_nonfinite_steps",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"PPOConfig.{name} must be a positive integer, got {value!r}")
         if self.kl_penalty not in KL_PENALTIES:
             raise ValueError(f"PPOConfig.kl_penalty must be one of {KL_PENALTIES}, got {self.kl_penalty!r}")
-        positive = ("learning_rate", "target", "horizon", "cliprange", "cliprange_value", "target_kl", "ratio_threshold")
+        positive = (
+            "learning_rate",
+            "target",
+            "horizon",
+            "cliprange",
+            "cliprange_value",
+            "target_kl",
+            "ratio_threshold",
+        )
         for name in positive:
             if not getattr(self, name) > 0:
                 raise ValueError(f"PPOConfig.{name} must be > 0, got {getattr(self, name)!r}")
         if self.init_kl_coef < 0:
             raise ValueError(f"PPOConfig.init_kl_coef must be >= 0, got {self.init_kl_coef}")
         if not 0 <= self.gamma <= 1 or not 0 <= self.lam <= 1:
-            raise ValueError(f"PPOConfig.gamma and lam must lie in [0, 1], got gamma={self.gamma}, lam={self.lam}")
+            raise ValueError(
+                f"PPOConfig.gamma and lam must lie in [0, 1], got gamma={self.gamma}, lam={self.lam}"
+            )
         if self.vf_coef < 0:
             raise ValueError(f"PPOConfig.vf_coef must be >= 0, got {self.vf_coef}")
         if self.max_grad_norm is not None and not self.max_grad_norm > 0:

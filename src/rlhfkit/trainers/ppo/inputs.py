@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from rlhfkit.trainers.guards import NonFiniteStepWarning
+from rlhfkit.trainers.common.guards import NonFiniteStepWarning
 
 
 def _as_list(value: Any, name: str) -> list:
@@ -67,7 +67,9 @@ def _check_score(score: Any, name: str, device: torch.device) -> torch.Tensor:
         raise ValueError(f"{name} is on the meta device (it holds no data)")
     value = score.detach().reshape(()).to(device=device, dtype=torch.float32)
     if not torch.isfinite(value):  # not an error: PPOTrainer.step skips the step (NonFiniteGuard)
-        warnings.warn(f"{name} is {value.item()}; the step will be skipped", NonFiniteStepWarning, stacklevel=4)
+        warnings.warn(
+            f"{name} is {value.item()}; the step will be skipped", NonFiniteStepWarning, stacklevel=4
+        )
     return value
 
 
@@ -88,7 +90,9 @@ def check_step_inputs(
         response_masks = _as_list(response_masks, "response_masks")
         lengths["response_masks"] = len(response_masks)
     if len(set(lengths.values())) != 1:
-        raise ValueError(f"queries, responses and scores must have one entry per sample; got lengths {lengths}")
+        raise ValueError(
+            f"queries, responses and scores must have one entry per sample; got lengths {lengths}"
+        )
     if len(queries) != batch_size:
         raise ValueError(
             f"step() got {len(queries)} samples but config.batch_size is {batch_size}; "
@@ -105,11 +109,15 @@ def check_step_inputs(
                 raise TypeError(f"{name} must be a torch.Tensor, got {type(mask).__name__}")
             mask = mask.reshape(-1) if mask.dim() == 2 and mask.shape[0] == 1 else mask
             if mask.shape != response.shape:
-                raise ValueError(f"{name} has shape {tuple(mask.shape)} but responses[{i}] has {tuple(response.shape)}")
+                raise ValueError(
+                    f"{name} has shape {tuple(mask.shape)} but responses[{i}] has {tuple(response.shape)}"
+                )
             if not bool(((mask == 0) | (mask == 1)).all()):
                 raise ValueError(f"{name} must contain only 0/1 (or bool) values")
             if not bool(mask.bool().any()):
-                raise ValueError(f"{name} masks out every token; each response needs at least one trained token")
+                raise ValueError(
+                    f"{name} masks out every token; each response needs at least one trained token"
+                )
             checked.append(_check_device(mask, name, device).bool())
         response_masks = checked
     return queries, responses, score_values, response_masks
@@ -120,13 +128,17 @@ def as_token_tensor(query: Any, name: str) -> torch.Tensor:
     if isinstance(query, list | tuple) and all(isinstance(t, int) for t in query):
         query = torch.tensor(list(query), dtype=torch.long)
     if not isinstance(query, torch.Tensor):
-        raise TypeError(f"{name} must be a 1-D tensor of token ids (or a list of ints), got {type(query).__name__}")
+        raise TypeError(
+            f"{name} must be a 1-D tensor of token ids (or a list of ints), got {type(query).__name__}"
+        )
     if query.dtype.is_floating_point or query.dtype == torch.bool:
         raise TypeError(f"{name} must hold integer token ids, got dtype {query.dtype}")
     if query.dim() == 2 and query.shape[0] == 1:
         query = query[0]
     if query.dim() != 1 or query.numel() == 0:
-        raise ValueError(f"{name} must be a non-empty 1-D tensor of token ids, got shape {tuple(query.shape)}")
+        raise ValueError(
+            f"{name} must be a non-empty 1-D tensor of token ids, got shape {tuple(query.shape)}"
+        )
     return query.long()
 
 
@@ -139,7 +151,9 @@ def ppo_collator(features: Sequence[dict[str, Any]]) -> dict[str, list]:
     batch: dict[str, list] = {key: [row[key] for row in features] for key in features[0]}
     for key in ("input_ids", "attention_mask"):
         if key in batch:
-            batch[key] = [v if isinstance(v, torch.Tensor) else torch.tensor(v, dtype=torch.long) for v in batch[key]]
+            batch[key] = [
+                v if isinstance(v, torch.Tensor) else torch.tensor(v, dtype=torch.long) for v in batch[key]
+            ]
     return batch
 
 
@@ -168,17 +182,19 @@ def generation_config_from_kwargs(base: Any, kwargs: dict[str, Any]) -> Any:
     return config
 
 
-
 def responses_repeat_queries(queries: Sequence[torch.Tensor], responses: Sequence[torch.Tensor]) -> bool:
     """True when every response begins with its own query (generate()'s default return_prompt=True)."""
     return all(len(r) > len(q) and torch.equal(r[: len(q)], q) for q, r in zip(queries, responses))
 
 
-
-
 def check_trainer_args(
-    config: Any, model: Any, ref_model: Any, tokenizer: Any, num_shared_layers: int | None,
-    dataset: Any, train_dataset: Any,
+    config: Any,
+    model: Any,
+    ref_model: Any,
+    tokenizer: Any,
+    num_shared_layers: int | None,
+    dataset: Any,
+    train_dataset: Any,
 ) -> tuple[Any, Any]:
     """Reject bad `PPOTrainer(...)` arguments before anything is built; returns (config, dataset)."""
     from torch import nn
@@ -196,7 +212,9 @@ def check_trainer_args(
             "AutoModelForCausalLMWithValueHead.from_pretrained(path)"
         )
     if ref_model is not None and num_shared_layers is not None:
-        raise ValueError("num_shared_layers applies only when ref_model is None (the trainer builds the reference)")
+        raise ValueError(
+            "num_shared_layers applies only when ref_model is None (the trainer builds the reference)"
+        )
     if ref_model is not None and not isinstance(ref_model, nn.Module):
         raise TypeError(f"ref_model must be a torch.nn.Module or None, got {type(ref_model).__name__}")
     if tokenizer is None or not hasattr(tokenizer, "pad_token_id"):

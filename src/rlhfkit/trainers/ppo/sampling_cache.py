@@ -74,7 +74,10 @@ class SamplingCache:
         return logprobs, values
 
     def take(
-        self, queries: Sequence[torch.Tensor], responses: Sequence[torch.Tensor], loss_mask: torch.Tensor,
+        self,
+        queries: Sequence[torch.Tensor],
+        responses: Sequence[torch.Tensor],
+        loss_mask: torch.Tensor,
         version: int,
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """`lookup` masked by the (B, R) `loss_mask`, then empty the cache: the policy is about to change, so
@@ -99,4 +102,6 @@ def reuse_is_exact(config: Any, accelerator: Any, policy: torch.nn.Module, is_en
     float32 = accelerator.mixed_precision == "no" and all(
         p.dtype == torch.float32 for p in policy.parameters() if p.is_floating_point()
     )
-    return config.reuse_generation_outputs and not is_encoder_decoder and config.kl_penalty != "full" and float32
+    return (
+        config.reuse_generation_outputs and not is_encoder_decoder and config.kl_penalty != "full" and float32
+    )

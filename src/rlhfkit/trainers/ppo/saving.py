@@ -1,5 +1,5 @@
 """Saving a PPO run: the trained policy (`save_pretrained`, `push_to_hub`, a model card) and resumable
-checkpoints (`save_checkpoint` / `load_checkpoint`, through `trainers.checkpointing`).
+checkpoints (`save_checkpoint` / `load_checkpoint`, through `trainers.common.checkpointing`).
 
 Under FSDP each rank holds shards: every rank takes part in gathering whole tensors (weights, and the
 optimizer's state keyed by parameter name), and the main process writes them, in the same files as an
@@ -11,9 +11,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rlhfkit.trainers.checkpointing import WEIGHTS_FILE, load_training_checkpoint, save_training_checkpoint
+from rlhfkit.trainers.common.checkpointing import (
+    WEIGHTS_FILE,
+    load_training_checkpoint,
+    save_training_checkpoint,
+)
+from rlhfkit.trainers.common.sharding import gather_optimizer_state, load_optimizer_state, shard_like
 from rlhfkit.trainers.ppo import stats as ppo_stats
-from rlhfkit.trainers.sharded_state import gather_optimizer_state, load_optimizer_state, shard_like
 
 
 class SavingMethods:
@@ -39,7 +43,9 @@ class SavingMethods:
 
     def _write_pretrained(self, save_directory: str, state_dict: dict[str, Any] | None = None) -> None:
         Path(save_directory).mkdir(parents=True, exist_ok=True)
-        self.policy.save_pretrained(save_directory, **({} if state_dict is None else {"state_dict": state_dict}))
+        self.policy.save_pretrained(
+            save_directory, **({} if state_dict is None else {"state_dict": state_dict})
+        )
         self.tokenizer.save_pretrained(save_directory)
         self.create_model_card(save_directory)
 
@@ -77,7 +83,10 @@ class SavingMethods:
         with tempfile.TemporaryDirectory() as folder:
             self._write_pretrained(folder, full)
             return api.upload_folder(
-                repo_id=repo_id, folder_path=folder, commit_message=commit_message, revision=branch,
+                repo_id=repo_id,
+                folder_path=folder,
+                commit_message=commit_message,
+                revision=branch,
                 create_pr=create_pr,
             )
 
@@ -87,8 +96,13 @@ class SavingMethods:
 
     def _model_card(self, path: str, model_name: str | None) -> str:
         base = self.config.model_name or getattr(self.policy.config, "_name_or_path", "") or "unknown"
-        return ppo_stats.MODEL_CARD.format(model_name=model_name, task_name=self.config.task_name or "custom",
-                                           steps=self.current_step, base_model=base, path=path)
+        return ppo_stats.MODEL_CARD.format(
+            model_name=model_name,
+            task_name=self.config.task_name or "custom",
+            steps=self.current_step,
+            base_model=base,
+            path=path,
+        )
 
     def save_checkpoint(self, checkpoint_dir: str) -> None:
         """Everything a resumed run needs: weights (incl. value head), optimizer, scheduler, KL controller,
@@ -96,10 +110,17 @@ class SavingMethods:
         (`checkpointing`). Call it on every process."""
         self.accelerator.wait_for_everyone()
         weights, extra = self._gathered_weights(), None
-        if self._fsdp:  # the optimizer's state is sharded too (`_checkpoint_parts` leaves it out): gathered alike
+        if (
+            self._fsdp
+        ):  # the optimizer's state is sharded too (`_checkpoint_parts` leaves it out): gathered alike
             extra = {"optimizer": gather_optimizer_state(self._train_model, self.optimizer)}
-        save_training_checkpoint(checkpoint_dir, self.current_step, self.policy if weights is None else weights,
-                                 self._checkpoint_parts(), extra=extra)  # every rank adds its random state
+        save_training_checkpoint(
+            checkpoint_dir,
+            self.current_step,
+            self.policy if weights is None else weights,
+            self._checkpoint_parts(),
+            extra=extra,
+        )  # every rank adds its random state
         self.checkpoint_dir = str(checkpoint_dir)
 
     def load_checkpoint(self, checkpoint_dir: str) -> None:
@@ -114,10 +135,17 @@ class SavingMethods:
             load_optimizer_state(self._train_model, self.optimizer, state["optimizer"])
         else:
             device = self.current_device  # safetensors takes "cpu", not the "cpu:0" of a multi-CPU run
-            load_model(self.policy, str(folder / WEIGHTS_FILE), device="cpu" if device.type == "cpu" else str(device))
+            load_model(
+                self.policy, str(folder / WEIGHTS_FILE), device="cpu" if device.type == "cpu" else str(device)
+            )
         self.current_step = int(state["step"])
         self.policy_version += 1
 
     def _checkpoint_parts(self) -> dict[str, Any]:
-        return {"optimizer": None if self._fsdp else self.optimizer, "lr_scheduler": self.lr_scheduler,
-                "kl_ctl": self.kl_ctl, "running": self.running, "health": self.health}  # health: None when off
+        return {
+            "optimizer": None if self._fsdp else self.optimizer,
+            "lr_scheduler": self.lr_scheduler,
+            "kl_ctl": self.kl_ctl,
+            "running": self.running,
+            "health": self.health,
+        }  # health: None when off

@@ -139,8 +139,10 @@ def stack_stats(per_minibatch: list[dict[str, torch.Tensor]]) -> dict[str, torch
     stacked = {}
     for k in sorted(keys):
         values = [s[k].float() for s in per_minibatch if k in s]
-        stacked[k] = torch.cat([v.reshape(-1) for v in values]) if k in DISTRIBUTION_STATS else torch.stack(
-            [v.reshape(()) for v in values]
+        stacked[k] = (
+            torch.cat([v.reshape(-1) for v in values])
+            if k in DISTRIBUTION_STATS
+            else torch.stack([v.reshape(()) for v in values])
         )
     return stacked
 

@@ -31,9 +31,10 @@ from rlhfkit.rollout import SamplingParams, eval_mode, make_generation_backend, 
 from rlhfkit.rollout.batch import RolloutBatch
 from rlhfkit.rollout.host_memory import fix_mmap_threshold, release_free_heap
 from rlhfkit.rollout.scoring import ForwardOutput, forward_batch, forward_response
-from rlhfkit.trainers.guards import GracefulStop, NonFiniteGuard, any_across_ranks, loss_scaler_active
-from rlhfkit.trainers.health import HealthMonitor, monitor_for, watch, watch_judge
-from rlhfkit.trainers.optimizers import fused_optimizer_kwargs
+from rlhfkit.trainers.common.guards import GracefulStop, NonFiniteGuard, any_across_ranks, loss_scaler_active
+from rlhfkit.trainers.common.health import HealthMonitor, monitor_for, watch, watch_judge
+from rlhfkit.trainers.common.optimizers import fused_optimizer_kwargs
+from rlhfkit.trainers.common.sharding import sharded_generation_context
 from rlhfkit.trainers.ppo import stats as ppo_stats
 from rlhfkit.trainers.ppo.config import PPOConfig
 from rlhfkit.trainers.ppo.inputs import (
@@ -48,7 +49,6 @@ from rlhfkit.trainers.ppo.sampling_cache import SamplingCache, reuse_is_exact
 from rlhfkit.trainers.ppo.saving import SavingMethods
 from rlhfkit.trainers.ppo.trl_methods import TRLMethods
 from rlhfkit.trainers.ppo.update import UpdateResult, run_ppo_epochs
-from rlhfkit.trainers.sharded_generation import zero3_generation_context
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ logger = logging.getLogger(__name__)
 class PPOTrainer(TRLMethods, SavingMethods):
     """Proximal policy optimisation for a language model with a value head.
 
-    Args (seed 001/002 API): `config` (PPOConfig), `model` (AutoModelForCausalLMWithValueHead or
+    Args (TRL 0.x API): `config` (PPOConfig), `model` (AutoModelForCausalLMWithValueHead or
     AutoModelForSeq2SeqLMWithValueHead, optionally around a PeftModel), `ref_model` (frozen reference;
     default: a copy of `model` sharing its first `num_shared_layers` layers, or for a PEFT policy its
     frozen SFT adapter or the same model with its adapter disabled), `tokenizer`, `dataset` (turned into
@@ -105,7 +105,9 @@ class PPOTrainer(TRLMethods, SavingMethods):
         self.reference = choose_reference(model, ref_model, num_shared_layers=num_shared_layers)
         self.ref_model = self.reference.model
         self.data_collator = data_collator if data_collator is not None else ppo_collator
-        self.dataloader = self.prepare_dataloader(dataset, self.data_collator) if dataset is not None else None
+        self.dataloader = (
+            self.prepare_dataloader(dataset, self.data_collator) if dataset is not None else None
+        )
         self.kl_ctl = (
             AdaptiveKLController(config.init_kl_coef, config.target, config.horizon)
             if config.adap_kl_ctrl
@@ -124,8 +126,12 @@ class PPOTrainer(TRLMethods, SavingMethods):
         self.policy_version = 0  # bumped by every optimizer step: recorded rollouts of older weights miss
         optimizer = optimizer if optimizer is not None else self._default_optimizer(model)
         self._fsdp = self.accelerator.distributed_type == DistributedType.FSDP
-        if self._fsdp and not self.accelerator.is_fsdp2:  # generation and rollout forwards need FSDP2's modules
-            raise ValueError("PPOTrainer under FSDP needs FSDP2: set fsdp_version: 2 in the accelerate config")
+        if (
+            self._fsdp and not self.accelerator.is_fsdp2
+        ):  # generation and rollout forwards need FSDP2's modules
+            raise ValueError(
+                "PPOTrainer under FSDP needs FSDP2: set fsdp_version: 2 in the accelerate config"
+            )
         prepared, self.optimizer, self.dataloader, self.lr_scheduler = self.accelerator.prepare(
             model, optimizer, self.dataloader, lr_scheduler
         )
@@ -179,7 +185,9 @@ class PPOTrainer(TRLMethods, SavingMethods):
             dataset = dataset.remove_columns([c for c in dataset.column_names if c not in keep])
         collate = data_collator if data_collator is not None else ppo_collator
         bs = self.config.local_batch_size
-        return torch.utils.data.DataLoader(dataset, batch_size=bs, collate_fn=collate, shuffle=True, drop_last=True)
+        return torch.utils.data.DataLoader(
+            dataset, batch_size=bs, collate_fn=collate, shuffle=True, drop_last=True
+        )
 
     # ------------------------------------------------------------------ generation
     @torch.no_grad()
@@ -206,7 +214,9 @@ class PPOTrainer(TRLMethods, SavingMethods):
         elif isinstance(query_tensor, list | tuple) and len(query_tensor) > 0:
             queries = [as_token_tensor(q, f"query_tensor[{i}]") for i, q in enumerate(query_tensor)]
         else:
-            raise TypeError("query_tensor must be a 1-D tensor or a non-empty list of 1-D tensors of token ids")
+            raise TypeError(
+                "query_tensor must be a 1-D tensor or a non-empty list of 1-D tensors of token ids"
+            )
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
         generation_kwargs = dict(generation_kwargs)
@@ -217,7 +227,9 @@ class PPOTrainer(TRLMethods, SavingMethods):
         pad_id = pad_id if pad_id is not None else stop_id
         if pad_id is None:
             raise ValueError("the tokenizer has neither a pad nor an eos token; pass pad_token_id=")
-        config = generation_config_from_kwargs(getattr(self.policy, "generation_config", None), generation_kwargs)
+        config = generation_config_from_kwargs(
+            getattr(self.policy, "generation_config", None), generation_kwargs
+        )
         params = SamplingParams.from_generation_config(config, None if stop_id is None else [stop_id])
         queries = [q.to(self.current_device) for q in queries]
         # length_sampler draws one max_new_tokens per batch_size queries (TRL): one request per such group
@@ -245,12 +257,22 @@ class PPOTrainer(TRLMethods, SavingMethods):
         fix_mmap_threshold()  # freed (batch, vocab) sampling blocks go back to the OS
 
         def gathered():  # ZeRO-3 shards the weights: gather them once per call rather than once per token
-            return zero3_generation_context(self.accelerator, self.policy, self.config.ds3_gather_for_generation)
+            return sharded_generation_context(
+                self.accelerator, self.policy, self.config.ds3_gather_for_generation
+            )
 
         engine = self.config.generation_backend
-        policy = make_generation_backend(self.policy, pad_id, engine=engine, chunk_size=chunk_size,
-                                         weights_context=gathered, value_head=self.policy.v_head if record else None)
-        out = policy.generate(ids, mask, params, logprob_temperature=1.0 if record else None)  # as step() scores
+        policy = make_generation_backend(
+            self.policy,
+            pad_id,
+            engine=engine,
+            chunk_size=chunk_size,
+            weights_context=gathered,
+            value_head=self.policy.v_head if record else None,
+        )
+        out = policy.generate(
+            ids, mask, params, logprob_temperature=1.0 if record else None
+        )  # as step() scores
         release_free_heap(self.policy, len(queries))
         responses = [r[m] for r, m in zip(out.responses, out.response_mask)]
         if record:
@@ -258,7 +280,9 @@ class PPOTrainer(TRLMethods, SavingMethods):
         if not with_reference:
             return responses, []
         with self._reference() as ref, eval_mode(self.policy):
-            reference = make_generation_backend(ref, pad_id, engine=engine, chunk_size=chunk_size, weights_context=gathered)
+            reference = make_generation_backend(
+                ref, pad_id, engine=engine, chunk_size=chunk_size, weights_context=gathered
+            )
             ref_out = reference.generate(ids, mask, params)
         return responses, [r[m] for r, m in zip(ref_out.responses, ref_out.response_mask)]
 
@@ -286,7 +310,9 @@ class PPOTrainer(TRLMethods, SavingMethods):
         )
         self._warn_if_prompt_included(queries, responses)
         step_no = self.current_step + 1
-        if not self.nonfinite_guard.check(step=step_no, accelerator=self.accelerator, scores=scores, ends_bad_run=False):
+        if not self.nonfinite_guard.check(
+            step=step_no, accelerator=self.accelerator, scores=scores, ends_bad_run=False
+        ):
             return self._skipped_step_stats()  # NaN scores would also poison the running score moments
         batch = RolloutBatch.from_sequences(queries, responses, self._pad_id(), response_masks)
         batch = batch.replace(scores=self._scale_scores(scores))
@@ -298,8 +324,14 @@ class PPOTrainer(TRLMethods, SavingMethods):
         # 2. scores -> per-token rewards with the KL penalty
         with ppo_stats.timed(timing, "compute_rewards"):
             rewards, non_score_rewards, kls = compute_token_rewards(
-                batch.scores, batch.logprobs, batch.ref_logprobs, batch.loss_mask, kl_coef=self.kl_ctl.value,
-                kl_penalty=cfg.kl_penalty, logits=logits, ref_logits=ref_logits,
+                batch.scores,
+                batch.logprobs,
+                batch.ref_logprobs,
+                batch.loss_mask,
+                kl_coef=self.kl_ctl.value,
+                kl_penalty=cfg.kl_penalty,
+                logits=logits,
+                ref_logits=ref_logits,
             )
             del logits, ref_logits
         # 3. GAE and whitened advantages
@@ -313,8 +345,12 @@ class PPOTrainer(TRLMethods, SavingMethods):
             update = self._update(batch)
         # 5. statistics, gathered across processes; 6. KL controller and learning-rate schedule
         with ppo_stats.timed(timing, "calc_stats"):
-            stats = self._step_stats(batch, queries, responses, scores, non_score_rewards, kls, update, reused)
-            self.kl_ctl.update(float(stats["objective/kl"]), cfg.local_batch_size * self.accelerator.num_processes)
+            stats = self._step_stats(
+                batch, queries, responses, scores, non_score_rewards, kls, update, reused
+            )
+            self.kl_ctl.update(
+                float(stats["objective/kl"]), cfg.local_batch_size * self.accelerator.num_processes
+            )
             # the rate this step's updates used, read before the scheduler moves it on
             stats["ppo/learning_rate"] = torch.tensor(float(self.optimizer.param_groups[0]["lr"]))
             if self.lr_scheduler is not None:
@@ -327,13 +363,19 @@ class PPOTrainer(TRLMethods, SavingMethods):
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
         stats = ppo_stats.stats_to_python(stats)
-        stats.update(watch(self.health, stats, self.current_step, self.accelerator.is_main_process))  # health/*
+        stats.update(
+            watch(self.health, stats, self.current_step, self.accelerator.is_main_process)
+        )  # health/*
         return stats
 
     @functools.cached_property
     def health(self) -> HealthMonitor | None:
         """The health alarms of `step()` (docs/health.md); assign a `HealthMonitor` for other thresholds."""
-        return monitor_for("ppo", self.kl_ctl, self.config.global_batch_size) if self.config.health_checks else None
+        return (
+            monitor_for("ppo", self.kl_ctl, self.config.global_batch_size)
+            if self.config.health_checks
+            else None
+        )
 
     def _pad_id(self) -> int:
         return self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
@@ -356,19 +398,29 @@ class PPOTrainer(TRLMethods, SavingMethods):
         batch = batch.replace(logprobs=logprobs, values=values, ref_logprobs=ref_out.logprobs)
         return batch, logits, ref_out.logits, recorded is not None
 
-    def _forward_batch(self, model, batch: RolloutBatch, return_logits: bool = False, with_values: bool = False):
+    def _forward_batch(
+        self, model, batch: RolloutBatch, return_logits: bool = False, with_values: bool = False
+    ):
         """No-grad, eval-mode forward over the batch in chunks of `mini_batch_size` rows."""
         with eval_mode(model), eval_mode(self.policy):
             return forward_batch(
-                model, batch, self.config.local_mini_batch_size, with_values=with_values, return_logits=return_logits
+                model,
+                batch,
+                self.config.local_mini_batch_size,
+                with_values=with_values,
+                return_logits=return_logits,
             )
 
     def _update(self, batch: RolloutBatch) -> UpdateResult:
         """The PPO epochs over a batch whose logprobs, values, advantages and returns are filled in."""
         self._train_model.train()
         return run_ppo_epochs(
-            batch, self.config, forward=self._policy_forward, backward=self.accelerator.backward,
-            optimizer_step=self._optimizer_step, zero_grad=self.optimizer.zero_grad,
+            batch,
+            self.config,
+            forward=self._policy_forward,
+            backward=self.accelerator.backward,
+            optimizer_step=self._optimizer_step,
+            zero_grad=self.optimizer.zero_grad,
             any_process=lambda flag: any_across_ranks(flag, self.accelerator),
         )
 
@@ -376,17 +428,31 @@ class PPOTrainer(TRLMethods, SavingMethods):
         # under DDP the unwrapped policy is called directly (no DDP hooks): _optimizer_step averages
         # gradients across processes once per accumulation group, after any skipped minibatch
         return forward_response(
-            self._train_model, rows.query_ids, rows.query_mask, rows.responses, rows.response_mask,
-            with_values=True, with_entropy=True,
+            self._train_model,
+            rows.query_ids,
+            rows.query_mask,
+            rows.responses,
+            rows.response_mask,
+            with_values=True,
+            with_entropy=True,
         )
 
     def _step_stats(self, batch, queries, responses, raw_scores, non_score_rewards, kls, update, reused):
         cfg = self.config
         train_stats = ppo_stats.stack_stats(update.minibatch_stats)
         stats = self.record_step_stats(
-            kl_coef=self.kl_ctl.value, scores=raw_scores, queries=queries, responses=responses,
-            logprobs=batch.logprobs, ref_logprobs=batch.ref_logprobs, values=batch.values, returns=batch.returns,
-            advantages=batch.advantages, non_score_rewards=non_score_rewards, kls=kls, mask=batch.loss_mask,
+            kl_coef=self.kl_ctl.value,
+            scores=raw_scores,
+            queries=queries,
+            responses=responses,
+            logprobs=batch.logprobs,
+            ref_logprobs=batch.ref_logprobs,
+            values=batch.values,
+            returns=batch.returns,
+            advantages=batch.advantages,
+            non_score_rewards=non_score_rewards,
+            kls=kls,
+            mask=batch.loss_mask,
             train_stats=train_stats,
         )
         stats["ppo/skipped_minibatches"] = train_stats["policy/skipped"].sum()
@@ -409,17 +475,25 @@ class PPOTrainer(TRLMethods, SavingMethods):
             scores = clip_tensor(scores, cfg.score_clip)
         return scores
 
-    def _recorded_rollouts(self, queries, responses, batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def _recorded_rollouts(
+        self, queries, responses, batch: RolloutBatch
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Masked (B, R) old logprobs and values from generate(), if it sampled all of these pairs."""
         if not self._records_rollouts():
             return None
         return self.rollouts.take(queries, responses, batch.loss_mask, self.policy_version)
 
     def _warn_if_prompt_included(self, queries, responses) -> None:
-        if not self.is_encoder_decoder and not self._warned_prompt and responses_repeat_queries(queries, responses):
+        if (
+            not self.is_encoder_decoder
+            and not self._warned_prompt
+            and responses_repeat_queries(queries, responses)
+        ):
             self._warned_prompt = True
-            logger.warning("every response starts with its query: pass only the generated tokens to step(), "
-                           "e.g. from generate(..., return_prompt=False)")
+            logger.warning(
+                "every response starts with its query: pass only the generated tokens to step(), "
+                "e.g. from generate(..., return_prompt=False)"
+            )
 
     # ------------------------------------------------------------------ optimizer steps and robustness
     def _optimizer_step(self) -> None:
@@ -433,7 +507,9 @@ class PPOTrainer(TRLMethods, SavingMethods):
                 g.copy_(chunk.view_as(g))
         # fp16: the GradScaler checks the (still scaled) gradients and skips an overflowing update itself
         grads = [] if loss_scaler_active(self.accelerator) else [p.grad for p in params if p.grad is not None]
-        if not self.nonfinite_guard.check(step=self.current_step + 1, accelerator=self.accelerator, gradients=grads):
+        if not self.nonfinite_guard.check(
+            step=self.current_step + 1, accelerator=self.accelerator, gradients=grads
+        ):
             self.optimizer.zero_grad()  # skipped: the parameters keep their last good values
             self._fail_if_exhausted()
             return

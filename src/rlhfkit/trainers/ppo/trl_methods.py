@@ -13,7 +13,7 @@ from torch import nn
 from rlhfkit.core.advantages import whitened_gae
 from rlhfkit.core.rewards import compute_token_rewards
 from rlhfkit.rollout.batch import RolloutBatch
-from rlhfkit.trainers.guards import any_across_ranks
+from rlhfkit.trainers.common.guards import any_across_ranks
 from rlhfkit.trainers.ppo.update import minibatch_loss
 
 
@@ -57,8 +57,14 @@ class TRLMethods:
         Returns (rewards, non_score_rewards, kls), each (B, R).
         """
         return compute_token_rewards(
-            scores, logprobs, ref_logprobs, masks, kl_coef=self.kl_ctl.value, kl_penalty=self.config.kl_penalty,
-            logits=logits, ref_logits=ref_logits,
+            scores,
+            logprobs,
+            ref_logprobs,
+            masks,
+            kl_coef=self.kl_ctl.value,
+            kl_penalty=self.config.kl_penalty,
+            logits=logits,
+            ref_logits=ref_logits,
         )
 
     def compute_advantages(
@@ -66,7 +72,9 @@ class TRLMethods:
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """GAE over trained tokens, advantages whitened; returns (values, advantages, returns), (B, R) each."""
         cfg = self.config
-        advantages, returns = whitened_gae(values, rewards, mask, cfg.gamma, cfg.lam, whiten_rewards=cfg.whiten_rewards)
+        advantages, returns = whitened_gae(
+            values, rewards, mask, cfg.gamma, cfg.lam, whiten_rewards=cfg.whiten_rewards
+        )
         return values, advantages, returns
 
     def loss(
@@ -83,8 +91,16 @@ class TRLMethods:
     ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
         """Clipped policy loss and vf_coef * clipped value loss (masked means), plus their statistics."""
         return minibatch_loss(
-            self.config, logprobs=logprobs, old_logprobs=old_logprobs, vpreds=vpreds, values=values,
-            advantages=advantages, returns=returns, mask=mask, logits=logits, entropy=entropy,
+            self.config,
+            logprobs=logprobs,
+            old_logprobs=old_logprobs,
+            vpreds=vpreds,
+            values=values,
+            advantages=advantages,
+            returns=returns,
+            mask=mask,
+            logits=logits,
+            entropy=entropy,
         )
 
     def train_minibatch(
@@ -110,7 +126,9 @@ class TRLMethods:
         pg_loss, vf_loss, stats = self.loss(
             old_logprobs, values, logits, vpreds, logprobs, mask, advantages, returns, entropy=entropy
         )
-        skip = any_across_ranks(bool(stats["policy/ratio_mean"] > self.config.ratio_threshold), self.accelerator)
+        skip = any_across_ranks(
+            bool(stats["policy/ratio_mean"] > self.config.ratio_threshold), self.accelerator
+        )
         stats["policy/skipped"] = torch.tensor(float(skip))
         if not skip:
             self.accelerator.backward((pg_loss + vf_loss) * loss_weight)

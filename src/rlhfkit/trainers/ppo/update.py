@@ -49,9 +49,18 @@ def minibatch_loss(
         with torch.no_grad():
             entropy = entropy_from_logits(logits.detach())
     stats = ppo_stats.minibatch_loss_stats(
-        pg_loss=policy.loss, vf_loss=value.loss, vf_coef=config.vf_coef, policy=policy, value=value,
-        entropy=entropy, vpreds=vpreds, old_logprobs=old_logprobs, logprobs=logprobs,
-        advantages=advantages, returns=returns, mask=mask,
+        pg_loss=policy.loss,
+        vf_loss=value.loss,
+        vf_coef=config.vf_coef,
+        policy=policy,
+        value=value,
+        entropy=entropy,
+        vpreds=vpreds,
+        old_logprobs=old_logprobs,
+        logprobs=logprobs,
+        advantages=advantages,
+        returns=returns,
+        mask=mask,
     )
     return policy.loss, config.vf_coef * value.loss, stats
 
@@ -91,20 +100,33 @@ def run_ppo_epochs(
             for idx, mb in batch.minibatches(config.local_mini_batch_size, group):
                 out = forward(mb)
                 pg_loss, vf_loss, stats = minibatch_loss(
-                    config, logprobs=out.logprobs, old_logprobs=mb.logprobs, vpreds=out.values, values=mb.values,
-                    advantages=mb.advantages, returns=mb.returns, mask=mb.loss_mask, logits=out.logits, entropy=out.entropy,
+                    config,
+                    logprobs=out.logprobs,
+                    old_logprobs=mb.logprobs,
+                    vpreds=out.values,
+                    values=mb.values,
+                    advantages=mb.advantages,
+                    returns=mb.returns,
+                    mask=mb.loss_mask,
+                    logits=out.logits,
+                    entropy=out.entropy,
                 )
                 skip = any_process(bool(stats["policy/ratio_mean"] > config.ratio_threshold))
                 stats["policy/skipped"] = torch.tensor(float(skip))
                 if skip:
-                    logger.warning("PPO: skipped a minibatch with mean ratio %.3g > ratio_threshold %.3g",
-                                   float(stats["policy/ratio_mean"]), config.ratio_threshold)
+                    logger.warning(
+                        "PPO: skipped a minibatch with mean ratio %.3g > ratio_threshold %.3g",
+                        float(stats["policy/ratio_mean"]),
+                        config.ratio_threshold,
+                    )
                 else:
                     backward((pg_loss + vf_loss) * (batch.loss_mask[idx].sum() / group_tokens))
                 result.minibatch_stats.append(stats)
                 contributed = contributed or not skip
                 # host syncs only where a decision needs one (they stall a GPU's queue)
-                if config.early_stopping and any_process(bool(stats["policy/policykl"] > 1.5 * config.target_kl)):
+                if config.early_stopping and any_process(
+                    bool(stats["policy/policykl"] > 1.5 * config.target_kl)
+                ):
                     result.early_stopped = True  # the drifted update is dropped, not applied
                     break
             if result.early_stopped:

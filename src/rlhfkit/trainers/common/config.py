@@ -1,0 +1,194 @@
+"""How rlhfkit configs declare and check their fields, written once for every trainer.
+
+`option(default, help)` is a dataclass field carrying the help text of its `HfArgumentParser` flag. The
+mixins hold fields that several configs mean the same way, with one default: a config lists the mixin
+among its bases instead of declaring the fields again. `HFTrainerConfig` is the base of the
+TrainingArguments-based configs (reward, SFT, DPO, RLOO, GRPO): the non-finite-step budget and the
+`__post_init__` order each follows (field types, then TrainingArguments, then the config's own
+`validate`, which the trainers run again after keyword overrides).
+
+The checks turn a bad value into an error naming the field before a model is loaded: dataclasses and
+TrainingArguments accept any value.
+"""
+
+from __future__ import annotations
+
+import types
+from dataclasses import MISSING, dataclass, field
+from typing import Any, Literal
+
+from transformers import TrainingArguments
+
+from rlhfkit.trainers.common.legacy_training_args import LegacyTrainingArguments
+
+
+def option(default: Any = MISSING, help: str = "", **field_kwargs: Any) -> Any:
+    """`dataclasses.field(default=default, metadata={"help": help})`; `default_factory=` etc. pass through."""
+    return field(default=default, metadata={"help": help}, **field_kwargs)
+
+
+@dataclass
+class NonfiniteStepLimit:
+    """The tolerance of every trainer for NaN/inf steps (see `rlhfkit.trainers.common.guards.NonFiniteGuard`)."""
+
+    max_consecutive_nonfinite_steps: int = option(
+        3,
+        "A step (a DDPO epoch) with a NaN/inf loss or score, or an optimizer step with NaN/inf gradients, is "
+        "skipped; after this many in a row the run saves its last good state and stops with an error.",
+    )
+
+
+@dataclass
+class GenerationOptions:
+    """For trainers that sample from the policy while training (`sharding.sharded_generation_context`)."""
+
+    ds3_gather_for_generation: bool = option(
+        True,
+        "DeepSpeed ZeRO-3 only: gather the policy weights once for generation (faster); False lets a policy "
+        "larger than one GPU train, generating more slowly.",
+    )
+    generation_backend: Literal["rlhfkit", "transformers"] = option(
+        "rlhfkit",
+        "What samples completions: 'rlhfkit' (its own decode loop: same distribution, faster) or "
+        "'transformers' (model.generate).",
+    )
+
+
+@dataclass
+class AccelerateTracking:
+    """For trainers that build their own `accelerate.Accelerator` and trackers (PPO, DDPO)."""
+
+    log_with: str | None = option(
+        None, "Tracker to log to: 'tensorboard', 'wandb', 'all' or None (no tracker)."
+    )
+    tracker_kwargs: dict[str, Any] = option(
+        help="Keyword arguments for the tracker's init (e.g. wandb run name).", default_factory=dict
+    )
+    accelerator_kwargs: dict[str, Any] = option(
+        help="Keyword arguments for accelerate.Accelerator.", default_factory=dict
+    )
+    project_kwargs: dict[str, Any] = option(
+        help="Keyword arguments for accelerate's ProjectConfiguration (e.g. logging_dir).",
+        default_factory=dict,
+    )
+    tracker_project_name: str = option("trl", "Project name the trackers log under.")
+
+
+@dataclass
+class HealthChecks:
+    """For the RL trainers that watch their own metrics (`rlhfkit.trainers.common.health`, docs/health.md)."""
+
+    health_checks: bool = option(
+        True,
+        "Watch the training metrics for runaway KL, entropy collapse, length exploitation, reward hacking (with a "
+        "judge's eval/win_rate), clipping blow-up and sampling/training logprob gaps: log health/* metrics and warn "
+        "(HealthWarning) at most once per alarm every 100 steps.",
+    )
+
+
+def exact_div(a: int, b: int, what: str = "") -> int:
+    """`a // b`, raising a clear error when `b` does not divide `a` (e.g. batch sizes)."""
+    if b <= 0:
+        raise ValueError(f"{what or 'divisor'} must be a positive integer, got {b}")
+    if a % b != 0:
+        detail = f" ({what})" if what else ""
+        raise ValueError(f"{a} is not divisible by {b}{detail}; choose sizes where it divides exactly")
+    return a // b
+
+
+def check_positive_integers(config: Any, names: tuple[str, ...], optional: tuple[str, ...] = ()) -> None:
+    """ValueError naming the first field of `names` (or of `optional`, unless None) that is not an integer >= 1."""
+    for name in (*names, *(n for n in optional if getattr(config, n) is not None)):
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def check_field_types(config: Any, skip_fields_of: type | None = None) -> None:
+    """Raise a TypeError naming the field when a config value does not match its int/float/str/bool annotation.
+
+    Dataclasses do not check types, so `cliprange="0.2"` would otherwise fail later with an unrelated
+    comparison error. Fields declared by `skip_fields_of` (e.g. TrainingArguments, which converts its own
+    values) and fields with other annotations are left alone. An int is accepted where a float is expected.
+    """
+    import dataclasses
+    import typing
+
+    skip = {f.name for f in dataclasses.fields(skip_fields_of)} if skip_fields_of is not None else set()
+    hints = typing.get_type_hints(type(config))
+    simple = {int: (int,), float: (int, float), str: (str,), bool: (bool,)}
+    for f in dataclasses.fields(config):
+        if f.name in skip or f.name not in hints:
+            continue
+        hint = hints[f.name]
+        options = (
+            typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+        )
+        if not all(o in simple or o is type(None) for o in options):
+            continue  # lists, Literals, dicts...: the config's own checks handle them
+        value = getattr(config, f.name)
+        allowed = tuple(t for o in options for t in (simple.get(o) or (type(None),)))
+        ok = isinstance(value, allowed) and not (isinstance(value, bool) and bool not in options)
+        if not ok:
+            names = " or ".join("None" if o is type(None) else o.__name__ for o in options)
+            raise TypeError(
+                f"{type(config).__name__}.{f.name} must be {names}, got {type(value).__name__} {value!r}"
+            )
+
+
+def check_training_sizes(args: Any) -> None:
+    """ValueError naming the flag when a TrainingArguments batch size or step count is zero or negative."""
+    names = ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps")
+    for name in (*names, "max_consecutive_nonfinite_steps"):
+        value = getattr(args, name, None)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+@dataclass
+class HFTrainerConfig(NonfiniteStepLimit, LegacyTrainingArguments):
+    """Base of the Trainer-style configs; a subclass checks its own fields in `validate`."""
+
+    def __post_init__(self):
+        check_field_types(self, skip_fields_of=TrainingArguments)
+        super().__post_init__()
+        self.validate()
+
+    def validate(self) -> None:
+        """Check the config's own fields; also called again after a trainer's keyword overrides."""
+
+
+@dataclass
+class ModelInitKwargs:
+    """Mixin field for configs whose trainer accepts `model` as a path."""
+
+    model_init_kwargs: dict[str, Any] | None = option(
+        None, "Keyword arguments for from_pretrained when `model` is a path string."
+    )
+
+
+@dataclass
+class DatasetNumProc:
+    """Mixin field for configs whose trainer tokenises its datasets with `datasets.map`."""
+
+    dataset_num_proc: int | None = option(
+        None, "Worker processes for tokenising the datasets (None: this one)."
+    )
+
+
+@dataclass
+class TokenizesDatasets(DatasetNumProc):
+    """Mixin fields for configs whose trainer turns raw text columns into its own model inputs."""
+
+    remove_unused_columns: bool = option(
+        False, "Kept False: the trainer picks the columns it needs; they are not all forward() arguments."
+    )
+
+
+@dataclass
+class MaxLength:
+    """Mixin field for configs that cut each tokenised sequence at one length."""
+
+    max_length: int | None = option(
+        512, "Longest tokenised sequence, prompt included (each side of a pair). None: no limit."
+    )

@@ -1,0 +1,71 @@
+"""DPOConfig: TrainingArguments plus direct preference optimisation options (TRL 0.x's DPOTrainer)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlhfkit.trainers.common.config import (
+    HFTrainerConfig,
+    MaxLength,
+    ModelInitKwargs,
+    TokenizesDatasets,
+    option,
+)
+
+TRUNCATION_MODES = ("keep_end", "keep_start")
+
+
+@dataclass
+class DPOConfig(ModelInitKwargs, TokenizesDatasets, MaxLength, HFTrainerConfig):
+    """Configuration for `DPOTrainer`; every `transformers.TrainingArguments` field also applies."""
+
+    beta: float = option(
+        0.1, "Strength of the implicit KL to the reference: larger beta keeps the policy closer."
+    )
+    loss_type: str = option("sigmoid", "DPO loss variant: 'sigmoid' (DPO), 'hinge' (SLiC) or 'ipo'.")
+    label_smoothing: float = option(
+        0.0, "Assumed probability that a preference label is flipped (conservative DPO), in [0, 0.5)."
+    )
+    reference_free: bool = option(
+        False, "Use a uniform reference (reference log-probs = 0) instead of a model."
+    )
+    max_prompt_length: int | None = option(
+        128, "Prompt tokens kept when prompt + response is longer than max_length. None: no limit."
+    )
+    truncation_mode: str = option(
+        "keep_end", "Which prompt tokens to keep when truncating: 'keep_end' (latest) or 'keep_start'."
+    )
+    label_pad_token_id: int = option(
+        -100, "Label value for positions that carry no loss (prompt and padding)."
+    )
+    padding_value: int | None = option(
+        None, "Token id used to pad input_ids. None: the tokenizer's pad token."
+    )
+    disable_dropout: bool = option(True, "Set dropout to 0 in the policy and reference models.")
+    precompute_ref_log_probs: bool = option(
+        False, "Compute reference log-probs once over the datasets, so a step runs only the policy."
+    )
+    generate_during_eval: bool = option(
+        False, "Log a few policy and reference generations at every evaluation."
+    )
+    max_new_tokens_eval: int = option(32, "New tokens per generation when generate_during_eval is on.")
+
+    def validate(self) -> None:
+        from rlhfkit.core.losses import DPO_LOSSES
+
+        if self.loss_type not in DPO_LOSSES:
+            raise ValueError(f"loss_type must be one of {sorted(DPO_LOSSES)}, got {self.loss_type!r}")
+        if self.beta <= 0:
+            raise ValueError(f"beta must be > 0, got {self.beta}")
+        if not 0.0 <= self.label_smoothing < 0.5:
+            raise ValueError(f"label_smoothing must be in [0, 0.5), got {self.label_smoothing}")
+        if self.truncation_mode not in TRUNCATION_MODES:
+            raise ValueError(
+                f"truncation_mode must be one of {TRUNCATION_MODES}, got {self.truncation_mode!r}"
+            )
+        if self.max_length is not None and self.max_prompt_length is not None:
+            if self.max_prompt_length >= self.max_length:
+                raise ValueError(
+                    f"max_prompt_length ({self.max_prompt_length}) must be smaller than max_length "
+                    f"({self.max_length}) to leave room for the response"
+                )

@@ -1,0 +1,486 @@
+"""DPOTrainer: direct preference optimisation, no reward model and no sampling during training.
+
+For each pair (prompt, chosen, rejected) the loss compares how much more the policy prefers chosen
+over rejected than the frozen reference does:
+    logits = [log pi(c) - log pi(r)] - [log ref(c) - log ref(r)],   loss = f(beta * logits)
+with f chosen by `loss_type` (sigmoid = DPO, hinge = SLiC, ipo = IPO) in `rlhfkit.core.losses`.
+The reference is a frozen copy of the policy, or, for a PEFT policy, the same network with its
+frozen SFT reference adapter active or its adapters switched off; its log-probs can also be computed once up front (precompute_ref_log_probs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+from transformers import AutoModelForCausalLM
+
+from rlhfkit.core.logprobs import selective_log_softmax
+from rlhfkit.core.losses import dpo_loss
+from rlhfkit.data.collators import DPODataCollatorWithPadding, cat_padded
+from rlhfkit.data.preference import prepare_dpo_dataset
+from rlhfkit.models.reference import Reference, choose_reference
+from rlhfkit.rollout.lm_head import chunked_label_logprobs
+from rlhfkit.rollout.scoring import forward_accepts, prefers_chunked_head
+from rlhfkit.trainers.common import trainer_setup
+from rlhfkit.trainers.common.trainer_setup import MetricBuffer, OfflineTrainer, load_model, load_policy
+from rlhfkit.trainers.dpo.config import DPOConfig
+
+logger = logging.getLogger(__name__)
+
+
+class DPOTrainer(OfflineTrainer):
+    """`transformers.Trainer` for DPO; TRL 0.x's keyword arguments override the matching `args` fields.
+
+    `ref_model=None` means, for a PEFT policy (or when `peft_config` is given): its frozen SFT
+    `reference` adapter if it has one, else the policy with adapters disabled; otherwise a frozen copy
+    of the initial policy (`choose_reference`). With `reference_free` no reference is used at all.
+    TRL 0.x's `tokenizer=` is another name for `processing_class=`.
+    """
+
+    config_class = DPOConfig
+    default_output_dir = "dpo_model"
+    override_keywords = (
+        "beta",
+        "label_pad_token_id",
+        "padding_value",
+        "truncation_mode",
+        "max_length",
+        "max_prompt_length",
+        "disable_dropout",
+    )
+    # compute_loss returns a per-pair mean, so Trainer must divide by the accumulation steps itself
+    loss_is_scaled_for_ga = False
+
+    def __init__(
+        self,
+        model: nn.Module | str | None = None,
+        ref_model: nn.Module | str | None = None,
+        beta: float | None = None,
+        args: DPOConfig | None = None,
+        data_collator: Callable | None = None,
+        label_pad_token_id: int | None = None,
+        padding_value: int | None = None,
+        truncation_mode: str | None = None,
+        **kwargs: Any,
+    ):
+        """TRL 0.x's leading arguments in its order; the rest (train_dataset=, processing_class=/tokenizer=,
+        max_length=, peft_config=, compute_metrics=, ...) by keyword, as `OfflineTrainer` takes them."""
+        self._ref_model_argument = ref_model
+        super().__init__(
+            model,
+            args,
+            data_collator,
+            beta=beta,
+            label_pad_token_id=label_pad_token_id,
+            padding_value=padding_value,
+            truncation_mode=truncation_mode,
+            **kwargs,
+        )
+        if self.ref_model is not None:
+            self.ref_model = self.accelerator.prepare_model(self.ref_model, evaluation_mode=True)
+
+    def _setup(self, model: Any, args: DPOConfig, processing_class: Any, peft_config: Any) -> tuple[Any, Any]:
+        owner, ref_model = type(self).__name__, self._ref_model_argument
+        del self._ref_model_argument
+        if model is None and ref_model is None and not args.reference_free:
+            # the default reference is a copy of `model`, which model_init only builds later
+            raise ValueError(
+                f"{owner}: with `model_init` and no `model`, pass `ref_model` or reference_free=True"
+            )
+        if processing_class is not None and processing_class.pad_token is None:
+            processing_class.pad_token = processing_class.eos_token
+        model = load_policy(
+            model, AutoModelForCausalLM, args.model_init_kwargs, peft_config, owner, args.seed
+        )
+        self.reference = self._build_reference(model, ref_model, args)
+        if args.disable_dropout:
+            trainer_setup.disable_dropout(model)
+            trainer_setup.disable_dropout(self.ref_model)
+
+        self.padding_value = self._padding_value(args, processing_class)
+        self.label_pad_token_id = args.label_pad_token_id
+        self.beta = args.beta
+        self.loss_type = args.loss_type
+        self._metrics = MetricBuffer()
+        self.eval_samples: list[dict[str, str]] = []
+        return model, args
+
+    def _default_collator(self, args: DPOConfig, processing_class: Any) -> Callable:
+        return DPODataCollatorWithPadding(self.padding_value, self.label_pad_token_id)
+
+    @staticmethod
+    def _padding_value(args: DPOConfig, processing_class: Any) -> int:
+        """`padding_value`, else the tokenizer's pad token (`__init__` has set it to eos when missing)."""
+        pad = args.padding_value
+        if pad is None:
+            if processing_class is None:
+                raise ValueError(
+                    "DPOTrainer: give `processing_class` (or `tokenizer`) or `padding_value` to pad the batches"
+                )
+            pad = processing_class.pad_token_id
+            if pad is None:
+                raise ValueError(
+                    "DPOTrainer: the tokenizer has neither a pad nor an eos token; set tokenizer.pad_token "
+                    "or pass padding_value"
+                )
+        return int(pad)
+
+    @staticmethod
+    def _build_reference(model: Any, ref_model: Any, args: DPOConfig) -> Reference | None:
+        """`choose_reference`: explicit model > the PEFT policy's frozen SFT adapter > its adapter-free
+        base > a frozen copy. None when there is nothing to refer to (reference_free, or no model yet)."""
+        if ref_model is not None and ref_model is model:
+            raise ValueError(
+                "DPOTrainer: `ref_model` must not be the policy itself; pass None for a frozen copy"
+            )
+        ref_model = load_model(ref_model, AutoModelForCausalLM, args.model_init_kwargs, "DPOTrainer")
+        if ref_model is None and (model is None or args.reference_free):
+            return None
+        return choose_reference(model, ref_model)
+
+    @property
+    def ref_model(self) -> nn.Module | None:
+        """The separate reference network, or None when the reference lives inside the PEFT policy."""
+        return self.reference.model if self.reference is not None else None
+
+    @ref_model.setter
+    def ref_model(self, value: nn.Module | None) -> None:  # e.g. replaced by its accelerate-prepared self
+        if self.reference is not None:
+            self.reference.model = value
+        elif value is not None:
+            self.reference = choose_reference(None, value)
+
+    @staticmethod
+    def _prepare(dataset: Any, tokenizer: Any, args: DPOConfig, arg: str) -> Any:
+        if dataset is None or not hasattr(dataset, "column_names"):
+            return dataset
+        return prepare_dpo_dataset(
+            dataset,
+            tokenizer,
+            args.max_length,
+            args.max_prompt_length,
+            args.truncation_mode,
+            args.dataset_num_proc,
+            arg=arg,
+        )
+
+    # --- forward passes -----------------------------------------------------------------------------
+
+    def concatenated_inputs(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Stack chosen (first B rows) and rejected (last B rows), padded to one width."""
+        out = {}
+        for key, pad in (
+            ("input_ids", self.padding_value),
+            ("attention_mask", 0),
+            ("labels", self.label_pad_token_id),
+        ):
+            out[f"concatenated_{key}"] = cat_padded(batch[f"chosen_{key}"], batch[f"rejected_{key}"], pad)
+        return out
+
+    def sequence_logps(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Summed log-probs of the label tokens: logits (N, T, V), labels (N, T) -> (N,).
+
+        The token at t is scored by the logits at t-1; label_pad positions contribute nothing.
+        """
+        labels = labels[:, 1:]
+        logits = logits[:, :-1]
+        response_mask = labels != self.label_pad_token_id
+        logprobs = selective_log_softmax(logits, torch.where(response_mask, labels, 0))
+        return (logprobs * response_mask).sum(-1)
+
+    def concatenated_forward(
+        self, model: nn.Module, batch: dict[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One forward pass over both sides: (chosen_logps, rejected_logps, chosen_logits, rejected_logits).
+
+        Log-probs are summed over each response, (B,) each. The logits are per token, (B, T', V) each,
+        as TRL 0.x's API returns them: T' is the padded width of the concatenated batch, or, for a model
+        whose forward takes `logits_to_keep`, its last positions from the one before the earliest
+        response token on (the prompt-only head of the batch is never scored).
+        """
+        inputs = self.concatenated_inputs(batch)
+        labels = inputs["concatenated_labels"]
+        kwargs = {}
+        keep = self._logits_to_keep(model, labels)
+        if keep is not None:  # the prompt-only head of the batch needs no vocabulary projection
+            kwargs["logits_to_keep"] = keep
+            labels = labels[:, -keep:]
+        logits = model(
+            input_ids=inputs["concatenated_input_ids"],
+            attention_mask=inputs["concatenated_attention_mask"],
+            use_cache=False,
+            **kwargs,
+        ).logits
+        logps = self.sequence_logps(logits, labels)
+        n = batch["chosen_input_ids"].shape[0]
+        return logps[:n], logps[n:], logits[:n], logits[n:]
+
+    def _concatenated_logps(
+        self, model: nn.Module, batch: dict[str, torch.Tensor], with_mean_logits: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """(chosen_logps, rejected_logps, chosen mean logit, rejected mean logit), (B,) each; means None unless asked.
+
+        Training and the reference pass use it. When the (2B, T, V) logits would be large
+        (`prefers_chunked_head`) and the head is a plain linear layer, the label tokens are scored in chunks from
+        the final hidden states (`rollout.lm_head`): no (2B, T', V) tensor. Otherwise, or when a subclass overrides
+        `concatenated_forward`, it is `concatenated_forward` plus `_mean_response_logit`: same numbers.
+        """
+        inputs = self.concatenated_inputs(batch)
+        labels, n, chunked = inputs["concatenated_labels"], batch["chosen_input_ids"].shape[0], None
+        own_forward = type(self).concatenated_forward is DPOTrainer.concatenated_forward
+        if own_forward and prefers_chunked_head(model, labels.numel()):
+            chunked = chunked_label_logprobs(
+                model,
+                labels,
+                ignore_index=self.label_pad_token_id,
+                with_mean_logits=with_mean_logits,
+                input_ids=inputs["concatenated_input_ids"],
+                attention_mask=inputs["concatenated_attention_mask"],
+                use_cache=False,
+            )
+        if chunked is None:  # full logits: small enough, a custom forward, or a head the chunked path lacks
+            chosen, rejected, logits_chosen, logits_rejected = self.concatenated_forward(model, batch)
+            if not with_mean_logits:
+                return chosen, rejected, None, None
+            # taken now, so the (B, T', V) logits are not alive during the reference pass
+            mean_chosen = self._mean_response_logit(logits_chosen, labels[:n])
+            return chosen, rejected, mean_chosen, self._mean_response_logit(logits_rejected, labels[n:])
+        logprobs, mask, mean_logits = chunked
+        logps = logprobs.sum(-1)
+        if not with_mean_logits:
+            return logps[:n], logps[n:], None, None
+        # over the positions that predict response tokens, as `_mean_response_logit` averages them
+        means = (mean_logits * mask).sum(1) / mask.sum(1).clamp(min=1)
+        return logps[:n], logps[n:], means[:n], means[n:]
+
+    def _mean_response_logit(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Mean logit over the vocabulary at the positions that predict response tokens: (N, T', V) -> (N,).
+
+        `labels` (N, T) are the concatenated labels of the same rows; their last T' columns line up with
+        the logits.
+        """
+        response_mask = labels[:, -logits.shape[1] :][:, 1:] != self.label_pad_token_id
+        # sum over the vocabulary first: no (N, T', V) temporary just for a logged statistic
+        row_sums = logits[:, :-1].detach().sum(-1)
+        counts = (response_mask.sum(1) * logits.shape[-1]).clamp(min=1)
+        return (row_sums * response_mask).sum(1) / counts
+
+    def _logits_to_keep(self, model: nn.Module, labels: torch.Tensor) -> int | None:
+        """How many final positions need logits: from the one before the earliest label on (None: all).
+
+        Saves the vocabulary projection, its backward and the softmax over prompt positions that are never
+        scored. Exact: the LM head is applied per position, so the kept logits equal a full forward's.
+        """
+        if not forward_accepts(model, "logits_to_keep"):
+            return None
+        labelled = labels != self.label_pad_token_id
+        rows = labelled.any(1)
+        if not bool(rows.any()):
+            return None
+        first = int(labelled.float().argmax(1)[rows].min())
+        keep = labels.shape[1] - max(first - 1, 0)
+        return keep if keep < labels.shape[1] else None
+
+    @contextlib.contextmanager
+    def _reference(self):
+        """Yield the reference network (no gradients): the ref model, or the PEFT policy in reference mode."""
+        if self.reference is None:
+            raise RuntimeError("DPOTrainer: no reference model (reference_free is set)")
+        with self.reference(self.accelerator.unwrap_model(self.model)) as ref:
+            yield ref
+
+    def reference_logps(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(ref_chosen_logps, ref_rejected_logps), (B,) each: precomputed, zeros, or a no-grad forward."""
+        if "reference_chosen_logps" in batch:
+            return batch["reference_chosen_logps"], batch["reference_rejected_logps"]
+        if self.args.reference_free:
+            zeros = torch.zeros(batch["chosen_input_ids"].shape[0], device=batch["chosen_input_ids"].device)
+            return zeros, zeros
+        with torch.no_grad(), self._reference() as ref:
+            chosen, rejected, _, _ = self._concatenated_logps(ref, batch)
+        return chosen, rejected
+
+    # --- loss and metrics ---------------------------------------------------------------------------
+
+    def dpo_loss(
+        self,
+        policy_chosen_logps: torch.Tensor,
+        policy_rejected_logps: torch.Tensor,
+        reference_chosen_logps: torch.Tensor,
+        reference_rejected_logps: torch.Tensor,
+        reference_free: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(losses, chosen_rewards, rejected_rewards), (B,) each, from `rlhfkit.core.losses.dpo_loss`."""
+        return dpo_loss(
+            policy_chosen_logps,
+            policy_rejected_logps,
+            reference_chosen_logps,
+            reference_rejected_logps,
+            beta=self.beta,
+            loss_type=self.loss_type,
+            label_smoothing=self.args.label_smoothing,
+            reference_free=reference_free or self.args.reference_free,
+        )
+
+    def get_batch_metrics(
+        self, model: nn.Module, batch: dict[str, torch.Tensor], train_eval: str = "train"
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """(mean loss, metrics) for one batch, as in TRL 0.x; metric names get `eval_` for "eval".
+
+        Training steps call this method, so a subclass may override it.
+        """
+        loss, metrics, _ = self._loss_metrics_rewards(model, batch, train_eval)
+        return loss, metrics
+
+    def _loss_metrics_rewards(
+        self, model: nn.Module, batch: dict[str, torch.Tensor], train_eval: str
+    ) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
+        """`get_batch_metrics` plus the per-pair implicit rewards (B, 2) [chosen, rejected]."""
+        # 1. policy log-probs of both responses and their logged mean logits, one forward pass
+        policy_chosen, policy_rejected, logits_chosen, logits_rejected = self._concatenated_logps(
+            model, batch, with_mean_logits=True
+        )
+        # 2. reference log-probs (precomputed, or a no-grad forward)
+        ref_chosen, ref_rejected = self.reference_logps(batch)
+        # 3. DPO loss and implicit rewards beta * (log pi - log ref)
+        losses, chosen_rewards, rejected_rewards = self.dpo_loss(
+            policy_chosen, policy_rejected, ref_chosen, ref_rejected
+        )
+        # 4. metrics
+        prefix = "eval_" if train_eval == "eval" else ""
+        metrics = {
+            f"{prefix}rewards/chosen": chosen_rewards.mean().item(),
+            f"{prefix}rewards/rejected": rejected_rewards.mean().item(),
+            f"{prefix}rewards/accuracies": (chosen_rewards > rejected_rewards).float().mean().item(),
+            f"{prefix}rewards/margins": (chosen_rewards - rejected_rewards).mean().item(),
+            f"{prefix}logps/chosen": policy_chosen.detach().mean().item(),
+            f"{prefix}logps/rejected": policy_rejected.detach().mean().item(),
+            f"{prefix}logits/chosen": logits_chosen.mean().item(),
+            f"{prefix}logits/rejected": logits_rejected.mean().item(),
+        }
+        return losses.mean(), metrics, torch.stack([chosen_rewards, rejected_rewards], dim=1)
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        split = "train" if model.training else "eval"
+        if not return_outputs:
+            loss, metrics = self.get_batch_metrics(model, inputs, split)
+            self._metrics.add(split, metrics)
+            return loss
+        loss, metrics, rewards = self._loss_metrics_rewards(model, inputs, split)
+        self._metrics.add(split, metrics)
+        return loss, {"rewards": rewards}
+
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
+        inputs = self._prepare_inputs(inputs)
+        with torch.no_grad():
+            loss, metrics, rewards = self._loss_metrics_rewards(model, inputs, "eval")
+        self._metrics.add("eval", metrics)
+        if prediction_loss_only:
+            return loss.detach(), None, None
+        return loss.detach(), rewards, torch.zeros(rewards.shape[0], device=rewards.device)
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        split = "eval" if any(k.startswith("eval_") for k in logs) else "train"
+        logs.update(self._metrics.pop_means(split, accelerator=self.accelerator))
+        super().log(logs, start_time)
+
+    # --- reference precomputation -------------------------------------------------------------------
+
+    def _with_reference_logps(self, dataset: Any) -> Any:
+        """Add reference_chosen_logps / reference_rejected_logps columns, computed once."""
+        if (
+            dataset is None
+            or not hasattr(dataset, "add_column")
+            or "reference_chosen_logps" in dataset.column_names
+        ):
+            return dataset
+        loader = DataLoader(
+            dataset, batch_size=self.args.per_device_eval_batch_size, collate_fn=self.data_collator
+        )
+        chosen, rejected = [], []
+        for batch in loader:
+            batch = self._prepare_inputs(batch)
+            c, r = self.reference_logps(batch)
+            chosen += c.float().cpu().tolist()
+            rejected += r.float().cpu().tolist()
+        return dataset.add_column("reference_chosen_logps", chosen).add_column(
+            "reference_rejected_logps", rejected
+        )
+
+    def _precompute_all(self) -> None:
+        self.train_dataset = self._with_reference_logps(self.train_dataset)
+        if isinstance(self.eval_dataset, dict):
+            self.eval_dataset = {k: self._with_reference_logps(v) for k, v in self.eval_dataset.items()}
+        else:
+            self.eval_dataset = self._with_reference_logps(self.eval_dataset)
+
+    def get_train_dataloader(self) -> DataLoader:
+        if self.args.precompute_ref_log_probs and not self.args.reference_free:
+            self._precompute_all()
+        return super().get_train_dataloader()
+
+    def get_eval_dataloader(self, eval_dataset: Any = None) -> DataLoader:
+        if self.args.precompute_ref_log_probs and not self.args.reference_free:
+            self._precompute_all()
+            if eval_dataset is not None and not isinstance(eval_dataset, str):
+                eval_dataset = self._with_reference_logps(eval_dataset)
+        return super().get_eval_dataloader(eval_dataset)
+
+    # --- samples --------------------------------------------------------------------------------------
+
+    def get_batch_samples(self, *args: Any, **kwargs: Any):
+        """Seed API `get_batch_samples(model, batch) -> (policy_texts, reference_texts)`.
+
+        transformers.Trainer uses the same name for `(epoch_iterator, num_batches, device)`;
+        calls of that form are passed on to it unchanged.
+        """
+        first = args[0] if args else kwargs.get("model")
+        if not isinstance(first, nn.Module):
+            return super().get_batch_samples(*args, **kwargs)
+        model = first
+        batch = args[1] if len(args) > 1 else kwargs["batch"]
+        return self._generate_samples(model, batch)
+
+    @torch.no_grad()
+    def _generate_samples(
+        self, model: nn.Module, batch: dict[str, torch.Tensor]
+    ) -> tuple[list[str], list[str]]:
+        prompt_ids, prompt_mask = batch["prompt_input_ids"], batch["prompt_attention_mask"]
+        gen = {
+            "attention_mask": prompt_mask,
+            "max_new_tokens": self.args.max_new_tokens_eval,
+            "do_sample": True,
+            "pad_token_id": self.padding_value,
+        }
+        unwrapped = self.accelerator.unwrap_model(model)
+        policy = unwrapped.generate(input_ids=prompt_ids, **gen)
+        if self.args.reference_free:
+            reference = policy
+        else:
+            with self._reference() as ref:
+                reference = self.accelerator.unwrap_model(ref).generate(input_ids=prompt_ids, **gen)
+        width = prompt_ids.shape[1]
+        decode = self.processing_class.batch_decode
+        return (
+            decode(policy[:, width:], skip_special_tokens=True),
+            decode(reference[:, width:], skip_special_tokens=True),
+        )
+
+    def evaluation_loop(self, dataloader, *args: Any, **kwargs: Any):
+        output = super().evaluation_loop(dataloader, *args, **kwargs)
+        if self.args.generate_during_eval and self.processing_class is not None:
+            batch = self._prepare_inputs(next(iter(dataloader)))
+            policy, reference = self._generate_samples(self.model, batch)
+            prompts = self.processing_class.batch_decode(batch["prompt_input_ids"], skip_special_tokens=True)
+            self.eval_samples = [
+                {"prompt": p, "policy": a, "reference": b} for p, a, b in zip(prompts, policy, reference)
+            ]
+            for sample in self.eval_samples[:4]:
+                logger.info("DPO sample | prompt: %r | policy: %r | reference: %r", *sample.values())
+        return output

@@ -1,0 +1,506 @@
+"""GRPOTrainer: group relative policy optimisation (Shao et al. 2024) and its variants, TRL's interface.
+
+One generation batch (every `updates_per_generation * num_iterations` updates):
+  1. take `local_prompts_per_generation` prompts and sample `num_generations` completions of each, the group
+     of a prompt on consecutive rows; the sampling logprobs are kept while generating;
+  2. score them with the reward functions / models (None: that function does not apply to the row);
+     with `dynamic_sampling`, drop the groups whose rewards are all equal and sample again (DAPO);
+  3. reference logprobs, only when beta > 0 (with beta = 0 no reference exists at all);
+  4. group-relative advantages over the batch of every process (`core.advantages.group_advantages`).
+One update (one optimizer step) trains on the next `per_device_train_batch_size * gradient_accumulation_steps`
+rows: per micro-batch, the loss of `loss_type` (`core.policy_losses.policy_loss`) with the KL term when
+beta > 0, gradients accumulated, one optimizer step.
+
+Departures from TRL: the old logprobs of an off-policy pass (num_iterations > 1, or later updates of one
+generation) are the logprobs streamed out of generation, not a second forward pass; on the first update of a
+generation batch they are the detached current ones, as in TRL, and the gap between the two
+(`sampling/sampling_logp_difference/*`) is logged, so a future inference engine's drift shows from day one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import defaultdict
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, ProgressCallback, Trainer
+
+from rlhfkit.core.advantages import group_advantages
+from rlhfkit.core.kl import per_token_kl
+from rlhfkit.core.masking import masked_mean
+from rlhfkit.core.policy_losses import entropy_mask, policy_loss
+from rlhfkit.models.reference import choose_reference
+from rlhfkit.rewards.scoring import RewardScorer
+from rlhfkit.rollout import SamplingParams, forward_response
+from rlhfkit.rollout.batch import RolloutBatch
+from rlhfkit.trainers.common.guards import RobustTrainerMixin, any_across_ranks
+from rlhfkit.trainers.common.online_loop import OnlineTrainerLoop
+from rlhfkit.trainers.common.progress import (
+    RichProgressCallback,
+    print_sample_table,
+    save_samples,
+    text_writer,
+)
+from rlhfkit.trainers.common.prompts import (
+    PromptSchedule,
+    check_prompts,
+    datasets_by_argument,
+    tokenize_datasets,
+)
+from rlhfkit.trainers.common.trainer_setup import disable_dropout, load_model, load_policy, resolve_args
+from rlhfkit.trainers.grpo.config import GRPOConfig
+from rlhfkit.trainers.grpo.groups import SampledGroups, completion_stats, fill_batch, reward_stats
+
+OWNER = "GRPOTrainer"
+
+
+def reward_sources(reward_funcs: Any, init_kwargs: dict | None) -> tuple[list, list[str]]:
+    """The reward functions and models (a local path is loaded as a one-output classifier) and their names."""
+    funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+    if not funcs:
+        raise ValueError(f"{OWNER}: reward_funcs is empty; give at least one reward function or model")
+    sources, names = [], []
+    for func in funcs:
+        if isinstance(func, str):
+            func = load_model(
+                func, AutoModelForSequenceClassification, {**(init_kwargs or {}), "num_labels": 1}, OWNER
+            )
+        if isinstance(func, nn.Module):
+            names.append(
+                str(getattr(func.config, "_name_or_path", "") or type(func).__name__)
+                .rstrip("/")
+                .split("/")[-1]
+            )
+        elif callable(func):
+            names.append(getattr(func, "__name__", None) or type(func).__name__)
+        else:
+            raise TypeError(
+                f"{OWNER}: reward_funcs must hold callables, models or model paths, got {type(func).__name__}"
+            )
+        sources.append(func)
+    return sources, names
+
+
+def _truncate_prompts(dataset: Any, max_length: int | None) -> Any:
+    """Keep the last `max_length` tokens of longer prompts (as TRL did)."""
+    if dataset is None or not max_length or max(len(ids) for ids in dataset["input_ids"]) <= max_length:
+        return dataset
+    return dataset.map(lambda row: {"input_ids": row["input_ids"][-max_length:]}, desc="truncating prompts")
+
+
+def _prepare_datasets(train_dataset, eval_dataset, tokenizer, args, models) -> tuple[Any, Any]:
+    train_dataset, eval_dataset = tokenize_datasets(
+        train_dataset, eval_dataset, tokenizer, None, keep_columns=True
+    )
+    train_dataset = _truncate_prompts(train_dataset, args.max_prompt_length)
+    if isinstance(eval_dataset, dict):
+        eval_dataset = {k: _truncate_prompts(v, args.max_prompt_length) for k, v in eval_dataset.items()}
+    else:
+        eval_dataset = _truncate_prompts(eval_dataset, args.max_prompt_length)
+    for what, dataset in datasets_by_argument(train_dataset, eval_dataset).items():
+        check_prompts(dataset, what, args.max_completion_length, models)
+    return train_dataset, eval_dataset
+
+
+class GRPOTrainer(OnlineTrainerLoop, RobustTrainerMixin, Trainer):
+    """Trains `model` with GRPO on `reward_funcs`; see `GRPOConfig` for every option.
+
+    `model`: a causal LM or a local path. `reward_funcs`: a callable `(prompts, completions, **columns) ->
+    list[float | None]` (every other dataset column by name, plus `completion_ids`), a sequence-classification
+    model or its local path, or a list of these (weighted by `args.reward_weights`). Reward models read the
+    policy's token ids unless `reward_processing_classes` gives their own tokenizer. `peft_config` wraps the
+    model with PEFT; the reference is then the adapter-disabled base.
+    """
+
+    _tag_names = ["rlhfkit", "grpo"]
+    _health_metrics = "grpo"
+
+    def __init__(
+        self,
+        model: nn.Module | str,
+        reward_funcs: Any,
+        args: GRPOConfig | None = None,
+        train_dataset: Any = None,
+        eval_dataset: Any = None,
+        processing_class: Any = None,
+        reward_processing_classes: Any = None,
+        callbacks: list | None = None,
+        optimizers: tuple = (None, None),
+        peft_config: Any = None,
+    ) -> None:
+        name = (
+            model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", "")
+        )
+        default_dir = f"{str(name or 'model').rstrip('/').split('/')[-1]}-GRPO"
+        args, processing_class = resolve_args(
+            OWNER, GRPOConfig, default_dir, args, model, None, processing_class, None
+        )
+        if processing_class is None:
+            raise ValueError(
+                f"{OWNER}: processing_class (the tokenizer) is required when model is not a path"
+            )
+        if processing_class.pad_token_id is None:
+            processing_class.pad_token = processing_class.eos_token
+        policy = load_policy(
+            model, AutoModelForCausalLM, args.model_init_kwargs, peft_config, OWNER, args.seed
+        )
+        # beta = 0: no reference at all (no copy, no adapter switching)
+        self.reference = choose_reference(policy) if args.beta > 0 else None
+        if args.sync_ref_model and self.reference.kind != "model":
+            raise ValueError(
+                f"{OWNER}: sync_ref_model needs a frozen-copy reference; a PEFT policy's is its base"
+            )
+        sources, self.reward_func_names = reward_sources(reward_funcs, args.model_init_kwargs)
+        ref_model = None if self.reference is None else self.reference.model
+        # dropout off: the logprobs taken while sampling must equal those of the training forward pass
+        for module in (policy, ref_model, *sources):
+            if isinstance(module, nn.Module):
+                disable_dropout(module)
+        models = {"model": policy}
+        if reward_processing_classes is None:
+            models.update(
+                {
+                    f"reward model {n}": s
+                    for n, s in zip(self.reward_func_names, sources)
+                    if isinstance(s, nn.Module)
+                }
+            )
+        train_dataset, eval_dataset = _prepare_datasets(
+            train_dataset, eval_dataset, processing_class, args, models
+        )
+        super().__init__(
+            model=policy,
+            args=args,
+            train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
+            processing_class=processing_class,
+            callbacks=callbacks,
+            optimizers=optimizers,
+        )
+        if ref_model is not None:
+            ref_model.to(self.accelerator.device)
+        self._setup_rollout(sources, reward_processing_classes)
+        if not args.disable_tqdm:
+            self.remove_callback(ProgressCallback)
+            self.add_callback(RichProgressCallback())
+
+    def _setup_rollout(self, sources: list, reward_processing_classes: Any) -> None:
+        args, tok = self.args, self.processing_class
+        self.scorer = RewardScorer(
+            sources, tok, reward_processing_classes, args.reward_weights, self.accelerator.device
+        )
+        processes, rank = self.accelerator.num_processes, self.accelerator.process_index
+        if len(self.train_dataset) < args.local_prompts_per_generation * processes:
+            raise ValueError(
+                f"train_dataset has {len(self.train_dataset)} prompts but one generation batch needs "
+                f"{args.local_prompts_per_generation * processes} (generation_batch_size / num_generations)"
+            )
+        self.schedule = PromptSchedule(
+            len(self.train_dataset), args.local_prompts_per_generation, processes, rank, args.seed
+        )
+        named = dict(
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            min_p=args.min_p,
+            repetition_penalty=args.repetition_penalty,
+        )
+        extra = dict(args.generation_kwargs or {})
+        named.update({k: extra.pop(k) for k in list(extra) if k in named})  # generation_kwargs win
+        stops = None if tok.eos_token_id is None else (tok.eos_token_id,)
+        self.sampling_params = SamplingParams(
+            args.max_completion_length, stop_token_ids=stops, extra=extra, **named
+        )
+        self._buffer: RolloutBatch | None = None
+        self._buffer_metrics: dict[str, float] = {}
+        self._prompt_batches = (
+            0  # prompt batches drawn so far (dynamic sampling draws several per generation)
+        )
+        self._on_policy = True
+
+    # ------------------------------------------------------------------ the shared loop's hooks
+    def _num_updates(self) -> int:
+        args = self.args
+        if args.max_steps > 0:
+            return args.max_steps
+        completions = (
+            args.num_train_epochs * len(self.train_dataset) * args.num_generations * args.num_iterations
+        )
+        per_update = self._episodes_per_update()
+        return max(1, int(-(-completions // per_update)))
+
+    def _episodes_per_update(self) -> int:
+        args = self.args
+        return (
+            args.per_device_train_batch_size
+            * args.gradient_accumulation_steps
+            * self.accelerator.num_processes
+        )
+
+    def _forward_chunk_size(self) -> int:
+        return self.args.per_device_train_batch_size
+
+    def _model_card_lines(self) -> list[str]:
+        args = self.args
+        return [
+            "group relative policy optimisation (GRPO)",
+            f"- completions per prompt (num_generations): {args.num_generations}",
+            f"- loss_type: {args.loss_type}, beta: {args.beta}, reward functions: {', '.join(self.reward_func_names)}",
+            f"- updates: {self.state.global_step}",
+            f"- completions trained on: {self.state.global_step * self._episodes_per_update()}",
+            "",
+            "GRPO: Shao et al., *DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language "
+            "Models*, 2024 (arXiv:2402.03300).",
+        ]
+
+    def _loop_state(self) -> dict[str, Any]:
+        state: dict[str, Any] = {"prompt_batches": self._prompt_batches}
+        if self.state.global_step % self._cycle() and self._buffer is not None:  # resumed mid-way through it
+            state["buffer"] = {
+                k: v.clone() for k, v in vars(self._buffer).items() if v is not None
+            }  # no shared storage
+            state["buffer_metrics"] = self._buffer_metrics
+        return state
+
+    def _load_loop_state(self, state: dict[str, Any]) -> None:
+        self._prompt_batches = int(state["prompt_batches"])
+        if "buffer" in state:
+            self._buffer = RolloutBatch(**state["buffer"]).to(self.accelerator.device)
+            self._buffer_metrics = dict(state["buffer_metrics"])
+
+    def _cycle(self) -> int:
+        """Updates between two generation batches."""
+        return self.args.updates_per_generation * self.args.num_iterations
+
+    # ------------------------------------------------------------------ steps 1-4
+    def _rollout(self, update: int) -> tuple[RolloutBatch, dict[str, float]]:
+        args = self.args
+        position = update % self._cycle()
+        if position == 0 or self._buffer is None:
+            self._buffer, self._buffer_metrics = self._generate()
+        # the first update of a generation batch is on-policy: its old logprobs are the current ones
+        self._on_policy = position == 0
+        size = args.per_device_train_batch_size * args.gradient_accumulation_steps
+        start = (position % args.updates_per_generation) * size
+        return self._buffer[start : start + size], dict(self._buffer_metrics)
+
+    @torch.no_grad()
+    def _generate(self) -> tuple[RolloutBatch, dict[str, float]]:
+        args = self.args
+        # 1-2. groups of completions, scored; dynamic sampling keeps the informative groups
+        if args.dynamic_sampling:
+            groups, metrics = fill_batch(
+                self._sample_groups,
+                args.local_prompts_per_generation,
+                args.num_generations,
+                args.max_sampling_rounds,
+                self.processing_class.pad_token_id,
+                any_process=lambda short: any_across_ranks(short, self.accelerator),
+            )
+        else:
+            groups, metrics = self._sample_groups(), {}
+        batch = groups.batch
+        # 3. reference logprobs, only with a KL term
+        if self.reference is not None:
+            batch = batch.replace(ref_logprobs=self._reference_logprobs(batch))
+        # 4. advantages over the whole generation batch (all processes), then this process's rows
+        gather = self.accelerator.gather
+        scores, per_source = gather(batch.scores), gather(groups.per_source.T.contiguous()).T
+        advantages = group_advantages(scores, args.num_generations, scale_rewards=args.scale_rewards)
+        rank, n = self.accelerator.process_index, len(batch)
+        batch = batch.replace(advantages=advantages[rank * n : (rank + 1) * n].to(batch.scores.device))
+        stats = reward_stats(scores, per_source, self.reward_func_names, args.num_generations)
+        lengths, truncated = batch.response_mask.sum(1), self._truncated(batch)
+        stats.update(completion_stats(gather(lengths), gather(truncated)))
+        if metrics:
+            counts = gather(torch.tensor(list(metrics.values()), device=lengths.device)[None])
+            metrics = {
+                "sampling/dropped_groups": counts[:, 0].sum().item(),
+                "sampling/rounds": counts[:, 1].max().item(),
+            }
+        metrics.update({k: v.item() for k, v in stats.items()})
+        tokens = gather((batch.query_mask.sum() + batch.response_mask.sum())[None]).sum().item()
+        self.state.num_input_tokens_seen += int(tokens)  # prompt + completion tokens, all processes (TRL)
+        metrics["num_tokens"] = self.state.num_input_tokens_seen
+        self._log_completions(groups, batch)
+        return batch, metrics
+
+    def _sample_groups(self) -> SampledGroups:
+        """One round: the next batch of prompts, `num_generations` completions each, decoded and scored."""
+        args = self.args
+        rows = self.train_dataset[self.schedule.indices(self._prompt_batches)]
+        self._prompt_batches += 1
+        repeat = [i for i in range(len(rows["input_ids"])) for _ in range(args.num_generations)]
+        query_ids, query_mask = self._pad_prompts([rows["input_ids"][i] for i in repeat])
+        out = self._sampler().generate(
+            query_ids, query_mask, self.sampling_params, logprob_temperature=args.temperature
+        )
+        batch = RolloutBatch(
+            query_ids, query_mask, out.responses, out.response_mask, out.response_mask, logprobs=out.logprobs
+        )
+        batch = batch.trimmed()
+        if args.mask_truncated_completions:  # DAPO: a cut-off completion is no evidence either way
+            batch = batch.replace(loss_mask=batch.response_mask & ~self._truncated(batch)[:, None])
+        prompt_texts, completions = self._decode(batch.query_ids, batch.responses, batch.response_mask)
+        prompts = [rows["prompt"][i] for i in repeat] if "prompt" in rows else prompt_texts
+        conversational = bool(prompts) and isinstance(prompts[0], list)
+        kwargs = {k: [v[i] for i in repeat] for k, v in rows.items() if k not in ("prompt", "input_ids")}
+        kwargs.update(
+            prompts=prompts,
+            completions=[[{"role": "assistant", "content": c}] for c in completions]
+            if conversational
+            else completions,
+            completion_ids=[r[m].tolist() for r, m in zip(batch.responses, batch.response_mask.bool())],
+        )
+        scores, per_source = self.scorer(
+            *self._rollout_tensors(batch), prompt_texts, completions, function_kwargs=kwargs
+        )
+        return SampledGroups(batch.replace(scores=scores), per_source, prompts, completions)
+
+    @staticmethod
+    def _rollout_tensors(batch: RolloutBatch) -> tuple[torch.Tensor, ...]:
+        return batch.query_ids, batch.query_mask, batch.responses, batch.response_mask
+
+    def _truncated(self, batch: RolloutBatch) -> torch.Tensor:
+        """(N,) bool: the completion was cut at max_completion_length before its eos token."""
+        eos = self.processing_class.eos_token_id
+        if eos is None:
+            return batch.response_mask.sum(1) >= self.args.max_completion_length
+        return ~((batch.responses == eos) & batch.response_mask.bool()).any(1)
+
+    def _log_completions(self, groups: SampledGroups, batch: RolloutBatch) -> None:
+        args = self.args
+        if (
+            not args.log_completions
+            or self.state.global_step % max(1, int(args.logging_steps))
+            or not self.is_world_process_zero()
+        ):
+            return
+        n = args.num_completions_to_print or len(groups)
+        prompts = self.processing_class.batch_decode(batch.query_ids[:n], skip_special_tokens=True)
+        scores = batch.scores[:n].tolist()
+        print_sample_table(
+            prompts, groups.completions[:n], scores, title=f"completions, update {self.state.global_step}"
+        )
+        per_source = (
+            {  # each reward function's own score, next to the weighted sum
+                f"score/{name}": values[:n].tolist()
+                for name, values in zip(self.reward_func_names, groups.per_source)
+            }
+            if len(self.reward_func_names) > 1
+            else None
+        )
+        save_samples(
+            args.output_dir,
+            self.state.global_step,
+            prompts,
+            groups.completions[:n],
+            scores,
+            table="completions",
+            columns=per_source,
+            writer=text_writer(self),
+        )
+
+    def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
+        raise NotImplementedError(
+            f"{OWNER} has no evaluation loop yet; log_completions shows sampled completions"
+        )
+
+    # ------------------------------------------------------------------ the update
+    def _optimize(self, model: nn.Module, batch: RolloutBatch) -> dict[str, float]:
+        args = self.args
+        processes = self.accelerator.num_processes
+        # the loss is normalised over the whole step on every process: global counts / processes, so that
+        # the gradients averaged by DDP equal those of one process holding every row
+        # (at least one token: with every completion masked the loss is 0, not 0/0)
+        step_tokens = max(self.accelerator.gather(batch.loss_mask.sum()[None]).sum().item(), 1.0) / processes
+        stats = defaultdict(list)
+        micro_batches = list(batch.minibatches(args.per_device_train_batch_size))
+        for i, (_, rows) in enumerate(micro_batches):
+            last = i == len(micro_batches) - 1
+            with contextlib.nullcontext() if last else self.accelerator.no_sync(model):
+                for key, value in self._micro_step(model, rows, step_tokens, len(batch)).items():
+                    stats[key].append(value)
+        if args.max_grad_norm:
+            self.accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+        self.guarded_optimizer_step(model)  # skipped if non-finite
+        self.optimizer.zero_grad()
+        if args.sync_ref_model and (self.state.global_step + 1) % args.ref_model_sync_steps == 0:
+            self._sync_reference()
+        return self._reduce(stats)
+
+    def _micro_step(
+        self, model: nn.Module, rows: RolloutBatch, step_tokens: float, step_sequences: int
+    ) -> dict:
+        args, mask = self.args, rows.loss_mask
+        with self.accelerator.autocast():
+            out = forward_response(
+                model, *self._rollout_tensors(rows), temperature=args.temperature, with_entropy=True
+            )
+        old = out.logprobs.detach() if self._on_policy else rows.logprobs
+        kl = None
+        if args.beta > 0:
+            sampling = old if args.use_bias_correction_kl else None
+            kl = per_token_kl(out.logprobs, rows.ref_logprobs, "k3", sampling_logprobs=sampling)
+        keep = (
+            entropy_mask(out.entropy, mask, args.top_entropy_quantile)
+            if args.top_entropy_quantile < 1
+            else None
+        )
+        result = policy_loss(
+            args.loss_type,
+            out.logprobs,
+            old,
+            rows.advantages,
+            mask,
+            epsilon_low=args.epsilon,
+            epsilon_high=args.epsilon_high,
+            delta=args.delta,
+            importance_sampling_level=args.importance_sampling_level,
+            per_token_kl=kl,
+            beta=args.beta,
+            max_completion_length=args.max_completion_length,
+            step_tokens=step_tokens,
+            step_sequences=step_sequences,
+            entropy_mask=keep,
+        )
+        self.accelerator.backward(result.loss)
+        stats = {
+            "loss": result.loss.detach(),
+            "entropy": masked_mean(out.entropy, rows.response_mask),  # every generated token, as TRL
+            "clip_ratio/low_mean": result.clip_ratio_low,
+            "clip_ratio/high_mean": result.clip_ratio_high,
+            "clip_ratio/region_mean": result.clip_ratio_region,
+        }
+        if result.kl_mean is not None:
+            stats["kl"] = result.kl_mean
+        if self._on_policy:  # sampling vs training numerics, same weights: ~0 unless the engines differ
+            gap = (out.logprobs.detach() - rows.logprobs).abs()[mask.bool()]
+            stats["sampling/sampling_logp_difference/mean"] = gap.mean() if gap.numel() else gap.new_zeros(())
+            stats["sampling/sampling_logp_difference/max"] = gap.max() if gap.numel() else gap.new_zeros(())
+        return stats
+
+    def _reduce(self, stats: dict[str, list[torch.Tensor]]) -> dict[str, float]:
+        """Micro-batch statistics -> one number each, over micro-batches and processes (TRL's min/max extras)."""
+        local = {k: torch.stack(v).float() for k, v in stats.items()}
+        rows = torch.stack([local[k].sum() if k == "loss" else local[k].mean() for k in local])
+        extremes = torch.stack([local[k].max() for k in local])
+        everywhere = self.accelerator.gather(torch.stack([rows, extremes])[None])  # (P, 2, K)
+        out = dict(zip(local, everywhere[:, 0].mean(0).tolist()))
+        highs = dict(zip(local, everywhere[:, 1].max(0).values.tolist()))
+        lows = dict(zip(local, everywhere[:, 0].min(0).values.tolist()))
+        out["clip_ratio/low_min"] = lows["clip_ratio/low_mean"]
+        out["clip_ratio/high_max"] = highs["clip_ratio/high_mean"]
+        if "sampling/sampling_logp_difference/max" in local:
+            out["sampling/sampling_logp_difference/max"] = highs["sampling/sampling_logp_difference/max"]
+        return out
+
+    @torch.no_grad()
+    def _sync_reference(self) -> None:
+        """TR-DPO: ref <- alpha * policy + (1 - alpha) * ref, parameter by parameter."""
+        alpha = self.args.ref_model_mixup_alpha
+        policy = self.accelerator.unwrap_model(self.model)
+        for ref_param, param in zip(self.reference.model.parameters(), policy.parameters()):
+            ref_param.mul_(1 - alpha).add_(param.to(ref_param.dtype), alpha=alpha)

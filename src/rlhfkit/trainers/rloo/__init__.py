@@ -1,0 +1,6 @@
+"""REINFORCE leave-one-out (Ahmadian et al. 2024): k completions per prompt, each judged against the mean of the others."""
+
+from rlhfkit.trainers.rloo.config import RLOOConfig
+from rlhfkit.trainers.rloo.trainer import RLOOTrainer
+
+__all__ = ["RLOOConfig", "RLOOTrainer"]
