@@ -7,8 +7,9 @@ Qwen2's 151,936-token vocabulary (benchmarks/prepare.py's `v152k` config). Two m
 - fixed: every completion runs to the limit (`min_new_tokens`), the benchmarks' fixed-length setting;
 - eos: the model's eos logit is raised (prepare.py's `_raise_eos`) so completions stop after about
   half the limit on average, geometrically spread, like real rollouts.
-Each cell is the median of `--repeats` calls (one where a call takes over 5 s) after a short warm-up, the two backends interleaved; wall and
-CPU (process) seconds are both reported since the machine may be shared. Run from the repository root:
+Each cell is the median of `--repeats` calls (one where a call takes over 5 s) after a short warm-up, the
+two backends interleaved; wall and CPU (process) seconds are both reported since the machine may be shared.
+Run from the repository root:
 
     OMP_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE python benchmarks/decode_loop.py
 
@@ -48,7 +49,11 @@ def _models():
         bos_token_id=0, eos_token_id=0, pad_token_id=1,
     )  # fmt: skip
     torch.manual_seed(0)
-    return {"tiny": tiny_model("llama"), "small": tiny_model("llama-small"), "v152k": LlamaForCausalLM(config)}
+    return {
+        "tiny": tiny_model("llama"),
+        "small": tiny_model("llama-small"),
+        "v152k": LlamaForCausalLM(config),
+    }
 
 
 def _with_eos(model, mean_length: int):
@@ -100,13 +105,17 @@ def _cell(model, new_tokens: int, mode: str, repeats: int) -> dict:
 
 
 def _sampler_cell(vocab: int = 151_936, calls: int = 50) -> dict:
-    """Seconds per draw of one token per row from (16, vocab) probabilities: multinomial against inverse CDF."""
+    """Seconds per draw of one token per row from (16, vocab) probabilities: multinomial against inverse
+    CDF."""
     import torch
 
     from rlhfkit.rollout.decoding import sample_inverse_cdf
 
     probs = torch.randn(BATCH, vocab, generator=torch.Generator().manual_seed(SEED)).softmax(-1)
-    samplers = {"multinomial": lambda: torch.multinomial(probs, 1), "inverse_cdf": lambda: sample_inverse_cdf(probs)}
+    samplers = {
+        "multinomial": lambda: torch.multinomial(probs, 1),
+        "inverse_cdf": lambda: sample_inverse_cdf(probs),
+    }
     cell = {"vocab": vocab, "batch": BATCH}
     for name, draw in samplers.items():
         draw()
@@ -123,13 +132,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=HERE / "decode_loop.json")
-    parser.add_argument("--sampler_only", action="store_true", help="time only the samplers; add them to --out")
+    parser.add_argument(
+        "--sampler_only", action="store_true", help="time only the samplers; add them to --out"
+    )
     args = parser.parse_args()
     import torch
 
     sampler = _sampler_cell()
     print(f"sampler at V={sampler['vocab']}: multinomial {sampler['multinomial']['cpu_ms']} ms, inverse CDF "
-          f"{sampler['inverse_cdf']['cpu_ms']} ms CPU per draw ({sampler['speedup_cpu']}x)", flush=True)  # fmt: skip
+          f"{sampler['inverse_cdf']['cpu_ms']} ms CPU per draw "
+          f"({sampler['speedup_cpu']}x)", flush=True)  # fmt: skip
     if args.sampler_only:
         report = json.loads(args.out.read_text()) if args.out.exists() else {}
         report.update(sampler=sampler, sampler_command=" ".join([Path(sys.executable).name, *sys.argv]),
@@ -145,14 +157,15 @@ def main() -> None:
                 cell = {"model": model_name, "new_tokens": new_tokens, "mode": mode,
                         **_cell(subject, new_tokens, mode, args.repeats)}  # fmt: skip
                 results.append(cell)
-                print(f"{model_name:6} {new_tokens:4} {mode:5}  transformers {cell['transformers']['tokens_per_s']:8.1f} "
-                      f"tok/s  rlhfkit {cell['rlhfkit']['tokens_per_s']:8.1f} tok/s  speedup wall "
+                print(f"{model_name:6} {new_tokens:4} {mode:5}  transformers "
+                      f"{cell['transformers']['tokens_per_s']:8.1f} tok/s  rlhfkit "
+                      f"{cell['rlhfkit']['tokens_per_s']:8.1f} tok/s  speedup wall "
                       f"{cell['speedup_wall']:.2f}x cpu {cell['speedup_cpu']:.2f}x", flush=True)  # fmt: skip
     report = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]), "git_commit": git_commit(__file__),
         "env": {k: os.environ[k] for k in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY") if k in os.environ},
-        "threads": torch.get_num_threads(), "batch": BATCH, "prompt_tokens": PROMPT_TOKENS, "sampler": sampler,
-        "results": results,
+        "threads": torch.get_num_threads(), "batch": BATCH, "prompt_tokens": PROMPT_TOKENS,
+        "sampler": sampler, "results": results,
     }  # fmt: skip
     args.out.write_text(json.dumps(report, indent=1) + "\n")
 

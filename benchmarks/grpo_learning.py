@@ -27,17 +27,25 @@ from _common import git_commit  # noqa: E402
 
 LIBRARIES = ("rlhfkit", "trl")
 # TRL-only switches, each at what rlhfkit does (rlhfkit has none of these features)
-TRL_SETTINGS = dict(use_vllm=False, use_liger_kernel=False, use_transformers_paged=False, disable_dropout=False,
-                    cast_lm_head_to_fp32=False, log_completions=False)
+TRL_SETTINGS = dict(
+    use_vllm=False,
+    use_liger_kernel=False,
+    use_transformers_paged=False,
+    disable_dropout=False,
+    cast_lm_head_to_fp32=False,
+    log_completions=False,
+)
 
 
 def grpo_settings(cfg) -> dict:
-    """The demo's GRPO stage (demo/verifiable.py train_grpo) as GRPOConfig keyword arguments both libraries take."""
+    """The demo's GRPO stage (demo/verifiable.py train_grpo) as GRPOConfig keyword arguments both libraries
+    take."""
     return dict(
         per_device_train_batch_size=cfg.rl_batch_size, num_generations=cfg.num_generations,
         max_steps=cfg.rl_updates, num_iterations=cfg.rl_epochs, beta=cfg.kl_coef,
-        max_completion_length=cfg.response_length, learning_rate=cfg.rl_learning_rate, lr_scheduler_type="constant",
-        temperature=cfg.temperature, seed=cfg.seed, loss_type="dapo", scale_rewards="group", optim="adamw_torch",
+        max_completion_length=cfg.response_length, learning_rate=cfg.rl_learning_rate,
+        lr_scheduler_type="constant", temperature=cfg.temperature, seed=cfg.seed, loss_type="dapo",
+        scale_rewards="group", optim="adamw_torch",
         gradient_accumulation_steps=1, bf16=False, gradient_checkpointing=False, use_cpu=True,
         save_strategy="no", report_to="none", logging_strategy="no", disable_tqdm=True,
     )  # fmt: skip
@@ -76,11 +84,18 @@ def prepare(work: Path, eval_prompts: int):
 
 
 def train(library: str, work: Path, cfg, save_every: int, trl_python: str, seed: int) -> dict:
-    """One GRPO run in a subprocess (torch on one thread); returns its checkpoint timings and process times."""
+    """One GRPO run in a subprocess (torch on one thread); returns its checkpoint timings and process
+    times."""
     out = work / f"grpo-{library}-seed{seed}"
     settings = {**grpo_settings(cfg), "seed": seed}
-    spec = {"model": str(work / "sft-addition"), "train": str(work / "train.jsonl"), "settings": settings,
-            "trl_settings": TRL_SETTINGS, "save_every": save_every, "output_dir": str(out)}
+    spec = {
+        "model": str(work / "sft-addition"),
+        "train": str(work / "train.jsonl"),
+        "settings": settings,
+        "trl_settings": TRL_SETTINGS,
+        "save_every": save_every,
+        "output_dir": str(out),
+    }
     out.mkdir(parents=True, exist_ok=True)
     (out / "spec.json").write_text(json.dumps(spec, indent=1))
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
@@ -91,20 +106,29 @@ def train(library: str, work: Path, cfg, save_every: int, trl_python: str, seed:
     driver = HERE / "workloads" / "trl_grpo_addition.py"
     load_before = os.getloadavg()
     start = time.perf_counter()
-    done = subprocess.run([python, str(driver), str(out / "spec.json"), "--library", library], env=env,
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [python, str(driver), str(out / "spec.json"), "--library", library],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     seconds = time.perf_counter() - start
     (out / "log.txt").write_text(done.stdout + done.stderr)
     if done.returncode:
         raise RuntimeError(f"{library} GRPO run failed, see {out / 'log.txt'}:\n{done.stderr[-2000:]}")
     usage = os.times()  # children's CPU: cumulative, so the difference per run is taken by the caller
-    return {"timings": json.loads((out / "timings.json").read_text()), "process_seconds": seconds,
-            "children_cpu_after": usage.children_user + usage.children_system,
-            "load_average_before": list(load_before), "load_average_after": list(os.getloadavg())}
+    return {
+        "timings": json.loads((out / "timings.json").read_text()),
+        "process_seconds": seconds,
+        "children_cpu_after": usage.children_user + usage.children_system,
+        "load_average_before": list(load_before),
+        "load_average_after": list(os.getloadavg()),
+    }
 
 
 def greedy_accuracy(folder: Path, task, heldout: list[dict], response_length: int) -> tuple[int, int]:
-    """Correct greedy answers of the policy in `folder` on the held-out rows: the one metric for both libraries."""
+    """Correct greedy answers of the policy in `folder` on the held-out rows: the one metric for both
+    libraries."""
     from rlhfkit.demo import stages
     from rlhfkit.demo.sampling import sample_completions
 
@@ -119,20 +143,31 @@ def point(step: int, wall: float, cpu: float, correct: int, n: int) -> dict:
     from rlhfkit.judges.win_rates import wilson_interval
 
     low, high = wilson_interval(correct / n, n)
-    return {"step": step, "wall_seconds": round(wall, 2), "cpu_seconds": round(cpu, 2), "accuracy": correct / n,
-            "ci95": [round(low, 4), round(high, 4)], "correct": correct, "n": n}
+    return {
+        "step": step,
+        "wall_seconds": round(wall, 2),
+        "cpu_seconds": round(cpu, 2),
+        "accuracy": correct / n,
+        "ci95": [round(low, 4), round(high, 4)],
+        "correct": correct,
+        "n": n,
+    }
 
 
 def verdict(curves: dict) -> dict:
     """Met when rlhfkit's final held-out accuracy is at least TRL's and its training wall time is lower."""
     k, t = curves["rlhfkit"][-1], curves["trl"][-1]
-    return {"rlhfkit_final_accuracy": k["accuracy"], "trl_final_accuracy": t["accuracy"],
-            "accuracy_at_least_trl": k["accuracy"] >= t["accuracy"],
-            "rlhfkit_wall_seconds": k["wall_seconds"], "trl_wall_seconds": t["wall_seconds"],
-            "less_wall_time": k["wall_seconds"] < t["wall_seconds"],
-            "wall_speedup": t["wall_seconds"] / k["wall_seconds"],
-            "cpu_speedup": t["cpu_seconds"] / k["cpu_seconds"],
-            "met": k["accuracy"] >= t["accuracy"] and k["wall_seconds"] < t["wall_seconds"]}
+    return {
+        "rlhfkit_final_accuracy": k["accuracy"],
+        "trl_final_accuracy": t["accuracy"],
+        "accuracy_at_least_trl": k["accuracy"] >= t["accuracy"],
+        "rlhfkit_wall_seconds": k["wall_seconds"],
+        "trl_wall_seconds": t["wall_seconds"],
+        "less_wall_time": k["wall_seconds"] < t["wall_seconds"],
+        "wall_speedup": t["wall_seconds"] / k["wall_seconds"],
+        "cpu_speedup": t["cpu_seconds"] / k["cpu_seconds"],
+        "met": k["accuracy"] >= t["accuracy"] and k["wall_seconds"] < t["wall_seconds"],
+    }
 
 
 def plot(curves: dict, path: Path) -> None:
@@ -145,8 +180,17 @@ def plot(curves: dict, path: Path) -> None:
     for library, style in zip(LIBRARIES, ("o-", "s--")):
         pts = curves[library]
         for ax, key in zip(axes, ("step", "wall_seconds")):
-            ax.errorbar([p[key] for p in pts], [p["accuracy"] for p in pts], fmt=style, capsize=3, label=library,
-                        yerr=[[p["accuracy"] - p["ci95"][0] for p in pts], [p["ci95"][1] - p["accuracy"] for p in pts]])
+            ax.errorbar(
+                [p[key] for p in pts],
+                [p["accuracy"] for p in pts],
+                fmt=style,
+                capsize=3,
+                label=library,
+                yerr=[
+                    [p["accuracy"] - p["ci95"][0] for p in pts],
+                    [p["ci95"][1] - p["accuracy"] for p in pts],
+                ],
+            )
     axes[0].set(xlabel="GRPO step", ylabel="held-out greedy accuracy")
     axes[1].set(xlabel="training wall seconds")
     axes[0].legend()
@@ -160,10 +204,15 @@ def parse_args(argv):
     parser.add_argument("--work-dir", default="/tmp/grpo-learning")
     parser.add_argument("--output-dir", default=str(HERE))
     parser.add_argument("--eval-every", type=int, default=25)
-    parser.add_argument("--trl-python", default=str(HERE / ".venvs" / "trl-new" / "bin" / "python"),
-                        help="the TRL 1.16 venv's interpreter (benchmarks/setup_trl.sh builds it)")
+    parser.add_argument(
+        "--trl-python",
+        default=str(HERE / ".venvs" / "trl-new" / "bin" / "python"),
+        help="the TRL 1.16 venv's interpreter (benchmarks/setup_trl.sh builds it)",
+    )
     parser.add_argument("--eval-prompts", type=int, default=400)
-    parser.add_argument("--seed", type=int, default=0, help="GRPO seed (the SFT warm start is always the demo's, seed 0)")
+    parser.add_argument(
+        "--seed", type=int, default=0, help="GRPO seed (the SFT warm start is always the demo's, seed 0)"
+    )
     args = parser.parse_args(argv)
     if args.eval_every < 1 or args.eval_prompts < 1:
         parser.error("--eval-every and --eval-prompts must be >= 1")
@@ -174,7 +223,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     import torch
 
-    torch.set_num_threads(1)  # as the demo and the GRPO subprocesses: two threads on a shared 2-core machine stall
+    # as the demo and the GRPO subprocesses: two threads on a shared 2-core machine stall
+    torch.set_num_threads(1)
     work = Path(args.work_dir)
     cfg, task = prepare(work, args.eval_prompts)
     heldout = [json.loads(line) for line in (work / "heldout.jsonl").read_text().splitlines()]
@@ -185,22 +235,46 @@ def main(argv=None) -> int:
         runs[library] = train(library, work, cfg, args.eval_every, args.trl_python, args.seed)
         runs[library]["process_cpu_seconds"] = runs[library].pop("children_cpu_after") - cpu_before
         curves[library] = [point(0, 0.0, 0.0, *base_correct)] + [
-            point(t["step"], t["wall_seconds"], t["cpu_seconds"],
-                  *greedy_accuracy(work / f"grpo-{library}-seed{args.seed}" / f"step-{t['step']}", task, heldout, cfg.response_length))
-            for t in runs[library]["timings"]]
+            point(
+                t["step"],
+                t["wall_seconds"],
+                t["cpu_seconds"],
+                *greedy_accuracy(
+                    work / f"grpo-{library}-seed{args.seed}" / f"step-{t['step']}",
+                    task,
+                    heldout,
+                    cfg.response_length,
+                ),
+            )
+            for t in runs[library]["timings"]
+        ]
     commit = git_commit(__file__)
-    trl_version = subprocess.run([args.trl_python, "-c", "import trl; print(trl.__version__)"],
-                                 capture_output=True, text=True).stdout.strip()
-    data = {"what": __doc__.splitlines()[0], "commit": commit,
-            "command": "python benchmarks/grpo_learning.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-            "machine": f"{os.cpu_count()} CPU cores, torch 1 thread per run, runs one after the other (each run "
-                       "records the load average before and after it)",
-            "trl_version": trl_version, "settings": {**grpo_settings(cfg), "seed": args.seed}, "trl_only_settings": TRL_SETTINGS,
-            "eval": {"heldout_problems": len(heldout), "every_steps": args.eval_every, "decoding": "greedy",
-                     "max_new_tokens": cfg.response_length},
-            "runs": runs, "curves": curves, "result": verdict(curves)}
+    trl_version = subprocess.run(
+        [args.trl_python, "-c", "import trl; print(trl.__version__)"], capture_output=True, text=True
+    ).stdout.strip()
+    data = {
+        "what": __doc__.splitlines()[0],
+        "commit": commit,
+        "command": "python benchmarks/grpo_learning.py "
+        + " ".join(argv if argv is not None else sys.argv[1:]),
+        "machine": f"{os.cpu_count()} CPU cores, torch 1 thread per run, runs one after the other (each run "
+        "records the load average before and after it)",
+        "trl_version": trl_version,
+        "settings": {**grpo_settings(cfg), "seed": args.seed},
+        "trl_only_settings": TRL_SETTINGS,
+        "eval": {
+            "heldout_problems": len(heldout),
+            "every_steps": args.eval_every,
+            "decoding": "greedy",
+            "max_new_tokens": cfg.response_length,
+        },
+        "runs": runs,
+        "curves": curves,
+        "result": verdict(curves),
+    }
     out = Path(args.output_dir)
-    stem = "grpo_learning" if args.seed == 0 else f"grpo_learning_seed{args.seed}"  # seed 0 is the recorded run
+    # seed 0 is the recorded run
+    stem = "grpo_learning" if args.seed == 0 else f"grpo_learning_seed{args.seed}"
     (out / f"{stem}.json").write_text(json.dumps(data, indent=1) + "\n")
     plot(curves, out / f"{stem}.png")
     print(json.dumps(data["result"], indent=1))

@@ -1,7 +1,8 @@
 """Where a GRPO workload's step goes: generate, backward, optimizer and the rest, in wall and CPU seconds.
 
-    PYTHONPATH=src benchmarks/.venvs/rlhfkit/bin/python benchmarks/grpo_phases.py rlhfkit grpo --work-dir benchmarks/.work --model small
-    benchmarks/.venvs/trl-new/bin/python benchmarks/grpo_phases.py trl grpo --work-dir benchmarks/.work --model small
+    cd benchmarks
+    PYTHONPATH=../src .venvs/rlhfkit/bin/python grpo_phases.py rlhfkit grpo --work-dir .work --model small
+    .venvs/trl-new/bin/python grpo_phases.py trl grpo --work-dir .work --model small
 
 Wraps transformers' `GenerationMixin.generate` (and rlhfkit's `GenerationBackend.generate`),
 `Tensor.backward`, `AdamW.step` and the library's `GRPOTrainer.train`, runs workloads/<library>_<workload>.py
@@ -32,8 +33,13 @@ def timed(name, fn):
 
 def report(library: str, workload: str) -> None:
     total = TOTALS.get("train", (0.0, 0.0))[1] or 1.0
-    print("PHASES", library, workload,
-          {k: (round(w, 2), round(c, 2), f"{100 * c / total:.0f}%") for k, (w, c) in TOTALS.items()}, flush=True)
+    print(
+        "PHASES",
+        library,
+        workload,
+        {k: (round(w, 2), round(c, 2), f"{100 * c / total:.0f}%") for k, (w, c) in TOTALS.items()},
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

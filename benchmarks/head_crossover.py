@@ -67,12 +67,14 @@ def _case(vocab: int, hidden_size: int, tokens: int, repeats: int, max_full_gb: 
         def step():
             hidden.grad = weight.grad = None
             path().sum().backward()
+
         return step
 
     def score(path):
         def step():
             with torch.no_grad():
                 path()
+
         return step
 
     logits_mb = tokens * vocab * 4 / 2**20  # float32
@@ -107,14 +109,18 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     rows = []
-    print(f"{'V':>7} {'H':>4} {'tokens':>6} {'full MB':>8} {'train c/f':>10} {'score c/f':>10} {'chunked train s':>16}")
+    print(
+        f"{'V':>7} {'H':>4} {'tokens':>6} {'full MB':>8} {'train c/f':>10} {'score c/f':>10} "
+        f"{'chunked train s':>16}"
+    )
     for vocab in args.vocabs:
         for hidden_size in args.hiddens:
             for tokens in args.tokens:
                 row = _case(vocab, hidden_size, tokens, args.repeats, args.max_full_gb)
                 rows.append(row)
                 print(f"{vocab:>7} {hidden_size:>4} {tokens:>6} {row['full_logits_mb']:>8} "
-                      f"{row.get('train_chunked_over_full', '-'):>10} {row.get('score_chunked_over_full', '-'):>10} "
+                      f"{row.get('train_chunked_over_full', '-'):>10} "
+                      f"{row.get('score_chunked_over_full', '-'):>10} "
                       f"{row['chunked_train_s']:>16}", flush=True)  # fmt: skip
     record = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),

@@ -100,7 +100,8 @@ def _estimated_straightforward_gb(length: int) -> float:
 
 
 def worker_result(command: list[str], prefix: str, **identity) -> dict:
-    """Run a worker subprocess; its `prefix`-marked JSON line, else `identity` plus the tail of its error output."""
+    """Run a worker subprocess; its `prefix`-marked JSON line, else `identity` plus the tail of its error
+    output."""
     proc = subprocess.run(command, capture_output=True, text=True, check=False)
     for line in proc.stdout.splitlines():
         if line.startswith(prefix):
@@ -109,8 +110,8 @@ def worker_result(command: list[str], prefix: str, **identity) -> dict:
 
 
 def _run_variant(variant: str, length: int, args: argparse.Namespace) -> dict:
-    command = [sys.executable, __file__, "--worker", variant, "--lengths", str(length), "--device", args.device,
-               "--threads", str(args.threads)]  # fmt: skip
+    command = [sys.executable, __file__, "--worker", variant, "--lengths", str(length),
+               "--device", args.device, "--threads", str(args.threads)]  # fmt: skip
     return worker_result(command, RESULT_PREFIX, variant=variant, response_length=length)
 
 
@@ -130,7 +131,9 @@ def main() -> None:
     parser.add_argument("--lengths", type=int, nargs="+", default=[256, 1024], help="response lengths")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--max-gb", type=float, default=12.0, help="skip straightforward runs estimated above this")
+    parser.add_argument(
+        "--max-gb", type=float, default=12.0, help="skip straightforward runs estimated above this"
+    )
     parser.add_argument("--output", type=Path, default=HERE / "large_vocab_logprobs.json")
     parser.add_argument("--worker", choices=VARIANTS, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -143,7 +146,8 @@ def main() -> None:
             estimate = _estimated_straightforward_gb(length)
             if variant == "straightforward" and args.device == "cpu" and estimate > args.max_gb:
                 rows.append({"variant": variant, "response_length": length,
-                             "skipped": f"estimated {estimate:.1f} GB of logits and gradients > --max-gb {args.max_gb}"})  # fmt: skip
+                             "skipped": f"estimated {estimate:.1f} GB of logits and gradients > --max-gb "
+                                        f"{args.max_gb}"})  # fmt: skip
                 continue
             rows.append(_run_variant(variant, length, args))
     _print_table(rows)

@@ -41,7 +41,8 @@ def _model():
     torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=4 * HIDDEN, num_hidden_layers=LAYERS,
-        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=LENGTH, tie_word_embeddings=False,
+        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=LENGTH,
+        tie_word_embeddings=False,
     )  # fmt: skip
     return LlamaForCausalLM(config)
 
@@ -59,11 +60,12 @@ def _dpo(out: str):
 
     from rlhfkit.testing import tiny_tokenizer
     from rlhfkit.testing.training_args import few_step_args
-    from rlhfkit.trainers.dpo import DPOTrainer
-    from rlhfkit.trainers.dpo_config import DPOConfig
+    from rlhfkit.trainers.dpo.config import DPOConfig
+    from rlhfkit.trainers.dpo.trainer import DPOTrainer
 
     args = few_step_args(DPOConfig, out, max_length=LENGTH, max_prompt_length=PROMPT)
-    text = datasets.Dataset.from_list([{"prompt": "a", "chosen": "b", "rejected": "c"}])  # the batch is built below
+    # the batch is built below
+    text = datasets.Dataset.from_list([{"prompt": "a", "chosen": "b", "rejected": "c"}])
     trainer = DPOTrainer(model=_model(), args=args, train_dataset=text, processing_class=tiny_tokenizer())
     g = torch.Generator().manual_seed(1)
     rows = [
@@ -81,8 +83,8 @@ def _sft(out: str):
 
     from rlhfkit.testing import tiny_tokenizer
     from rlhfkit.testing.training_args import few_step_args
-    from rlhfkit.trainers.sft import SFTTrainer
-    from rlhfkit.trainers.sft_config import SFTConfig
+    from rlhfkit.trainers.sft.config import SFTConfig
+    from rlhfkit.trainers.sft.trainer import SFTTrainer
 
     args = few_step_args(SFTConfig, out, max_seq_length=LENGTH)
     text = datasets.Dataset.from_list([{"text": "a b c"}])  # the batch is built below
@@ -100,7 +102,8 @@ def _worker(trainer_name: str, variant: str, threads: int) -> dict:
     from rlhfkit.rollout import scoring
 
     if variant == "full":
-        scoring.CHUNKED_HEAD_MIN_LOGITS = 1 << 62  # no batch counts as large: every pass builds the full logits
+        # no batch counts as large: every pass builds the full logits
+        scoring.CHUNKED_HEAD_MIN_LOGITS = 1 << 62
     with tempfile.TemporaryDirectory() as out:
         trainer, batch, kwargs = (_dpo if trainer_name == "dpo" else _sft)(out)
         model = trainer.model

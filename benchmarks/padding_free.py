@@ -97,21 +97,31 @@ def main() -> None:
     tokens = int(batch[1].sum() + batch[3].sum())
     padded_tokens = batch[0].numel() + batch[2].numel()
     attention_mask = torch.cat([batch[1], batch[3].long()], dim=1)
-    packed_shape = pack_rows(torch.cat([batch[0], batch[2]], dim=1), attention_mask,
-                             position_ids_from_mask(attention_mask), batch[2].shape[1]).input_ids.shape
+    packed_shape = pack_rows(
+        torch.cat([batch[0], batch[2]], dim=1),
+        attention_mask,
+        position_ids_from_mask(attention_mask),
+        batch[2].shape[1],
+    ).input_ids.shape
     rows = _time_variants(model, batch, args.repeats, args.device)
-    print(f"{ROWS} rows, {tokens} real tokens of {padded_tokens} padded ({1 - tokens / padded_tokens:.0%} padding); "
-          f"packed into {packed_shape[0]} rows of {packed_shape[1]}")
+    print(
+        f"{ROWS} rows, {tokens} real tokens of {padded_tokens} padded ({1 - tokens / padded_tokens:.0%} "
+        f"padding); packed into {packed_shape[0]} rows of {packed_shape[1]}"
+    )
     print(f"{'variant':>8} {'median s':>9} {'speed-up':>9} {'loss':>10} {'grad norm':>10}")
     for r in rows:
         speedup = rows[0]["median_seconds"] / r["median_seconds"]
-        print(f"{r['variant']:>8} {r['median_seconds']:>9.3f} {speedup:>8.2f}x {r['loss']:>10.5f} {r['grad_norm']:>10.5f}")
+        print(
+            f"{r['variant']:>8} {r['median_seconds']:>9.3f} {speedup:>8.2f}x {r['loss']:>10.5f} "
+            f"{r['grad_norm']:>10.5f}"
+        )
     record = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "git_commit": git_commit(__file__),
         "model": "rlhfkit.testing llama-small", "device": args.device, "threads": args.threads,
         "rows": ROWS, "query_lengths": QUERY_RANGE, "response_lengths": RESPONSE_RANGE,
-        "real_tokens": tokens, "padded_tokens": padded_tokens, "packed_shape": list(packed_shape), "repeats": args.repeats, "note": args.note,
+        "real_tokens": tokens, "padded_tokens": padded_tokens, "packed_shape": list(packed_shape),
+        "repeats": args.repeats, "note": args.note,
         "results": rows,
     }  # fmt: skip
     args.output.write_text(json.dumps(record, indent=2) + "\n")

@@ -15,7 +15,8 @@ from pathlib import Path
 
 TOLERANCE = 1e-4
 NUM_PROMPTS = 4
-SIZES = ("tiny", "small", "v1k", "v8k", "v32k", "v152k", "v152k-eos")  # those prepare.py has written are checked
+# those prepare.py has written are checked
+SIZES = ("tiny", "small", "v1k", "v8k", "v32k", "v152k", "v152k-eos")
 
 
 def dump(work: Path, tag: str) -> list[Path]:
@@ -35,7 +36,9 @@ def dump(work: Path, tag: str) -> list[Path]:
         tokenizer = AutoTokenizer.from_pretrained(policy_dir)
         ids = [tokenizer(p["prompt"], add_special_tokens=False)["input_ids"] for p in prompts]
         if ids != [p["input_ids"] for p in prompts]:
-            raise SystemExit(f"[parity] {tag}: tokenizer of {policy_dir} does not reproduce the stored prompt ids")
+            raise SystemExit(
+                f"[parity] {tag}: tokenizer of {policy_dir} does not reproduce the stored prompt ids"
+            )
         input_ids = torch.tensor(ids)
         policy = AutoModelForCausalLM.from_pretrained(policy_dir).eval()
         reward = AutoModelForSequenceClassification.from_pretrained(reward_dir).eval()
@@ -43,8 +46,13 @@ def dump(work: Path, tag: str) -> list[Path]:
             logits = policy(input_ids=input_ids).logits.float().numpy()
             scores = reward(input_ids=input_ids).logits.float().numpy()
         path = out_dir / f"{tag}-{size}.npz"
-        np.savez(path, input_ids=input_ids.numpy(), logits=logits, scores=scores,
-                 transformers=np.array(transformers.__version__))
+        np.savez(
+            path,
+            input_ids=input_ids.numpy(),
+            logits=logits,
+            scores=scores,
+            transformers=np.array(transformers.__version__),
+        )
         written.append(path)
     sd_path = _dump_sd(work, tag)
     return written + ([sd_path] if sd_path else [])
@@ -61,7 +69,8 @@ def _prompts(path: Path) -> list[dict]:
 
 
 def _dump_sd(work: Path, tag: str) -> Path | None:
-    """Text-encoder states and one UNet prediction of the tiny Stable Diffusion (venvs with diffusers only)."""
+    """Text-encoder states and one UNet prediction of the tiny Stable Diffusion (venvs with diffusers
+    only)."""
     import importlib.util
 
     if importlib.util.find_spec("diffusers") is None or not (work / "models" / "sd").is_dir():
@@ -70,10 +79,15 @@ def _dump_sd(work: Path, tag: str) -> Path | None:
     import torch
     from diffusers import StableDiffusionPipeline
 
-    pipe = StableDiffusionPipeline.from_pretrained(work / "models" / "sd", safety_checker=None,
-                                                   requires_safety_checker=False)
-    ids = pipe.tokenizer(["a photo of a cat", "a red bird"], padding="max_length",
-                         max_length=pipe.tokenizer.model_max_length, return_tensors="pt").input_ids
+    pipe = StableDiffusionPipeline.from_pretrained(
+        work / "models" / "sd", safety_checker=None, requires_safety_checker=False
+    )
+    ids = pipe.tokenizer(
+        ["a photo of a cat", "a red bird"],
+        padding="max_length",
+        max_length=pipe.tokenizer.model_max_length,
+        return_tensors="pt",
+    ).input_ids
     generator = torch.Generator().manual_seed(0)
     latents = torch.randn(2, pipe.unet.config.in_channels, 8, 8, generator=generator)
     with torch.no_grad():
@@ -101,8 +115,10 @@ def compare(work: Path) -> bool:
             dscores = float(np.abs(first["scores"] - other["scores"]).max())
             good = same_ids and dlogits <= TOLERANCE and dscores <= TOLERANCE
             ok = ok and good
-            print(f"[parity] {size}: {dumps[0].stem} vs {other_path.stem}: ids equal={same_ids} "
-                  f"max|dlogits|={dlogits:.2e} max|dscores|={dscores:.2e} -> {'OK' if good else 'MISMATCH'}")
+            print(
+                f"[parity] {size}: {dumps[0].stem} vs {other_path.stem}: ids equal={same_ids} "
+                f"max|dlogits|={dlogits:.2e} max|dscores|={dscores:.2e} -> {'OK' if good else 'MISMATCH'}"
+            )
     return ok
 
 

@@ -96,8 +96,11 @@ def write_models(work: Path, sizes: list[str]) -> dict:
         for folder in (policy_out, reward_out):
             _compat_config(folder)
             _compat_tokenizer(folder)
-        info[size] = {"policy_params": _count_params(policy_out), "reward_params": _count_params(reward_out),
-                      "config": json.loads((policy_out / "config.json").read_text())}
+        info[size] = {
+            "policy_params": _count_params(policy_out),
+            "reward_params": _count_params(reward_out),
+            "config": json.loads((policy_out / "config.json").read_text()),
+        }
     return info
 
 
@@ -112,7 +115,9 @@ def _word_tokenizer(vocab_size: int):
     vocab = {"<|endoftext|>": 0, "<|pad|>": 1, **{f"w{i}": i for i in range(2, vocab_size)}}
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<|pad|>"))
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer.add_special_tokens([AddedToken("<|endoftext|>", special=True), AddedToken("<|pad|>", special=True)])
+    tokenizer.add_special_tokens(
+        [AddedToken("<|endoftext|>", special=True), AddedToken("<|pad|>", special=True)]
+    )
     return tokenizer
 
 
@@ -146,8 +151,8 @@ def write_vocab_model(work: Path, name: str) -> dict:
 
     vocab_size = VOCAB_SIZES[name]
     config = LlamaConfig(
-        vocab_size=vocab_size, hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=4, max_position_embeddings=2048, tie_word_embeddings=False,
+        vocab_size=vocab_size, hidden_size=64, intermediate_size=256, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=2048, tie_word_embeddings=False,
         bos_token_id=0, eos_token_id=0, pad_token_id=1,
     )  # fmt: skip
     torch.manual_seed(0)
@@ -158,16 +163,24 @@ def write_vocab_model(work: Path, name: str) -> dict:
     shutil.rmtree(policy_out, ignore_errors=True)
     shutil.rmtree(reward_out, ignore_errors=True)
     model.save_pretrained(policy_out)
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=_word_tokenizer(vocab_size), bos_token="<|endoftext|>",
-                                        eos_token="<|endoftext|>", pad_token="<|pad|>", padding_side="left",
-                                        model_max_length=4096)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=_word_tokenizer(vocab_size),
+        bos_token="<|endoftext|>",
+        eos_token="<|endoftext|>",
+        pad_token="<|pad|>",
+        padding_side="left",
+        model_max_length=4096,
+    )
     tokenizer.save_pretrained(policy_out)
     _reward_from_policy(policy_out, reward_out)
     for folder in (policy_out, reward_out):
         _compat_config(folder)
         _compat_tokenizer(folder)
-    return {"policy_params": _count_params(policy_out), "reward_params": _count_params(reward_out),
-            "config": json.loads((policy_out / "config.json").read_text())}
+    return {
+        "policy_params": _count_params(policy_out),
+        "reward_params": _count_params(reward_out),
+        "config": json.loads((policy_out / "config.json").read_text()),
+    }
 
 
 def write_vocab_data(work: Path) -> None:
@@ -185,8 +198,14 @@ def write_vocab_data(work: Path) -> None:
     prompts = [words(LV_QUERY_TOKENS) for _ in range(NUM_PROMPTS)]
     _write_jsonl(data / "prompts.jsonl", [{"prompt": text(p), "input_ids": p} for p in prompts])
     for length in LV_LENGTHS:
-        rows = [{"prompt": text(words(LV_QUERY_TOKENS)), "chosen": " " + text(words(length)),
-                 "rejected": " " + text(words(length))} for _ in range(64)]
+        rows = [
+            {
+                "prompt": text(words(LV_QUERY_TOKENS)),
+                "chosen": " " + text(words(length)),
+                "rejected": " " + text(words(length)),
+            }
+            for _ in range(64)
+        ]
         _write_jsonl(data / f"preference-{length}.jsonl", rows)
 
 
@@ -211,11 +230,14 @@ def write_sd_pipeline(work: Path) -> None:
 
 
 def _prefix_clip_keys(path: Path) -> None:
-    """transformers 5 saves CLIPTextModel weights without the `text_model.` prefix 4.x expects; 5.x reads both."""
+    """transformers 5 saves CLIPTextModel weights without the `text_model.` prefix 4.x expects; 5.x reads
+    both."""
     from safetensors.torch import load_file, save_file
 
     tensors = load_file(str(path))
-    renamed = {k if k.startswith("text_model.") else f"text_model.{k}": v.contiguous() for k, v in tensors.items()}
+    renamed = {
+        k if k.startswith("text_model.") else f"text_model.{k}": v.contiguous() for k, v in tensors.items()
+    }
     save_file(renamed, str(path), metadata={"format": "pt"})
 
 
@@ -244,7 +266,8 @@ def _sentences() -> list[str]:
 
 
 def _exact_text(tokenizer, words: list[str], start: int, n_tokens: int) -> str | None:
-    """A text of exactly `n_tokens` tokens, cut from the corpus word stream at `start` (None if no cut fits)."""
+    """A text of exactly `n_tokens` tokens, cut from the corpus word stream at `start` (None if no cut
+    fits)."""
     ids = tokenizer(" ".join(words[start : start + 4 * n_tokens]), add_special_tokens=False)["input_ids"]
     if len(ids) < n_tokens:
         return None
@@ -272,20 +295,27 @@ def write_data(work: Path) -> dict:
     data = work / "data"
     data.mkdir(parents=True, exist_ok=True)
     prompts = _texts(tokenizer, words, NUM_PROMPTS, PROMPT_TOKENS, rng)
-    _write_jsonl(data / "prompts.jsonl", [
-        {"prompt": p, "input_ids": tokenizer(p, add_special_tokens=False)["input_ids"]} for p in prompts
-    ])
-    # SFT rows run past max_length, so every row is truncated to exactly SFT_MAX_LENGTH tokens (+ eos if added)
+    _write_jsonl(
+        data / "prompts.jsonl",
+        [{"prompt": p, "input_ids": tokenizer(p, add_special_tokens=False)["input_ids"]} for p in prompts],
+    )
+    # SFT rows run past max_length, so every row is truncated to exactly SFT_MAX_LENGTH tokens
+    # (+ eos if added)
     sft = _texts(tokenizer, words, SFT_ROWS, SFT_MAX_LENGTH + 16, rng)
     _write_jsonl(data / "sft.jsonl", [{"text": t} for t in sft])
     pref_prompts = _texts(tokenizer, words, PREF_ROWS, PREF_PROMPT_TOKENS, rng)
     chosen = _texts(tokenizer, words, PREF_ROWS, PREF_COMPLETION_TOKENS, rng)
     rejected = _texts(tokenizer, words, PREF_ROWS, PREF_COMPLETION_TOKENS, rng)
-    rows = [{"prompt": p, "chosen": " " + c, "rejected": " " + r} for p, c, r in zip(pref_prompts, chosen, rejected)]
+    rows = [
+        {"prompt": p, "chosen": " " + c, "rejected": " " + r}
+        for p, c, r in zip(pref_prompts, chosen, rejected)
+    ]
     _write_jsonl(data / "preference.jsonl", rows)
     return {
-        "prompt_tokens": PROMPT_TOKENS, "sft_max_length": SFT_MAX_LENGTH,
-        "pref_prompt_tokens": PREF_PROMPT_TOKENS, "pref_completion_tokens": PREF_COMPLETION_TOKENS,
+        "prompt_tokens": PROMPT_TOKENS,
+        "sft_max_length": SFT_MAX_LENGTH,
+        "pref_prompt_tokens": PREF_PROMPT_TOKENS,
+        "pref_completion_tokens": PREF_COMPLETION_TOKENS,
     }
 
 
@@ -328,8 +358,11 @@ def prepare(work: Path, sizes: list[str] = ("tiny", "small"), sd: bool = True, f
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work-dir", default=str(Path(__file__).parent / ".work"))
-    parser.add_argument("--sizes", default="tiny,small",
-                        help=f"comma list of model sizes: {', '.join(list(SIZES) + list(VOCAB_SIZES))}")
+    parser.add_argument(
+        "--sizes",
+        default="tiny,small",
+        help=f"comma list of model sizes: {', '.join(list(SIZES) + list(VOCAB_SIZES))}",
+    )
     parser.add_argument("--sd", action="store_true", help="also write the tiny Stable Diffusion (DDPO)")
     parser.add_argument("--force", action="store_true", help="rebuild even if meta.json is current")
     args = parser.parse_args()

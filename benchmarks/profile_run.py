@@ -41,8 +41,19 @@ def main() -> None:
     if not script.is_file():
         parser.error(f"no workload script {script.name}")
     sys.path.insert(0, str(script.parent))
-    sys.argv = [str(script), "--work-dir", args.work_dir, "--model", args.model, "--steps", str(args.steps),
-                "--warmup", str(args.warmup), "--threads", str(args.threads)]
+    sys.argv = [
+        str(script),
+        "--work-dir",
+        args.work_dir,
+        "--model",
+        args.model,
+        "--steps",
+        str(args.steps),
+        "--warmup",
+        str(args.warmup),
+        "--threads",
+        str(args.threads),
+    ]
     sys.argv += (["--length", str(args.length)] if args.length else []) + (["--eos"] if args.eos else [])
     profiler = cProfile.Profile()
     profiler.enable()
@@ -53,8 +64,9 @@ def main() -> None:
     if args.out:
         profiler.dump_stats(args.out)
     stats = pstats.Stats(profiler)
-    stats.sort_stats(args.sort).print_stats(args.filter or None, args.top) if args.filter else \
-        stats.sort_stats(args.sort).print_stats(args.top)
+    stats.sort_stats(args.sort).print_stats(
+        args.filter or None, args.top
+    ) if args.filter else stats.sort_stats(args.sort).print_stats(args.top)
 
 
 if __name__ == "__main__":

@@ -40,10 +40,16 @@ def flops_breakdown(workload: str, model: str, meta: dict) -> dict[str, float] |
     decode = 2 * p * RL_BATCH * RESPONSE_TOKENS
     prefill = 2 * p * RL_BATCH * PROMPT_TOKENS
     if workload == "ppo":  # generate, reward forward, reference forward, 4 epochs of training
-        return {"decode": decode, "dense": prefill + 2 * r * rl_tokens + 2 * p * rl_tokens + 4 * 6 * p * rl_tokens}
+        return {
+            "decode": decode,
+            "dense": prefill + 2 * r * rl_tokens + 2 * p * rl_tokens + 4 * 6 * p * rl_tokens,
+        }
     if workload in ("rloo-old", "rloo"):  # generate, reward + reference forward, epochs of training
         epochs = 4 if workload == "rloo-old" else 1
-        return {"decode": decode, "dense": prefill + 2 * r * rl_tokens + 2 * p * rl_tokens + epochs * 6 * p * rl_tokens}
+        return {
+            "decode": decode,
+            "dense": prefill + 2 * r * rl_tokens + 2 * p * rl_tokens + epochs * 6 * p * rl_tokens,
+        }
     if workload == "sft":
         return {"decode": 0.0, "dense": 6 * p * 16 * SFT_TOKENS}
     if workload == "reward":  # chosen and rejected sequences through the reward model

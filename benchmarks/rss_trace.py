@@ -65,9 +65,15 @@ class Tracer:
             TRIM(0)
         rss = _status_kb("VmRSS")
         entry = self.phases.setdefault(frame["name"], {"calls": 0, "peak_mb": 0.0})
-        if entry["calls"] == 0:  # after the first call: how much of the RSS is anonymous memory, how much files
-            entry.update(before_mb=frame["before"] / 1024, after_mb=rss / 1024,
-                         after_anon_mb=_status_kb("RssAnon") / 1024, after_file_mb=_status_kb("RssFile") / 1024)
+        if (
+            entry["calls"] == 0
+        ):  # after the first call: how much of the RSS is anonymous memory, how much files
+            entry.update(
+                before_mb=frame["before"] / 1024,
+                after_mb=rss / 1024,
+                after_anon_mb=_status_kb("RssAnon") / 1024,
+                after_file_mb=_status_kb("RssFile") / 1024,
+            )
         entry["calls"] += 1
         entry["peak_mb"] = max(entry["peak_mb"], frame["peak"] / 1024)
         entry["max_added_mb"] = max(entry.get("max_added_mb", 0.0), (frame["peak"] - frame["before"]) / 1024)
@@ -130,7 +136,7 @@ def main() -> None:
     tracer = Tracer()
     scan = _install(tracer, phases)
     sys.path.insert(0, str(WORKLOADS))
-    sys.argv = [str(WORKLOADS / script), *rest[split + 1:]]
+    sys.argv = [str(WORKLOADS / script), *rest[split + 1 :]]
     import torch.optim
 
     scan(torch.optim)  # optimizers are reached as attributes, never imported by name
@@ -140,8 +146,13 @@ def main() -> None:
     if "--output" in options:  # a result file that names its commit and command
         from _common import git_commit  # the workloads folder is on sys.path by now
 
-        record = {"command": command, "commit": git_commit(__file__), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                  "script": script, "phases": tracer.phases}
+        record = {
+            "command": command,
+            "commit": git_commit(__file__),
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "script": script,
+            "phases": tracer.phases,
+        }
         Path(options["--output"]).write_text(json.dumps(record, indent=1) + "\n")
 
 

@@ -2,7 +2,8 @@
 `torch.multinomial` (which `rollout.decoding.sample_tokens` uses on any device but the CPU).
 
     python benchmarks/sampler_device.py --out benchmarks/sampler_device.json    # on a CUDA machine
-    python benchmarks/sampler_device.py --commit $(git rev-parse HEAD) --out $OUT/sampler_device.json  # on a copy
+    # on a copy of the checkout:
+    python benchmarks/sampler_device.py --commit $(git rev-parse HEAD) --out $OUT/sampler_device.json
 
 Exactness: 400k draws per case through `sample_inverse_cdf` on the GPU, checked with
 tests/rollout/test_sampler_exactness.py's binned z-test (a 1% bias in any token's frequency is caught), for
@@ -39,7 +40,9 @@ def exactness(device: str) -> list[dict]:
                 torch.manual_seed(0)
                 draws = torch.cat([sample_inverse_cdf(probs.expand(20_000, -1)) for _ in range(20)])
                 assert_follows(draws.cpu(), probs[0].cpu())  # raises on a bias
-                cases.append({"vocab": vocab, "row": kind, "probabilities": rounding, "draws": 400_000, "ok": True})
+                cases.append(
+                    {"vocab": vocab, "row": kind, "probabilities": rounding, "draws": 400_000, "ok": True}
+                )
                 print("exact:", cases[-1], flush=True)
     return cases
 

@@ -1,6 +1,7 @@
-"""Tables and scaling curves of the large-vocabulary runs (issue 16), from benchmarks/large_vocab/results-*.json.
+"""Tables and scaling curves of the large-vocabulary runs (issue 16), from
+benchmarks/large_vocab/results-*.json.
 
-    python benchmarks/scaling.py            # -> large_vocab/TABLES.md and scaling-<workload>.png next to RESULTS.md
+    python benchmarks/scaling.py    # -> large_vocab/TABLES.md and scaling-<workload>.png next to RESULTS.md
 
 Nothing is measured here: run.py's `*-lv` workloads wrote the JSON files (each names its commit and command).
 Per measured point (workload, vocabulary, completion length) and library: seconds per step, completions per
@@ -17,31 +18,29 @@ import statistics
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-VOCAB = {"v1k": 1000, "v8k": 8192, "v32k": 32000, "v152k": 151_936, "v152k-eos": 151_936}  # prepare.VOCAB_SIZES
+# prepare.VOCAB_SIZES
+VOCAB = {"v1k": 1000, "v8k": 8192, "v32k": 32000, "v152k": 151_936, "v152k-eos": 151_936}
 TARGETS = {"memory": 1 / 3, "speed": 1.3, "eos_speed": 1.5}  # issue 16
 LIBRARIES = ("rlhfkit", "trl")
-# Workloads whose earlier runs measured code that has since changed: only these files count for them.
-# Every PPO and RLOO point comes from the code after commit 74b141a made the decode loop's sampler fallback a
-# binary search instead of an argmax over the vocabulary at every decode step (the *-sampler files: 151,936
-# tokens at fixed length at 6607638, 8,192 and 32,000 tokens at 02e48a5, which only renamed the cache keyword
-# the decode loop passes; 1,000 tokens at 19ade00, below; eos at 8e9a03a, after that change too, in
-# results-eos-chunks.json, while results-eos-sampler.json is the same pair at 74b141a). That code also takes
-# the chunked log-probabilities in (rows, vocabulary) tiles with an online log-sum-exp (commit 4200a86, the
-# *-online files) and the chunked head from 16 MiB of logits (commit 4130952, the *-head files, which ran with
-# the argmax). Earlier files (transformers `generate`, the decode loop before and after its preallocated KV
-# cache, the tiled backward alone in results-lv-tiles.json, one forward block per chunk with the heap trim in
-# the *-trim files, DPO's first chunked path in results-dpo-main.json, and the rloo256-* pairs comparing the
-# last two) stay in the folder as history.
+# The committed files count, each for the points it measured on the current code; a new run of a point goes
+# here in place of the file it supersedes (the superseded file is deleted: git history keeps it).
+# ppo-lv and rloo-lv: the decode loop with its binary-search sampler fallback (74b141a and later), the chunked
+# log-probabilities' tiled forward (4200a86) and the chunked head from 16 MiB of logits (4130952).
 DECODE_LOOP_FILES = {
-    "results-lv-sampler.json", "results-lv1024-sampler.json", "results-vocab-sampler.json",
-    "results-eos-chunks.json", "results-v1k-chunks.json",
+    "results-ppo-rloo-v152k-64-256.json", "results-ppo-rloo-v152k-1024.json",
+    "results-ppo-rloo-v152k-eos.json", "results-ppo-rloo-vocab-sizes.json", "results-ppo-rloo-v1k.json",
 }  # fmt: skip
-CURRENT_ONLY = {"dpo-lv": {"results-dpo-online.json"}, "ppo-lv": DECODE_LOOP_FILES, "rloo-lv": DECODE_LOOP_FILES}
+CURRENT_ONLY = {
+    "dpo-lv": {"results-dpo-v152k.json"},
+    "ppo-lv": DECODE_LOOP_FILES,
+    "rloo-lv": DECODE_LOOP_FILES,
+}
 # Points re-measured after a change to the code they run: only these files count for them (workload, model,
 # length, eos). Commit 19ade00 stopped copying sliced logits in the full-logits passes, which only the
-# 1,000-token batches take (results-v1k-rows.json has the first version of that change, at 69ab00f).
+# 1,000-token batches take, so the 1,000-token pairs of results-ppo-rloo-vocab-sizes.json (02e48a5) do not
+# count.
 CURRENT_POINTS: dict[tuple[str, str, int, bool], set[str]] = {
-    (workload, "v1k", 256, False): {"results-v1k-chunks.json"} for workload in ("ppo-lv", "rloo-lv")
+    (workload, "v1k", 256, False): {"results-ppo-rloo-v1k.json"} for workload in ("ppo-lv", "rloo-lv")
 }
 
 
@@ -57,7 +56,9 @@ def load(folder: Path) -> list[dict]:
             point = (run["workload"], run["model"], run.get("length") or 0, data["info"].get("eos", False))
             if path.name not in CURRENT_POINTS.get(point, {path.name}):
                 continue
-            run = dict(run, source=path.name, commit=data["info"].get("commit"), eos=data["info"].get("eos", False))
+            run = dict(
+                run, source=path.name, commit=data["info"].get("commit"), eos=data["info"].get("eos", False)
+            )
             base = baselines.get(f"{run['library']}/{run['workload']}")
             if "os_peak_rss_mb" in run and base is not None:
                 run["loop_mb"] = run["os_peak_rss_mb"] - base
@@ -67,19 +68,38 @@ def load(folder: Path) -> list[dict]:
 
 def points(runs: list[dict]) -> list[dict]:
     """One row per (workload, model, length, eos): medians per library and per-pair ratios."""
-    keys = sorted({(r["workload"], r["model"], r.get("length") or 0, r["eos"]) for r in runs},
-                  key=lambda k: (k[0], k[3], VOCAB.get(k[1], 0), k[2]))
+    keys = sorted(
+        {(r["workload"], r["model"], r.get("length") or 0, r["eos"]) for r in runs},
+        key=lambda k: (k[0], k[3], VOCAB.get(k[1], 0), k[2]),
+    )
     rows = []
     for workload, model, length, eos in keys:
-        mine = [r for r in runs if (r["workload"], r["model"], r.get("length") or 0, r["eos"]) == (workload, model, length, eos)]
-        row = {"workload": workload, "model": model, "vocab": VOCAB.get(model), "length": length, "eos": eos,
-               "sources": sorted({r["source"] for r in mine}), "commits": sorted({str(r["commit"]) for r in mine})}
+        mine = [
+            r
+            for r in runs
+            if (r["workload"], r["model"], r.get("length") or 0, r["eos"]) == (workload, model, length, eos)
+        ]
+        row = {
+            "workload": workload,
+            "model": model,
+            "vocab": VOCAB.get(model),
+            "length": length,
+            "eos": eos,
+            "sources": sorted({r["source"] for r in mine}),
+            "commits": sorted({str(r["commit"]) for r in mine}),
+        }
         for library in LIBRARIES:
             ok = [r for r in mine if r["library"] == library and "error" not in r]
             failed = [r for r in mine if r["library"] == library and "error" in r]
-            side = {"runs": len(ok), "errors": [r.get("oom") or r["error"] for r in failed],
-                    "loads": [(r.get("load_average_before"), r.get("load_average_after")) for r in mine
-                              if r["library"] == library]}
+            side = {
+                "runs": len(ok),
+                "errors": [r.get("oom") or r["error"] for r in failed],
+                "loads": [
+                    (r.get("load_average_before"), r.get("load_average_after"))
+                    for r in mine
+                    if r["library"] == library
+                ],
+            }
             if ok:
                 side["seconds_per_step"] = statistics.median(r["seconds_per_step"] for r in ok)
                 side["episodes_per_second"] = statistics.median(r["episodes_per_second"] for r in ok)
@@ -104,11 +124,15 @@ def points(runs: list[dict]) -> list[dict]:
 
 def _pair_ratios(runs: list[dict], metric: str = "episodes_per_second") -> list[float]:
     """rlhfkit / TRL completions per second (or TRL / rlhfkit CPU seconds per step, which other processes on
-    the machine disturb less) for each pair of runs, one pair per (file, repeat), where both sides finished."""
+    the machine disturb less) for each pair of runs, one pair per (file, repeat), where both sides
+    finished."""
     ratios = []
     for source, repeat in sorted({(r["source"], r.get("repeat", 0)) for r in runs}):
-        pair = {r["library"]: r for r in runs
-                if (r["source"], r.get("repeat", 0)) == (source, repeat) and "error" not in r}
+        pair = {
+            r["library"]: r
+            for r in runs
+            if (r["source"], r.get("repeat", 0)) == (source, repeat) and "error" not in r
+        }
         if set(pair) != set(LIBRARIES) or not all(pair[lib].get(metric) for lib in LIBRARIES):
             continue
         k, t = pair["rlhfkit"][metric], pair["trl"][metric]
@@ -136,7 +160,13 @@ def _verdict(row: dict) -> str:
     if ratios:  # wall clock and CPU time must agree before a target is called met or missed on this machine
         median, cpu = statistics.median(ratios), row.get("pair_cpu_ratios")
         calls = {median >= speed_target} | ({statistics.median(cpu) >= speed_target} if cpu else set())
-        verdict = "UNCLEAR (wall clock and CPU time disagree)" if len(calls) > 1 else "met" if calls.pop() else "MISSED"
+        verdict = (
+            "UNCLEAR (wall clock and CPU time disagree)"
+            if len(calls) > 1
+            else "met"
+            if calls.pop()
+            else "MISSED"
+        )
         parts.append(f"speed {median:.2f}x {verdict} (>= {speed_target}x)")
     elif row["rlhfkit"].get("runs") and row["trl"].get("errors"):
         parts.append("TRL ran out of memory; rlhfkit ran")
@@ -149,27 +179,44 @@ def _verdict(row: dict) -> str:
 
 
 def markdown(rows: list[dict], sources: dict[str, dict]) -> str:
-    out = ["## Large vocabulary, realistic lengths and scaling (issue 16)", "",
-           "Generated by `benchmarks/scaling.py` from the JSON files below (every run, its load average before and "
-           "after, its log). Tiny Llama (hidden 64, 2 layers, untied head) with word-level tokenizers of 1,000 to "
-           "151,936 tokens (`prepare.py`), 6-token queries, 16 completions per step, float32, 2 threads, the timed "
-           "and warm-up steps each file names below (a one-step run's peak comes before the optimizer's moments "
-           "exist, on both sides). **Timings come from a shared 2-core machine** on which other sessions "
-           f"ran tests at the same time (1-minute load averages {_load_range(rows)} around the runs): each ratio is taken within a pair of runs that "
-           "ran back to back, libraries alternating which goes first, and the table gives every pair's ratio. "
-           "Memory figures do not depend on load, but the peak RSS of the same work can differ between runs "
-           "(FINDINGS.md): where a point ran twice, the larger peak is shown. Loop memory is the peak RSS above "
-           "the same trainer's import-only baseline. A run whose RSS passed the limit named in its JSON (`max_rss_gb`) was stopped "
-           "and is listed as OOM with the size it had reached. Points re-measured after a change to the code they "
-           "run count only their newest file (`CURRENT_POINTS` and `CURRENT_ONLY` in scaling.py: "
-           f"{', '.join(sorted({n for names in [*CURRENT_ONLY.values(), *CURRENT_POINTS.values()] for n in names}))}).", ""]
+    counted = {n for names in [*CURRENT_ONLY.values(), *CURRENT_POINTS.values()] for n in names}
+    out = [
+        "## Large vocabulary, realistic lengths and scaling (issue 16)",
+        "",
+        "Generated by `benchmarks/scaling.py` from the JSON files below (every run, its load average "
+        "before and after, its log). Tiny Llama (hidden 64, 2 layers, untied head) with word-level "
+        "tokenizers of 1,000 to 151,936 tokens (`prepare.py`), 6-token queries, 16 completions per step, "
+        "float32, 2 threads, the timed and warm-up steps each file names below (a one-step run's peak "
+        "comes before the optimizer's moments exist, on both sides). **Timings come from a shared 2-core "
+        "machine** on which other sessions ran tests at the same time (1-minute load averages "
+        f"{_load_range(rows)} around the runs): each ratio is taken within a pair of runs that ran back to "
+        "back, libraries alternating which goes first, and the table gives every pair's ratio. Memory "
+        "figures do not depend on load, but the peak RSS of the same work can differ between runs "
+        "(README.md): where a point ran twice, the larger peak is shown. Loop memory is the peak RSS above "
+        "the same trainer's import-only baseline. A run whose RSS passed the limit named in its JSON "
+        "(`max_rss_gb`) was stopped and is listed as OOM with the size it had reached. Points re-measured "
+        "after a change to the code they run count only their newest file (`CURRENT_POINTS` and "
+        f"`CURRENT_ONLY` in scaling.py: {', '.join(sorted(counted))}).",
+        "",
+    ]
     for name, info in sources.items():
-        stopped = "" if info.get("complete", True) else " (stopped before its last run: the runs it lists are complete)"
+        stopped = (
+            ""
+            if info.get("complete", True)
+            else " (stopped before its last run: the runs it lists are complete)"
+        )
         steps = f"{info.get('steps', '?')} timed step(s) after {info.get('warmup', '?')} warm-up"
-        out.append(f"- `large_vocab/{name}`: commit {info['commit']}, `{info['command']}`, {steps}, {info['date']}{stopped}")
-    out += ["", "| workload | vocab | length | rlhfkit s/step | TRL s/step | rlhfkit loop GiB | TRL loop GiB | "
-            "speed ratio per pair | CPU-time ratio per pair | loop memory ratio | against the targets | "
-            "load before-after (rlhfkit; TRL) |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        out.append(
+            f"- `large_vocab/{name}`: commit {info['commit']}, `{info['command']}`, {steps}, "
+            f"{info['date']}{stopped}"
+        )
+    out += [
+        "",
+        "| workload | vocab | length | rlhfkit s/step | TRL s/step | rlhfkit loop GiB | TRL loop GiB | "
+        "speed ratio per pair | CPU-time ratio per pair | loop memory ratio | against the targets | "
+        "load before-after (rlhfkit; TRL) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for row in rows:
         if row["eos"]:
             continue
@@ -177,29 +224,41 @@ def markdown(rows: list[dict], sources: dict[str, dict]) -> str:
         ratios = ", ".join(f"{x:.2f}x" for x in row["pair_speed_ratios"]) or "-"
         mem = f"{row['loop_memory_ratio']:.2f}x" if "loop_memory_ratio" in row else "-"
         cpu = ", ".join(f"{x:.2f}x" for x in row["pair_cpu_ratios"]) or "-"
-        out.append(f"| {row['workload']} | {row['vocab']:,} | {row['length']} | {ks} | {ts} | {km} | {tm} | {ratios} | "
-                   f"{cpu} | {mem} | {_verdict(row)} | {_loads(row)} |")
+        out.append(
+            f"| {row['workload']} | {row['vocab']:,} | {row['length']} | {ks} | {ts} | {km} | {tm} | "
+            f"{ratios} | {cpu} | {mem} | {_verdict(row)} | {_loads(row)} |"
+        )
     eos_rows = [r for r in rows if r["eos"]]
     if eos_rows:
-        out += ["", "### Realistic setting: completions stop at eos", "",
-                "`v152k-eos` raises the eos logit so that each sampled token is eos with probability about 1/128 "
-                "at temperature 1 (`prepare.py`), so lengths spread out geometrically up to the 256-token limit. "
-                "Lengths are those of the timed steps' completions, per run.", "",
-                "| workload | max length | rlhfkit completions/s | TRL completions/s | rlhfkit lengths min/median/max (mean) | "
-                "TRL lengths min/median/max (mean) | ratio per pair | CPU-time ratio per pair | "
-                "generated tokens/s ratio per pair | against the target |", "|---|---|---|---|---|---|---|---|---|---|"]
+        out += [
+            "",
+            "### Realistic setting: completions stop at eos",
+            "",
+            "`v152k-eos` raises the eos logit so that each sampled token is eos with probability about 1/128 "
+            "at temperature 1 (`prepare.py`), so lengths spread out geometrically up to the 256-token limit. "
+            "Lengths are those of the timed steps' completions, per run.",
+            "",
+            "| workload | max length | rlhfkit completions/s | TRL completions/s | rlhfkit lengths "
+            "min/median/max (mean) | TRL lengths min/median/max (mean) | ratio per pair | CPU-time ratio "
+            "per pair | generated tokens/s ratio per pair | against the target |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
         for row in eos_rows:
             k, t = row["rlhfkit"], row["trl"]
-            out.append(f"| {row['workload']} | {row['length']} | {_eps(k)} | {_eps(t)} | {_spans(k)} | {_spans(t)} | "
-                       f"{', '.join(f'{x:.2f}x' for x in row['pair_speed_ratios']) or '-'} | "
-                       f"{', '.join(f'{x:.2f}x' for x in row['pair_cpu_ratios']) or '-'} | "
-                       f"{', '.join(f'{x:.2f}x' for x in row['pair_token_ratios']) or '-'} | {_verdict(row)} |")
+            out.append(
+                f"| {row['workload']} | {row['length']} | {_eps(k)} | {_eps(t)} | {_spans(k)} | {_spans(t)} "
+                f"| {', '.join(f'{x:.2f}x' for x in row['pair_speed_ratios']) or '-'} | "
+                f"{', '.join(f'{x:.2f}x' for x in row['pair_cpu_ratios']) or '-'} | "
+                f"{', '.join(f'{x:.2f}x' for x in row['pair_token_ratios']) or '-'} | {_verdict(row)} |"
+            )
     return "\n".join(out) + "\n"
 
 
 def _loads(row: dict) -> str:
     def one(side: dict) -> str:
-        return ", ".join(f"{a:.1f}-{b:.1f}" for a, b in side["loads"] if a is not None and b is not None) or "-"
+        return (
+            ", ".join(f"{a:.1f}-{b:.1f}" for a, b in side["loads"] if a is not None and b is not None) or "-"
+        )
 
     return f"{one(row['rlhfkit'])}; {one(row['trl'])}"
 
@@ -214,7 +273,10 @@ def _eps(side: dict) -> str:
 
 
 def _spans(side: dict) -> str:
-    return "; ".join(f"{s['min']}/{s['median']:g}/{s['max']} ({s['mean']:.0f})" for s in side.get("lengths", [])) or "-"
+    return (
+        "; ".join(f"{s['min']}/{s['median']:g}/{s['max']} ({s['mean']:.0f})" for s in side.get("lengths", []))
+        or "-"
+    )
 
 
 def plot(rows: list[dict], workload: str, out: Path) -> bool:
@@ -227,30 +289,60 @@ def plot(rows: list[dict], workload: str, out: Path) -> bool:
 
     mine = [r for r in rows if r["workload"] == workload and not r["eos"]]
     by_length = sorted((r for r in mine if r["model"] == "v152k"), key=lambda r: r["length"])
-    by_vocab = sorted((r for r in mine if r["length"] == 256 and r["model"] != "v152k-eos"), key=lambda r: r["vocab"])
+    by_vocab = sorted(
+        (r for r in mine if r["length"] == 256 and r["model"] != "v152k-eos"), key=lambda r: r["vocab"]
+    )
     if len(by_length) < 2 and len(by_vocab) < 2:
         return False
     fig, axes = plt.subplots(2, 2, figsize=(11, 8))
-    for col, (series, x_key, x_label) in enumerate(((by_length, "length", "completion length (vocabulary 151,936)"),
-                                                    (by_vocab, "vocab", "vocabulary (completions of 256 tokens)"))):
-        for row_i, (metric, y_label) in enumerate((("loop_mb", "loop memory above imports (GiB)"),
-                                                    ("seconds_per_step", "seconds per step (wall; CPU dotted)"))):
+    for col, (series, x_key, x_label) in enumerate(
+        (
+            (by_length, "length", "completion length (vocabulary 151,936)"),
+            (by_vocab, "vocab", "vocabulary (completions of 256 tokens)"),
+        )
+    ):
+        for row_i, (metric, y_label) in enumerate(
+            (
+                ("loop_mb", "loop memory above imports (GiB)"),
+                ("seconds_per_step", "seconds per step (wall; CPU dotted)"),
+            )
+        ):
             ax = axes[row_i][col]
             for library, style in (("rlhfkit", "o-"), ("trl", "s--")):
                 name = "rlhfkit" if library == "rlhfkit" else "TRL"
                 xs = [r[x_key] for r in series if metric in r[library]]
-                ys = [r[library][metric] / (1024 if metric == "loop_mb" else 1) for r in series if metric in r[library]]
+                ys = [
+                    r[library][metric] / (1024 if metric == "loop_mb" else 1)
+                    for r in series
+                    if metric in r[library]
+                ]
                 line = ax.plot(xs, ys, style, label=name)[0]
                 if metric == "seconds_per_step":  # CPU seconds: what a busy machine disturbs less
-                    cpu = [(r[x_key], r[library]["cpu_seconds_per_step"]) for r in series
-                           if "cpu_seconds_per_step" in r[library]]
-                    ax.plot([x for x, _ in cpu], [y for _, y in cpu], style[0] + ":", mfc="none",
-                            color=line.get_color(), label=f"{name} CPU s")
+                    cpu = [
+                        (r[x_key], r[library]["cpu_seconds_per_step"])
+                        for r in series
+                        if "cpu_seconds_per_step" in r[library]
+                    ]
+                    ax.plot(
+                        [x for x, _ in cpu],
+                        [y for _, y in cpu],
+                        style[0] + ":",
+                        mfc="none",
+                        color=line.get_color(),
+                        label=f"{name} CPU s",
+                    )
                 ooms = [r[x_key] for r in series if r[library].get("errors") and not r[library].get("runs")]
                 for x in ooms:
                     ax.axvline(x, color=line.get_color(), linestyle=":", alpha=0.7)
-                    ax.annotate(f"{'TRL' if library == 'trl' else library} OOM", (x, ax.get_ylim()[1] * 0.9),
-                                color=line.get_color(), rotation=90, ha="right", va="top", fontsize=8)
+                    ax.annotate(
+                        f"{'TRL' if library == 'trl' else library} OOM",
+                        (x, ax.get_ylim()[1] * 0.9),
+                        color=line.get_color(),
+                        rotation=90,
+                        ha="right",
+                        va="top",
+                        fontsize=8,
+                    )
             ax.set_xscale("log", base=2)
             ticks = sorted({r[x_key] for r in series})
             ax.set_xticks(ticks, [f"{x:,}" for x in ticks])
@@ -274,12 +366,16 @@ def main() -> None:
     runs = load(folder)
     rows = points(runs)
     keys = ("commit", "command", "date", "complete", "steps", "warmup")
-    sources = {p.name: {k: json.loads(p.read_text())["info"].get(k) for k in keys} for p in sorted(folder.glob("results-*.json"))}
+    sources = {
+        p.name: {k: json.loads(p.read_text())["info"].get(k) for k in keys}
+        for p in sorted(folder.glob("results-*.json"))
+    }
     text = markdown(rows, sources)
     for workload in sorted({r["workload"] for r in rows}):
         png = HERE / f"scaling-{workload.removesuffix('-lv')}.png"
         if plot(rows, workload, png):
-            text += f"\n![{workload}: loop memory and seconds per step against length and vocabulary]({png.name})\n"
+            alt = f"{workload}: loop memory and seconds per step against length and vocabulary"
+            text += f"\n![{alt}]({png.name})\n"
     (folder / "TABLES.md").write_text(text)  # included in RESULTS.md, whose folder holds the PNGs
     print(text)
 

@@ -27,9 +27,15 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
-for _var, _value in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"), ("HF_DATASETS_OFFLINE", "1"),
-                     ("TOKENIZERS_PARALLELISM", "false"), ("WANDB_MODE", "disabled"),
-                     ("TRANSFORMERS_VERBOSITY", "error"), ("DIFFUSERS_VERBOSITY", "error")):
+for _var, _value in (
+    ("HF_HUB_OFFLINE", "1"),
+    ("TRANSFORMERS_OFFLINE", "1"),
+    ("HF_DATASETS_OFFLINE", "1"),
+    ("TOKENIZERS_PARALLELISM", "false"),
+    ("WANDB_MODE", "disabled"),
+    ("TRANSFORMERS_VERBOSITY", "error"),
+    ("DIFFUSERS_VERBOSITY", "error"),
+):
     os.environ.setdefault(_var, _value)
 
 import torch  # noqa: E402
@@ -58,7 +64,9 @@ def assert_moved(model: nn.Module, before: dict[str, torch.Tensor], what: str) -
     if not before:
         raise AssertionError(f"{what}: no trainable parameters")
     if still:
-        raise AssertionError(f"{what}: {len(still)}/{len(before)} trainable tensors did not change, e.g. {still[:3]}")
+        raise AssertionError(
+            f"{what}: {len(still)}/{len(before)} trainable tensors did not change, e.g. {still[:3]}"
+        )
     return len(before)
 
 
@@ -109,7 +117,9 @@ HALF = {"bf16": "bfloat16", "fp16": "float16"}
 
 def require_half(probe: DtypeProbe, precision: str, what: str) -> None:
     if HALF[precision] not in probe.dtypes:
-        raise AssertionError(f"{what}: {precision} requested but the linear layers ran in {sorted(probe.dtypes)}")
+        raise AssertionError(
+            f"{what}: {precision} requested but the linear layers ran in {sorted(probe.dtypes)}"
+        )
 
 
 def reset_between_checks() -> None:
@@ -134,14 +144,30 @@ def out_dir() -> str:
 
 def hf_common(precision: str, **kw) -> dict:
     """TrainingArguments shared by the Trainer-based checks (on the GPU: use_cpu stays off)."""
-    base = dict(output_dir=out_dir(), report_to="none", save_strategy="no", logging_steps=1, learning_rate=1e-3,
-                seed=0, disable_tqdm=True, bf16=precision == "bf16", fp16=precision == "fp16")
+    base = dict(
+        output_dir=out_dir(),
+        report_to="none",
+        save_strategy="no",
+        logging_steps=1,
+        learning_rate=1e-3,
+        seed=0,
+        disable_tqdm=True,
+        bf16=precision == "bf16",
+        fp16=precision == "fp16",
+    )
     base.update(kw)
     return base
 
 
-def hf_result(trainer, model: nn.Module, before: dict, probe: DtypeProbe, precision: str, what: str,
-              extra_keys: tuple[str, ...] = ()) -> dict:
+def hf_result(
+    trainer,
+    model: nn.Module,
+    before: dict,
+    probe: DtypeProbe,
+    precision: str,
+    what: str,
+    extra_keys: tuple[str, ...] = (),
+) -> dict:
     losses = logged(trainer, "loss")
     if not losses:
         raise AssertionError(f"{what}: no loss was logged")
@@ -153,14 +179,22 @@ def hf_result(trainer, model: nn.Module, before: dict, probe: DtypeProbe, precis
         assert_finite(dict(enumerate(values)), f"{what} {key}")
     skipped = trainer.nonfinite_guard.skipped
     if skipped:
-        raise AssertionError(f"{what}: {skipped} optimizer steps skipped as non-finite ({trainer.nonfinite_guard.last_cause})")
+        raise AssertionError(
+            f"{what}: {skipped} optimizer steps skipped as non-finite ({trainer.nonfinite_guard.last_cause})"
+        )
     moved = assert_moved(model, before, what)
     if precision != "fp32":
         require_half(probe, precision, what)
         if trainer.accelerator.mixed_precision != precision:
-            raise AssertionError(f"{what}: accelerator mixed_precision is {trainer.accelerator.mixed_precision!r}")
-    return {"losses": losses, "moved_tensors": moved, "linear_dtypes": sorted(probe.dtypes),
-            **{k: v[-1] for k, v in extras.items()}}
+            raise AssertionError(
+                f"{what}: accelerator mixed_precision is {trainer.accelerator.mixed_precision!r}"
+            )
+    return {
+        "losses": losses,
+        "moved_tensors": moved,
+        "linear_dtypes": sorted(probe.dtypes),
+        **{k: v[-1] for k, v in extras.items()},
+    }
 
 
 # ------------------------------------------------------------------------------------------------ PPO
@@ -182,18 +216,33 @@ def _ppo(mode: str) -> dict:
         warnings.simplefilter("ignore")  # "no value head found": expected for a plain LM
         model = AutoModelForCausalLMWithValueHead.from_pretrained(tiny_model_path("llama"), **kwargs)
     accelerator_kwargs = {"mixed_precision": mode[4:]} if mode.startswith("amp-") else {}
-    config = PPOConfig(batch_size=8, mini_batch_size=4, ppo_epochs=2, learning_rate=1e-3, seed=0,
-                       accelerator_kwargs=accelerator_kwargs)
+    config = PPOConfig(
+        batch_size=8,
+        mini_batch_size=4,
+        ppo_epochs=2,
+        learning_rate=1e-3,
+        seed=0,
+        accelerator_kwargs=accelerator_kwargs,
+    )
     trainer = PPOTrainer(config, model, tokenizer=tok)
     queries = [torch.tensor(tok.encode(p)) for p in toy_prompts("train", n=8)]
     before = snapshot(trainer.policy)
-    keys = ("ppo/loss/total", "ppo/loss/policy", "ppo/loss/value", "objective/kl", "ppo/policy/entropy",
-            "ppo/mean_scores", "ppo/val/vpred", "ppo/policy/approxkl")
+    keys = (
+        "ppo/loss/total",
+        "ppo/loss/policy",
+        "ppo/loss/value",
+        "objective/kl",
+        "ppo/policy/entropy",
+        "ppo/mean_scores",
+        "ppo/val/vpred",
+        "ppo/policy/approxkl",
+    )
     history = []
     with DtypeProbe(trainer.policy) as probe:
         for _ in range(3):
-            responses = trainer.generate(queries, batch_size=8, return_prompt=False, max_new_tokens=8,
-                                         do_sample=True, top_k=0)
+            responses = trainer.generate(
+                queries, batch_size=8, return_prompt=False, max_new_tokens=8, do_sample=True, top_k=0
+            )
             if any(r.device.type != "cuda" for r in responses):
                 raise AssertionError(f"generate returned responses on {responses[0].device}")
             scores = [(r % 7 == 0).float().mean() for r in responses]  # any varied number will do
@@ -212,13 +261,20 @@ def _ppo(mode: str) -> dict:
     if mode.startswith("amp-"):
         require_half(probe, mode[4:], f"PPO {mode}")
     if mode in ("bf16-weights", "lora-bf16"):
-        base = {p.dtype for p in trainer.policy.pretrained_model.parameters() if not p.requires_grad or mode != "lora-bf16"}
+        base = {
+            p.dtype
+            for p in trainer.policy.pretrained_model.parameters()
+            if not p.requires_grad or mode != "lora-bf16"
+        }
         head = {p.dtype for p in trainer.policy.v_head.parameters()}
         if base != {torch.bfloat16} or head != {torch.float32}:
             raise AssertionError(f"{mode}: base dtypes {base}, value head dtypes {head}")
         require_half(probe, "bf16", f"PPO {mode}")
-    return {"loss_total": [h["ppo/loss/total"] for h in history], "kl": [h["objective/kl"] for h in history],
-            "linear_dtypes": sorted(probe.dtypes)}
+    return {
+        "loss_total": [h["ppo/loss/total"] for h in history],
+        "kl": [h["objective/kl"] for h in history],
+        "linear_dtypes": sorted(probe.dtypes),
+    }
 
 
 @check("ppo_fp32")
@@ -269,13 +325,21 @@ def _ppo_reuse(mode: str) -> dict:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = AutoModelForCausalLMWithValueHead.from_pretrained(tiny_model_path("llama"), **kwargs)
-    config = PPOConfig(batch_size=8, mini_batch_size=4, ppo_epochs=1, learning_rate=1e-3, seed=0,
-                       accelerator_kwargs={"mixed_precision": "bf16"} if mode == "amp-bf16" else {})
+    config = PPOConfig(
+        batch_size=8,
+        mini_batch_size=4,
+        ppo_epochs=1,
+        learning_rate=1e-3,
+        seed=0,
+        accelerator_kwargs={"mixed_precision": "bf16"} if mode == "amp-bf16" else {},
+    )
     if not getattr(config, "reuse_generation_outputs", False):
         return {"skipped": "this PPOConfig has no reuse_generation_outputs"}
     trainer = PPOTrainer(config, model, tokenizer=tok)
     queries = [torch.tensor(tok.encode(p)).cuda() for p in toy_prompts("train", n=8)]
-    responses = trainer.generate(queries, batch_size=8, return_prompt=False, max_new_tokens=12, do_sample=True, top_k=0)
+    responses = trainer.generate(
+        queries, batch_size=8, return_prompt=False, max_new_tokens=12, do_sample=True, top_k=0
+    )
     if mode != "fp32":
         if len(trainer.rollouts):
             raise AssertionError(f"{mode}: generate() recorded logprobs for a low-precision policy")
@@ -293,10 +357,17 @@ def _ppo_reuse(mode: str) -> dict:
     lp_gap = float((rec_logprobs - logprobs).abs()[mask].max())
     v_gap = float((rec_values - values).abs()[mask].max())
     limit = 1e-3
-    result = {"max_abs_logprob_gap": lp_gap, "max_abs_value_gap": v_gap, "limit": limit,
-              "recorded_dtype": str(rec_logprobs.dtype), "tokens": int(mask.sum())}
+    result = {
+        "max_abs_logprob_gap": lp_gap,
+        "max_abs_value_gap": v_gap,
+        "limit": limit,
+        "recorded_dtype": str(rec_logprobs.dtype),
+        "tokens": int(mask.sum()),
+    }
     if not (math.isfinite(lp_gap) and math.isfinite(v_gap)) or lp_gap > limit:
-        raise AssertionError(f"{mode}: recorded vs forward logprobs differ by up to {lp_gap:.3g} (values {v_gap:.3g})")
+        raise AssertionError(
+            f"{mode}: recorded vs forward logprobs differ by up to {lp_gap:.3g} (values {v_gap:.3g})"
+        )
     stats = trainer.step(queries, responses, [torch.tensor(1.0)] * 8)
     result["reused_in_step"] = float(stats.get("ppo/reused_generation_outputs", float("nan")))
     result["first_step_ratio_mean"] = float(stats.get("ppo/policy/ratio_mean", float("nan")))
@@ -322,16 +393,28 @@ def ppo_reuse_bf16_weights():
 def _rloo(precision: str) -> dict:
     from rlhfkit.tasks import toy_prompt_dataset
     from rlhfkit.testing import tiny_model, tiny_tokenizer
-    from rlhfkit.trainers.rloo import RLOOTrainer
-    from rlhfkit.trainers.rloo_config import RLOOConfig
+    from rlhfkit.trainers.rloo.config import RLOOConfig
+    from rlhfkit.trainers.rloo.trainer import RLOOTrainer
 
     seed()
     tok = tiny_tokenizer(padding_side="left")
     reward = tiny_model("llama-reward")
-    config = RLOOConfig(**hf_common(precision, seed=3), per_device_train_batch_size=4, gradient_accumulation_steps=2,
-                        num_mini_batches=2, rloo_k=2, num_ppo_epochs=2, response_length=6, total_episodes=32,
-                        num_sample_generations=0, stop_token="eos", missing_eos_penalty=1.0)
-    trainer = RLOOTrainer(config, tok, tiny_model("llama"), tiny_model("llama"), reward, toy_prompt_dataset(n=16))
+    config = RLOOConfig(
+        **hf_common(precision, seed=3),
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=2,
+        num_mini_batches=2,
+        rloo_k=2,
+        num_ppo_epochs=2,
+        response_length=6,
+        total_episodes=32,
+        num_sample_generations=0,
+        stop_token="eos",
+        missing_eos_penalty=1.0,
+    )
+    trainer = RLOOTrainer(
+        config, tok, tiny_model("llama"), tiny_model("llama"), reward, toy_prompt_dataset(n=16)
+    )
     before = snapshot(trainer.policy)
     with DtypeProbe(trainer.policy) as probe:
         trainer.train()
@@ -347,8 +430,12 @@ def _rloo(precision: str) -> dict:
     assert_on_cuda(policy=trainer.policy, reference=trainer.ref_policy, reward=reward)
     if precision != "fp32":
         require_half(probe, precision, f"RLOO {precision}")
-    return {"scores": logged(trainer, "objective/scores"), "loss": logged(trainer, "loss/policy_avg"),
-            "moved_tensors": moved, "linear_dtypes": sorted(probe.dtypes)}
+    return {
+        "scores": logged(trainer, "objective/scores"),
+        "loss": logged(trainer, "loss/policy_avg"),
+        "moved_tensors": moved,
+        "linear_dtypes": sorted(probe.dtypes),
+    }
 
 
 @check("rloo_fp32")
@@ -372,21 +459,31 @@ def _preference_pairs(n: int, chosen: str, rejected: str):
 
     rng = random.Random(0)
     words = ["the", "movie", "was", "plot", "actors", "music", "really", "quite", "story", "film"]
-    rows = [{"prompt": " ".join(rng.choices(words, k=3)) + " ", "chosen": f"{chosen} {rng.choice(words)}",
-             "rejected": f"{rejected} {rng.choice(words)}"} for _ in range(n)]
+    rows = [
+        {
+            "prompt": " ".join(rng.choices(words, k=3)) + " ",
+            "chosen": f"{chosen} {rng.choice(words)}",
+            "rejected": f"{rejected} {rng.choice(words)}",
+        }
+        for _ in range(n)
+    ]
     return datasets.Dataset.from_list(rows)
 
 
 def _reward(precision: str) -> dict:
     from rlhfkit.testing import tiny_model, tiny_tokenizer
-    from rlhfkit.trainers.reward import RewardTrainer
-    from rlhfkit.trainers.reward_config import RewardConfig
+    from rlhfkit.trainers.reward_model.config import RewardConfig
+    from rlhfkit.trainers.reward_model.trainer import RewardTrainer
 
     seed()
     model = tiny_model("llama-reward")
     args = RewardConfig(**hf_common(precision, max_steps=3, per_device_train_batch_size=4))
-    trainer = RewardTrainer(model=model, args=args, train_dataset=_preference_pairs(16, "excellent", "terrible"),
-                            processing_class=tiny_tokenizer(padding_side="right"))
+    trainer = RewardTrainer(
+        model=model,
+        args=args,
+        train_dataset=_preference_pairs(16, "excellent", "terrible"),
+        processing_class=tiny_tokenizer(padding_side="right"),
+    )
     before = snapshot(trainer.model)
     with DtypeProbe(trainer.model) as probe:
         trainer.train()
@@ -410,12 +507,18 @@ def _sft(precision: str, packing: bool = False) -> dict:
     import datasets
 
     from rlhfkit.testing import tiny_model, tiny_tokenizer
-    from rlhfkit.trainers.sft import SFTTrainer
-    from rlhfkit.trainers.sft_config import SFTConfig
+    from rlhfkit.trainers.sft.config import SFTConfig
+    from rlhfkit.trainers.sft.trainer import SFTTrainer
 
     seed()
-    docs = ["the cat sat on the mat", "a dog ran far away today", "hello there friend of mine",
-            "rain falls on the quiet town", "we like to read long books at night", "birds sing in the morning"]
+    docs = [
+        "the cat sat on the mat",
+        "a dog ran far away today",
+        "hello there friend of mine",
+        "rain falls on the quiet town",
+        "we like to read long books at night",
+        "birds sing in the morning",
+    ]
     model = tiny_model("llama")
     extra = {}
     if packing:
@@ -423,10 +526,18 @@ def _sft(precision: str, packing: bool = False) -> dict:
 
         docs = docs * 4
         extra["peft_config"] = LoraConfig(task_type="CAUSAL_LM", r=4, target_modules=["q_proj", "v_proj"])
-    args = SFTConfig(**hf_common(precision, max_steps=3, per_device_train_batch_size=2),
-                     max_seq_length=16 if packing else 32, packing=packing)
-    trainer = SFTTrainer(model=model, args=args, train_dataset=datasets.Dataset.from_list([{"text": d} for d in docs]),
-                         processing_class=tiny_tokenizer(padding_side="right"), **extra)
+    args = SFTConfig(
+        **hf_common(precision, max_steps=3, per_device_train_batch_size=2),
+        max_seq_length=16 if packing else 32,
+        packing=packing,
+    )
+    trainer = SFTTrainer(
+        model=model,
+        args=args,
+        train_dataset=datasets.Dataset.from_list([{"text": d} for d in docs]),
+        processing_class=tiny_tokenizer(padding_side="right"),
+        **extra,
+    )
     before = snapshot(trainer.model)
     with DtypeProbe(trainer.model) as probe:
         trainer.train()
@@ -457,21 +568,37 @@ def sft_bf16_packing_lora():
 # ------------------------------------------------------------------------------------------------ DPO
 def _dpo(precision: str, precompute: bool = False) -> dict:
     from rlhfkit.testing import tiny_model, tiny_tokenizer
-    from rlhfkit.trainers.dpo import DPOTrainer
-    from rlhfkit.trainers.dpo_config import DPOConfig
+    from rlhfkit.trainers.dpo.config import DPOConfig
+    from rlhfkit.trainers.dpo.trainer import DPOTrainer
 
     seed()
     model = tiny_model("llama")
-    args = DPOConfig(**hf_common(precision, max_steps=3, per_device_train_batch_size=4), max_length=64,
-                     max_prompt_length=32, beta=0.1, precompute_ref_log_probs=precompute)
-    trainer = DPOTrainer(model=model, args=args, train_dataset=_preference_pairs(16, "yes good", "no bad"),
-                         processing_class=tiny_tokenizer(padding_side="right"))
+    args = DPOConfig(
+        **hf_common(precision, max_steps=3, per_device_train_batch_size=4),
+        max_length=64,
+        max_prompt_length=32,
+        beta=0.1,
+        precompute_ref_log_probs=precompute,
+    )
+    trainer = DPOTrainer(
+        model=model,
+        args=args,
+        train_dataset=_preference_pairs(16, "yes good", "no bad"),
+        processing_class=tiny_tokenizer(padding_side="right"),
+    )
     before = snapshot(trainer.model)
     with DtypeProbe(trainer.model) as probe:
         trainer.train()
     assert_on_cuda(model=trainer.model, reference=trainer.ref_model)
-    return hf_result(trainer, trainer.model, before, probe, precision, "DPOTrainer",
-                     ("rewards/margins", "rewards/accuracies", "logps/chosen"))
+    return hf_result(
+        trainer,
+        trainer.model,
+        before,
+        probe,
+        precision,
+        "DPOTrainer",
+        ("rewards/margins", "rewards/accuracies", "logps/chosen"),
+    )
 
 
 @check("dpo_fp32")
@@ -495,8 +622,8 @@ def _ddpo(mixed_precision: str, learning: bool = False) -> dict:
 
     from rlhfkit.models.sd_pipeline import DefaultDDPOStableDiffusionPipeline
     from rlhfkit.testing.diffusion import tiny_sd_pipeline_path
-    from rlhfkit.trainers.ddpo import DDPOTrainer
-    from rlhfkit.trainers.ddpo_config import DDPOConfig
+    from rlhfkit.trainers.ddpo.config import DDPOConfig
+    from rlhfkit.trainers.ddpo.trainer import DDPOTrainer
 
     seed()
     prompts = itertools.cycle(["a cat", "a dog"])
@@ -508,11 +635,25 @@ def _ddpo(mixed_precision: str, learning: bool = False) -> dict:
         return images.mean(dim=(1, 2, 3)), {}
 
     if learning:  # the CPU test's setting: one on-policy optimizer step per epoch, 8 epochs
-        values = dict(num_epochs=8, sample_num_steps=10, sample_batch_size=8, sample_num_batches_per_epoch=1,
-                      train_batch_size=8, train_learning_rate=2e-2, sample_guidance_scale=1.0, train_cfg=False)
+        values = dict(
+            num_epochs=8,
+            sample_num_steps=10,
+            sample_batch_size=8,
+            sample_num_batches_per_epoch=1,
+            train_batch_size=8,
+            train_learning_rate=2e-2,
+            sample_guidance_scale=1.0,
+            train_cfg=False,
+        )
     else:
-        values = dict(num_epochs=2, sample_num_steps=3, sample_batch_size=2, sample_num_batches_per_epoch=2,
-                      train_batch_size=2, train_learning_rate=1e-2)
+        values = dict(
+            num_epochs=2,
+            sample_num_steps=3,
+            sample_batch_size=2,
+            sample_num_batches_per_epoch=2,
+            train_batch_size=2,
+            train_learning_rate=1e-2,
+        )
     config = DDPOConfig(**values, mixed_precision=mixed_precision, logdir=out_dir(), save_freq=1000)
     pipe = DefaultDDPOStableDiffusionPipeline(str(tiny_sd_pipeline_path()), use_lora=True)
     trainer = DDPOTrainer(config, brightness, prompt_fn, pipe)
@@ -531,14 +672,22 @@ def _ddpo(mixed_precision: str, learning: bool = False) -> dict:
     assert_on_cuda(unet=pipe.unet, vae=pipe.vae, text_encoder=pipe.text_encoder)
     want = {"no": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[mixed_precision]
     if pipe.vae.dtype != want or pipe.text_encoder.dtype != want:
-        raise AssertionError(f"DDPO {mixed_precision}: vae {pipe.vae.dtype}, text encoder {pipe.text_encoder.dtype}")
-    result = {"losses": losses, "reward_mean": rewards, "accelerator_mixed_precision": trainer.accelerator.mixed_precision}
+        raise AssertionError(
+            f"DDPO {mixed_precision}: vae {pipe.vae.dtype}, text encoder {pipe.text_encoder.dtype}"
+        )
+    result = {
+        "losses": losses,
+        "reward_mean": rewards,
+        "accelerator_mixed_precision": trainer.accelerator.mixed_precision,
+    }
     if learning:
         spread = [float(h["reward_std"]) for h in trainer.log_history if "reward_std" in h][0]
         gain = sum(rewards[-2:]) / 2 - rewards[0]
         result.update(gain=gain, initial_spread=spread)
         if not gain > max(0.008, 2 * spread):
-            raise AssertionError(f"DDPO brightness did not rise enough: gain {gain:.4f}, spread {spread:.4f}, {rewards}")
+            raise AssertionError(
+                f"DDPO brightness did not rise enough: gain {gain:.4f}, spread {spread:.4f}, {rewards}"
+            )
     return result
 
 
@@ -571,27 +720,44 @@ def _ppo_learning(bf16: bool) -> dict:
     tok = tiny_tokenizer()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = AutoModelForCausalLMWithValueHead.from_pretrained(tiny_model_path("llama"), summary_dropout_prob=0.0)
-    config = PPOConfig(batch_size=32, mini_batch_size=16, ppo_epochs=4, learning_rate=1e-3, init_kl_coef=0.05, seed=0,
-                       accelerator_kwargs={"mixed_precision": "bf16"} if bf16 else {})
+        model = AutoModelForCausalLMWithValueHead.from_pretrained(
+            tiny_model_path("llama"), summary_dropout_prob=0.0
+        )
+    config = PPOConfig(
+        batch_size=32,
+        mini_batch_size=16,
+        ppo_epochs=4,
+        learning_rate=1e-3,
+        init_kl_coef=0.05,
+        seed=0,
+        accelerator_kwargs={"mixed_precision": "bf16"} if bf16 else {},
+    )
     trainer = PPOTrainer(config, model, tokenizer=tok)
     queries = [torch.tensor(tok.encode(p)) for p in toy_prompts("train", n=64)]
     ids, mask = pad_left(queries, tok.pad_token_id)
     with torch.no_grad():
-        probs = trainer.policy(input_ids=ids.cuda(), attention_mask=mask.cuda())[0][:, -1].float().softmax(-1).mean(0)
+        probs = (
+            trainer.policy(input_ids=ids.cuda(), attention_mask=mask.cuda())[0][:, -1]
+            .float()
+            .softmax(-1)
+            .mean(0)
+        )
     favourites = probs.topk(20).indices
     scores_per_step = []
     for step in range(25):
         batch = [queries[(step * 32 + i) % len(queries)] for i in range(32)]
-        responses = trainer.generate(batch, return_prompt=False, max_new_tokens=2, do_sample=True, top_k=0,
-                                     batch_size=32)
+        responses = trainer.generate(
+            batch, return_prompt=False, max_new_tokens=2, do_sample=True, top_k=0, batch_size=32
+        )
         response_ids, response_mask = pad_right(responses, tok.pad_token_id)
         hits = (torch.isin(response_ids, favourites) & response_mask).sum(1).float()
         stats = trainer.step(batch, responses, list(hits / response_mask.sum(1)))
         scores_per_step.append(float(stats["ppo/mean_scores"]))
     start, end = sum(scores_per_step[:5]) / 5, sum(scores_per_step[-3:]) / 3
     if not (end > 0.3 and end > start + 0.2):
-        raise AssertionError(f"PPO score did not rise: first 5 {start:.3f}, last 3 {end:.3f}: {scores_per_step}")
+        raise AssertionError(
+            f"PPO score did not rise: first 5 {start:.3f}, last 3 {end:.3f}: {scores_per_step}"
+        )
     return {"first5": start, "last3": end, "scores": scores_per_step}
 
 
@@ -607,19 +773,29 @@ def ppo_learning_bf16():
 
 def _rloo_learning(bf16: bool) -> dict:
     """tests/trainers/test_rloo.py's task: count of the letter "e" in the completion (capped at 5)."""
-    from rlhfkit.tasks import KeywordReward, toy_prompt_dataset
+    from rlhfkit.rewards import KeywordReward
+    from rlhfkit.tasks import toy_prompt_dataset
     from rlhfkit.testing import tiny_model, tiny_tokenizer
-    from rlhfkit.trainers.rloo import RLOOTrainer
-    from rlhfkit.trainers.rloo_config import RLOOConfig
+    from rlhfkit.trainers.rloo.config import RLOOConfig
+    from rlhfkit.trainers.rloo.trainer import RLOOTrainer
 
     seed()
     tok = tiny_tokenizer(padding_side="left")
-    config = RLOOConfig(**hf_common("bf16" if bf16 else "fp32", learning_rate=3e-3, lr_scheduler_type="constant"),
-                        per_device_train_batch_size=16, gradient_accumulation_steps=1, rloo_k=4, num_ppo_epochs=1,
-                        response_length=6, total_episodes=16 * 30, num_sample_generations=0, temperature=1.0,
-                        kl_coef=0.0)
-    trainer = RLOOTrainer(config, tok, tiny_model("llama"), tiny_model("llama"), KeywordReward("e"),
-                          toy_prompt_dataset(n=200))
+    config = RLOOConfig(
+        **hf_common("bf16" if bf16 else "fp32", learning_rate=3e-3, lr_scheduler_type="constant"),
+        per_device_train_batch_size=16,
+        gradient_accumulation_steps=1,
+        rloo_k=4,
+        num_ppo_epochs=1,
+        response_length=6,
+        total_episodes=16 * 30,
+        num_sample_generations=0,
+        temperature=1.0,
+        kl_coef=0.0,
+    )
+    trainer = RLOOTrainer(
+        config, tok, tiny_model("llama"), tiny_model("llama"), KeywordReward("e"), toy_prompt_dataset(n=200)
+    )
     trainer.train()
     scores = logged(trainer, "objective/scores")
     before, after = sum(scores[:5]) / 5, sum(scores[-5:]) / 5
@@ -647,9 +823,21 @@ def ddpo_learning_fp32():
 def environment() -> dict:
     import importlib.metadata as md
 
-    info = {"python": sys.version.split()[0], "torch": torch.__version__, "cuda": torch.version.cuda,
-            "cuda_available": torch.cuda.is_available()}
-    for name in ("transformers", "accelerate", "datasets", "peft", "diffusers", "tokenizers", "huggingface_hub"):
+    info = {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cuda_available": torch.cuda.is_available(),
+    }
+    for name in (
+        "transformers",
+        "accelerate",
+        "datasets",
+        "peft",
+        "diffusers",
+        "tokenizers",
+        "huggingface_hub",
+    ):
         try:
             info[name] = md.version(name)
         except md.PackageNotFoundError:
@@ -677,7 +865,9 @@ def main() -> int:
     if args.list:
         print("\n".join(f"{n}{' (learning)' if learning else ''}" for n, (_, learning) in CHECKS.items()))
         return 0
-    names = [n for n in args.only.split(",") if n] or [n for n, (_, lr) in CHECKS.items() if not (lr and args.no_learning)]
+    names = [n for n in args.only.split(",") if n] or [
+        n for n, (_, lr) in CHECKS.items() if not (lr and args.no_learning)
+    ]
     unknown = [n for n in names if n not in CHECKS]
     if unknown:
         parser.error(f"unknown checks {unknown}; see --list")
@@ -698,12 +888,24 @@ def main() -> int:
                     detail = fn()
                 status, error = "PASS", None
             except Exception as exc:  # one broken trainer must not hide the others
-                status, error, detail = "FAIL", f"{type(exc).__name__}: {exc}", {"traceback": traceback.format_exc()}
+                status, error, detail = (
+                    "FAIL",
+                    f"{type(exc).__name__}: {exc}",
+                    {"traceback": traceback.format_exc()},
+                )
             torch.cuda.synchronize()
             seconds = time.perf_counter() - start
             peak = torch.cuda.max_memory_allocated() / 2**20
-            results.append({"check": name, "status": status, "error": error, "seconds": round(seconds, 2),
-                            "gpu_peak_mb": round(peak, 1), "detail": detail})
+            results.append(
+                {
+                    "check": name,
+                    "status": status,
+                    "error": error,
+                    "seconds": round(seconds, 2),
+                    "gpu_peak_mb": round(peak, 1),
+                    "detail": detail,
+                }
+            )
             short = "" if error is None else " :: " + error.splitlines()[0][:400]
             print(f"{status} {name} ({seconds:.1f} s, peak {peak:.0f} MiB){short}", flush=True)
             if error is not None:
@@ -712,8 +914,13 @@ def main() -> int:
     print(f"{passed}/{len(results)} checks passed", flush=True)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / args.json_name).write_text(
-        json.dumps({"environment": env, "passed": passed, "total": len(results), "results": results}, indent=2,
-                   default=str) + "\n")
+        json.dumps(
+            {"environment": env, "passed": passed, "total": len(results), "results": results},
+            indent=2,
+            default=str,
+        )
+        + "\n"
+    )
     return 0 if passed == len(results) else 1
 
 

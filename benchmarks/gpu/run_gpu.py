@@ -28,10 +28,26 @@ BENCH = HERE.parent
 WORKLOADS = BENCH / "workloads"
 RESULT_PREFIX = "BENCH_RESULT "
 # (workload, libraries): TRL's classic PPO exists only in 0.11, which does not install next to transformers 5
-PLAN = {"ppo": ("rlhfkit",), "rloo": ("rlhfkit", "trl"), "sft": ("rlhfkit", "trl"),
-        "reward": ("rlhfkit", "trl"), "dpo": ("rlhfkit", "trl")}
-VERSIONED = ("torch", "transformers", "accelerate", "datasets", "trl", "peft", "tokenizers", "huggingface_hub",
-             "diffusers", "safetensors", "numpy")
+PLAN = {
+    "ppo": ("rlhfkit",),
+    "rloo": ("rlhfkit", "trl"),
+    "sft": ("rlhfkit", "trl"),
+    "reward": ("rlhfkit", "trl"),
+    "dpo": ("rlhfkit", "trl"),
+}
+VERSIONED = (
+    "torch",
+    "transformers",
+    "accelerate",
+    "datasets",
+    "trl",
+    "peft",
+    "tokenizers",
+    "huggingface_hub",
+    "diffusers",
+    "safetensors",
+    "numpy",
+)
 
 
 def log(msg: str) -> None:
@@ -40,35 +56,67 @@ def log(msg: str) -> None:
 
 def child_env(threads: int) -> dict[str, str]:
     env = dict(os.environ)
-    env.update({
-        "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false",
-        "PYTHONHASHSEED": "0", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-        "TRANSFORMERS_VERBOSITY": "error", "ACCELERATE_LOG_LEVEL": "error", "WANDB_DISABLED": "true",
-        "DISABLE_MLFLOW_INTEGRATION": "TRUE", "PYTHONUNBUFFERED": "1",
-    })
+    env.update(
+        {
+            "OMP_NUM_THREADS": str(threads),
+            "MKL_NUM_THREADS": str(threads),
+            "TOKENIZERS_PARALLELISM": "false",
+            "PYTHONHASHSEED": "0",
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "HF_DATASETS_OFFLINE": "1",
+            "TRANSFORMERS_VERBOSITY": "error",
+            "ACCELERATE_LOG_LEVEL": "error",
+            "WANDB_DISABLED": "true",
+            "DISABLE_MLFLOW_INTEGRATION": "TRUE",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
     return env
 
 
 def run_one(library: str, workload: str, model: str, args: argparse.Namespace, log_dir: Path) -> dict:
     script = WORKLOADS / f"{library}_{workload}.py"
-    cmd = [args.python, str(script), "--work-dir", str(args.work_dir), "--model", model, "--steps", str(args.steps),
-           "--warmup", str(args.warmup), "--seed", "0", "--threads", str(args.threads), "--device", "cuda"]
+    cmd = [
+        args.python,
+        str(script),
+        "--work-dir",
+        str(args.work_dir),
+        "--model",
+        model,
+        "--steps",
+        str(args.steps),
+        "--warmup",
+        str(args.warmup),
+        "--seed",
+        "0",
+        "--threads",
+        str(args.threads),
+        "--device",
+        "cuda",
+    ]
     log_path = log_dir / f"{library}-{workload}-{model}-{int(time.time() * 1000)}.log"
     start = time.perf_counter()
     with open(log_path, "w") as out:
         try:
-            proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=child_env(args.threads),
-                                  cwd=WORKLOADS, timeout=args.timeout)
+            proc = subprocess.run(
+                cmd,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=child_env(args.threads),
+                cwd=WORKLOADS,
+                timeout=args.timeout,
+            )
             code = proc.returncode
         except subprocess.TimeoutExpired:
             code = "timeout"
     wall = time.perf_counter() - start
     text = log_path.read_text(errors="replace")
-    lines = [ln[ln.index(RESULT_PREFIX):] for ln in text.splitlines() if RESULT_PREFIX in ln]
+    lines = [ln[ln.index(RESULT_PREFIX) :] for ln in text.splitlines() if RESULT_PREFIX in ln]
     base = {"library": library, "workload": workload, "model": model, "process_wall_seconds": wall}
     if code != 0 or not lines:
         return {**base, "error": f"exit {code}", "tail": "\n".join(text.splitlines()[-25:])}
-    return {**base, **json.loads(lines[-1][len(RESULT_PREFIX):])}
+    return {**base, **json.loads(lines[-1][len(RESULT_PREFIX) :])}
 
 
 def versions() -> dict[str, str]:
@@ -87,8 +135,11 @@ def device_info() -> dict:
     info = {"cuda_available": torch.cuda.is_available(), "torch_cuda": torch.version.cuda}
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
-        info.update(name=props.name, memory_gib=round(props.total_memory / 2**30, 1),
-                    multiprocessors=props.multi_processor_count)
+        info.update(
+            name=props.name,
+            memory_gib=round(props.total_memory / 2**30, 1),
+            multiprocessors=props.multi_processor_count,
+        )
     return info
 
 
@@ -99,10 +150,22 @@ def summarize(runs: list[dict]) -> list[dict]:
         for size in sorted({r["model"] for r in runs}, key=["tiny", "small"].index):
             row = {"workload": workload, "model": size}
             for lib in libraries:
-                ok = [r for r in runs if r["workload"] == workload and r["model"] == size and r["library"] == lib
-                      and "error" not in r]
-                failed = [r for r in runs if r["workload"] == workload and r["model"] == size
-                          and r["library"] == lib and "error" in r]
+                ok = [
+                    r
+                    for r in runs
+                    if r["workload"] == workload
+                    and r["model"] == size
+                    and r["library"] == lib
+                    and "error" not in r
+                ]
+                failed = [
+                    r
+                    for r in runs
+                    if r["workload"] == workload
+                    and r["model"] == size
+                    and r["library"] == lib
+                    and "error" in r
+                ]
                 if failed and not ok:
                     row[f"{lib}_error"] = failed[0]["error"]
                 if not ok:
@@ -111,11 +174,14 @@ def summarize(runs: list[dict]) -> list[dict]:
                 row[f"{lib}_step_ms"] = 1000 * step
                 row[f"{lib}_eps"] = ok[0]["episodes_per_step"] / step
                 row[f"{lib}_tokens_per_s"] = ok[0]["tokens_per_step"] / step
-                row[f"{lib}_gpu_peak_mb"] = statistics.median(r.get("gpu_peak_allocated_mb", float("nan")) for r in ok)
+                row[f"{lib}_gpu_peak_mb"] = statistics.median(
+                    r.get("gpu_peak_allocated_mb", float("nan")) for r in ok
+                )
                 row[f"{lib}_runs"] = len(ok)
                 if "phases" in ok[0]:
-                    row[f"{lib}_phases_ms"] = {k: 1000 * statistics.median(r["phases"][k] for r in ok)
-                                               for k in ok[0]["phases"]}
+                    row[f"{lib}_phases_ms"] = {
+                        k: 1000 * statistics.median(r["phases"][k] for r in ok) for k in ok[0]["phases"]
+                    }
             if "rlhfkit_eps" in row and "trl_eps" in row:
                 row["speed_ratio"] = row["rlhfkit_eps"] / row["trl_eps"]
                 row["memory_ratio"] = row["rlhfkit_gpu_peak_mb"] / row["trl_gpu_peak_mb"]
@@ -148,27 +214,44 @@ def markdown(meta: dict, rows: list[dict]) -> str:
     if phases:
         lines += ["", "rlhfkit PPO, where a step goes (median ms):", ""]
         for r in phases:
-            lines.append(f"- {r['model']}: " + ", ".join(f"{k} {v:.0f}" for k, v in r["rlhfkit_phases_ms"].items()))
+            lines.append(
+                f"- {r['model']}: " + ", ".join(f"{k} {v:.0f}" for k, v in r["rlhfkit_phases_ms"].items())
+            )
     return "\n".join(lines) + "\n"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work-dir", type=Path, default=BENCH / ".work" / "gpu")
-    parser.add_argument("--prepare", action="store_true", help="write models and data first (benchmarks/prepare.py)")
+    parser.add_argument(
+        "--prepare", action="store_true", help="write models and data first (benchmarks/prepare.py)"
+    )
     parser.add_argument("--sizes", default="tiny,small")
     parser.add_argument("--workloads", default=",".join(PLAN))
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--repeat-offset", type=int, default=0,
-                        help="number of the first repeat (a later call continues the alternation)")
+    parser.add_argument(
+        "--repeat-offset",
+        type=int,
+        default=0,
+        help="number of the first repeat (a later call continues the alternation)",
+    )
     parser.add_argument("--steps", type=int, default=8, help="timed steps per run")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (CUDA kernels, allocator)")
-    parser.add_argument("--threads", type=int, default=4, help="CPU threads per run (the host side of the loop)")
+    parser.add_argument(
+        "--threads", type=int, default=4, help="CPU threads per run (the host side of the loop)"
+    )
     parser.add_argument("--timeout", type=float, default=240.0, help="seconds per run")
     parser.add_argument("--python", default=sys.executable, help="interpreter for both libraries")
-    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or BENCH / ".work" / "gpu" / "out"))
-    parser.add_argument("--merge", type=Path, nargs="*", default=[],
-                        help="earlier results_gpu.json files whose runs are kept (with --repeats 0: only re-render)")
+    parser.add_argument(
+        "--out", type=Path, default=Path(os.environ.get("OUT") or BENCH / ".work" / "gpu" / "out")
+    )
+    parser.add_argument(
+        "--merge",
+        type=Path,
+        nargs="*",
+        default=[],
+        help="earlier results_gpu.json files whose runs are kept (with --repeats 0: only re-render)",
+    )
     args = parser.parse_args()
     sizes = [s for s in args.sizes.split(",") if s]
     workloads = [w for w in args.workloads.split(",") if w]
@@ -196,11 +279,18 @@ def main() -> None:
         meta = {**earlier[0]["meta"], "commands": commands}
     else:
         meta = {
-            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "device": device_info(), "versions": versions(),
-            "python": platform.python_version(), "commands": commands,
-            "settings": {"steps": args.steps, "warmup": args.warmup, "threads": args.threads,
-                         "repeats per call": args.repeats,
-                         "precision": "float32 (bf16/fp16 off on both sides), no gradient checkpointing"},
+            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            "device": device_info(),
+            "versions": versions(),
+            "python": platform.python_version(),
+            "commands": commands,
+            "settings": {
+                "steps": args.steps,
+                "warmup": args.warmup,
+                "threads": args.threads,
+                "repeats per call": args.repeats,
+                "precision": "float32 (bf16/fp16 off on both sides), no gradient checkpointing",
+            },
         }
     write(args.out, meta, runs)
     for repeat in range(args.repeat_offset, args.repeat_offset + args.repeats):
@@ -212,8 +302,11 @@ def main() -> None:
                     result = run_one(library, workload, size, args, log_dir)
                     result["repeat"] = repeat
                     runs.append(result)
-                    what = result.get("error") or f"{1000 * result['median_step_seconds']:.1f} ms/step, " \
+                    what = (
+                        result.get("error")
+                        or f"{1000 * result['median_step_seconds']:.1f} ms/step, "
                         f"peak {result.get('gpu_peak_allocated_mb', float('nan')):.0f} MiB"
+                    )
                     log(f"repeat {repeat} {size:5s} {workload:6s} {library:7s}: {what}")
                     if "tail" in result:
                         print(result["tail"], flush=True)
@@ -223,7 +316,9 @@ def main() -> None:
 
 def write(out: Path, meta: dict, runs: list[dict]) -> None:
     rows = summarize(runs)
-    (out / "results_gpu.json").write_text(json.dumps({"meta": meta, "summary": rows, "runs": runs}, indent=2) + "\n")
+    (out / "results_gpu.json").write_text(
+        json.dumps({"meta": meta, "summary": rows, "runs": runs}, indent=2) + "\n"
+    )
     (out / "table_gpu.md").write_text(markdown(meta, rows))
 
 

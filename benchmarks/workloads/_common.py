@@ -55,18 +55,30 @@ def limit_threads(n: int) -> None:
 def workload_args(description: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--work-dir", required=True, help="benchmarks/.work (models/ and data/ inside)")
-    parser.add_argument("--model", default="tiny", help="model size: tiny, small or a large-vocabulary v1k ... v152k-eos")
-    parser.add_argument("--length", type=int, default=None, help="completion length (default: the workload's)")
+    parser.add_argument(
+        "--model", default="tiny", help="model size: tiny, small or a large-vocabulary v1k ... v152k-eos"
+    )
+    parser.add_argument(
+        "--length", type=int, default=None, help="completion length (default: the workload's)"
+    )
     parser.add_argument("--steps", type=int, default=5, help="timed steps after warmup")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps first")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--eos", action="store_true", help="realistic setting: stop at eos instead of fixed length")
-    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
-                        help="cpu (the benchmark's setting) or cuda (benchmarks/gpu/run_gpu.py)")
+    parser.add_argument(
+        "--eos", action="store_true", help="realistic setting: stop at eos instead of fixed length"
+    )
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        choices=["cpu", "cuda"],
+        help="cpu (the benchmark's setting) or cuda (benchmarks/gpu/run_gpu.py)",
+    )
     args = parser.parse_args()
     if not (Path(args.work_dir) / "models" / f"{args.model}-policy").is_dir():
-        parser.error(f"--model {args.model}: no {args.model}-policy folder under {args.work_dir}/models (prepare.py)")
+        parser.error(
+            f"--model {args.model}: no {args.model}-policy folder under {args.work_dir}/models (prepare.py)"
+        )
     if args.length is not None and args.length < 1:
         parser.error(f"--length must be >= 1, got {args.length}")
     if args.steps < 1 or args.warmup < 0:
@@ -95,8 +107,13 @@ def data_dir(args: argparse.Namespace) -> Path:
 
 def length_summary(lengths: list[int]) -> dict:
     """min / median / max / mean of completion lengths (the spread the --eos setting reports)."""
-    return {"min": min(lengths), "median": statistics.median(lengths), "max": max(lengths),
-            "mean": sum(lengths) / len(lengths), "count": len(lengths)}
+    return {
+        "min": min(lengths),
+        "median": statistics.median(lengths),
+        "max": max(lengths),
+        "mean": sum(lengths) / len(lengths),
+        "count": len(lengths),
+    }
 
 
 def record_lengths(obj, method: str, mask_of) -> list[list[int]]:
@@ -133,7 +150,8 @@ class StepClock:
     def tick(self) -> None:
         sync()
         self.marks.append(time.perf_counter())
-        self.cpu_marks.append(time.process_time())  # CPU time of all threads: less sensitive to a busy machine
+        # CPU time of all threads: less sensitive to a busy machine
+        self.cpu_marks.append(time.process_time())
 
     def step_times(self, warmup: int) -> list[float]:
         gaps = [b - a for a, b in zip(self.marks, self.marks[1:])]
@@ -180,15 +198,35 @@ def trainer_args_common(output_dir: str, max_steps: int, seed: int) -> dict:
     checkpointing, which would make the two sides do different work. `use_cpu` follows --device.
     """
     return dict(
-        output_dir=output_dir, max_steps=max_steps, seed=seed, report_to=[], save_strategy="no",
-        logging_steps=10_000, disable_tqdm=True, use_cpu=DEVICE == "cpu", dataloader_num_workers=0,
-        learning_rate=1e-5, lr_scheduler_type="constant", warmup_steps=0,
-        bf16=False, fp16=False, gradient_checkpointing=False,
+        output_dir=output_dir,
+        max_steps=max_steps,
+        seed=seed,
+        report_to=[],
+        save_strategy="no",
+        logging_steps=10_000,
+        disable_tqdm=True,
+        use_cpu=DEVICE == "cpu",
+        dataloader_num_workers=0,
+        learning_rate=1e-5,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        bf16=False,
+        fp16=False,
+        gradient_checkpointing=False,
     )
 
 
-def emit(args: argparse.Namespace, library: str, workload: str, step_times: list[float], *,
-         episodes_per_step: float, tokens_per_step: float, cpu_times: list[float] | None = None, **extra) -> dict:
+def emit(
+    args: argparse.Namespace,
+    library: str,
+    workload: str,
+    step_times: list[float],
+    *,
+    episodes_per_step: float,
+    tokens_per_step: float,
+    cpu_times: list[float] | None = None,
+    **extra,
+) -> dict:
     """Print the result line; every rate is over the timed steps only."""
     if len(step_times) < 1:
         raise RuntimeError(f"{library}/{workload}: no timed steps were recorded (did the loop run?)")
@@ -215,23 +253,33 @@ def emit(args: argparse.Namespace, library: str, workload: str, step_times: list
         **extra,
     }
     if DEVICE == "cuda":
-        result.update(device="cuda", gpu=torch.cuda.get_device_name(),
-                      gpu_peak_allocated_mb=torch.cuda.max_memory_allocated() / 2**20,
-                      gpu_peak_reserved_mb=torch.cuda.max_memory_reserved() / 2**20)
+        result.update(
+            device="cuda",
+            gpu=torch.cuda.get_device_name(),
+            gpu_peak_allocated_mb=torch.cuda.max_memory_allocated() / 2**20,
+            gpu_peak_reserved_mb=torch.cuda.max_memory_reserved() / 2**20,
+        )
     print("\n" + RESULT_PREFIX + json.dumps(result), flush=True)
     return result
 
 
 def git_commit(*scripts: str | Path) -> str:
-    """HEAD of this checkout, with `-dirty` when the measured code differs from it: src/, the workloads and the
-    `scripts` that ran (the caller's own file, say). What a result file names: result files, notes and docs
-    written during a run do not count. "unknown" outside a git checkout."""
+    """HEAD of this checkout, with `-dirty` when the measured code differs from it: src/, the workloads and
+    the `scripts` that ran (the caller's own file, say). What a result file names: result files, notes and
+    docs written during a run do not count. "unknown" outside a git checkout."""
     root = Path(__file__).resolve().parents[2]
     measured = [root / "src", root / "benchmarks" / "workloads", *(Path(s).resolve() for s in scripts)]
     try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", *map(str, measured)],
-                               cwd=root, capture_output=True, text=True, check=True).stdout.strip()
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True
+        )
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", *map(str, measured)],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return head.stdout.strip() + ("-dirty" if dirty else "")

@@ -28,11 +28,22 @@ def run(args, library: str, DDPOConfig, DDPOTrainer, Pipeline) -> None:  # noqa:
         return images.float().mean(dim=(1, 2, 3)), {}
 
     config = DDPOConfig(
-        num_epochs=args.warmup + args.steps, seed=args.seed, logdir=tempfile.mkdtemp(prefix=f"bench-{library}-ddpo-"),
-        log_with=None, save_freq=10_000, mixed_precision="no", sample_num_steps=DDIM_STEPS, sample_eta=1.0,
-        sample_guidance_scale=5.0, sample_batch_size=IMAGES, sample_num_batches_per_epoch=1,
-        train_batch_size=IMAGES, train_gradient_accumulation_steps=1, train_num_inner_epochs=1,
-        train_timestep_fraction=1.0, per_prompt_stat_tracking=False,
+        num_epochs=args.warmup + args.steps,
+        seed=args.seed,
+        logdir=tempfile.mkdtemp(prefix=f"bench-{library}-ddpo-"),
+        log_with=None,
+        save_freq=10_000,
+        mixed_precision="no",
+        sample_num_steps=DDIM_STEPS,
+        sample_eta=1.0,
+        sample_guidance_scale=5.0,
+        sample_batch_size=IMAGES,
+        sample_num_batches_per_epoch=1,
+        train_batch_size=IMAGES,
+        train_gradient_accumulation_steps=1,
+        train_num_inner_epochs=1,
+        train_timestep_fraction=1.0,
+        per_prompt_stat_tracking=False,
         async_reward_computation=False,
     )
     pipeline = Pipeline(str(args.work_dir / "models" / "sd"), use_lora=True)
@@ -42,5 +53,13 @@ def run(args, library: str, DDPOConfig, DDPOTrainer, Pipeline) -> None:  # noqa:
     for epoch in range(config.num_epochs):
         global_step = trainer.step(epoch, global_step)
         clock.tick()
-    emit(args, library, "ddpo", clock.step_times(args.warmup), cpu_times=clock.cpu_times(args.warmup), episodes_per_step=IMAGES,
-         tokens_per_step=IMAGES * DDIM_STEPS, note="tokens = image denoising steps")
+    emit(
+        args,
+        library,
+        "ddpo",
+        clock.step_times(args.warmup),
+        cpu_times=clock.cpu_times(args.warmup),
+        episodes_per_step=IMAGES,
+        tokens_per_step=IMAGES * DDIM_STEPS,
+        note="tokens = image denoising steps",
+    )

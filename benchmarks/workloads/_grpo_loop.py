@@ -44,22 +44,54 @@ def run(args, library: str, workload: str, GRPOConfig, GRPOTrainer, **library_se
     steps = args.warmup + args.steps
     config = GRPOConfig(
         **trainer_args_common(tempfile.mkdtemp(prefix=f"bench-{library}-{workload}-"), steps, args.seed),
-        per_device_train_batch_size=MICRO, gradient_accumulation_steps=BATCH // MICRO, num_generations=NUM_GENERATIONS,
-        max_completion_length=MAX_COMPLETION, temperature=1.0, top_p=1.0, top_k=0, beta=BETA[workload],
-        num_iterations=1, loss_type="dapo", scale_rewards="group", log_completions=False,
-        generation_kwargs=None if args.eos else {"min_new_tokens": MAX_COMPLETION}, **library_settings,
+        per_device_train_batch_size=MICRO,
+        gradient_accumulation_steps=BATCH // MICRO,
+        num_generations=NUM_GENERATIONS,
+        max_completion_length=MAX_COMPLETION,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        beta=BETA[workload],
+        num_iterations=1,
+        loss_type="dapo",
+        scale_rewards="group",
+        log_completions=False,
+        generation_kwargs=None if args.eos else {"min_new_tokens": MAX_COMPLETION},
+        **library_settings,
     )
     clock = StepClock()
-    trainer = GRPOTrainer(model=policy, reward_funcs=count_e, args=config, train_dataset=dataset,
-                          processing_class=tokenizer, callbacks=[step_callback(clock)])
+    trainer = GRPOTrainer(
+        model=policy,
+        reward_funcs=count_e,
+        args=config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=[step_callback(clock)],
+    )
     trainer.train()
-    timed = LENGTHS[BATCH * args.warmup:]  # one generation batch per step
+    timed = LENGTHS[BATCH * args.warmup :]  # one generation batch per step
     if len(timed) != BATCH * args.steps:
-        raise RuntimeError(f"{library}/{workload}: scored {len(LENGTHS)} completions, expected {BATCH * steps}")
+        raise RuntimeError(
+            f"{library}/{workload}: scored {len(LENGTHS)} completions, expected {BATCH * steps}"
+        )
     per_step = sum(timed) / args.steps
-    emit(args, library, workload, clock.step_times(args.warmup), cpu_times=clock.cpu_times(args.warmup),
-         episodes_per_step=BATCH, tokens_per_step=per_step, response_length=MAX_COMPLETION, beta=BETA[workload],
-         completion_lengths={"min": min(timed), "median": statistics.median(timed), "mean": statistics.fmean(timed),
-                             "max": max(timed), "all": timed},
-         has_ref_model=getattr(trainer, "ref_model", None) is not None,
-         trainer_file=sys.modules[GRPOTrainer.__module__].__file__)
+    emit(
+        args,
+        library,
+        workload,
+        clock.step_times(args.warmup),
+        cpu_times=clock.cpu_times(args.warmup),
+        episodes_per_step=BATCH,
+        tokens_per_step=per_step,
+        response_length=MAX_COMPLETION,
+        beta=BETA[workload],
+        completion_lengths={
+            "min": min(timed),
+            "median": statistics.median(timed),
+            "mean": statistics.fmean(timed),
+            "max": max(timed),
+            "all": timed,
+        },
+        has_ref_model=getattr(trainer, "ref_model", None) is not None,
+        trainer_file=sys.modules[GRPOTrainer.__module__].__file__,
+    )

@@ -29,20 +29,35 @@ def run(args, library: str, PPOConfig, PPOTrainer, ValueHeadModel, workload: str
     model = ValueHeadModel.from_pretrained(model_dir(args))
     reward = AutoModelForSequenceClassification.from_pretrained(model_dir(args, "reward")).eval()
     config = PPOConfig(
-        batch_size=BATCH, mini_batch_size=MINI_BATCH, gradient_accumulation_steps=1,
+        batch_size=BATCH,
+        mini_batch_size=MINI_BATCH,
+        gradient_accumulation_steps=1,
         ppo_epochs=1 if workload == "ppo-lv" else PPO_EPOCHS,
-        learning_rate=1e-5, seed=args.seed, log_with=None,
+        learning_rate=1e-5,
+        seed=args.seed,
+        log_with=None,
         # only where it matters (a CPU run on a GPU machine), so the CPU runs' config is unchanged elsewhere
-        **({"accelerator_kwargs": {"cpu": True}} if args.device == "cpu" and torch.cuda.is_available() else {}),
+        **(
+            {"accelerator_kwargs": {"cpu": True}}
+            if args.device == "cpu" and torch.cuda.is_available()
+            else {}
+        ),
     )
     trainer = PPOTrainer(config=config, model=model, ref_model=None, tokenizer=tokenizer)
     device = trainer.accelerator.device
     reward = reward.to(device)
-    prompts = [torch.tensor(row["input_ids"], device=device)
-               for row in read_jsonl(data_dir(args) / "prompts.jsonl")]
+    prompts = [
+        torch.tensor(row["input_ids"], device=device) for row in read_jsonl(data_dir(args) / "prompts.jsonl")
+    ]
     length = args.length or RESPONSE_LENGTH
-    gen = dict(do_sample=True, top_k=0, top_p=1.0, max_new_tokens=length,
-               pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+    gen = dict(
+        do_sample=True,
+        top_k=0,
+        top_p=1.0,
+        max_new_tokens=length,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
     if not args.eos:
         gen["min_new_tokens"] = length
     clock, generated, phases, lengths = StepClock(), [], [], []
@@ -62,7 +77,7 @@ def run(args, library: str, PPOConfig, PPOTrainer, ValueHeadModel, workload: str
         ids = torch.full((len(full), width), tokenizer.pad_token_id, device=device)
         mask = torch.zeros((len(full), width), dtype=torch.long, device=device)
         for i, x in enumerate(full):
-            ids[i, width - len(x):], mask[i, width - len(x):] = x, 1
+            ids[i, width - len(x) :], mask[i, width - len(x) :] = x, 1
         with torch.no_grad():
             scores = reward(input_ids=ids, attention_mask=mask).logits[:, 0]
         sync()
@@ -73,9 +88,18 @@ def run(args, library: str, PPOConfig, PPOTrainer, ValueHeadModel, workload: str
         phase = {"generate": t1 - t0, "reward_model": t2 - t1}
         phase.update({k.split("/")[-1]: float(v) for k, v in stats.items() if k.startswith("time/ppo/")})
         phases.append(phase)
-    timed = generated[args.warmup:]
-    timed_phases = phases[args.warmup:]
+    timed = generated[args.warmup :]
+    timed_phases = phases[args.warmup :]
     phase_means = {k: sum(p.get(k, 0.0) for p in timed_phases) / len(timed_phases) for k in timed_phases[0]}
-    emit(args, library, workload, clock.step_times(args.warmup), cpu_times=clock.cpu_times(args.warmup),
-         episodes_per_step=BATCH, tokens_per_step=sum(timed) / len(timed), response_length=length, phases=phase_means,
-         lengths=length_summary(lengths))
+    emit(
+        args,
+        library,
+        workload,
+        clock.step_times(args.warmup),
+        cpu_times=clock.cpu_times(args.warmup),
+        episodes_per_step=BATCH,
+        tokens_per_step=sum(timed) / len(timed),
+        response_length=length,
+        phases=phase_means,
+        lengths=length_summary(lengths),
+    )

@@ -47,17 +47,37 @@ def run(args, library: str, workload: str, epochs: int, RLOOConfig, RLOOTrainer)
     common.pop("max_steps")
     length = args.length or RESPONSE_LENGTH
     config = RLOOConfig(
-        **common, per_device_train_batch_size=MICRO, gradient_accumulation_steps=BATCH // MICRO,
-        num_mini_batches=1, num_ppo_epochs=epochs, rloo_k=K, response_length=length,
-        total_episodes=BATCH * steps, local_rollout_forward_batch_size=BATCH, num_sample_generations=0,
-        stop_token="eos" if args.eos else None, temperature=1.0 if workload == "rloo-lv" else 0.7, kl_coef=0.05,
+        **common,
+        per_device_train_batch_size=MICRO,
+        gradient_accumulation_steps=BATCH // MICRO,
+        num_mini_batches=1,
+        num_ppo_epochs=epochs,
+        rloo_k=K,
+        response_length=length,
+        total_episodes=BATCH * steps,
+        local_rollout_forward_batch_size=BATCH,
+        num_sample_generations=0,
+        stop_token="eos" if args.eos else None,
+        temperature=1.0 if workload == "rloo-lv" else 0.7,
+        kl_coef=0.05,
     )
     clock = StepClock()
-    trainer = RLOOTrainer(config, tokenizer, policy, ref_policy, reward, dataset, callbacks=[step_callback(clock)])
+    trainer = RLOOTrainer(
+        config, tokenizer, policy, ref_policy, reward, dataset, callbacks=[step_callback(clock)]
+    )
     # completion lengths of every rollout, warm-up ones dropped below
     lengths = record_lengths(trainer, "_rollout", lambda out: out[0].response_mask)
     trainer.train()
-    timed = [n for step in lengths[args.warmup:] for n in step]
-    emit(args, library, workload, clock.step_times(args.warmup), cpu_times=clock.cpu_times(args.warmup), episodes_per_step=BATCH,
-         tokens_per_step=sum(timed) / args.steps, response_length=length, optimizer_steps_per_step=epochs,
-         lengths=length_summary(timed))
+    timed = [n for step in lengths[args.warmup :] for n in step]
+    emit(
+        args,
+        library,
+        workload,
+        clock.step_times(args.warmup),
+        cpu_times=clock.cpu_times(args.warmup),
+        episodes_per_step=BATCH,
+        tokens_per_step=sum(timed) / args.steps,
+        response_length=length,
+        optimizer_steps_per_step=epochs,
+        lengths=length_summary(timed),
+    )

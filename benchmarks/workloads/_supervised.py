@@ -38,7 +38,9 @@ def tokens_per_step(args, workload: str) -> int:
     if workload == "dpo-lv":
         return 2 * BATCH * (info["lv_data"]["query_tokens"] + args.length)
     pair = info["pref_prompt_tokens"] + info["pref_completion_tokens"]
-    return {"sft": BATCH * info["sft_max_length"], "reward": 2 * BATCH * pair, "dpo": 2 * BATCH * pair}[workload]
+    return {"sft": BATCH * info["sft_max_length"], "reward": 2 * BATCH * pair, "dpo": 2 * BATCH * pair}[
+        workload
+    ]
 
 
 def run(args, library: str, workload: str, make_trainer) -> None:
@@ -52,13 +54,22 @@ def run(args, library: str, workload: str, make_trainer) -> None:
     torch.manual_seed(args.seed)
     path = model_dir(args, "reward" if workload == "reward" else "policy")
     tokenizer = AutoTokenizer.from_pretrained(path)
-    common = trainer_args_common(tempfile.mkdtemp(prefix=f"bench-{library}-{workload}-"),
-                                 args.warmup + args.steps, args.seed)
+    common = trainer_args_common(
+        tempfile.mkdtemp(prefix=f"bench-{library}-{workload}-"), args.warmup + args.steps, args.seed
+    )
     common.update(per_device_train_batch_size=BATCH, gradient_accumulation_steps=1)
     if workload.startswith("dpo"):  # room for prompt, answer and eos: nothing is truncated
         common["max_length"] = PAIR_MAX_LENGTH if workload == "dpo" else args.length + 16
     clock = StepClock()
     trainer = make_trainer(common, path, tokenizer, dataset(args, workload), [step_callback(clock)])
     trainer.train()
-    emit(args, library, workload, clock.step_times(args.warmup), cpu_times=clock.cpu_times(args.warmup), episodes_per_step=BATCH,
-         tokens_per_step=tokens_per_step(args, workload), response_length=args.length)
+    emit(
+        args,
+        library,
+        workload,
+        clock.step_times(args.warmup),
+        cpu_times=clock.cpu_times(args.warmup),
+        episodes_per_step=BATCH,
+        tokens_per_step=tokens_per_step(args, workload),
+        response_length=args.length,
+    )

@@ -23,4 +23,6 @@ if __name__ == "__main__":
     package = importlib.import_module(args.package)
     for name in args.classes:
         getattr(package, name)
-    print("\n" + RESULT_PREFIX + json.dumps({"package": args.package, "peak_rss_mb": peak_rss_mb()}), flush=True)
+    print(
+        "\n" + RESULT_PREFIX + json.dumps({"package": args.package, "peak_rss_mb": peak_rss_mb()}), flush=True
+    )

@@ -1,4 +1,4 @@
-"""rlhfkit: DPOTrainer (sigmoid loss, beta 0.1), batch 16 pairs, frozen reference copy (see _supervised.py)."""
+"""rlhfkit: DPOTrainer (sigmoid loss, beta 0.1), batch 16 pairs, frozen reference copy (_supervised.py)."""
 
 from _common import workload_args
 
@@ -14,8 +14,14 @@ def main(workload: str = "dpo") -> None:
         config = DPOConfig(**common, beta=0.1, max_prompt_length=64)
         model = AutoModelForCausalLM.from_pretrained(path)
         ref_model = AutoModelForCausalLM.from_pretrained(path)
-        return DPOTrainer(model=model, ref_model=ref_model, args=config, train_dataset=data,
-                          processing_class=tokenizer, callbacks=callbacks)
+        return DPOTrainer(
+            model=model,
+            ref_model=ref_model,
+            args=config,
+            train_dataset=data,
+            processing_class=tokenizer,
+            callbacks=callbacks,
+        )
 
     run(args, "rlhfkit", workload, make)
 

@@ -12,7 +12,8 @@ if __name__ == "__main__":
     def make(common, path, tokenizer, data, callbacks):
         config = SFTConfig(**common, max_seq_length=SFT_MAX_LENGTH, dataset_text_field="text", packing=False)
         model = AutoModelForCausalLM.from_pretrained(path)
-        return SFTTrainer(model=model, args=config, train_dataset=data, processing_class=tokenizer,
-                          callbacks=callbacks)
+        return SFTTrainer(
+            model=model, args=config, train_dataset=data, processing_class=tokenizer, callbacks=callbacks
+        )
 
     run(args, "rlhfkit", "sft", make)

@@ -13,8 +13,14 @@ def main(workload: str = "dpo") -> None:
         config = DPOConfig(**common, beta=0.1)
         model = AutoModelForCausalLM.from_pretrained(path)
         ref_model = AutoModelForCausalLM.from_pretrained(path)
-        return DPOTrainer(model=model, ref_model=ref_model, args=config, train_dataset=data,
-                          processing_class=tokenizer, callbacks=callbacks)
+        return DPOTrainer(
+            model=model,
+            ref_model=ref_model,
+            args=config,
+            train_dataset=data,
+            processing_class=tokenizer,
+            callbacks=callbacks,
+        )
 
     run(args, "trl", workload, make)
 

@@ -6,8 +6,13 @@ no Liger kernel, dropout left as the model has it (the tiny models have none), n
 
 from _common import workload_args
 
-TRL_SETTINGS = dict(use_vllm=False, use_liger_kernel=False, use_transformers_paged=False, disable_dropout=False,
-                    cast_lm_head_to_fp32=False)
+TRL_SETTINGS = dict(
+    use_vllm=False,
+    use_liger_kernel=False,
+    use_transformers_paged=False,
+    disable_dropout=False,
+    cast_lm_head_to_fp32=False,
+)
 
 if __name__ == "__main__":
     args = workload_args(__doc__)

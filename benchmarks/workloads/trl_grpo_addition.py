@@ -1,4 +1,5 @@
-"""GRPO on the addition task from one SFT checkpoint, for benchmarks/grpo_learning.py (issue 17, learning bullet).
+"""GRPO on the addition task from one SFT checkpoint, for benchmarks/grpo_learning.py (issue 17, learning
+bullet).
 
     python trl_grpo_addition.py SPEC.json [--library trl|rlhfkit]
 
@@ -64,8 +65,14 @@ def train(spec: dict, config_cls, trainer_cls, extra: dict) -> list:
     scratch = Path(spec["output_dir"]) / "trainer"
     args = config_cls(output_dir=str(scratch), **spec["settings"], **extra)
     record: list = []
-    trainer = trainer_cls(model=model, reward_funcs=exact_match, args=args, train_dataset=dataset,
-                          processing_class=tokenizer, callbacks=[checkpoint_callback(spec, tokenizer, record)])
+    trainer = trainer_cls(
+        model=model,
+        reward_funcs=exact_match,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=[checkpoint_callback(spec, tokenizer, record)],
+    )
     trainer.train()
     return record
 

@@ -11,7 +11,8 @@ if __name__ == "__main__":
     def make(common, path, tokenizer, data, callbacks):
         config = RewardConfig(**common, max_length=PAIR_MAX_LENGTH)
         model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1)
-        return RewardTrainer(model=model, args=config, train_dataset=data, processing_class=tokenizer,
-                             callbacks=callbacks)
+        return RewardTrainer(
+            model=model, args=config, train_dataset=data, processing_class=tokenizer, callbacks=callbacks
+        )
 
     run(args, "trl", "reward", make)

@@ -43,22 +43,43 @@ def main(workload: str = "rloo") -> None:
     length = args.length or RESPONSE_LENGTH
     config = RLOOConfig(
         **trainer_args_common(tempfile.mkdtemp(prefix="bench-trl-rloo-"), steps, args.seed),
-        per_device_train_batch_size=MICRO, gradient_accumulation_steps=BATCH // MICRO, num_generations=K,
-        max_completion_length=length, temperature=1.0 if workload == "rloo-lv" else 0.7, top_k=0, top_p=1.0,
-        beta=0.05, num_iterations=1, generation_kwargs=None if args.eos else {"min_new_tokens": length},
+        per_device_train_batch_size=MICRO,
+        gradient_accumulation_steps=BATCH // MICRO,
+        num_generations=K,
+        max_completion_length=length,
+        temperature=1.0 if workload == "rloo-lv" else 0.7,
+        top_k=0,
+        top_p=1.0,
+        beta=0.05,
+        num_iterations=1,
+        generation_kwargs=None if args.eos else {"min_new_tokens": length},
     )
     clock = StepClock()
     trainer = RLOOTrainer(
-        model=policy, reward_funcs=reward, args=config, train_dataset=dataset, processing_class=tokenizer,
-        reward_processing_classes=reward_tokenizer, callbacks=[step_callback(clock)],
+        model=policy,
+        reward_funcs=reward,
+        args=config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        reward_processing_classes=reward_tokenizer,
+        callbacks=[step_callback(clock)],
     )
     # completion lengths of every generation round, warm-up ones dropped below
     lengths = record_lengths(trainer, "_generate_and_score_completions", lambda out: out["completion_mask"])
     trainer.train()
-    timed = [n for step in lengths[args.warmup:] for n in step]
-    emit(args, "trl", workload, clock.step_times(args.warmup), cpu_times=clock.cpu_times(args.warmup),
-         episodes_per_step=BATCH, tokens_per_step=sum(timed) / args.steps, response_length=length,
-         optimizer_steps_per_step=1, lengths=length_summary(timed))
+    timed = [n for step in lengths[args.warmup :] for n in step]
+    emit(
+        args,
+        "trl",
+        workload,
+        clock.step_times(args.warmup),
+        cpu_times=clock.cpu_times(args.warmup),
+        episodes_per_step=BATCH,
+        tokens_per_step=sum(timed) / args.steps,
+        response_length=length,
+        optimizer_steps_per_step=1,
+        lengths=length_summary(timed),
+    )
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@ if __name__ == "__main__":
     def make(common, path, tokenizer, data, callbacks):
         config = SFTConfig(**common, max_length=SFT_MAX_LENGTH, dataset_text_field="text", packing=False)
         model = AutoModelForCausalLM.from_pretrained(path)
-        return SFTTrainer(model=model, args=config, train_dataset=data, processing_class=tokenizer,
-                          callbacks=callbacks)
+        return SFTTrainer(
+            model=model, args=config, train_dataset=data, processing_class=tokenizer, callbacks=callbacks
+        )
 
     run(args, "trl", "sft", make)

@@ -1,4 +1,5 @@
-"""benchmarks/grpo_learning.py's pure parts: the shared settings, the curve points, the verdict, the driver's reward."""
+"""benchmarks/grpo_learning.py's pure parts: the shared settings, the curve points, the verdict, the driver's
+reward."""
 
 from __future__ import annotations
 

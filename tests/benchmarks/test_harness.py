@@ -186,7 +186,8 @@ def test_lengths_apply_to_the_large_vocabulary_workloads_only(run_module):
         (m, n, w.name)
         for m, n, w in run_module._points(args, [run_module.WORKLOADS[w] for w in args.workloads])
     ]
-    # tiny runs only the classic workload (no length); v152k runs both lv workloads at each length, grouped by length
+    # tiny runs only the classic workload (no length); v152k runs both lv workloads at each length, grouped
+    # by length
     assert points == [
         ("tiny", None, "ppo"),
         ("v152k", 256, "ppo-lv"),
@@ -277,9 +278,8 @@ def test_pairs_give_ratios_and_oom_is_a_verdict(tmp_path, monkeypatch):
     )
     rows = scaling.points(scaling.load(tmp_path))
     short, long = rows
-    assert short["pair_speed_ratios"] == pytest.approx(
-        [2.0, 1.5]
-    )  # each repeat's pair, not medians of medians
+    # each repeat's pair, not medians of medians
+    assert short["pair_speed_ratios"] == pytest.approx([2.0, 1.5])
     assert short["loop_memory_ratio"] == pytest.approx(1 / 3)
     assert "speed 1.75x met" in scaling._verdict(short) and "memory 0.33x met" in scaling._verdict(short)
     assert scaling._verdict(long) == "TRL ran out of memory; rlhfkit ran"
@@ -312,9 +312,8 @@ def test_word_tokenizer_counts_one_token_per_word():
     assert tokenizer.get_vocab_size() == 50
     ids = tokenizer.encode("w2 w49 w7").ids
     assert ids == [2, 49, 7]
-    assert (
-        tokenizer.decode(ids) == "w2 w49 w7"
-    )  # decoding and re-tokenising (TRL 1.16's reward path) round-trips
+    # decoding and re-tokenising (TRL 1.16's reward path) round-trips
+    assert tokenizer.decode(ids) == "w2 w49 w7"
 
 
 def test_raised_eos_is_about_one_in_mean_length():
@@ -337,9 +336,8 @@ def test_raised_eos_is_about_one_in_mean_length():
     prepare._raise_eos(model, 128)
     with torch.no_grad():
         probs = model(input_ids=torch.randint(2, 2000, (4, 64))).logits.softmax(-1)[..., 0]
-    assert (
-        1 / 512 < probs.mean().item() < 1 / 32
-    )  # about 1/128 (context moves it), far above uniform's 1/2000
+    # about 1/128 (context moves it), far above uniform's 1/2000
+    assert 1 / 512 < probs.mean().item() < 1 / 32
 
 
 def test_the_files_scaling_counts_are_committed():
@@ -359,9 +357,8 @@ def test_each_rlhfkit_side_runs_in_the_venv_with_its_trl_sides_optional_packages
     args = type("Args", (), {"rlhfkit_python": None})()
     python = {name: run_module.venv_python("rlhfkit", w, args) for name, w in run_module.WORKLOADS.items()}
     assert python["grpo"] == python["rloo"] == str(tmp_path / "rlhfkit" / "bin" / "python")  # beside trl-new
-    assert (
-        python["ppo"] == python["ddpo"] == str(tmp_path / "rlhfkit-diffusion" / "bin" / "python")
-    )  # trl-0.11
+    # beside trl-0.11
+    assert python["ppo"] == python["ddpo"] == str(tmp_path / "rlhfkit-diffusion" / "bin" / "python")
     assert set(run_module.RLHFKIT_VENV) == {w.trl_venv for w in run_module.WORKLOADS.values()}
     setup = (BENCH / "setup_trl.sh").read_text()
     assert 'make_venv rlhfkit rlhfkit -e "$ROOT" ;;' in setup and '-e "$ROOT[diffusion]"' in setup
@@ -375,9 +372,8 @@ def test_a_childs_peak_rss_is_its_own_not_its_large_parents():
         [sys.executable, "-c", code, str(BENCH / "workloads")], capture_output=True, text=True
     )
     assert out.returncode == 0, out.stderr
-    assert (
-        float(out.stdout.split()[-1]) < 200
-    )  # ru_maxrss would report >= 300 MiB inherited from this process
+    # ru_maxrss would report >= 300 MiB inherited from this process
+    assert float(out.stdout.split()[-1]) < 200
     del ballast
 
 
