@@ -1,6 +1,7 @@
 """DDPO with the paper's JPEG-compressibility reward: the model learns to draw images that compress well.
 
-    python examples/ddpo.py                  # offline tiny pipeline, ~1 minute on a CPU; reward -1.45 -> ~-1.35
+    python examples/ddpo.py                  # offline tiny pipeline, ~1 minute on a CPU;
+                                             # reward -1.45 -> ~-1.35
     python examples/ddpo.py --pretrained_model path/to/sd-v1-5 --train_use_lora --train_learning_rate 3e-4 \
         --sample_num_steps 50 --sample_guidance_scale 5 --train_cfg --num_epochs 100
     python examples/ddpo.py --incompressible                  # the opposite task: large JPEG files

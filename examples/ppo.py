@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rlhfkit.rollout.rewards import RewardScorer
+from rlhfkit.rewards.scoring import RewardScorer
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, HfArgumentParser
 
 from rlhfkit import AutoModelForCausalLMWithValueHead, PPOConfig, PPOTrainer

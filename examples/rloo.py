@@ -13,7 +13,8 @@ import sys
 from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser
 
 from rlhfkit import RLOOConfig, RLOOTrainer
-from rlhfkit.tasks import KeywordReward, toy_prompt_dataset
+from rlhfkit.rewards import KeywordReward
+from rlhfkit.tasks import toy_prompt_dataset
 from rlhfkit.testing import tiny_model_path
 
 DEFAULTS = dict(

@@ -14,15 +14,24 @@ OUT = Path(__file__).with_suffix(".png")
 
 # (step, what happens, the file that does it), in the order a rollout meets them.
 STAGES = [
-    ("prompts", "a batch of prompts (dataset rows, or PPO's query tensors)", "src/rlhfkit/data/loading.py"),
+    (
+        "prompts",
+        "a batch of prompts (dataset rows, or PPO's query tensors)",
+        "src/rlhfkit/trainers/common/prompts.py",
+    ),
     (
         "1. generate",
-        "completions, masks and sampling logprobs from one backend",
-        "src/rlhfkit/rollout/generation.py",
+        "k completions per prompt on consecutive rows, with sampling logprobs",
+        "src/rlhfkit/rollout/backends.py",
+    ),
+    (
+        "   sampler",
+        "default backend: rlhfkit's decode loop (KV cache, exact sampler)",
+        "src/rlhfkit/rollout/decoding.py",
     ),
     (
         "2. score",
-        "one scorer: callables, reward models, reward adapters, weighted lists",
+        "one scorer: reward functions, reward models, reward adapters, weighted",
         "src/rlhfkit/rewards/scoring.py",
     ),
     (
@@ -32,25 +41,29 @@ STAGES = [
     ),
     (
         "   forward",
-        "response logprobs (and values) of policy and reference",
+        "response logprobs (and values) of policy and reference, chunked lm head",
         "src/rlhfkit/rollout/scoring.py",
     ),
     (
         "4. rewards",
-        "score - kl_coef * KL per token (PPO) or per sequence (RLOO)",
+        "score - kl_coef * KL per token (PPO) or per completion (RLOO)",
         "src/rlhfkit/core/rewards.py",
     ),
     (
         "5. advantages",
-        "GAE (PPO), leave-one-out baseline (RLOO), whitening",
+        "GAE (PPO); group-relative over each prompt's k completions (GRPO, RLOO)",
         "src/rlhfkit/core/advantages.py",
     ),
     (
         "6. update",
-        "PPO epochs over minibatches: clipped policy and value losses",
-        "src/rlhfkit/trainers/ppo/update.py",
+        "clipped policy-gradient steps over shuffled minibatches",
+        "src/rlhfkit/trainers/common/online_loop.py",
     ),
-    ("   loss", "the clipped surrogate and value loss themselves", "src/rlhfkit/core/losses.py"),
+    (
+        "   loss",
+        "GRPO's loss types, PPO's clipped surrogate and value loss",
+        "src/rlhfkit/core/policy_losses.py",
+    ),
     (
         "7. save",
         "checkpoint-<step>: safetensors, JSON state, RNG, checksums, atomic publish",
@@ -60,7 +73,7 @@ STAGES = [
 CARRIER = ("RolloutBatch", "the typed batch every step reads and fills", "src/rlhfkit/rollout/batch.py")
 TRAINERS = (
     "trainers",
-    "PPO: trainers/ppo/trainer.py step()   RLOO: trainers/rloo/trainer.py _rollout() + _optimize()",
+    "GRPO: grpo/trainer.py   RLOO: rloo/trainer.py   PPO: ppo/trainer.py step()",
     "src/rlhfkit/trainers",
 )
 

@@ -1,4 +1,5 @@
-"""TRL's `examples/scripts/reward_modeling.py` path for reward-model training: the same flags as `rlhfkit reward`.
+"""TRL's `examples/scripts/reward_modeling.py` path for reward-model training: the same flags as
+`rlhfkit reward`.
 
 python examples/scripts/reward_modeling.py --help
 """

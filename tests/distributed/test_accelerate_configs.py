@@ -1,5 +1,5 @@
-"""The shipped accelerate configs load with accelerate's own reader, use only options accelerate knows, and the
-CPU/gloo one really starts two processes through `accelerate launch`."""
+"""The shipped accelerate configs load with accelerate's own reader, use only options accelerate knows, and
+the CPU/gloo one really starts two processes through `accelerate launch`."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ EXPECTED = {
 
 def test_every_config_is_shipped_and_documented():
     assert sorted(p.name for p in CONFIGS.glob("*.yaml")) == sorted(EXPECTED)
-    doc = (Path(__file__).parents[2] / "docs" / "distributed_training.md").read_text()
+    doc = (Path(__file__).parents[2] / "docs" / "distributed.md").read_text()
     assert all(name in doc for name in EXPECTED)
 
 
@@ -44,8 +44,9 @@ def test_config_loads_with_known_options(name):
 @pytest.mark.slow
 def test_accelerate_launch_with_the_cpu_config_starts_two_processes(tmp_path):
     cmd = [
-        sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS / "multi_cpu_gloo.yaml"),
-        "--main_process_port", str(free_port()), str(WORKERS / "plain_step.py"),
+        sys.executable, "-m", "accelerate.commands.launch",
+        "--config_file", str(CONFIGS / "multi_cpu_gloo.yaml"), "--main_process_port", str(free_port()),
+        str(WORKERS / "plain_step.py"),
     ]  # fmt: skip
     env = worker_env({"RLHFKIT_DIST_OUT": str(tmp_path)})
     env.pop("ACCELERATE_USE_CPU")  # the config file alone must force the CPU

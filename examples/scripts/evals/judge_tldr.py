@@ -1,4 +1,5 @@
-"""TRL's `examples/scripts/evals/judge_tldr.py` path (seed 000's evaluation): the same flags as `rlhfkit judge`.
+"""TRL's `examples/scripts/evals/judge_tldr.py` path (seed 000's evaluation): the same flags as
+`rlhfkit judge`.
 
     python examples/scripts/evals/judge_tldr.py --model_name_or_path runs/rloo --judge_model ./judge-llm \
         --num_examples 1000 --dataset_name ./tldr_validation.jsonl
