@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rlhfkit.rewards.scoring import RewardScorer
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, HfArgumentParser
 
 from rlhfkit import AutoModelForCausalLMWithValueHead, PPOConfig, PPOTrainer
+from rlhfkit.rewards.scoring import RewardScorer
 from rlhfkit.tasks import get_task
 from rlhfkit.testing import tiny_model_path
 

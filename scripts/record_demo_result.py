@@ -183,7 +183,8 @@ SPREAD_MARGIN = 2.0  # a few variants see only part of the spread another CPU ca
 
 
 def run_fresh(flags: list[str], env: dict[str, str] | None = None, quiet: bool = False) -> dict:
-    """metrics.json of a demo run with `flags`, afresh in a temporary folder (no cached stage), under `env`."""
+    """metrics.json of a demo run with `flags`, afresh in a temporary folder (no cached stage),
+    under `env`."""
     with tempfile.TemporaryDirectory(prefix="demo-fresh-") as tmp:
         command = [sys.executable, "-m", "rlhfkit", "demo", *flags, "--output_dir", tmp, "--fresh"]
         subprocess.run(command, cwd=ROOT, env={**os.environ, **(env or {})}, check=True, capture_output=quiet)
@@ -202,14 +203,20 @@ def check(name: str, flags: list[str], results: Path) -> int:
     elif tolerance is None:
         how = "exactly (another platform, and no measured spread for this record)"
     else:
-        how = f"within {SPREAD_MARGIN:g}x the measured spread (another platform: {platform_change(record, here)})"
+        how = (
+            f"within {SPREAD_MARGIN:g}x the measured spread "
+            f"(another platform: {platform_change(record, here)})"
+        )
     problems = differences(figures(record["metrics"]), fresh, tolerance)
     print(f"demo-{name}: {len(fresh)} figures compared {how}")
     for line in problems:
         print(f"  {line}")
     if problems:
-        print(f"demo-{name}: {len(problems)} figures differ from results/demo-{name}.json (commit {record['commit']}); "
-              f"if the change is intended, re-record: python scripts/record_demo_result.py {' '.join(flags)}")  # fmt: skip
+        print(
+            f"demo-{name}: {len(problems)} figures differ from results/demo-{name}.json "
+            f"(commit {record['commit']}); if the change is intended, re-record: "
+            f"python scripts/record_demo_result.py {' '.join(flags)}"
+        )
     return 1 if problems else 0
 
 

@@ -29,9 +29,12 @@ BLOCK = re.compile(r"(<!-- results:(?P<name>[\w.-]+) -->\n)(?P<body>.*?)(<!-- /r
 ALGO_ORDER = ("rloo", "dpo", "ppo", "ppo-multi-adapter")
 ALGO_TITLES = {"rloo": "RLOO", "ppo": "PPO", "ppo-multi-adapter": "PPO multi-adapter", "dpo": "DPO"}
 STAGE_TITLES = {
-    "sft": "SFT", "preferences": "preference pairs", "reward": "reward model", "evaluation": "evaluation",
+    "sft": "SFT",
+    "preferences": "preference pairs",
+    "reward": "reward model",
+    "evaluation": "evaluation",
     "polarity_judge": "second judge",
-}  # fmt: skip
+}
 
 Record = tuple[str, dict[str, Any]]  # (path relative to ROOT, contents)
 
@@ -117,7 +120,8 @@ def render_demo(records: list[Record]) -> list[str]:
     kind = "" if rm["kind"] == "full reward model" else f" ({rm['kind']})"
     return [
         f"`{rec['command']}` ({algo}, seed {cfg['seed']}, size preset `{cfg['size']}`), offline on a "
-        f"{machine['cores']}-core CPU ({machine['cpu']}, {threads} torch thread{'s' if threads != 1 else ''}): "
+        f"{machine['cores']}-core CPU ({machine['cpu']}, "
+        f"{threads} torch thread{'s' if threads != 1 else ''}): "
         f"**{duration(m['total_seconds'])}** wall time as the demo measures it, on {rec['date']} "
         f"({load_text(machine)}, so the seconds are noisy; {machine['note']}). "
         f"Stages: {stage_times}. The policy is a {base['parameters'] / 1e6:.2f}M-parameter "
@@ -130,17 +134,19 @@ def render_demo(records: list[Record]) -> list[str]:
         f"**{pct(ev['win_rate_rl_vs_sft'])}** (95% CI {pct(low)[:-1]}-{pct(high)}) |",
         f"| win rate against SFT under the second judge (a classifier trained on the review generator's "
         f"own labels, never VADER's) | 50% | {second_judge_cell(ev)} |",
-        f"| last point of the win-rate curve during RL (gold judge, {cfg.get('curve_num_prompts', 64)} prompts) | "
+        "| last point of the win-rate curve during RL "
+        f"(gold judge, {cfg.get('curve_num_prompts', 64)} prompts) | "
         f"50% | {curve_end_text(st['rl'].get('summary', {}))} |",
-        f"| mean gold score (VADER compound, -1 to 1) | {ev['gold_score_sft']:.3f} | {ev['gold_score_rl']:.3f} |",
+        f"| mean gold score (VADER compound, -1 to 1) | {ev['gold_score_sft']:.3f} | "
+        f"{ev['gold_score_rl']:.3f} |",
         f"| positive reviews (gold score > 0.05) | {pct(ev['positive_share_sft'], 0)} | "
         f"{pct(ev['positive_share_rl'], 0)} |",
         f"| mean learned-reward score | {ev['learned_reward_sft']:.2f} | {ev['learned_reward_rl']:.2f} |",
         f"| KL to the SFT policy (nats per completion) | 0 | {ev['kl_rl_to_sft']:.2f} |",
         "",
         f"The reward model{kind}, trained with `RewardTrainer` on {rm['pairs_train']:,} pairs of SFT "
-        f"samples labelled by the judge, ranks {pct(rm['heldout_accuracy'])} of {pairs['pairs_eval']} held-out "
-        "pairs correctly.",
+        f"samples labelled by the judge, ranks {pct(rm['heldout_accuracy'])} of {pairs['pairs_eval']} "
+        "held-out pairs correctly.",
     ]
 
 
@@ -161,7 +167,8 @@ def render_demo_algos(records: list[Record]) -> list[str]:
     default = by_algo.get("rloo")
     if default is None or len(by_algo) < 2:
         return [
-            "Only the default algorithm has a recorded result; `python scripts/record_demo_result.py --algo dpo` "
+            "Only the default algorithm has a recorded result; "
+            "`python scripts/record_demo_result.py --algo dpo` "
             "(or `ppo`, `ppo-multi-adapter`) measures another on the cached stages."
         ]
     lines = [
@@ -175,7 +182,8 @@ def render_demo_algos(records: list[Record]) -> list[str]:
         low, high = ev["win_rate_ci95"]
         shared = "(itself)" if algo == "rloo" else _shared_stages(by_algo[algo], default)
         lines.append(
-            f"| `{algo}` | {pct(ev['win_rate_rl_vs_sft'])} ({pct(low)[:-1]}-{pct(high)}) | {second_judge_cell(ev)} | "
+            f"| `{algo}` | {pct(ev['win_rate_rl_vs_sft'])} ({pct(low)[:-1]}-{pct(high)}) | "
+            f"{second_judge_cell(ev)} | "
             f"{ev['gold_score_rl']:.3f} | "
             f"{ev['kl_rl_to_sft']:.2f} | {'reused' if rl['reused'] else duration(rl['seconds'])} | {shared} |"
         )
@@ -206,16 +214,21 @@ def render_verifiable_task(records: list[Record]) -> list[str]:
 
     def row(title: str, key: str) -> str:
         low, high = ev[f"greedy_{key}_ci95"]
-        return f"| {title} | {pct(ev[f'greedy_{key}'])} | {pct(low)[:-1]}-{pct(high)} | {pct(ev[f'sampled_{key}'])} |"
+        return (
+            f"| {title} | {pct(ev[f'greedy_{key}'])} | {pct(low)[:-1]}-{pct(high)} | "
+            f"{pct(ev[f'sampled_{key}'])} |"
+        )
 
     lift, target = ev["lift_points"], 25
     return [
-        f"`{rec['command']}` (seed {cfg['seed']}, size preset `{cfg['size']}`) on a {machine['cores']}-core CPU "
+        f"`{rec['command']}` (seed {cfg['seed']}, size preset `{cfg['size']}`) on a "
+        f"{machine['cores']}-core CPU "
         f"({machine['cpu']}): **{duration(m['total_seconds'])}** wall time as the demo measures it, on "
         f"{rec['date']} ({load_text(machine)}; {machine['note']}). Stages: {stage_times}. The SFT warm start "
-        f"stopped after {sft['steps']} steps ({pct(sft['train_probe_accuracy'])} on the train probe); GRPO ran "
-        f"{rl['steps']} steps of {cfg['rl_batch_size'] // cfg['num_generations']} prompts x "
-        f"{cfg['num_generations']} completions at temperature {cfg['temperature']:g}, mean reward {rl['reward_start']:.2f} -> {rl['reward_end']:.2f}.",
+        f"stopped after {sft['steps']} steps ({pct(sft['train_probe_accuracy'])} on the train probe); "
+        f"GRPO ran {rl['steps']} steps of {cfg['rl_batch_size'] // cfg['num_generations']} prompts x "
+        f"{cfg['num_generations']} completions at temperature {cfg['temperature']:g}, "
+        f"mean reward {rl['reward_start']:.2f} -> {rl['reward_end']:.2f}.",
         "",
         f"| on {ev['num_prompts']:,} held-out problems | greedy accuracy | 95% interval | "
         f"sampled accuracy (T={cfg['temperature']:g}) |",
@@ -236,11 +249,12 @@ def render_padding_free(records: list[Record]) -> list[str]:
     same = padded["loss"] == packed["loss"] and padded["grad_norm"] == packed["grad_norm"]
     padding = 1 - data["real_tokens"] / data["padded_tokens"]
     return [
-        f"`benchmarks/padding_free.py` times one forward+backward both ways: with {data['threads']} CPU threads"
-        f"{note_text(data)}, {data['rows']} rows of the test model "
-        f"`{data['model'].split()[-1]}` with {pct(padding, 0)} padding took {padded['median_seconds']:.2f} s padded "
-        f"and {packed['median_seconds']:.2f} s packed ({padded['median_seconds'] / packed['median_seconds']:.2f}x, "
-        f"medians of {data['repeats']}), with {'the same' if same else 'a different'} loss and gradient norm.",
+        f"`benchmarks/padding_free.py` times one forward+backward both ways: with {data['threads']} "
+        f"CPU threads{note_text(data)}, {data['rows']} rows of the test model "
+        f"`{data['model'].split()[-1]}` with {pct(padding, 0)} padding took "
+        f"{padded['median_seconds']:.2f} s padded and {packed['median_seconds']:.2f} s packed "
+        f"({padded['median_seconds'] / packed['median_seconds']:.2f}x, medians of {data['repeats']}), "
+        f"with {'the same' if same else 'a different'} loss and gradient norm.",
     ]
 
 
@@ -261,7 +275,8 @@ def _large_vocab(data: dict[str, Any], trainer: str) -> tuple[list[str], dict[st
 
 def _seconds_line(data: dict[str, Any], full: dict[str, Any], chunked: dict[str, Any], why: str = "") -> str:
     return (
-        f"Seconds of that run: {full['seconds']:.1f} s with full logits, {chunked['seconds']:.1f} s chunked{why}"
+        f"Seconds of that run: {full['seconds']:.1f} s with full logits, "
+        f"{chunked['seconds']:.1f} s chunked{why}"
         f"{note_text(data, '; ', '')} (the machine's load changes them, not the memory figures)."
     )
 
@@ -294,9 +309,10 @@ def render_grpo_parity(records: list[Record]) -> list[str]:
     exact = [n for n, c in cases.items() if c["loss_diff"] == 0 and c["grad_diff"] == 0]
     differ = {n: c for n, c in cases.items() if not c["match"]}
     text = (
-        f"In {len(cases) - len(differ)} of the {len(cases)} cases ({data['dtype']}, TRL {data['trl_version']}), "
-        f"loss, gradient and clip/KL statistics agree to {data['tolerance']:g}, {len(exact)} of them with loss "
-        "and gradient equal to the last bit"
+        f"In {len(cases) - len(differ)} of the {len(cases)} cases "
+        f"({data['dtype']}, TRL {data['trl_version']}), "
+        f"loss, gradient and clip/KL statistics agree to {data['tolerance']:g}, "
+        f"{len(exact)} of them with loss and gradient equal to the last bit"
     )
     if differ:
         names = ", ".join(f"`{n}` (|dloss| {c['loss_diff']:.1e})" for n, c in differ.items())

@@ -35,6 +35,6 @@ def _seed_everything():
 
 @pytest.fixture(autouse=True)
 def _no_leaked_tensorboard_dir(monkeypatch):
-    """A removed `logging_dir=` argument sets TENSORBOARD_LOGGING_DIR for the process; undo it after each test,
-    or every later TensorBoard run would write into that test's temporary folder."""
+    """A removed `logging_dir=` argument sets TENSORBOARD_LOGGING_DIR for the process; undo it after each
+    test, or every later TensorBoard run would write into that test's temporary folder."""
     monkeypatch.delenv("TENSORBOARD_LOGGING_DIR", raising=False)

@@ -118,8 +118,11 @@ def test_every_record_names_its_platform():
 def test_a_fresh_demo_run_matches_its_record(flags):
     result = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "record_demo_result.py"), *flags, "--check"],
-        capture_output=True, text=True, timeout=1200, cwd=ROOT,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        cwd=ROOT,
+    )
     report = "\n".join(line for line in result.stdout.splitlines() if line.startswith(("demo-", "  ")))
     assert result.returncode == 0, f"{report}\n{result.stderr[-3000:]}"
     assert "figures compared" in report

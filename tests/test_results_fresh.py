@@ -178,10 +178,11 @@ def test_verifiable_task_block_is_computed_from_the_file():
     }  # fmt: skip
     cfg = {"seed": 0, "size": "default", "rl_batch_size": 256, "num_generations": 8, "temperature": 0.4}
     data = {
-        "command": "rlhfkit demo --task addition", "date": "today",
+        "command": "rlhfkit demo --task addition",
+        "date": "today",
         "machine": {"cores": 2, "cpu": "cpu", "note": "quiet", "load_average_after": [1.0]},
         "metrics": {"config": cfg, "evaluation": ev, "stages": stages, "total_seconds": 125},
-    }  # fmt: skip
+    }
     lines = render.render_verifiable_task([("results/demo-addition.json", data)])
     assert "**2 min 5 s**" in lines[0] and "SFT 30 s, GRPO 1 min 15 s, evaluation reused" in lines[0]
     assert "150 steps of 32 prompts x 8 completions at temperature 0.4" in lines[0]  # 256 / 8 = 32

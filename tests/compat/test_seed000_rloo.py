@@ -292,7 +292,8 @@ def test_seed_trainer_signature_logs_every_update_and_prints_the_sample_table(tm
 
 @pytest.fixture(scope="module")
 def descriptiveness(tmp_path_factory) -> Path:
-    """A local stand-in for trl-internal-testing/descriptiveness-sentiment-trl-style (split 'descriptiveness')."""
+    """A local stand-in for trl-internal-testing/descriptiveness-sentiment-trl-style
+    (split 'descriptiveness')."""
     path = tmp_path_factory.mktemp("data") / "descriptiveness-sentiment-trl-style"
     prompts = Dataset.from_dict({"prompt": PROMPTS + PROMPTS[:2]})
     DatasetDict({"descriptiveness": prompts, "validation": prompts.select(range(2))}).save_to_disk(str(path))
@@ -332,8 +333,8 @@ def test_seed_command_line_runs_through_the_script_and_logs_every_update(tmp_pat
 
 
 def test_seed_benchmark_command_line_without_the_deepspeed_launcher(tmp_path, descriptiveness, monkeypatch):
-    # seed 000 "基准实验" minus `accelerate launch --config_file .../deepspeed_zero2.yaml` (DeepSpeed needs GPUs);
-    # hub names -> local paths, sizes shrunk
+    # seed 000 "基准实验" minus `accelerate launch --config_file .../deepspeed_zero2.yaml`
+    # (DeepSpeed needs GPUs); hub names -> local paths, sizes shrunk
     model = str(tiny_model_path("llama"))
     output_dir = tmp_path / "models" / "minimal" / "rloo_tldr"
     argv = [

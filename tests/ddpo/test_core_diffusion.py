@@ -1,4 +1,5 @@
-"""rlhfkit.core.diffusion: the DDIM step's log-probability, per-prompt reward normalisation; DDPO's clipped loss."""
+"""rlhfkit.core.diffusion: the DDIM step's log-probability, per-prompt reward normalisation; DDPO's
+clipped loss."""
 
 from __future__ import annotations
 

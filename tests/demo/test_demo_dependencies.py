@@ -11,7 +11,8 @@ from rlhfkit.demo.dependencies import MissingDemoDependencies, check_demo_depend
 
 
 def _block(monkeypatch, *names: str) -> None:
-    """Make `names` unimportable, as if not installed (None in sys.modules: find_spec and import both fail)."""
+    """Make `names` unimportable, as if not installed (None in sys.modules: find_spec and import both
+    fail)."""
     for name in names:
         monkeypatch.setitem(sys.modules, name, None)
 

@@ -94,9 +94,13 @@ def test_report_states_both_judges_and_plots_the_curve(tmp_path):
         {"step": [1, 2, 3, 4], "reward": [0.1, 0.3, 0.5, 0.6], "kl": [0, 1, 2, 3], "win_rate": curve},
     )
     stages["evaluation"].summary.update(
-        win_rate_rl_vs_sft_classifier=0.5, win_rate_classifier_ci95=[0.2, 0.8], classifier_score_sft=0.4,
-        classifier_score_rl=0.45, distinct_2_sft=0.9, distinct_2_rl=0.3,
-    )  # fmt: skip
+        win_rate_rl_vs_sft_classifier=0.5,
+        win_rate_classifier_ci95=[0.2, 0.8],
+        classifier_score_sft=0.4,
+        classifier_score_rl=0.45,
+        distinct_2_sft=0.9,
+        distinct_2_rl=0.3,
+    )
     stages["polarity_judge"] = _stage(
         tmp_path, "polarity_judge", {"kind": "logistic regression", "heldout_accuracy": 0.97}
     )

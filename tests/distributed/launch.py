@@ -51,14 +51,15 @@ def launch(
     timeout: float = 300,
     env: dict[str, str] | None = None,
 ) -> list[Any]:
-    """Start `nproc` copies of `script` (a file in tests/distributed/workers or a path) and return their results."""
+    """Start `nproc` copies of `script` (a file in tests/distributed/workers or a path) and return
+    their results."""
     script = Path(script)
     if not script.is_absolute():
         script = WORKERS / script
     with tempfile.TemporaryDirectory(prefix="rlhfkit-dist-") as out:
         cmd = [
-            sys.executable, "-m", "torch.distributed.run",
-            f"--nproc_per_node={nproc}", "--nnodes=1", "--master_addr=127.0.0.1", f"--master_port={free_port()}",
+            sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--nnodes=1",
+            "--master_addr=127.0.0.1", f"--master_port={free_port()}",
             str(script), *args,
         ]  # fmt: skip
         proc = subprocess.run(

@@ -1,8 +1,9 @@
-"""DDPOTrainer under 2 processes (gloo), with DDP and with FSDP2: one epoch trains the UNet's LoRA weights, the
-(gathered) weights stay identical on both ranks, the gradient check and clipping see the live (under FSDP2,
-sharded) parameters, not the ones the UNet had before `accelerator.prepare`, and a checkpoint written on every
-rank holds the whole weights: a new run, sharded or in one process, resumes from it with them and Adam's state,
-and each rank's random state: the resumed 2-process run repeats the uninterrupted one exactly."""
+"""DDPOTrainer under 2 processes (gloo), with DDP and with FSDP2: one epoch trains the UNet's LoRA weights,
+the (gathered) weights stay identical on both ranks, the gradient check and clipping see the live (under
+FSDP2, sharded) parameters, not the ones the UNet had before `accelerator.prepare`, and a checkpoint written
+on every rank holds the whole weights: a new run, sharded or in one process, resumes from it with them and
+Adam's state, and each rank's random state: the resumed 2-process run repeats the uninterrupted one
+exactly."""
 
 import pytest
 import torch
@@ -43,7 +44,8 @@ def test_ddpo_step_two_processes(setting, results):
 
 
 def test_ddpo_step_is_the_same_sharded_or_replicated(results):
-    """Same seeds, same samples: sharding the UNet changes where the weights live, not the step (float tolerance)."""
+    """Same seeds, same samples: sharding the UNet changes where the weights live, not the step
+    (float tolerance)."""
     (_, (ddp, _)), (_, (fsdp, _)) = results["ddp"], results["fsdp"]
     assert fsdp["grad_norms"][0] == pytest.approx(ddp["grad_norms"][0], rel=1e-4)
     torch.testing.assert_close(
@@ -63,10 +65,20 @@ def test_ddpo_checkpoint_resumes_sharded_and_in_one_process(setting, results, tm
     assert r0["optimizer_restored"]
     # one process resumes from the same checkpoint: whole weights, and Adam's state of one step
     checkpoint = folder / "checkpoints" / "checkpoint-1"
-    config = DDPOConfig(sample_num_steps=2, sample_batch_size=2, train_batch_size=2, mixed_precision="no",
-                        logdir=str(tmp_path), resume_from=str(checkpoint))  # fmt: skip
-    trainer = DDPOTrainer(config, lambda *a: [0.0, 0.0], lambda: ("a cat", {}),
-                          DefaultDDPOStableDiffusionPipeline(str(tiny_sd_pipeline_path())))  # fmt: skip
+    config = DDPOConfig(
+        sample_num_steps=2,
+        sample_batch_size=2,
+        train_batch_size=2,
+        mixed_precision="no",
+        logdir=str(tmp_path),
+        resume_from=str(checkpoint),
+    )
+    trainer = DDPOTrainer(
+        config,
+        lambda *a: [0.0, 0.0],
+        lambda: ("a cat", {}),
+        DefaultDDPOStableDiffusionPipeline(str(tiny_sd_pipeline_path())),
+    )
     params = torch.cat([p.detach().reshape(-1) for p in trainer.trainable_params])
     assert torch.equal(params, load_file(str(folder / "gathered.safetensors"))["params"])
     adam = trainer.optimizer.state_dict()["state"]

@@ -35,7 +35,8 @@ def test_a_failed_write_on_one_process_makes_every_process_raise(tmp_path):
 
 @pytest.mark.slow
 def test_a_trainer_checkpoint_failing_on_one_process_stops_both_at_once():
-    """The HF-Trainer checkpoint path (RLOO, GRPO, SFT, DPO, Reward): rank 1 fails, rank 0 learns it at once."""
+    """The HF-Trainer checkpoint path (RLOO, GRPO, SFT, DPO, Reward): rank 1 fails, rank 0 learns it
+    at once."""
     r0, r1 = launch("trainer_failed_save_worker.py", timeout=240)
     assert r1["type"] == "OSError" and "disk error on process 1" in r1["message"]
     assert r0["type"] == "CheckpointWriteError" and "process(es) [1] failed" in r0["message"]

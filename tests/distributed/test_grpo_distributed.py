@@ -1,5 +1,6 @@
-"""GRPOTrainer under 2 processes (gloo; DDP and FSDP2): one update equals that of 1 process on the doubled batch for the
-step-normalised loss types, replicas stay identical, and reward statistics are gathered across ranks."""
+"""GRPOTrainer under 2 processes (gloo; DDP and FSDP2): one update equals that of 1 process on the doubled
+batch for the step-normalised loss types, replicas stay identical, and reward statistics are gathered across
+ranks."""
 
 import pytest
 import torch
@@ -24,8 +25,13 @@ def test_grpo_two_processes_equal_one_process_with_the_doubled_batch(setting, tm
         expected = flat_params(ref.model)
         assert (expected - start).abs().max() > 1e-3, loss_type  # the step is big enough to compare
         assert r0["step_params"][loss_type] == r1["step_params"][loss_type]
-        torch.testing.assert_close(torch.tensor(r0["step_params"][loss_type]), expected, rtol=0, atol=1e-6,
-                                   msg=f"{loss_type}: 2 processes differ from 1")  # fmt: skip
+        torch.testing.assert_close(
+            torch.tensor(r0["step_params"][loss_type]),
+            expected,
+            rtol=0,
+            atol=1e-6,
+            msg=f"{loss_type}: 2 processes differ from 1",
+        )
         # the logged loss is the step's loss, the same whether its rows sit on one process or two
         assert r0["step_loss"][loss_type] == pytest.approx(stats["loss"], abs=1e-6)
     assert r0["max_rank_diff"] == 0.0

@@ -1,6 +1,6 @@
-"""PPOTrainer under 2 processes (gloo), with DDP and with FSDP2: the update from half a rollout per rank equals
-one process on all of it, (gathered) parameters are identical on both ranks after `step()`, step statistics
-are gathered across ranks, and a sharded policy generates what an unsharded one does."""
+"""PPOTrainer under 2 processes (gloo), with DDP and with FSDP2: the update from half a rollout per rank
+equals one process on all of it, (gathered) parameters are identical on both ranks after `step()`, step
+statistics are gathered across ranks, and a sharded policy generates what an unsharded one does."""
 
 import pytest
 import torch
@@ -59,7 +59,8 @@ def test_ppo_generates_with_a_sharded_policy(two_process_results):
 
 
 def test_ppo_refuses_fsdp1(monkeypatch):
-    """FSDP1 hides the root's weights behind a wrapper that generation and rollout forwards bypass: refused."""
+    """FSDP1 hides the root's weights behind a wrapper that generation and rollout forwards bypass:
+    refused."""
     import accelerate
     from accelerate.utils import DistributedType
 

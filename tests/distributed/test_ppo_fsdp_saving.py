@@ -1,6 +1,6 @@
-"""PPOTrainer saves a policy sharded by FSDP2 (2 gloo processes): `save_pretrained` and `save_checkpoint` write
-the whole weights, gathered across ranks, and a plain single-process model or trainer loads them unchanged; a
-sharded run resumed from the checkpoint continues exactly as the uninterrupted one."""
+"""PPOTrainer saves a policy sharded by FSDP2 (2 gloo processes): `save_pretrained` and `save_checkpoint`
+write the whole weights, gathered across ranks, and a plain single-process model or trainer loads them
+unchanged; a sharded run resumed from the checkpoint continues exactly as the uninterrupted one."""
 
 import pytest
 import torch

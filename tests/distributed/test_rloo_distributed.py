@@ -1,6 +1,6 @@
-"""RLOOTrainer under 2 processes (gloo), with DDP and with FSDP2: same update as 1 process on the double batch,
-(gathered) parameters stay equal on both ranks, stats are gathered across ranks, a stop request on one rank
-stops all of them at the same step."""
+"""RLOOTrainer under 2 processes (gloo), with DDP and with FSDP2: same update as 1 process on the double
+batch, (gathered) parameters stay equal on both ranks, stats are gathered across ranks, a stop request on one
+rank stops all of them at the same step."""
 
 import pytest
 import torch

@@ -1,6 +1,6 @@
-"""Each process keeps its own random state in a checkpoint (`rng_state_<rank>`): a 2-process PPO run (gloo, DDP)
-saved after step 1 and resumed for step 2 samples what the uninterrupted run sampled, rank by rank, and ends with
-its exact weights. A checkpoint resumed on another number of processes says so."""
+"""Each process keeps its own random state in a checkpoint (`rng_state_<rank>`): a 2-process PPO run (gloo,
+DDP) saved after step 1 and resumed for step 2 samples what the uninterrupted run sampled, rank by rank, and
+ends with its exact weights. A checkpoint resumed on another number of processes says so."""
 
 import json
 

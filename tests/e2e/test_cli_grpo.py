@@ -25,9 +25,15 @@ def test_grpo_command_on_a_task_in_a_subprocess(tmp_path):
     out = tmp_path / "run"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     args = ["--model_name_or_path", str(tiny_model_path("llama")), "--dataset_name", "keyword",
-            "--output_dir", str(out), "--beta", "0.05", "--loss_type", "grpo", "--scale_rewards", "false"]  # fmt: skip
-    result = subprocess.run([sys.executable, "-m", "rlhfkit", "grpo", *args, *TINY_RUN], env=env,
-                            capture_output=True, text=True, timeout=600)  # fmt: skip
+            "--output_dir", str(out), "--beta", "0.05", "--loss_type", "grpo",
+            "--scale_rewards", "false"]  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-m", "rlhfkit", "grpo", *args, *TINY_RUN],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert summary["updates"] == 2 and summary["last_reward"] is not None
@@ -91,8 +97,9 @@ def test_grpo_command_trains_addition_against_its_answer_column(tmp_path, capsys
 )
 def test_grpo_command_errors_name_the_flag(tmp_path, capsys, extra, message):
     Dataset.from_dict({"prompt": ["a b"] * 8}).to_json(str(tmp_path / "data.jsonl"))
-    code = main(["--model_name_or_path", str(tiny_model_path("llama")), "--dataset_name",
-                 str(tmp_path / "data.jsonl"), "--output_dir", str(tmp_path / "run"), *extra, *TINY_RUN])  # fmt: skip
+    code = main(["--model_name_or_path", str(tiny_model_path("llama")),
+                 "--dataset_name", str(tmp_path / "data.jsonl"), "--output_dir", str(tmp_path / "run"),
+                 *extra, *TINY_RUN])  # fmt: skip
     assert code == 2
     assert message in capsys.readouterr().err
 

@@ -2,7 +2,8 @@
 
 python resume_worker.py NAME OUT full      # two fresh runs: OUT/a/final.safetensors, OUT/b/final.safetensors
 python resume_worker.py NAME OUT kill      # SIGKILLs itself in the middle of step 3 (checkpoint-2 is on disk)
-python resume_worker.py NAME OUT resume    # resumes OUT/cut from its latest checkpoint: OUT/cut/final.safetensors
+python resume_worker.py NAME OUT resume    # resumes OUT/cut from its latest checkpoint:
+                                           # OUT/cut/final.safetensors
 """
 
 from __future__ import annotations
@@ -48,8 +49,14 @@ def _hf_trainer(name: str, out: Path, kill: bool):
             num_ppo_epochs=1, response_length=4, total_episodes=2 * STEPS, logging_steps=1,
             num_sample_generations=0, disable_tqdm=True, seed=3, learning_rate=1e-3, **save,
         )  # fmt: skip
-        trainer = RLOOTrainer(config, tiny_tokenizer(padding_side="left"), tiny_model("llama"), tiny_model("llama"),
-                              KeywordReward("e"), toy_prompt_dataset(n=16))  # fmt: skip
+        trainer = RLOOTrainer(
+            config,
+            tiny_tokenizer(padding_side="left"),
+            tiny_model("llama"),
+            tiny_model("llama"),
+            KeywordReward("e"),
+            toy_prompt_dataset(n=16),
+        )
     elif name == "grpo":  # three passes over each generation batch: checkpoint-2 falls inside one
         from rlhfkit.rewards import KeywordReward
         from rlhfkit.tasks import toy_prompt_dataset
@@ -61,12 +68,17 @@ def _hf_trainer(name: str, out: Path, kill: bool):
             return KeywordReward("e")(completions)
 
         config = GRPOConfig(
-            output_dir=str(out), report_to="none", use_cpu=True, per_device_train_batch_size=4, num_generations=2,
-            num_iterations=3, max_completion_length=4, max_steps=STEPS, logging_steps=1, disable_tqdm=True, seed=3,
-            learning_rate=1e-3, beta=0.05, **save,
+            output_dir=str(out), report_to="none", use_cpu=True, per_device_train_batch_size=4,
+            num_generations=2, num_iterations=3, max_completion_length=4, max_steps=STEPS, logging_steps=1,
+            disable_tqdm=True, seed=3, learning_rate=1e-3, beta=0.05, **save,
         )  # fmt: skip
-        trainer = GRPOTrainer(tiny_model("llama"), count_e, args=config, train_dataset=toy_prompt_dataset(n=16),
-                              processing_class=tiny_tokenizer(padding_side="left"))  # fmt: skip
+        trainer = GRPOTrainer(
+            tiny_model("llama"),
+            count_e,
+            args=config,
+            train_dataset=toy_prompt_dataset(n=16),
+            processing_class=tiny_tokenizer(padding_side="left"),
+        )
     else:
         from hf_fixtures import build
 
@@ -89,8 +101,8 @@ def _run_ppo(out: Path, mode: str) -> dict[str, torch.Tensor]:
     tok = tiny_tokenizer()
     torch.manual_seed(0)
     model = tiny_value_head_model("llama", summary_dropout_prob=0.1)
-    config = PPOConfig(batch_size=4, mini_batch_size=2, ppo_epochs=2, learning_rate=1e-3, seed=7, init_kl_coef=0.5,
-                       use_score_scaling=True, use_score_norm=True)  # fmt: skip
+    config = PPOConfig(batch_size=4, mini_batch_size=2, ppo_epochs=2, learning_rate=1e-3, seed=7,
+                       init_kl_coef=0.5, use_score_scaling=True, use_score_norm=True)  # fmt: skip
     trainer = PPOTrainer(config, model, tokenizer=tok)
     if mode == "resume":
         trainer.load_checkpoint(str(out))  # the output folder: its latest intact checkpoint-<step>
@@ -123,8 +135,9 @@ def _run_ddpo(out: Path, mode: str) -> dict[str, torch.Tensor]:
 
     prompts = itertools.cycle(["a cat", "a dog"])  # two draws per epoch: a resumed cycle is in step
     config = DDPOConfig(
-        num_epochs=STEPS, sample_num_steps=3, sample_batch_size=2, sample_num_batches_per_epoch=1, train_batch_size=2,
-        mixed_precision="no", logdir=str(out), save_freq=SAVE_EVERY, train_learning_rate=1e-2, seed=0,
+        num_epochs=STEPS, sample_num_steps=3, sample_batch_size=2, sample_num_batches_per_epoch=1,
+        train_batch_size=2, mixed_precision="no", logdir=str(out), save_freq=SAVE_EVERY,
+        train_learning_rate=1e-2, seed=0,
         resume_from=str(out / "checkpoints") if mode == "resume" else "",
     )  # fmt: skip
     torch.manual_seed(0)  # the LoRA weights are drawn when the pipeline is built

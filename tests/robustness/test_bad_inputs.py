@@ -32,19 +32,26 @@ def _prompts(texts):
 # ------------------------------------------------------------------ core functions and plumbing
 
 CORE_CASES = [
-    ("mismatched lengths", lambda: core.dpo_loss(*(torch.zeros(n) for n in (2, 2, 3, 2))), ValueError, r"shape"),
-    ("unknown loss type", lambda: core.dpo_loss(*(torch.zeros(2),) * 4, loss_type="x"), ValueError, "loss_type"),
-    ("non-positive beta", lambda: core.dpo_loss(*(torch.zeros(2),) * 4, beta=0), ValueError, "beta must be > 0"),
-    ("k does not divide", lambda: core.rloo_advantages(torch.zeros(5), 2), ValueError, "not divisible by rloo_k"),
+    ("mismatched lengths", lambda: core.dpo_loss(*(torch.zeros(n) for n in (2, 2, 3, 2))), ValueError,
+     r"shape"),
+    ("unknown loss type", lambda: core.dpo_loss(*(torch.zeros(2),) * 4, loss_type="x"), ValueError,
+     "loss_type"),
+    ("non-positive beta", lambda: core.dpo_loss(*(torch.zeros(2),) * 4, beta=0), ValueError,
+     "beta must be > 0"),
+    ("k does not divide", lambda: core.rloo_advantages(torch.zeros(5), 2), ValueError,
+     "not divisible by rloo_k"),
     ("k below 2", lambda: core.rloo_advantages(torch.zeros(4), 1), ValueError, "rloo_k must be >= 2"),
-    ("unknown KL kind", lambda: core.kl_penalty(torch.zeros(1, 2), torch.zeros(1, 2), "x"), ValueError, "KL kind"),
-    ("mask shape", lambda: core.masked_mean(torch.zeros(2, 3), torch.ones(2, 2, dtype=torch.bool)), ValueError,
-     "mask shape"),
+    ("unknown KL kind", lambda: core.kl_penalty(torch.zeros(1, 2), torch.zeros(1, 2), "x"), ValueError,
+     "KL kind"),
+    ("mask shape", lambda: core.masked_mean(torch.zeros(2, 3), torch.ones(2, 2, dtype=torch.bool)),
+     ValueError, "mask shape"),
     ("GAE shapes", lambda: core.compute_gae(torch.zeros(2, 3), torch.zeros(2, 4), torch.ones(2, 3), 1, 1),
      ValueError, "same"),
-    ("empty response", lambda: core.compute_token_rewards(torch.zeros(2), torch.zeros(2, 0), torch.zeros(2, 0),
-     torch.zeros(2, 0, dtype=torch.bool), 0.1), ValueError, "length >= 1"),
-    ("zero divisor", lambda: exact_div(8, 0, "num_mini_batches"), ValueError, "num_mini_batches must be a positive"),
+    ("empty response", lambda: core.compute_token_rewards(
+        torch.zeros(2), torch.zeros(2, 0), torch.zeros(2, 0), torch.zeros(2, 0, dtype=torch.bool), 0.1),
+     ValueError, "length >= 1"),
+    ("zero divisor", lambda: exact_div(8, 0, "num_mini_batches"), ValueError,
+     "num_mini_batches must be a positive"),
     ("non-divisible batch", lambda: exact_div(6, 4, "batch_size"), ValueError, "6 is not divisible by 4"),
 ]  # fmt: skip
 
@@ -61,8 +68,12 @@ def test_core(call, error, match):
 def _cfg(name, **kw):
     import importlib
 
-    module = {"RLOOConfig": "rloo.config", "RewardConfig": "reward_model.config", "SFTConfig": "sft.config",
-              "DPOConfig": "dpo.config"}[name]  # fmt: skip
+    module = {
+        "RLOOConfig": "rloo.config",
+        "RewardConfig": "reward_model.config",
+        "SFTConfig": "sft.config",
+        "DPOConfig": "dpo.config",
+    }[name]
     cls = getattr(importlib.import_module(f"rlhfkit.trainers.{module}"), name)
     return cls(output_dir="unused", report_to="none", use_cpu=True, **kw)
 
@@ -130,15 +141,16 @@ TRAINER_CASES = [
     ("RLOO dataset is a list", lambda tok, out: _rloo(tok, out, dataset=["a", "b"]), TypeError,
      "train_dataset must be a datasets.Dataset"),
     ("RLOO empty dataset", lambda tok, out: _rloo(tok, out, dataset=_prompts([])), ValueError, "empty"),
-    ("RLOO missing column", lambda tok, out: _rloo(tok, out, dataset=datasets.Dataset.from_dict({"text": ["a"]})),
-     ValueError, "'prompt' column"),
+    ("RLOO missing column", lambda tok, out: _rloo(tok, out, dataset=datasets.Dataset.from_dict(
+        {"text": ["a"]})), ValueError, "'prompt' column"),
     ("RLOO prompt longer than context", lambda tok, out: _rloo(tok, out, response_length=600), ValueError,
      "context"),
     ("RLOO batch larger than dataset", lambda tok, out: _rloo(tok, out, dataset=_prompts(["a b"]),
      per_device_train_batch_size=4), ValueError, "one update needs"),
     ("RLOO tokenizer without pad", lambda tok, out: _rloo(tok, out, tokenizer=_no_pad(tok)), ValueError,
      "pad token"),
-    ("RLOO reward of wrong type", lambda tok, out: _rloo(tok, out, reward=3), TypeError, "reward_model must be"),
+    ("RLOO reward of wrong type", lambda tok, out: _rloo(tok, out, reward=3), TypeError,
+     "reward_model must be"),
     ("Reward zero batch size", lambda tok, out: _reward(tok, out, per_device_train_batch_size=0), ValueError,
      "per_device_train_batch_size must be a positive integer"),
     ("Reward missing columns", lambda tok, out: _reward(tok, out, dataset=datasets.Dataset.from_list(
@@ -147,8 +159,8 @@ TRAINER_CASES = [
      "is empty"),
     ("Reward model path missing", lambda tok, out: _reward(tok, out, model="/no/such/model"), ValueError,
      "not a local folder"),
-    ("SFT missing columns", lambda tok, out: _sft(tok, out, dataset=datasets.Dataset.from_list([{"foo": "a"}])),
-     ValueError, "needs the columns"),
+    ("SFT missing columns", lambda tok, out: _sft(tok, out, dataset=datasets.Dataset.from_list(
+        [{"foo": "a"}])), ValueError, "needs the columns"),
     ("SFT zero accumulation", lambda tok, out: _sft(tok, out, gradient_accumulation_steps=0), ValueError,
      "gradient_accumulation_steps must be a positive integer"),
     ("DPO missing column", lambda tok, out: _dpo(tok, out, dataset=datasets.Dataset.from_list(
@@ -168,9 +180,11 @@ def _reward(tok, out, dataset=None, model=None, **kw):
 
     args = RewardConfig(output_dir=str(out), report_to="none", use_cpu=True, max_steps=1, **kw)
     return RewardTrainer(
-        model=model if model is not None else tiny_model("llama-reward"), args=args,
-        train_dataset=dataset if dataset is not None else _pairs(), processing_class=tok,
-    )  # fmt: skip
+        model=model if model is not None else tiny_model("llama-reward"),
+        args=args,
+        train_dataset=dataset if dataset is not None else _pairs(),
+        processing_class=tok,
+    )
 
 
 def _sft(tok, out, dataset=None, **kw):
@@ -189,9 +203,12 @@ def _dpo(tok, out, dataset=None, same_ref=False, **kw):
     args = DPOConfig(output_dir=str(out), report_to="none", use_cpu=True, max_steps=1, **kw)
     model = tiny_model("llama")
     return DPOTrainer(
-        model=model, ref_model=model if same_ref else None, args=args,
-        train_dataset=dataset if dataset is not None else _pairs(), processing_class=tok,
-    )  # fmt: skip
+        model=model,
+        ref_model=model if same_ref else None,
+        args=args,
+        train_dataset=dataset if dataset is not None else _pairs(),
+        processing_class=tok,
+    )
 
 
 @pytest.mark.parametrize(
@@ -251,8 +268,8 @@ def test_trainers_refuse_corrupt_checkpoint_before_loading(tok, tmp_path):
     [
         (["bogus"], "unknown command 'bogus'"),
         (["rloo", "--dataset_name", "/no/such.jsonl", "--output_dir", "{tmp}"], "is not a local path"),
-        (["sft", "--model_name_or_path", "/no/such/model", "--dataset_name", "{data}", "--output_dir", "{tmp}"],
-         "not a local folder"),
+        (["sft", "--model_name_or_path", "/no/such/model", "--dataset_name", "{data}",
+          "--output_dir", "{tmp}"], "not a local folder"),
         (["reward", "--dataset_name", "{data}", "--output_dir", "{tmp}"], "model_name_or_path is required"),
     ],
 )  # fmt: skip
@@ -298,8 +315,14 @@ def test_ppo_and_ddpo_refuse_corrupt_checkpoints(tmp_path):
     ddpo_ckpt = tmp_path / "ddpo" / "checkpoint-1"
     ddpo_ckpt.mkdir(parents=True)
     (ddpo_ckpt / "trainer_state.json").write_text('{"epoch": 0')
-    config = DDPOConfig(mixed_precision="no", logdir=str(tmp_path / "logs"), resume_from=str(tmp_path / "ddpo"),
-                        sample_batch_size=2, train_batch_size=2, sample_num_batches_per_epoch=1)  # fmt: skip
+    config = DDPOConfig(
+        mixed_precision="no",
+        logdir=str(tmp_path / "logs"),
+        resume_from=str(tmp_path / "ddpo"),
+        sample_batch_size=2,
+        train_batch_size=2,
+        sample_num_batches_per_epoch=1,
+    )
     pipe = DefaultDDPOStableDiffusionPipeline(str(tiny_sd_pipeline_path()))
     with pytest.raises(ValueError, match="trainer_state.json' is corrupt"):
         DDPOTrainer(config, lambda images, prompts, meta: images.mean((1, 2, 3)), lambda: ("a cat", {}), pipe)

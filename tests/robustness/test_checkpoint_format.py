@@ -1,4 +1,5 @@
-"""The checkpoint format: checksums catch damage, resume falls back, a full disk and a second run are refused."""
+"""The checkpoint format: checksums catch damage, resume falls back, a full disk and a second run are
+refused."""
 
 from __future__ import annotations
 

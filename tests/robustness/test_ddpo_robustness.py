@@ -30,7 +30,8 @@ def _trainer(logdir, reward=_brightness, **kw):
     from rlhfkit.trainers.ddpo.trainer import DDPOTrainer
 
     cfg = dict(num_epochs=3, sample_num_steps=3, sample_batch_size=2, sample_num_batches_per_epoch=1,
-               train_batch_size=2, mixed_precision="no", logdir=str(logdir), save_freq=1000, train_learning_rate=1e-2)  # fmt: skip
+               train_batch_size=2, mixed_precision="no", logdir=str(logdir), save_freq=1000,
+               train_learning_rate=1e-2)  # fmt: skip
     cfg.update(kw)
     torch.manual_seed(0)  # the same LoRA initialisation for every run
     pipe = DefaultDDPOStableDiffusionPipeline(str(tiny_sd_pipeline_path()))

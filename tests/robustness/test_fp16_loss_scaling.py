@@ -31,7 +31,8 @@ def overflowing_scaler() -> torch.amp.GradScaler:
 
 
 def install_scaler(accelerator, optimizer: AcceleratedOptimizer, scaler) -> AcceleratedOptimizer:
-    """What `Accelerator(mixed_precision="fp16")` sets up on a GPU: the returned optimizer replaces `optimizer`."""
+    """What `Accelerator(mixed_precision="fp16")` sets up on a GPU: the returned optimizer replaces
+    `optimizer`."""
     accelerator.scaler = scaler
     return AcceleratedOptimizer(optimizer.optimizer, device_placement=False, scaler=scaler)
 

@@ -118,7 +118,7 @@ def test_rloo_advantages(n, k, seed, scale):
     if k >= 2 and n > 0 and n % k == 0:
         assert out is not None and out.shape == (n,) and torch.isfinite(out).all()
         # a leave-one-out baseline sums to zero over the k completions of each prompt
-        sums = out.reshape(k, n // k).sum(0)
+        sums = out.reshape(n // k, k).sum(1)  # each prompt's k completions sit on consecutive rows
         torch.testing.assert_close(sums, torch.zeros_like(sums), atol=1e-3 * scale, rtol=0)
     elif k < 2 or n % k:
         assert out is None
@@ -163,9 +163,11 @@ def test_dpo_loss(sizes, seed, beta, smoothing, loss_type, scale):
 @given(n=st.integers(0, 5), m=st.integers(0, 5), seed=seeds, scale=SCALES, coef=st.none() | st.floats(0, 1))
 def test_pairwise_reward_loss(n, m, seed, scale, coef):
     out = _call(
-        core.pairwise_reward_loss, _tensor((n,), seed, scale), _tensor((m,), seed + 1, scale),
+        core.pairwise_reward_loss,
+        _tensor((n,), seed, scale),
+        _tensor((m,), seed + 1, scale),
         center_rewards_coefficient=coef,
-    )  # fmt: skip
+    )
     if n != m:
         assert out is None
     elif out is not None and n > 0:
@@ -177,9 +179,13 @@ def test_pairwise_reward_loss(n, m, seed, scale, coef):
 def test_token_rewards(shape, seed, coef, bad_scores):
     b = shape[0] + int(bad_scores)
     out = _call(
-        core.compute_token_rewards, _tensor((b,), seed), _tensor(shape, seed + 1), _tensor(shape, seed + 2),
-        _mask(shape, seed), coef,
-    )  # fmt: skip
+        core.compute_token_rewards,
+        _tensor((b,), seed),
+        _tensor(shape, seed + 1),
+        _tensor(shape, seed + 2),
+        _mask(shape, seed),
+        coef,
+    )
     if bad_scores:
         assert out is None
     elif out is not None:

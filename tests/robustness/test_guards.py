@@ -149,7 +149,8 @@ def _train(tmp_path, data, args_kw=None, signal_at=None, resume=None):
 
 
 def test_nan_step_is_skipped_counted_and_named(tmp_path):
-    # one row has a NaN target, so exactly one step (batch size 1) has a NaN loss and must leave the weights alone
+    # one row has a NaN target, so exactly one step (batch size 1) has a NaN loss and must leave the
+    # weights alone
     with pytest.warns(NonFiniteStepWarning, match="non-finite loss, gradients"):
         tr, rec = _train(tmp_path, _Rows(nan_rows=[2]))
     assert tr.nonfinite_guard.skipped == 1

@@ -77,7 +77,8 @@ def test_nan_loss_skips_the_step(name, tmp_path):
 
 
 def test_checkpoint_failures_through_the_trainer(tmp_path, monkeypatch):
-    """A damaged newest checkpoint is skipped on resume; a full disk keeps the last one; a live lock refuses."""
+    """A damaged newest checkpoint is skipped on resume; a full disk keeps the last one;
+    a live lock refuses."""
     import errno
     import json
     import socket

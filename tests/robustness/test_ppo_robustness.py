@@ -94,8 +94,9 @@ def test_consecutive_nan_steps_stop_with_last_good_checkpoint(tmp_path):
 @pytest.mark.slow
 def test_ppo_command_saves_and_exits_cleanly_on_sigint(tmp_path):
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "rlhfkit", "ppo", "--dataset_name", "length", "--steps", "200", "--batch_size",
-           "4", "--mini_batch_size", "2", "--ppo_epochs", "1", "--max_new_tokens", "4", "--output_dir", str(out)]  # fmt: skip
+    cmd = [sys.executable, "-m", "rlhfkit", "ppo", "--dataset_name", "length", "--steps", "200",
+           "--batch_size", "4", "--mini_batch_size", "2", "--ppo_epochs", "1", "--max_new_tokens", "4",
+           "--output_dir", str(out)]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     lines = []

@@ -24,10 +24,21 @@ TRAINERS = ["ppo", "rloo", "grpo", "reward", "sft", "dpo", "ddpo"]
 
 
 def _worker(name: str, root: Path, mode: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
-    return subprocess.run([sys.executable, str(WORKER), name, str(root), mode], env=env, capture_output=True,
-                          text=True, timeout=600)  # fmt: skip
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    return subprocess.run(
+        [sys.executable, str(WORKER), name, str(root), mode],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def _assert_same_weights(expected: dict, got: dict, what: str) -> None:

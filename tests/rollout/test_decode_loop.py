@@ -232,9 +232,14 @@ def test_a_model_built_from_a_config_runs_the_loop():
 
 @pytest.mark.parametrize(
     "temperature,top_k,top_p,min_p,penalty",
-    [(1.0, 0, 1.0, None, 1.0), (0.7, 5, 1.0, None, 1.0), (1.3, 0, 0.8, None, 1.5), (0.9, 20, 0.6, 0.05, 1.2),
-     (1.0, 0, 1.0, 0.1, 0.8)],
-)  # fmt: skip
+    [
+        (1.0, 0, 1.0, None, 1.0),
+        (0.7, 5, 1.0, None, 1.0),
+        (1.3, 0, 0.8, None, 1.5),
+        (0.9, 20, 0.6, 0.05, 1.2),
+        (1.0, 0, 1.0, 0.1, 0.8),
+    ],
+)
 def test_processed_logits_equal_transformers_processors(temperature, top_k, top_p, min_p, penalty):
     g = torch.Generator().manual_seed(0)
     logits, history = torch.randn(6, 40, generator=g) * 3, torch.randint(0, 40, (6, 9), generator=g)

@@ -50,7 +50,8 @@ def _assert_matches_forward_response(model, with_values=False):
         total = a * logprobs + b * entropy + (c * values if with_values else 0)
         return (total * mask).sum()
 
-    # return_logits=True keeps forward_response on its full-logits path, also once it is wired to the chunked one
+    # return_logits=True keeps forward_response on its full-logits path, also once it is wired to the
+    # chunked one
     ref = forward_response(
         model, *batch, temperature=TEMPERATURE, with_values=with_values, with_entropy=True, return_logits=True
     )
@@ -155,8 +156,11 @@ def test_unsupported_heads_fall_back_and_log_once(caplog, monkeypatch):
     monkeypatch.setattr(lm_head, "_logged_fallbacks", set())  # earlier tests may have logged these
     compiled = torch.compile(AutoModelForCausalLM.from_pretrained(tiny_model_path("gpt2")))  # compiles lazily
     expected = {
-        custom: "_ScaledHead", lora_head: "not a plain torch.nn.Linear", softcapped: "not known", compiled: "torch.compile",
-    }  # fmt: skip
+        custom: "_ScaledHead",
+        lora_head: "not a plain torch.nn.Linear",
+        softcapped: "not known",
+        compiled: "torch.compile",
+    }
     for model, reason in expected.items():
         with caplog.at_level(logging.WARNING, logger="rlhfkit.rollout.lm_head"):
             caplog.clear()
@@ -201,7 +205,8 @@ def test_forward_response_takes_the_chunked_path_for_large_logits(monkeypatch):
 
     model = tiny_value_head_model("llama", summary_dropout_prob=0.0).eval()
     batch = _batch(model.config.vocab_size)
-    # packed=False: this is the padded batch's chunked path (packed rows have their own, tests/rollout/test_packing.py)
+    # packed=False: this is the padded batch's chunked path (packed rows have their own,
+    # tests/rollout/test_packing.py)
     full = forward_response(
         model, *batch, with_values=True, with_entropy=True, packed=False
     )  # small: full logits

@@ -37,7 +37,8 @@ def pack_calls(monkeypatch):
 
 
 def _assert_packed_matches_padded(model, pack_calls, with_values=False, chunked=False):
-    """Values and gradients (w.r.t. every trainable parameter) of packed and padded passes agree on real tokens."""
+    """Values and gradients (w.r.t. every trainable parameter) of packed and padded passes agree on real
+    tokens."""
     model.eval()
     batch = _batch(model.config.vocab_size)
     real = batch[3]
@@ -126,7 +127,8 @@ def test_pack_rows_layout():
     rows = pack_rows(input_ids, mask, scoring.position_ids_from_mask(mask), length_r=2)
     assert rows.input_ids.tolist() == [[5, 6, 10, 11, 4], [8, 9, 13, 7, 12]]
     assert rows.position_ids.tolist() == [[0, 1, 2, 3, 0], [0, 1, 2, 0, 1]]
-    # 10 is predicted from 6 (flat position 1), 11 from 10 (2); 12 from 7 (8); 13 from 9 (6); pad columns read junk
+    # 10 is predicted from 6 (flat position 1), 11 from 10 (2); 12 from 7 (8); 13 from 9 (6);
+    # pad columns read junk
     assert rows.index[:, 0].tolist() == [1, 8, 6, 4]
     assert rows.index[:, 1].tolist() == [2, 9, 7, 4]
 

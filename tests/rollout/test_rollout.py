@@ -1,4 +1,5 @@
-"""Rollout: padding helpers, and scoring that ignores padding and chunking (generation: test_generation.py)."""
+"""Rollout: padding helpers, and scoring that ignores padding and chunking
+(generation: test_generation.py)."""
 
 from __future__ import annotations
 
@@ -127,8 +128,9 @@ def test_eval_mode_restores_each_submodules_own_mode():
 
 
 def test_forward_accepts_looks_through_peft_but_not_the_value_head():
-    """PEFT passes keywords on, so a PEFT policy and its base take the same logits_to_keep path; the value-head
-    wrapper needs every position's hidden state, so it is not looked through. (DDP: tests/distributed.)"""
+    """PEFT passes keywords on, so a PEFT policy and its base take the same logits_to_keep path; the
+    value-head wrapper needs every position's hidden state, so it is not looked through.
+    (DDP: tests/distributed.)"""
     import warnings
 
     from peft import LoraConfig, get_peft_model

@@ -174,7 +174,8 @@ def small_model(vocab: int = 1000) -> LlamaForCausalLM:
     torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=vocab, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-        num_key_value_heads=2, max_position_embeddings=32, pad_token_id=0, bos_token_id=None, eos_token_id=None,
+        num_key_value_heads=2, max_position_embeddings=32,
+        pad_token_id=0, bos_token_id=None, eos_token_id=None,
     )  # fmt: skip
     model = LlamaForCausalLM(config).eval()
     with torch.no_grad():

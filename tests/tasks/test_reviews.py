@@ -1,4 +1,5 @@
-"""The synthetic review corpus: deterministic, distinct, bounded, mixed in sentiment; prompts split cleanly."""
+"""The synthetic review corpus: deterministic, distinct, bounded, mixed in sentiment; prompts split
+cleanly."""
 
 from __future__ import annotations
 

@@ -10,7 +10,8 @@ from rlhfkit.rollout import lm_head, scoring
 
 @pytest.fixture
 def chunk_calls(monkeypatch):
-    """Route every batch through the chunked path, 3 rows a row group; the list holds the rows of each call."""
+    """Route every batch through the chunked path, 3 rows a row group; the list holds the rows of each
+    call."""
     monkeypatch.setattr(scoring, "CHUNKED_HEAD_MIN_LOGITS", 8)  # every batch now takes the chunked head
     # row groups of 3 on the lm-head path
     monkeypatch.setattr(chunked_logprobs, "ROW_GROUP", 3)

@@ -1,4 +1,5 @@
-"""DPO's policy and reference passes score labels from hidden states in chunks: same values, gradients, metrics."""
+"""DPO's policy and reference passes score labels from hidden states in chunks: same values, gradients,
+metrics."""
 
 from __future__ import annotations
 
@@ -40,7 +41,8 @@ def _batch(trainer, n=3):
 
 
 def _straightforward(trainer, model, batch):
-    """Full (2B, T, V) logits, a float32 log-softmax and the shifted labels: what the chunked path replaces."""
+    """Full (2B, T, V) logits, a float32 log-softmax and the shifted labels: what the chunked path
+    replaces."""
     inputs = trainer.concatenated_inputs(batch)
     logits = (
         model(

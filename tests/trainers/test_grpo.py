@@ -19,8 +19,8 @@ METRICS = (
     "reward", "reward_std", "rewards/count_e/mean", "rewards/count_e/std", "frac_reward_zero_std",
     "completions/mean_length", "completions/clipped_ratio", "completions/mean_terminated_length", "loss",
     "entropy", "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "clip_ratio/low_min",
-    "clip_ratio/high_max", "sampling/sampling_logp_difference/mean", "sampling/sampling_logp_difference/max", "lr",
-    "num_tokens",
+    "clip_ratio/high_max", "sampling/sampling_logp_difference/mean", "sampling/sampling_logp_difference/max",
+    "lr", "num_tokens",
 )  # fmt: skip
 
 
@@ -141,10 +141,13 @@ def test_peft_policy_uses_its_base_as_reference(tmp_path, tokenizer):
     from peft import LoraConfig
 
     trainer = GRPOTrainer(
-        tiny_model("llama"), count_e, args=_config(tmp_path, beta=0.1, max_steps=1),
-        train_dataset=toy_prompt_dataset(n=16), processing_class=tokenizer,
+        tiny_model("llama"),
+        count_e,
+        args=_config(tmp_path, beta=0.1, max_steps=1),
+        train_dataset=toy_prompt_dataset(n=16),
+        processing_class=tokenizer,
         peft_config=LoraConfig(r=4, lora_alpha=8, task_type="CAUSAL_LM"),
-    )  # fmt: skip
+    )
     assert trainer.reference.kind == "base"
     before = {k: v.clone() for k, v in trainer.model.named_parameters()}
     trainer.train()
@@ -187,8 +190,8 @@ def test_a_reused_batch_trains_against_its_old_logprobs(tmp_path, tokenizer, mon
         return real(loss_type, logprobs, old_logprobs, *args, **kwargs)
 
     monkeypatch.setattr(grpo_module, "policy_loss", spy)
-    trainer = _trainer(tmp_path, tokenizer, max_steps=2, per_device_train_batch_size=4, gradient_accumulation_steps=2,
-                       epsilon=0.05, **reuse)  # fmt: skip
+    trainer = _trainer(tmp_path, tokenizer, max_steps=2, per_device_train_batch_size=4,
+                       gradient_accumulation_steps=2, epsilon=0.05, **reuse)  # fmt: skip
     generated = []
     real_generate = trainer._generate
     monkeypatch.setattr(trainer, "_generate", lambda: generated.append(1) or real_generate())
@@ -254,8 +257,8 @@ def test_masked_truncated_completions_give_no_update(tmp_path, tokenizer):
     # 3 tokens are too few for the tiny model to reach eos: every completion is cut, none is trained on
     model = tiny_model("llama")
     before = {k: v.clone() for k, v in model.named_parameters()}
-    trainer = _trainer(tmp_path, tokenizer, model=model, max_completion_length=3, mask_truncated_completions=True,
-                       max_steps=1, top_entropy_quantile=0.2)  # fmt: skip
+    trainer = _trainer(tmp_path, tokenizer, model=model, max_completion_length=3,
+                       mask_truncated_completions=True, max_steps=1, top_entropy_quantile=0.2)  # fmt: skip
     trainer.train()
     logs = trainer.state.log_history[0]
     assert logs["completions/clipped_ratio"] == 1.0 and not trainer._buffer.loss_mask.any()
@@ -284,9 +287,11 @@ def test_model_and_reward_model_given_as_local_paths(tmp_path):
     from rlhfkit.testing import tiny_model_path
 
     trainer = GRPOTrainer(
-        str(tiny_model_path("llama")), [str(tiny_model_path("llama-reward")), count_e],
-        args=_config(tmp_path, max_steps=1, reward_weights=[0.5, 1.0]), train_dataset=toy_prompt_dataset(n=16),
-    )  # fmt: skip
+        str(tiny_model_path("llama")),
+        [str(tiny_model_path("llama-reward")), count_e],
+        args=_config(tmp_path, max_steps=1, reward_weights=[0.5, 1.0]),
+        train_dataset=toy_prompt_dataset(n=16),
+    )
     assert trainer.processing_class is not None and trainer.reward_func_names == ["llama-reward", "count_e"]
     trainer.train()
     logs = trainer.state.log_history[0]

@@ -19,7 +19,8 @@ def test_defaults_follow_trl():
         repetition_penalty=1.0, beta=0.0, num_iterations=1, epsilon=0.2, epsilon_high=None, delta=None,
         loss_type="dapo", scale_rewards="group", importance_sampling_level="token",
         mask_truncated_completions=False, reward_weights=None, top_entropy_quantile=1.0,
-        use_bias_correction_kl=True, sync_ref_model=False, ref_model_mixup_alpha=0.6, ref_model_sync_steps=512,
+        use_bias_correction_kl=True,
+        sync_ref_model=False, ref_model_mixup_alpha=0.6, ref_model_sync_steps=512,
         log_completions=False, num_completions_to_print=None, learning_rate=1e-6, logging_steps=10,
     )  # fmt: skip
     assert {k: getattr(config, k) for k in expected} == expected

@@ -62,7 +62,7 @@ def test_growth_per_step_is_the_geometric_rate():
     assert growth_per_step([(5, 8.0), (8, 1.0)]) == pytest.approx(-0.5)
 
 
-# ---------------------------------------------------------------------------------------- (1) KL runaway
+# -------------------------------------------------------------------------------- (1) KL runaway
 def test_kl_growing_with_a_fixed_coefficient_warns_with_its_option():
     # GRPO's kl is per token: 0.06 nats/token x1.5 per step, above the 0.05 floor from the start
     values, messages = run(HealthMonitor(GRPO), [{"kl": 0.06 * 1.5**i} for i in range(8)])
@@ -95,7 +95,7 @@ def test_kl_against_an_adaptive_controller():
     assert below == []
 
 
-# ---------------------------------------------------------------------------------------- (2) entropy collapse
+# -------------------------------------------------------------------------------- (2) entropy collapse
 def test_entropy_collapse():
     # 5 steps at 2.0 are the start; the mean of the last 5 falls below 0.3 * 2.0 = 0.6
     entropies = [2.0] * 5 + [0.5] * 5
@@ -106,7 +106,7 @@ def test_entropy_collapse():
     assert values[9]["health/entropy_ratio"] == pytest.approx(0.25)
 
 
-# ---------------------------------------------------------------------------------------- (3) length exploitation
+# -------------------------------------------------------------------------------- (3) length exploitation
 def test_length_growing_while_the_reward_rises():
     steps = [{"tokens/responses_len_mean": 10.0 + 2 * i, "ppo/mean_scores": 0.1 * i} for i in range(10)]
     values, messages = run(HealthMonitor(PPO), steps)
@@ -122,7 +122,7 @@ def test_length_drift_with_a_falling_reward_is_not_exploitation():
     assert messages == [] and values[-1]["health/length_exploitation"] == 0.0
 
 
-# ---------------------------------------------------------------------------------------- (4) reward hacking
+# -------------------------------------------------------------------------------- (4) reward hacking
 def test_reward_rising_while_the_judge_falls():
     # the learned reward climbs every step; the judge's win rate peaks at step 20, then falls
     judged = {10: 0.6, 20: 0.75, 30: 0.55}
@@ -150,7 +150,7 @@ def test_a_judge_logged_separately_for_the_same_step_counts_once():
     assert repeated == [] and again["health/reward_hacking"] == 1.0
 
 
-# ---------------------------------------------------------------------------------------- (5) update blow-up
+# -------------------------------------------------------------------------------- (5) update blow-up
 @pytest.mark.parametrize(
     "names, metrics, expected",
     [
@@ -165,7 +165,7 @@ def test_clip_fraction_or_approx_kl_blowing_up(names, metrics, expected):
     assert len(messages) == 1 and expected in messages[0] and "lower learning_rate" in messages[0]
 
 
-# ---------------------------------------------------------------------------------------- (6) logprob mismatch
+# -------------------------------------------------------------------------------- (6) logprob mismatch
 @pytest.mark.parametrize(
     "mean, largest, expected",
     [(0.2, 1.0, "mean |sampling - training| logprob 0.2 > 0.05"), (0.01, 8.0, "largest")],
@@ -180,7 +180,7 @@ def test_sampling_and_training_logprobs_disagree(mean, largest, expected):
     assert len(messages) == 1 and expected in messages[0] and "training dtype" in messages[0]
 
 
-# ---------------------------------------------------------------------------------------- limits and channel
+# -------------------------------------------------------------------------------- limits and channel
 def test_an_alarm_that_persists_warns_once_per_warn_every_steps():
     monitor = HealthMonitor(GRPO, HealthThresholds(warn_every=100))
     values, messages = run(monitor, [{"clip_ratio/region_mean": 0.9}] * 250)
@@ -256,7 +256,7 @@ def test_bad_thresholds_are_named(bad):
         HealthThresholds(**bad)
 
 
-# ---------------------------------------------------------------------------------------- real trainers
+# -------------------------------------------------------------------------------- real trainers
 @pytest.mark.slow
 def test_ppo_step_with_a_huge_learning_rate_reports_the_blowup():
     import torch
@@ -309,9 +309,13 @@ def test_grpo_run_warns_and_sees_a_win_rate_logged_by_a_callback(tmp_path):
             health_checks=health_checks,
         )  # fmt: skip
         return GRPOTrainer(
-            tiny_model("llama"), count_e, args=config, train_dataset=toy_prompt_dataset(n=16),
-            processing_class=tiny_tokenizer(padding_side="left"), callbacks=[WinRates()],
-        )  # fmt: skip
+            tiny_model("llama"),
+            count_e,
+            args=config,
+            train_dataset=toy_prompt_dataset(n=16),
+            processing_class=tiny_tokenizer(padding_side="left"),
+            callbacks=[WinRates()],
+        )
 
     trainer = grpo(True)
     with pytest.warns(HealthWarning, match="step 2, update_blowup: clip fraction"):
@@ -337,8 +341,8 @@ def test_rloo_logs_health_and_completion_length(tmp_path):
     from rlhfkit.trainers.rloo.trainer import RLOOTrainer
 
     config = RLOOConfig(
-        output_dir=str(tmp_path / "out"), report_to="none", use_cpu=True, per_device_train_batch_size=4, rloo_k=2,
-        num_ppo_epochs=1, response_length=5, total_episodes=8, logging_steps=1, save_strategy="no",
+        output_dir=str(tmp_path / "out"), report_to="none", use_cpu=True, per_device_train_batch_size=4,
+        rloo_k=2, num_ppo_epochs=1, response_length=5, total_episodes=8, logging_steps=1, save_strategy="no",
         num_sample_generations=0, disable_tqdm=True, seed=3, learning_rate=1e-3,
     )  # fmt: skip
     tokenizer = tiny_tokenizer(padding_side="left")

@@ -24,10 +24,10 @@ from rlhfkit.trainers.sft.config import SFTConfig
 SEED_000_REMOVED = (
     "overwrite_output_dir per_gpu_train_batch_size per_gpu_eval_batch_size warmup_ratio logging_dir "
     "save_safetensors no_cuda use_mps_device jit_mode_eval use_ipex fp16_opt_level half_precision_backend "
-    "tpu_num_cores tpu_metrics_debug past_index fsdp_min_num_params tp_size fsdp_transformer_layer_cls_to_wrap "
-    "adafactor group_by_length use_legacy_prediction_loop include_inputs_for_metrics fp16_backend "
-    "push_to_hub_model_id push_to_hub_organization push_to_hub_token mp_parameters torchdynamo ray_scope "
-    "include_tokens_per_second"
+    "tpu_num_cores tpu_metrics_debug past_index fsdp_min_num_params tp_size "
+    "fsdp_transformer_layer_cls_to_wrap adafactor group_by_length use_legacy_prediction_loop "
+    "include_inputs_for_metrics fp16_backend push_to_hub_model_id push_to_hub_organization "
+    "push_to_hub_token mp_parameters torchdynamo ray_scope include_tokens_per_second"
 ).split()
 
 # old name -> (value given, {successor field: expected value}); an empty dict: dropped, nothing else changes

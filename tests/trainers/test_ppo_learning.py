@@ -1,4 +1,5 @@
-"""PPO end to end: the seed 002 walkthrough and the README quickstart run as written, and the policy learns."""
+"""PPO end to end: the seed 002 walkthrough and the README quickstart run as written, and the policy
+learns."""
 
 from __future__ import annotations
 

@@ -183,9 +183,12 @@ def test_new_weights_of_a_path_and_lora_follow_the_config_seed(tmp_path, tok):
     def initial_weights(draws: int, seed: int) -> dict[str, torch.Tensor]:
         torch.rand(draws)  # move the global generator
         trainer = RewardTrainer(
-            model=path, args=_config(tmp_path, max_steps=1, seed=seed), train_dataset=_pairs(4),
-            processing_class=tok, peft_config=LoraConfig(task_type="SEQ_CLS", r=4, target_modules=["q_proj"]),
-        )  # fmt: skip
+            model=path,
+            args=_config(tmp_path, max_steps=1, seed=seed),
+            train_dataset=_pairs(4),
+            processing_class=tok,
+            peft_config=LoraConfig(task_type="SEQ_CLS", r=4, target_modules=["q_proj"]),
+        )
         return {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
 
     first, second, other_seed = initial_weights(1, 0), initial_weights(1000, 0), initial_weights(1, 1)

@@ -5,12 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlhfkit.core.rewards import (
-    RLHF_REWARDS,
-    compute_rlhf_reward,
-    sequence_kl_reward,
-    summed_token_rewards,
-)
+from rlhfkit.core.rewards import compute_rlhf_reward
 from rlhfkit.rewards.scoring import RewardScorer
 from rlhfkit.rollout import pad_left, pad_right, reward_model_scores
 from rlhfkit.testing import tiny_model, tiny_tokenizer
@@ -107,9 +102,8 @@ def test_token_and_sequence_level_kl_give_the_same_total_reward():
     scores = torch.randn(6)
     logprobs, ref_logprobs = -torch.rand(6, 5), -torch.rand(6, 5)
     response_mask = torch.arange(5)[None, :] < torch.tensor([5, 3, 1, 4, 2, 5])[:, None]
-    assert RLHF_REWARDS == {False: sequence_kl_reward, True: summed_token_rewards}  # config.token_level_kl
-    seq = RLHF_REWARDS[False](scores, logprobs, ref_logprobs, response_mask, 0.1)
-    tok = RLHF_REWARDS[True](scores, logprobs, ref_logprobs, response_mask, 0.1)
+    seq = compute_rlhf_reward(scores, logprobs, ref_logprobs, response_mask, 0.1, token_level_kl=False)
+    tok = compute_rlhf_reward(scores, logprobs, ref_logprobs, response_mask, 0.1, token_level_kl=True)
     for a, b in zip(seq, tok):
         torch.testing.assert_close(a, b)
     # both give one reward per completion, and the per-token KL
@@ -129,8 +123,9 @@ def test_normalize_reward_standardises_and_clips_the_raw_scores_before_the_kl_te
     reward, non_score, _ = compute_rlhf_reward(
         scores, logprobs, ref_logprobs, response_mask, 0.1, token_level_kl, normalize_clip_range=1.0
     )
-    # by hand: mean 4, sample std sqrt((9 + 1 + 1 + 9) / 3) = 2.5820 -> z = [-1.1619, -0.3873, 0.3873, 1.1619],
-    # clipped to +-1 -> [-1, -0.3873, 0.3873, 1]; then the KL term -0.1 * 0.5 = -0.05 on the first
+    # by hand: mean 4, sample std sqrt((9 + 1 + 1 + 9) / 3) = 2.5820
+    # -> z = [-1.1619, -0.3873, 0.3873, 1.1619], clipped to +-1 -> [-1, -0.3873, 0.3873, 1];
+    # then the KL term -0.1 * 0.5 = -0.05 on the first
     z = 1.0 / (20.0 / 3.0) ** 0.5
     torch.testing.assert_close(non_score, torch.tensor([-0.05, 0.0, 0.0, 0.0]))
     torch.testing.assert_close(reward, torch.tensor([-1.05, -z, z, 1.0]))

@@ -1,4 +1,5 @@
-"""Completion tables by step: appended to samples.jsonl with step and table, never twice, and to TensorBoard."""
+"""Completion tables by step: appended to samples.jsonl with step and table, never twice, and to
+TensorBoard."""
 
 from __future__ import annotations
 
@@ -34,8 +35,11 @@ def test_tables_append_with_their_step_and_a_written_step_is_not_repeated(tmp_pa
     assert save_samples(tmp_path, 1, ["p1"], ["d"], [0.5], table="win_rate")  # another table, same step
     rows = _rows(tmp_path)
     assert [(r["table"], r["step"], r["response"]) for r in rows] == [
-        ("samples", 1, "a"), ("samples", 1, "b"), ("samples", 2, "c"), ("win_rate", 1, "d"),
-    ]  # fmt: skip
+        ("samples", 1, "a"),
+        ("samples", 1, "b"),
+        ("samples", 2, "c"),
+        ("win_rate", 1, "d"),
+    ]
     assert rows[2]["score"] is None and rows[2]["extra"] == "x"  # NaN (a reward that abstained) -> null
     csv_lines = (tmp_path / "samples.csv").read_text().splitlines()
     assert csv_lines[0] == "step,query,response,score,table" and len(csv_lines) == 5
@@ -52,8 +56,13 @@ def _grpo(output_dir, **kwargs) -> GRPOTrainer:
         log_completions=True, num_completions_to_print=2,
     )  # fmt: skip
     config.update(kwargs)
-    return GRPOTrainer(tiny_model("llama"), [count_e, length], args=GRPOConfig(**config),
-                       train_dataset=toy_prompt_dataset(n=16), processing_class=tiny_tokenizer(padding_side="left"))  # fmt: skip
+    return GRPOTrainer(
+        tiny_model("llama"),
+        [count_e, length],
+        args=GRPOConfig(**config),
+        train_dataset=toy_prompt_dataset(n=16),
+        processing_class=tiny_tokenizer(padding_side="left"),
+    )
 
 
 def test_completion_tables_accumulate_over_steps_and_survive_a_resume_without_duplicates(tmp_path):

@@ -177,7 +177,8 @@ def test_infinite_packing_and_plain_training_arguments(tmp_path, tok):
 
 
 def test_a_keyword_of_another_trainer_is_refused_by_name(tmp_path, tok):
-    # max_length is DPO's and the reward trainer's keyword; SFT's is max_seq_length. Refused before any data work.
+    # max_length is DPO's and the reward trainer's keyword; SFT's is max_seq_length.
+    # Refused before any data work.
     with pytest.raises(TypeError, match="max_length"):
         SFTTrainer(
             model=tiny_model("llama"),

@@ -38,8 +38,13 @@ def _grpo(tmp_path, tokenizer, **kwargs) -> GRPOTrainer:
         disable_tqdm=True, seed=3, learning_rate=1e-3,
     )  # fmt: skip
     dataset = kwargs.pop("dataset", None) or toy_prompt_dataset(n=16)
-    return GRPOTrainer(tiny_model("llama"), count_e, args=GRPOConfig(**{**defaults, **kwargs}),
-                       train_dataset=dataset, processing_class=tokenizer)  # fmt: skip
+    return GRPOTrainer(
+        tiny_model("llama"),
+        count_e,
+        args=GRPOConfig(**{**defaults, **kwargs}),
+        train_dataset=dataset,
+        processing_class=tokenizer,
+    )
 
 
 def _judge() -> RuleJudge:
@@ -95,8 +100,8 @@ def test_the_callback_does_not_change_training(tmp_path, tokenizer):
 def test_a_policy_trained_toward_the_judges_preference_wins(tmp_path, tokenizer):
     # reward and judge both count "e": after training, the policy's completions beat the start's
     trainer = _grpo(
-        tmp_path, tokenizer, dataset=toy_prompt_dataset(n=200), per_device_train_batch_size=16, max_completion_length=6,
-        learning_rate=3e-3, max_steps=25, lr_scheduler_type="constant", seed=0,
+        tmp_path, tokenizer, dataset=toy_prompt_dataset(n=200), per_device_train_batch_size=16,
+        max_completion_length=6, learning_rate=3e-3, max_steps=25, lr_scheduler_type="constant", seed=0,
     )  # fmt: skip
     sampled = SamplingParams(max_new_tokens=6, do_sample=True, temperature=1.0)
     prompts = toy_prompt_dataset("test", n=32)["prompt"]
@@ -125,8 +130,14 @@ def test_ppo_users_merge_on_ppo_step_into_log_stats(tmp_path):
         project_kwargs={"logging_dir": str(tmp_path / "tb")},
     )
     trainer = PPOTrainer(config, copy.deepcopy(model), tokenizer=tokenizer)
-    callback = WinRateCallback(_judge(), PROMPTS[:4], trainer=trainer, every_n_steps=2, max_new_tokens=4,
-                               output_dir=str(tmp_path / "ppo"))  # fmt: skip
+    callback = WinRateCallback(
+        _judge(),
+        PROMPTS[:4],
+        trainer=trainer,
+        every_n_steps=2,
+        max_new_tokens=4,
+        output_dir=str(tmp_path / "ppo"),
+    )
     queries = [torch.tensor(tokenizer(p)["input_ids"]) for p in PROMPTS[:4]]
     merged = []
     for _ in range(2):
@@ -183,8 +194,12 @@ def test_works_in_the_hf_trainer_loop_of_sft(tmp_path):
     args = few_step_args(
         SFTConfig, tmp_path / "out", per_device_train_batch_size=2, max_seq_length=32, max_steps=2
     )
-    trainer = SFTTrainer(model=tiny_model("llama"), args=args, processing_class=tiny_tokenizer(padding_side="right"),
-                         train_dataset=datasets.Dataset.from_list([{"text": d} for d in docs]))  # fmt: skip
+    trainer = SFTTrainer(
+        model=tiny_model("llama"),
+        args=args,
+        processing_class=tiny_tokenizer(padding_side="right"),
+        train_dataset=datasets.Dataset.from_list([{"text": d} for d in docs]),
+    )
     trainer.add_callback(
         WinRateCallback(_judge(), PROMPTS[:3], trainer=trainer, every_n_steps=1, max_new_tokens=3)
     )

@@ -7,8 +7,9 @@ bootstrap value of 0).
 
 `group_advantages` serves every trainer that samples a group of G completions per prompt, always on
 consecutive rows, and compares them with each other: GRPO (Shao et al. 2024) against the group mean,
-RLOO (Ahmadian et al. 2024) against the mean of the other G-1, each completion one action. A NaN reward ("no reward function applied") is left out of
-every mean and std and gets advantage 0. Stds are unbiased (Bessel), plus 1e-4, as TRL's GRPO.
+RLOO (Ahmadian et al. 2024) against the mean of the other G-1, each completion one action. A NaN
+reward ("no reward function applied") is left out of every mean and std and gets advantage 0. Stds
+are unbiased (Bessel), plus 1e-4, as TRL's GRPO.
 """
 
 from __future__ import annotations
@@ -134,7 +135,8 @@ def group_advantages(
         raise ValueError(f"rewards has {rewards.numel()} entries, not a multiple of group_size={group_size}")
     if group_size < 2 and (estimator == "rloo" or scale_rewards == "group"):
         raise ValueError(
-            f"group_size must be >= 2 for estimator={estimator!r} with scale_rewards={scale_rewards!r}, got {group_size}"
+            f"group_size must be >= 2 for estimator={estimator!r} with scale_rewards={scale_rewards!r}, "
+            f"got {group_size}"
         )
     with torch.no_grad():
         dtype = torch.promote_types(rewards.dtype, torch.float32)  # float64 stays float64

@@ -11,8 +11,9 @@ policy. With DDIM (Song et al. 2021, eq. 12 and 16) and noise level eta > 0 that
 and its log-probability is the Gaussian log-density averaged over every non-batch dimension (a
 per-element mean, as in the DDPO paper's code: the exact log-density divided by the latent size, which
 keeps importance ratios on the scale that `train_clip_range=1e-4` was tuned for). A per-prompt reward
-normaliser is here too; the clipped surrogate is PPO's (`core.losses.ppo_policy_loss`). Everything needs only torch; a scheduler is read
-duck-typed (`alphas_cumprod`, `final_alpha_cumprod`, `num_inference_steps`, `config`).
+normaliser is here too; the clipped surrogate is PPO's (`core.losses.ppo_policy_loss`). Everything
+needs only torch; a scheduler is read duck-typed (`alphas_cumprod`, `final_alpha_cumprod`,
+`num_inference_steps`, `config`).
 """
 
 from __future__ import annotations

@@ -98,7 +98,8 @@ def per_token_kl(
         return kl
     if sampling_logprobs.shape != logprobs.shape:
         raise ValueError(
-            f"sampling_logprobs shape {tuple(sampling_logprobs.shape)} must equal logprobs {tuple(logprobs.shape)}"
+            f"sampling_logprobs shape {tuple(sampling_logprobs.shape)} must equal logprobs "
+            f"{tuple(logprobs.shape)}"
         )
     return kl * torch.exp(logprobs - sampling_logprobs.detach())
 

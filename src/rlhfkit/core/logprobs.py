@@ -27,12 +27,13 @@ def rows_per_chunk(vocab_size: int, chunk_rows: int | None) -> int:
 
 
 def _row_chunks(tensors: tuple[torch.Tensor, ...], rows: int) -> Iterator[tuple[torch.Tensor, ...]]:
-    """The same chunk of at most `rows` rows from each of `tensors` (..., k_i), which share their leading dims:
-    views, in order.
+    """The same chunk of at most `rows` rows from each of `tensors` (..., k_i), which share their
+    leading dims: views, in order.
 
     A slice such as `logits[:, :-1]` (every position but the last) has no flat (rows, k) view, and `reshape`
     would copy all of it: the (B, T, V) copy the chunking exists to avoid. Then the tensors are split along
-    their first dimension instead, whole leading entries at a time, or one entry at a time when one is too large.
+    their first dimension instead, whole leading entries at a time, or one entry at a time when one is
+    too large.
     """
     try:
         flats = [t.view(-1, t.size(-1)) for t in tensors]

@@ -11,7 +11,6 @@ Reinforce++ style, per token and then summed over the completion (`compute_rlhf_
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
@@ -160,43 +159,6 @@ class RLHFReward(NamedTuple):
     kl: torch.Tensor  # (N, T) per-token KL estimate, zero on padding
 
 
-def sequence_kl_reward(
-    scores: torch.Tensor,
-    logprobs: torch.Tensor,
-    ref_logprobs: torch.Tensor,
-    response_mask: torch.Tensor,
-    kl_coef: float,
-) -> RLHFReward:
-    """One KL penalty per completion: score - kl_coef * sum_t kl_t."""
-    kl = torch.where(response_mask.bool(), _kl_penalty(logprobs, ref_logprobs, "kl"), 0.0)
-    non_score_reward = -kl_coef * kl.sum(1)
-    return RLHFReward(scores + non_score_reward, non_score_reward, kl)
-
-
-def summed_token_rewards(
-    scores: torch.Tensor,
-    logprobs: torch.Tensor,
-    ref_logprobs: torch.Tensor,
-    response_mask: torch.Tensor,
-    kl_coef: float,
-) -> RLHFReward:
-    """Reinforce++ eq. (1) per-token rewards (-kl_coef * kl_t, plus the score on the last real token),
-    summed over each completion: RLOO's advantage is one number per completion. Equal to
-    `sequence_kl_reward` up to float rounding (the sums are taken in another order).
-    """
-    rewards, non_score_rewards, kl = compute_token_rewards(
-        scores, logprobs, ref_logprobs, response_mask, kl_coef
-    )
-    return RLHFReward(rewards.sum(1), non_score_rewards.sum(1), kl)
-
-
-# config.token_level_kl -> where the KL penalty is applied (per completion or per token); both give (N,) rewards
-RLHF_REWARDS: dict[bool, Callable[..., RLHFReward]] = {
-    False: sequence_kl_reward,
-    True: summed_token_rewards,
-}
-
-
 def compute_rlhf_reward(
     scores: torch.Tensor,
     logprobs: torch.Tensor,
@@ -208,9 +170,19 @@ def compute_rlhf_reward(
 ) -> RLHFReward:
     """RLOO's reward per completion: score - kl_coef * KL, the score first normalised when asked.
 
-    `normalize_clip_range` set (Reinforce++ `normalize_reward`) standardises and clips the raw scores (N,)
-    before the KL term is added.
+    The KL penalty is taken once per completion (kl_coef * sum_t kl_t), or with `token_level_kl` as
+    Reinforce++'s eq. (1) per-token rewards (-kl_coef * kl_t, plus the score on the last real token)
+    summed over the completion: equal up to float rounding, the sums taken in another order.
+    `normalize_clip_range` set (Reinforce++ `normalize_reward`) standardises and clips the raw scores
+    (N,) before the KL term is added.
     """
     if normalize_clip_range is not None:
         scores = normalize_scores(scores, normalize_clip_range)
-    return RLHF_REWARDS[token_level_kl](scores, logprobs, ref_logprobs, response_mask, kl_coef)
+    if token_level_kl:
+        rewards, non_score_rewards, kl = compute_token_rewards(
+            scores, logprobs, ref_logprobs, response_mask, kl_coef
+        )
+        return RLHFReward(rewards.sum(1), non_score_rewards.sum(1), kl)
+    kl = torch.where(response_mask.bool(), _kl_penalty(logprobs, ref_logprobs, "kl"), 0.0)
+    non_score_reward = -kl_coef * kl.sum(1)
+    return RLHFReward(scores + non_score_reward, non_score_reward, kl)

@@ -70,7 +70,8 @@ def read_done(folder: Path) -> dict[str, Any] | None:
 def run_stage(
     stage: Stage, root: Path, fresh: bool = False, announce: Callable[[str], None] = print
 ) -> StageResult:
-    """Reuse the stage's folder when its done-marker matches the current hash (and not `fresh`); else run it."""
+    """Reuse the stage's folder when its done-marker matches the current hash (and not `fresh`);
+    else run the stage."""
     folder = root / stage.name
     config_hash = stage.config_hash()
     done = None if fresh else read_done(folder)
@@ -81,7 +82,8 @@ def run_stage(
         )
     if done is not None:
         announce(
-            f"[yellow]{stage.title}[/]: config changed ({done.get('config_hash')} -> {config_hash}), re-running"
+            f"[yellow]{stage.title}[/]: config changed ({done.get('config_hash')} -> {config_hash}), "
+            "re-running"
         )
     announce(f"[bold cyan]▶ {stage.title}[/]")
     start = time.perf_counter()

@@ -67,7 +67,8 @@ _ADDITION: dict[str, Any] = {
     "rl_batch_size": 256,
     "rl_learning_rate": 1e-4,
     "rl_epochs": 1,
-    "temperature": 0.4,  # RL samples close to the greedy answer: 1.0 lifted greedy accuracy ~20 points, 0.4 ~30
+    # RL samples close to the greedy answer: 1.0 lifted greedy accuracy ~20 points, 0.4 ~30
+    "temperature": 0.4,
     "kl_coef": 0.0,
     "response_length": 5,
     "eval_num_prompts": 1600,

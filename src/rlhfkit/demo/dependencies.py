@@ -13,12 +13,14 @@ INSTALL_COMMAND = "pip install 'rlhfkit[demo]'"
 
 
 class MissingDemoDependencies(ModuleNotFoundError, ValueError):
-    """Modules of the `demo` extra are not installed. A ValueError too: `rlhfkit` commands print it in one line."""
+    """Modules of the `demo` extra are not installed.
+
+    A ValueError too: `rlhfkit` commands print it in one line."""
 
 
 def required_modules(task: str) -> tuple[str, ...]:
-    """Import names the demo of `task` needs beyond the core install: the sentiment task's gold judge is VADER,
-    every task's report draws its plots with matplotlib."""
+    """Import names the demo of `task` needs beyond the core install: the sentiment task's gold judge
+    is VADER, every task's report draws its plots with matplotlib."""
     return ("vaderSentiment", "matplotlib") if task == "sentiment" else ("matplotlib",)
 
 

@@ -28,7 +28,9 @@ from rlhfkit.judges import TIE, win_rate
 
 
 def judgements(scores: Sequence[float], baseline_scores: Sequence[float]) -> list[int]:
-    """Pairwise verdicts on `[baseline, model]` from per-prompt scores: 1 = the model wins, 0 = it loses, TIE."""
+    """Pairwise verdicts on `[baseline, model]` from per-prompt scores.
+
+    1 = the model wins, 0 = it loses, TIE otherwise."""
     if len(scores) != len(baseline_scores) or not scores:
         raise ValueError(
             f"need two equally long non-empty score lists, got {len(scores)} and {len(baseline_scores)}"

@@ -13,7 +13,6 @@ and at the top: report.md, metrics.json, plots/.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -53,13 +52,8 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
         from rlhfkit.demo.verifiable import run_verifiable_demo
 
         return run_verifiable_demo(cfg)
-    runner.quiet_runtime(cfg)
-    console = runner.make_console()
-    root = Path(cfg.output_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    start = time.perf_counter()
-    results: dict[str, StageResult] = {}
-    run = runner.stage_runner(cfg, root, console, results)
+    demo = runner.begin(cfg)
+    run, console, root = demo.run, demo.console, demo.root
     base = run(
         "base", Stage("base", "1/6 base model", cfg.values("model"), lambda out: stages.build_base(cfg, out))
     )
@@ -83,38 +77,8 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
             [sft],
         ),
     )
-    adapter = stages.reward_uses_adapter(cfg)
-    rm_params = {
-        **cfg.values(*STAGE_FIELDS["reward"]),
-        "adapter": adapter,
-        "center_rewards_coefficient": stages.CENTER_REWARDS_COEFFICIENT,
-    }
-    if adapter:
-        rm_params.update(lora_r=cfg.lora_r, version=stages.REWARD_ADAPTER_VERSION)
-    reward = run(
-        "reward",
-        Stage(
-            "reward_adapter" if adapter else "reward_model",
-            "4/6 reward model",
-            rm_params,
-            lambda out: stages.train_reward(cfg, sft, prefs, out),
-            [sft, prefs],
-        ),
-    )
-    train = rl.RL_ALGOS[cfg.algo]
-    title = (
-        "DPO on the preference pairs" if cfg.algo == "dpo" else f"RL: {cfg.algo} against the learned reward"
-    )
-    policy = run(
-        "rl",
-        Stage(
-            f"rl-{cfg.algo}",
-            f"5/6 {title}",
-            cfg.values("seed", *RL_FIELDS[cfg.algo], *STAGE_FIELDS["curve"]),
-            lambda out: train(cfg, sft, reward, prefs, out),
-            [sft, reward, prefs],
-        ),
-    )
+    reward = run("reward", _reward_stage(cfg, sft, prefs))
+    policy = run("rl", _rl_stage(cfg, sft, reward, prefs))
     polarity = run(
         "polarity_judge",
         Stage(
@@ -136,9 +100,44 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     )
     samples = evaluation.read_samples(evaluated)
     evaluation.print_samples(samples[: cfg.eval_samples_shown], cfg.algo, console)
-    metrics = write_report(cfg, root, results, samples, time.perf_counter() - start)
+    metrics = write_report(cfg, root, demo.results, samples, demo.seconds())
     _print_outcome(console, cfg.algo, metrics["evaluation"], root)
     return metrics
+
+
+def _reward_stage(cfg: DemoConfig, sft: StageResult, prefs: StageResult) -> Stage:
+    """Stage 4: the reward model, a separate network or (ppo-multi-adapter) a LoRA adapter on the SFT base."""
+    adapter = stages.reward_uses_adapter(cfg)
+    params = {
+        **cfg.values(*STAGE_FIELDS["reward"]),
+        "adapter": adapter,
+        "center_rewards_coefficient": stages.CENTER_REWARDS_COEFFICIENT,
+    }
+    if adapter:
+        params.update(lora_r=cfg.lora_r, version=stages.REWARD_ADAPTER_VERSION)
+    return Stage(
+        "reward_adapter" if adapter else "reward_model",
+        "4/6 reward model",
+        params,
+        lambda out: stages.train_reward(cfg, sft, prefs, out),
+        [sft, prefs],
+    )
+
+
+def _rl_stage(cfg: DemoConfig, sft: StageResult, reward: StageResult, prefs: StageResult) -> Stage:
+    """Stage 5: `cfg.algo` trains the SFT policy (DPO on the pairs, the others against the reward model)."""
+    train = rl.RL_ALGOS[cfg.algo]
+    if cfg.algo == "dpo":
+        title = "DPO on the preference pairs"
+    else:
+        title = f"RL: {cfg.algo} against the learned reward"
+    return Stage(
+        f"rl-{cfg.algo}",
+        f"5/6 {title}",
+        cfg.values("seed", *RL_FIELDS[cfg.algo], *STAGE_FIELDS["curve"]),
+        lambda out: train(cfg, sft, reward, prefs, out),
+        [sft, reward, prefs],
+    )
 
 
 def _print_outcome(console: Any, algo: str, ev: dict[str, Any], root: Path) -> None:
@@ -153,6 +152,6 @@ def _print_outcome(console: Any, algo: str, ev: dict[str, Any], root: Path) -> N
         low, high = ev["win_rate_classifier_ci95"]
         console.print(
             f"[bold]win rate under the second judge (polarity classifier): "
-            f"{100 * ev['win_rate_rl_vs_sft_classifier']:.1f}%[/] (95% interval {100 * low:.1f}-{100 * high:.1f}%). "
-            + judges_sentence(algo, ev)
+            f"{100 * ev['win_rate_rl_vs_sft_classifier']:.1f}%[/] "
+            f"(95% interval {100 * low:.1f}-{100 * high:.1f}%). " + judges_sentence(algo, ev)
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -35,6 +36,16 @@ def line_plot(
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def sft_loss_plot(folder: Path, sft_stage: Path, title: str) -> Path | None:
+    """The SFT stage's logged loss per step as `folder/sft_loss.png`; None when nothing was logged."""
+    history = json.loads((sft_stage / "log_history.json").read_text("utf-8"))
+    losses = [(h["step"], h["loss"]) for h in history if "loss" in h]
+    if not losses:
+        return None
+    steps, values = [s for s, _ in losses], [v for _, v in losses]
+    return line_plot(folder / "sft_loss.png", steps, {"loss": values}, title, "step", "cross-entropy")
 
 
 def score_histogram(path: Path, scores: dict[str, Sequence[float]], title: str) -> Path:

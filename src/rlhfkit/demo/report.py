@@ -37,19 +37,9 @@ def make_plots(out: Path, stages: dict[str, StageResult], samples: list[dict[str
     folder = out / "plots"
     folder.mkdir(parents=True, exist_ok=True)
     made = []
-    sft_log = json.loads((stages["sft"].path / "log_history.json").read_text("utf-8"))
-    losses = [(h["step"], h["loss"]) for h in sft_log if "loss" in h]
-    if losses:
-        made.append(
-            plots.line_plot(
-                folder / "sft_loss.png",
-                [s for s, _ in losses],
-                {"loss": [v for _, v in losses]},
-                "SFT: next-token loss",
-                "step",
-                "cross-entropy",
-            )
-        )
+    sft_loss = plots.sft_loss_plot(folder, stages["sft"].path, "SFT: next-token loss")
+    if sft_loss is not None:
+        made.append(sft_loss)
     curves = json.loads((stages["rl"].path / "curves.json").read_text("utf-8"))
     if "kl" in curves:  # online RL: learned reward of the samples and KL to the SFT policy, per update
         made.append(
@@ -180,15 +170,19 @@ def _result_lines(cfg: DemoConfig, stages: dict[str, StageResult]) -> list[str]:
         "",
         "## Result",
         "",
-        f"On {evaluation['num_prompts']} held-out prompts the {cfg.algo} policy beats the SFT policy under the "
+        f"On {evaluation['num_prompts']} held-out prompts the {cfg.algo} policy beats the SFT policy "
+        "under the "
         f"gold judge **{100 * evaluation['win_rate_rl_vs_sft']:.1f}%** of the time "
         f"(95% interval {100 * low:.1f}-{100 * high:.1f}%, ties count half).",
         "",
-        "| policy | win rate vs SFT | mean gold score | positive reviews | mean learned reward | KL to SFT | tokens |",
+        "| policy | win rate vs SFT | mean gold score | positive reviews | mean learned reward "
+        "| KL to SFT | tokens |",
         "|---|---|---|---|---|---|---|",
-        f"| SFT | 50% (itself) | {_fmt(evaluation['gold_score_sft'])} | {100 * evaluation['positive_share_sft']:.0f}% | "
+        f"| SFT | 50% (itself) | {_fmt(evaluation['gold_score_sft'])} "
+        f"| {100 * evaluation['positive_share_sft']:.0f}% | "
         f"{_fmt(evaluation['learned_reward_sft'])} | 0 | {evaluation['mean_tokens_sft']:.1f} |",
-        f"| {cfg.algo} | {100 * evaluation['win_rate_rl_vs_sft']:.1f}% | {_fmt(evaluation['gold_score_rl'])} | "
+        f"| {cfg.algo} | {100 * evaluation['win_rate_rl_vs_sft']:.1f}% "
+        f"| {_fmt(evaluation['gold_score_rl'])} | "
         f"{100 * evaluation['positive_share_rl']:.0f}% | {_fmt(evaluation['learned_reward_rl'])} | "
         f"{_fmt(evaluation['kl_rl_to_sft'])} | {evaluation['mean_tokens_rl']:.1f} |",
         "",
@@ -210,7 +204,8 @@ def judges_sentence(algo: str, evaluation: dict[str, Any]) -> str:
     if gold == second:
         return f"Both judges agree: {algo} {said[gold]} (95% intervals)."
     return (
-        f"The judges disagree: under VADER, the judge that labelled the preference data, {algo} {said[gold]}; "
+        "The judges disagree: under VADER, the judge that labelled the preference data, "
+        f"{algo} {said[gold]}; "
         f"under the independent classifier it {said[second]}. A win under the labelling judge alone may be "
         "the policy exploiting that judge rather than writing more positive reviews."
     )
@@ -227,10 +222,12 @@ def _second_judge_lines(cfg: DemoConfig, stages: dict[str, StageResult]) -> list
         "",
         f"A {judge.get('kind', 'classifier')} trained on the review generator's own polarity labels (never "
         f"VADER's; held-out accuracy **{_fmt(judge.get('heldout_accuracy'))}** on "
-        f"{judge.get('heldout_reviews', 'n/a')} generator reviews) judges the same samples: {cfg.algo} beats SFT "
+        f"{judge.get('heldout_reviews', 'n/a')} generator reviews) judges the same samples: "
+        f"{cfg.algo} beats SFT "
         f"**{100 * evaluation['win_rate_rl_vs_sft_classifier']:.1f}%** of the time "
         f"(95% interval {100 * low:.1f}-{100 * high:.1f}%); mean P(positive) "
-        f"{_fmt(evaluation['classifier_score_sft'])} (SFT) -> {_fmt(evaluation['classifier_score_rl'])} ({cfg.algo}).",
+        f"{_fmt(evaluation['classifier_score_sft'])} (SFT) -> "
+        f"{_fmt(evaluation['classifier_score_rl'])} ({cfg.algo}).",
         "",
         judges_sentence(cfg.algo, evaluation),
         "",

@@ -246,7 +246,9 @@ def train_ppo(cfg: DemoConfig, sft: StageResult, reward: StageResult, preference
 def train_ppo_multi_adapter(
     cfg: DemoConfig, sft: StageResult, reward: StageResult, preferences: StageResult, out: Path
 ):
-    """One SFT base in memory: the policy LoRA trains, the frozen reward adapter scores (TRL 0.x's multi-adapter RL)."""
+    """One SFT base in memory: the policy LoRA trains, the frozen reward adapter scores.
+
+    TRL 0.x's multi-adapter RL."""
     from rlhfkit.models.value_head import AutoModelForCausalLMWithValueHead
     from rlhfkit.rewards.scoring import RewardScorer
     from rlhfkit.trainers.ppo import PPOTrainer

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +34,8 @@ def print_summary(console, stage: Stage, result: StageResult) -> None:
 def stage_runner(
     cfg: DemoConfig, root: Path, console: Any, results: dict[str, StageResult]
 ) -> Callable[[str, Stage], StageResult]:
-    """`run(key, stage)`: run or reuse the stage under `root`, print its summary, keep it in `results[key]`."""
+    """`run(key, stage)`: run or reuse the stage under `root`, print its summary, keep it in
+    `results[key]`."""
     from transformers import set_seed
 
     def run(key: str, stage: Stage) -> StageResult:
@@ -54,3 +57,27 @@ def quiet_runtime(cfg: DemoConfig) -> None:
         torch.set_num_threads(cfg.num_threads)
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()  # no per-file "Loading weights" bars; training bars stay
+
+
+@dataclass
+class DemoRun:
+    """One demo run under `root`: its console, the stage results so far, and `run(key, stage)` to add one."""
+
+    root: Path
+    console: Any
+    run: Callable[[str, Stage], StageResult]
+    results: dict[str, StageResult] = field(default_factory=dict)
+    started: float = field(default_factory=time.perf_counter)
+
+    def seconds(self) -> float:
+        return time.perf_counter() - self.started
+
+
+def begin(cfg: DemoConfig) -> DemoRun:
+    """A quiet runtime, the output folder, a console and a stage runner: how every demo pipeline starts."""
+    quiet_runtime(cfg)
+    console = make_console()
+    root = Path(cfg.output_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    results: dict[str, StageResult] = {}
+    return DemoRun(root, console, stage_runner(cfg, root, console, results), results)

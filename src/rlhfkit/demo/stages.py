@@ -39,7 +39,8 @@ def adapter_lora(cfg: DemoConfig, task_type: str) -> Any:
 
 
 def cosine_schedule(steps: int, log_lines: int) -> dict[str, Any]:
-    """The supervised stages' schedule: cosine decay after a 5% warm-up, about `log_lines` logs over `steps`."""
+    """The supervised stages' schedule: cosine decay after a 5% warm-up, about `log_lines` logs over
+    `steps`."""
     return dict(lr_scheduler_type="cosine", warmup_steps=0.05, logging_steps=max(1, steps // log_lines))
 
 
@@ -57,7 +58,8 @@ def trainer_defaults(cfg: DemoConfig, output_dir: Path) -> dict[str, Any]:
 
 
 def online_rl_defaults(cfg: DemoConfig, output_dir: Path) -> dict[str, Any]:
-    """`trainer_defaults` plus what the online RL stages (RLOO, GRPO) share: a constant learning rate, the sampling temperature."""
+    """`trainer_defaults` plus what the online RL stages (RLOO, GRPO) share: a constant learning rate,
+    the sampling temperature."""
     return dict(
         trainer_defaults(cfg, output_dir),
         learning_rate=cfg.rl_learning_rate,
@@ -192,7 +194,8 @@ def make_preferences(cfg: DemoConfig, sft: StageResult, out: Path) -> dict[str, 
     num_eval = max(1, round(cfg.pref_eval_fraction * len(rows)))
     if len(rows) - num_eval < 8:
         raise ValueError(
-            f"only {len(rows)} preference pairs without a tie; raise --pref_num_prompts (now {cfg.pref_num_prompts})"
+            f"only {len(rows)} preference pairs without a tie; raise --pref_num_prompts "
+            f"(now {cfg.pref_num_prompts})"
         )
     splits = {"eval": rows[:num_eval], "train": rows[num_eval:]}
     for name, split_rows in splits.items():
@@ -230,7 +233,7 @@ REWARD_ADAPTER_VERSION = 2  # in the adapter stage's cache key: 2 trains at rm_l
 
 
 def reward_uses_adapter(cfg: DemoConfig) -> bool:
-    """Multi-adapter RL needs the reward model as a LoRA adapter on the SFT base (TRL 0.x's multi-adapter RL)."""
+    """Multi-adapter RL (TRL 0.x's) needs the reward model as a LoRA adapter on the SFT base."""
     return cfg.algo == "ppo-multi-adapter"
 
 
@@ -248,7 +251,8 @@ def train_reward(cfg: DemoConfig, sft: StageResult, preferences: StageResult, ou
         per_device_train_batch_size=cfg.rm_batch_size,
         per_device_eval_batch_size=64,
         num_train_epochs=cfg.rm_epochs,
-        # the LoRA reward adapter takes the full model's rate: 2.5x it gave 51-69% held-out accuracy over seeds
+        # the LoRA reward adapter takes the full model's rate: 2.5x it gave 51-69% held-out accuracy
+        # over seeds
         # 0-2 against 63-74% (demo pairs of commit 995bea5)
         learning_rate=cfg.rm_learning_rate,
         **cosine_schedule(steps_per_epoch, 4),

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -122,7 +121,8 @@ def train_sft(cfg: DemoConfig, task: Task, base: StageResult, out: Path) -> dict
 
 # ---------------------------------------------------------------------- 3. GRPO on the exact reward
 def _reward_bar(progress: Any, total: int) -> Any:
-    """A callback driving one progress bar that shows the latest mean reward (the trainer itself stays quiet)."""
+    """A callback driving one progress bar that shows the latest mean reward (the trainer itself stays
+    quiet)."""
     from transformers import TrainerCallback
 
     bar = progress.add_task("GRPO steps", total=total)
@@ -223,13 +223,8 @@ def run_verifiable_demo(cfg: DemoConfig) -> dict[str, Any]:
     from rlhfkit.demo.report import write_files
 
     task = get_task(cfg.task)
-    runner.quiet_runtime(cfg)
-    console = runner.make_console()
-    root = Path(cfg.output_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    start = time.perf_counter()
-    results: dict[str, StageResult] = {}
-    run = runner.stage_runner(cfg, root, console, results)
+    demo = runner.begin(cfg)
+    run, console, root, results = demo.run, demo.console, demo.root, demo.results
 
     name = task.name
     run("base", Stage("base", "1/4 base model", cfg.values("model"), lambda out: stages.build_base(cfg, out)))
@@ -248,7 +243,7 @@ def run_verifiable_demo(cfg: DemoConfig) -> dict[str, Any]:
     task_report.print_samples(samples[: cfg.eval_samples_shown], console)
     lines = task_report.result_lines(cfg, task.description, results), task_report.sample_lines(cfg, samples)
     plotted = partial(task_report.make_plots, root, results)
-    metrics = write_files(cfg, root, results, time.perf_counter() - start, plotted, *lines)
+    metrics = write_files(cfg, root, results, demo.seconds(), plotted, *lines)
     ev = metrics["evaluation"]
     console.print(
         f"[bold]held-out greedy accuracy: SFT {100 * ev['greedy_sft']:.1f}% -> GRPO "

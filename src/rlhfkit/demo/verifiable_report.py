@@ -27,18 +27,9 @@ def make_plots(out: Path, stages: dict[str, StageResult]) -> list[Path]:
             "mean reward (share correct)",
         )
     ]
-    history = json.loads((stages["sft"].path / "log_history.json").read_text("utf-8"))
-    losses = [(h["step"], h["loss"]) for h in history if "loss" in h]
-    made.append(
-        plots.line_plot(
-            folder / "sft_loss.png",
-            [s for s, _ in losses],
-            {"loss": [v for _, v in losses]},
-            "SFT warm start: completion-token loss",
-            "step",
-            "cross-entropy",
-        )
-    )
+    sft_loss = plots.sft_loss_plot(folder, stages["sft"].path, "SFT warm start: completion-token loss")
+    if sft_loss is not None:
+        made.append(sft_loss)
     return made
 
 
@@ -63,11 +54,13 @@ def result_lines(cfg: DemoConfig, description: str, stages: dict[str, StageResul
         "",
         "## Result",
         "",
-        f"On {ev['num_prompts']} held-out problems (none of them, nor their operands swapped, seen in training), "
-        f"greedy accuracy goes from **{sft_acc}** (95% interval {sft_ci}) after SFT to **{rl_acc}** ({rl_ci}) "
+        f"On {ev['num_prompts']} held-out problems (none of them, nor their operands swapped, seen in "
+        f"training), greedy accuracy goes from **{sft_acc}** (95% interval {sft_ci}) after SFT to "
+        f"**{rl_acc}** ({rl_ci}) "
         f"after GRPO: **{ev['lift_points']:+.1f} points**.",
         "",
-        f"| policy | greedy accuracy | 95% interval | sampled accuracy (T={cfg.temperature:g}) | 95% interval |",
+        f"| policy | greedy accuracy | 95% interval | sampled accuracy (T={cfg.temperature:g}) "
+        "| 95% interval |",
         "|---|---|---|---|---|",
         *rows,
         "",

@@ -37,7 +37,8 @@ class BasePairwiseJudge(BaseJudge):
 
 
 class BaseRankJudge(ABC):
-    """Orders any number of completions per prompt: `result[i]` lists `completions[i]`'s indices, best first."""
+    """Orders any number of completions per prompt: `result[i]` lists `completions[i]`'s indices, best
+    first."""
 
     @abstractmethod
     def judge(

@@ -61,7 +61,8 @@ def load_judge(
         if judge_model in rule_judge_names():
             return RuleJudge.of_texts(get_task(judge_model).reward)
         hint = (
-            "Pass a local causal LM folder, a local reward-model folder (sequence classification, one output) or "
+            "Pass a local causal LM folder, a local reward-model folder (sequence classification, "
+            "one output) or "
             f"a built-in rule judge: {', '.join(rule_judge_names())}"
         )
         raise offline_error(flag, judge_model, hint, kind="folder or built-in judge")

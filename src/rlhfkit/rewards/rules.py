@@ -101,7 +101,9 @@ def _lengths(completions: list, completion_ids: list | None) -> list[int]:
 
 
 def length_penalty(target_length: int, coef: float = 0.01) -> RewardFn:
-    """-coef per unit of length beyond `target_length` (tokens, or characters without completion_ids); 0 within."""
+    """-coef per unit of length beyond `target_length`, 0 within.
+
+    Lengths are in tokens, or characters without completion_ids."""
     if target_length < 0:
         raise ValueError(f"target_length must be >= 0, got {target_length}")
     if coef < 0:
@@ -124,7 +126,8 @@ def soft_overlong_penalty(max_completion_length: int, overlong_buffer: int) -> R
         raise ValueError(f"max_completion_length must be > 0, got {max_completion_length}")
     if not 0 < overlong_buffer <= max_completion_length:
         raise ValueError(
-            f"overlong_buffer must be in (0, max_completion_length={max_completion_length}], got {overlong_buffer}"
+            f"overlong_buffer must be in (0, max_completion_length={max_completion_length}], "
+            f"got {overlong_buffer}"
         )
     free = max_completion_length - overlong_buffer
 

@@ -77,7 +77,8 @@ class RolloutBatch:
         pad_token_id: int,
         loss_masks: Sequence[torch.Tensor] | None = None,
     ) -> RolloutBatch:
-        """Pad lists of 1-D query and response tensors; `loss_masks` (0/1 per response token) narrow the loss."""
+        """Pad lists of 1-D query and response tensors; `loss_masks` (0/1 per response token) narrow
+        the loss."""
         from rlhfkit.rollout.generation import pad_left, pad_right
 
         query_ids, query_mask = pad_left(queries, pad_token_id)

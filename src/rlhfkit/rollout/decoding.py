@@ -238,7 +238,9 @@ class _DecodeLoop:
         self.cache_argument = cache_keyword(self.generator)
 
     def _forward(self, attention_mask, cache, **inputs) -> torch.Tensor:
-        """Float32 next-token logits (A, V) of the last position (no mask: causal attention over every position)."""
+        """Float32 next-token logits (A, V) of the last position.
+
+        No mask: causal attention over every position."""
         inputs[self.cache_argument] = cache
         if attention_mask is not None:
             inputs["attention_mask"] = attention_mask
@@ -335,7 +337,8 @@ class _DecodeLoop:
     def _record(
         self, tokens, logprobs, values, rows, step: int, raw: torch.Tensor, token: torch.Tensor
     ) -> None:
-        """Write this step's tokens, their logprobs under raw logits / temperature, and values, by output row."""
+        """Write this step's tokens, their logprobs under raw logits / temperature, and values, by
+        output row."""
         tokens[rows, step] = token
         if logprobs is not None:
             scaled = raw / self.logprob_temperature

@@ -171,7 +171,8 @@ def head_token_logprobs(
 
     In a pass that will be differentiated, the heap pages its forward freed go back to the OS first
     (`host_memory.trim_heap`): backward then holds the weight's gradient beside the model's gradients. At a
-    152k vocabulary it lowered the benchmark's PPO and RLOO peaks by 1 to 24 MiB (benchmarks/FINDINGS.md).
+    152k vocabulary it lowered the benchmark's PPO and RLOO peaks by 1 to 24 MiB (measured at 4200a86;
+    `git show 39778f3:benchmarks/FINDINGS.md`).
     """
     result = chunked_token_logprobs(
         hidden,
@@ -199,8 +200,8 @@ def chunked_label_logprobs(
     """Causal-LM log-probs of the next label at every position, projected in chunks from the hidden states.
 
     Args:
-        labels: (N, T) token ids, `ignore_index` where nothing is scored; position t is scored on labels[t + 1],
-            as transformers' causal-LM loss shifts them.
+        labels: (N, T) token ids, `ignore_index` where nothing is scored; position t is scored on
+            labels[t + 1], as transformers' causal-LM loss shifts them.
         inputs: the model's forward keywords (input_ids, attention_mask, position_ids, use_cache, ...).
         with_mean_logits: also return each position's logit averaged over the vocabulary, a logged
             statistic: mean_v (h W_v + b_v) * s = (h . mean_v W_v + mean_v b_v) * s, so no vocabulary pass.
@@ -250,7 +251,8 @@ def chunked_response_outputs(
         raise ValueError(f"temperature must be > 0, got {temperature}")
     if input_ids.dim() != 2 or responses.dim() != 2 or responses.shape[1] >= input_ids.shape[1]:
         raise ValueError(
-            f"input_ids {tuple(input_ids.shape)} must be (B, Lq + R) with Lq > 0 for responses {tuple(responses.shape)}"
+            f"input_ids {tuple(input_ids.shape)} must be (B, Lq + R) with Lq > 0 for responses "
+            f"{tuple(responses.shape)}"
         )
     head = find_lm_head(model)
     if head is None:

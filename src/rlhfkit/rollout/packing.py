@@ -62,7 +62,8 @@ def packing_supported(model: nn.Module) -> bool:
 
 @dataclass(frozen=True)
 class PackedRows:
-    """The real tokens of a padded batch packed into K rows, and where to read each response token's prediction."""
+    """The real tokens of a padded batch packed into K rows, and where to read each response token's
+    prediction."""
 
     input_ids: torch.Tensor  # (K, L)
     position_ids: torch.Tensor  # (K, L), restarting at 0 at each row (unused tail tokens: each at 0)

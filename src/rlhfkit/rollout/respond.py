@@ -1,9 +1,9 @@
 """`respond_to_batch`: TRL's one-call sampler for a batch of equal-length queries.
 
 A thin front to the trainers' generation backend (`make_generation_backend`), so it samples exactly as
-`PPOTrainer.generate` does (eval mode, no gradient). One departure from TRL 0.7, which runs its own token loop: every response has exactly
-`txt_len` tokens because the end-of-sequence token is suppressed until then (otherwise `generate` would
-stop there), so it is never sampled.
+`PPOTrainer.generate` does (eval mode, no gradient). One departure from TRL 0.7, which runs its own
+token loop: every response has exactly `txt_len` tokens because the end-of-sequence token is
+suppressed until then (otherwise `generate` would stop there), so it is never sampled.
 """
 
 from __future__ import annotations

@@ -91,7 +91,8 @@ def _encoder_decoder_logits(model, query_ids, query_mask, responses, response_ma
 
 
 def _padded_logits(model, input_ids, attention_mask, position_ids, length_r: int, with_values: bool):
-    """(B, R, V) logits and (B, R) values (or None) at the response positions of a padded query+response batch."""
+    """(B, R, V) logits and (B, R) values (or None) at the response positions of a padded
+    query+response batch."""
     kwargs = {}
     if not with_values and forward_accepts(model, "logits_to_keep"):
         kwargs["logits_to_keep"] = length_r + 1  # skip the vocabulary projection over the query
@@ -200,7 +201,8 @@ def forward_batch(
     with_values: bool = False,
     return_logits: bool = False,
 ) -> ForwardOutput:
-    """`forward_response` over a whole `RolloutBatch`, `chunk_size` rows at a time (memory bound), no gradient.
+    """`forward_response` over a whole `RolloutBatch`, `chunk_size` rows at a time (memory bound), no
+    gradient.
 
     Each chunk is trimmed to the columns its rows use. Returns (B, R) logprobs and values over the batch's
     response columns, zero wherever `loss_mask` is 0, and (B, R, V) logits when asked.
@@ -243,7 +245,8 @@ def last_token_scores(
     """
     if input_ids.shape != attention_mask.shape:
         raise ValueError(
-            f"input_ids {tuple(input_ids.shape)} and attention_mask {tuple(attention_mask.shape)} differ in shape"
+            f"input_ids {tuple(input_ids.shape)} and attention_mask {tuple(attention_mask.shape)} "
+            "differ in shape"
         )
     last = last_true_indices(attention_mask)
     if (last < 0).any():
@@ -273,7 +276,8 @@ def reward_model_scores(
     else:  # heads we do not know: rely on the model's own pooling
         if input_ids.shape != attention_mask.shape:
             raise ValueError(
-                f"input_ids {tuple(input_ids.shape)} and attention_mask {tuple(attention_mask.shape)} differ in shape"
+                f"input_ids {tuple(input_ids.shape)} and attention_mask {tuple(attention_mask.shape)} "
+                "differ in shape"
             )
         logits = reward_model(input_ids=input_ids, attention_mask=attention_mask).logits
     if logits.dim() == 2 and logits.shape[-1] != 1:

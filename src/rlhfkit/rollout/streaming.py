@@ -1,4 +1,4 @@
-"""What transformers `generate` computes anyway, kept while it samples: chosen-token logprobs and hidden states.
+"""What transformers `generate` computes anyway, kept while it samples: chosen-token logprobs, hidden states.
 
 Asking `generate` for `output_logits` keeps one (batch, vocab) float32 row per step until the end, a
 (batch x length x vocab) stack: 10 GB for 16 completions of 1,024 tokens with a 152k vocabulary.

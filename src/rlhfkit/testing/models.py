@@ -45,9 +45,25 @@ def _gpt2(ids: dict[str, int], size: str = "tiny"):
         embd_pdrop=0.0,
         attn_pdrop=0.0,
         summary_first_dropout=0.0,
-        bos_token_id=ids["bos"],
-        eos_token_id=ids["eos"],
-        pad_token_id=ids["pad"],
+        **_special_tokens(ids),
+    )
+
+
+def _special_tokens(ids: dict[str, int]) -> dict[str, int]:
+    return {"bos_token_id": ids["bos"], "eos_token_id": ids["eos"], "pad_token_id": ids["pad"]}
+
+
+def _decoder(hidden: int, mlp: int, layers: int, heads: int, kv_heads: int) -> dict[str, Any]:
+    """The sizes and settings the Llama-style decoders share: RMSNorm, no dropout, `MAX_POSITIONS`."""
+    return dict(
+        hidden_size=hidden,
+        intermediate_size=mlp,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=MAX_POSITIONS,
+        rms_norm_eps=1e-6,
+        attention_dropout=0.0,
     )
 
 
@@ -55,34 +71,11 @@ def _llama(ids: dict[str, int], size: str = "tiny"):
     from transformers import LlamaConfig
 
     dims = {
-        # ~0.6M parameters: unit tests
-        "tiny": dict(
-            hidden_size=128,
-            intermediate_size=256,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-        ),
+        "tiny": _decoder(128, 256, 2, 4, 2),  # ~0.6M parameters: unit tests
         # ~10M parameters: benchmarks that need a model big enough for timings to mean something
-        "small": dict(
-            hidden_size=320,
-            intermediate_size=864,
-            num_hidden_layers=8,
-            num_attention_heads=5,
-            num_key_value_heads=5,
-        ),
+        "small": _decoder(320, 864, 8, 5, 5),
     }[size]
-    return LlamaConfig(
-        vocab_size=ids["vocab"],
-        max_position_embeddings=MAX_POSITIONS,
-        rms_norm_eps=1e-6,
-        attention_dropout=0.0,
-        tie_word_embeddings=False,
-        bos_token_id=ids["bos"],
-        eos_token_id=ids["eos"],
-        pad_token_id=ids["pad"],
-        **dims,
-    )
+    return LlamaConfig(vocab_size=ids["vocab"], tie_word_embeddings=False, **dims, **_special_tokens(ids))
 
 
 def _qwen2(ids: dict[str, int], size: str = "tiny"):
@@ -90,19 +83,10 @@ def _qwen2(ids: dict[str, int], size: str = "tiny"):
 
     return Qwen2Config(
         vocab_size=ids["vocab"],
-        max_position_embeddings=MAX_POSITIONS,
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        rms_norm_eps=1e-6,
-        attention_dropout=0.0,
         tie_word_embeddings=True,
         use_sliding_window=False,
-        bos_token_id=ids["bos"],
-        eos_token_id=ids["eos"],
-        pad_token_id=ids["pad"],
+        **_decoder(128, 256, 2, 4, 2),
+        **_special_tokens(ids),
     )
 
 

@@ -1,11 +1,13 @@
-"""Worker: one DDPOTrainer epoch (LoRA on the tiny UNet) on 2 gloo processes; `--fsdp` shards the UNet with FSDP2.
+"""Worker: one DDPOTrainer epoch (LoRA on the tiny UNet) on 2 gloo processes; `--fsdp` shards the UNet
+with FSDP2.
 
 Argument 1 is the tiny pipeline's folder (built once by the test, not by both ranks at once), argument 2 a
-folder shared by both ranks for the run's logs and checkpoints. Records the (gathered) trained parameters before
-and after, and what the gradient check and clipping were given. Then `save_checkpoint` on every rank (rank 0
-also writes the gathered parameters to `<folder>/gathered.safetensors`), the run goes on for epoch 2, and a new
-trainer resumes from the checkpoint and takes epoch 2 too: both ranks sample the same prompts, so only their
-random states tell their images apart, and the resumed run must sample and end like the uninterrupted one.
+folder shared by both ranks for the run's logs and checkpoints. Records the (gathered) trained parameters
+before and after, and what the gradient check and clipping were given. Then `save_checkpoint` on every rank
+(rank 0 also writes the gathered parameters to `<folder>/gathered.safetensors`), the run goes on for epoch 2,
+and a new trainer resumes from the checkpoint and takes epoch 2 too: both ranks sample the same prompts, so
+only their random states tell their images apart, and the resumed run must sample and end like the
+uninterrupted one.
 """
 
 import copy
@@ -43,16 +45,19 @@ def reward(images, prompts, metadata):
 
 def ddpo_trainer(resume_from=None):
     config = DDPOConfig(
-        num_epochs=1, sample_num_steps=2, sample_batch_size=2, sample_num_batches_per_epoch=1, train_batch_size=2,
-        mixed_precision="no", logdir=folder, save_freq=1000, train_learning_rate=1e-2, seed=0,
-        train_max_grad_norm=1e-3, accelerator_kwargs=accelerator_kwargs, resume_from=resume_from or "",
+        num_epochs=1, sample_num_steps=2, sample_batch_size=2, sample_num_batches_per_epoch=1,
+        train_batch_size=2, mixed_precision="no", logdir=folder, save_freq=1000, train_learning_rate=1e-2,
+        seed=0, train_max_grad_norm=1e-3,
+        accelerator_kwargs=accelerator_kwargs, resume_from=resume_from or "",
     )  # fmt: skip
     it = iter(["a cat", "a dog"] * 8)
     torch.manual_seed(0)  # the LoRA weights are drawn when the pipeline is built: the same on both ranks
     return DDPOTrainer(
-        config, reward, lambda: (next(it), {}),
+        config,
+        reward,
+        lambda: (next(it), {}),
         DefaultDDPOStableDiffusionPipeline(pipeline_path),
-    )  # fmt: skip
+    )
 
 
 trainer = ddpo_trainer()

@@ -30,7 +30,8 @@ def fail(*args, **kwargs):
 
 
 def failing_save(step: int, failing_rank: int, target: str) -> dict:
-    """Save `checkpoint-<step>` with `checkpointing.<target>` raising on `failing_rank`; what this process saw."""
+    """Save `checkpoint-<step>` with `checkpointing.<target>` raising on `failing_rank`; what this
+    process saw."""
     original = getattr(checkpointing, target)
     if rank == failing_rank:
         setattr(checkpointing, target, fail)

@@ -15,14 +15,16 @@ _original_init = AcceleratorState.__init__
 def _init_with_fsdp_on_cpu(self, *args, fsdp_plugin=None, **kwargs):
     _original_init(self, *args, fsdp_plugin=fsdp_plugin, **kwargs)
     if fsdp_plugin is not None and self.distributed_type == DistributedType.MULTI_CPU:
-        # on PartialState too: every later AcceleratorState() (accelerate makes many) copies its type from there
+        # on PartialState too: every later AcceleratorState() (accelerate makes many) copies its type
+        # from there
         PartialState._shared_state["distributed_type"] = self.distributed_type = DistributedType.FSDP
         self.fsdp_plugin = fsdp_plugin
 
 
 AcceleratorState.__init__ = _init_with_fsdp_on_cpu
 
-# TrainingArguments that put the Trainer-based trainers under FSDP2 (`fsdp_version: 2` in an accelerate config)
+# TrainingArguments that put the Trainer-based trainers under FSDP2
+# (`fsdp_version: 2` in an accelerate config)
 FSDP2_ARGS = {"fsdp": "full_shard", "fsdp_config": {"version": 2}}
 
 
@@ -34,7 +36,8 @@ def is_sharded(model) -> bool:
 
 
 def full_params(model, trainable_only: bool = False):
-    """Every parameter, gathered whole (a collective: call it on every rank), flattened in `parameters()` order."""
+    """Every parameter, gathered whole (a collective: call it on every rank), flattened in
+    `parameters()` order."""
     import torch
 
     params = [p for p in model.parameters() if p.requires_grad or not trainable_only]

@@ -20,22 +20,27 @@ def count_e(completions, **columns):
 
 
 def grpo_trainer(out: str, per_device: int, **kw):
-    """GRPOTrainer with plain SGD (updates are linear in the gradient, so a wrong normaliser shows exactly)."""
+    """GRPOTrainer with plain SGD (updates are linear in the gradient, so a wrong normaliser shows
+    exactly)."""
     from rlhfkit.trainers.grpo.config import GRPOConfig
     from rlhfkit.trainers.grpo.trainer import GRPOTrainer
 
     cfg = dict(
         output_dir=out, report_to="none", use_cpu=True, per_device_train_batch_size=per_device,
-        gradient_accumulation_steps=2, num_generations=2, max_completion_length=4, max_steps=2, logging_steps=1,
-        save_strategy="no", disable_tqdm=True, seed=3, max_grad_norm=0.0,
+        gradient_accumulation_steps=2, num_generations=2, max_completion_length=4, max_steps=2,
+        logging_steps=1, save_strategy="no", disable_tqdm=True, seed=3, max_grad_norm=0.0,
     )  # fmt: skip
     cfg.update(kw)
     policy = tiny_model("llama")
     cfg, optimizers = sgd(policy, cfg)
     return GRPOTrainer(
-        policy, count_e, args=GRPOConfig(**cfg), train_dataset=toy_prompt_dataset(n=16),
-        processing_class=tiny_tokenizer(padding_side="left"), optimizers=optimizers,
-    )  # fmt: skip
+        policy,
+        count_e,
+        args=GRPOConfig(**cfg),
+        train_dataset=toy_prompt_dataset(n=16),
+        processing_class=tiny_tokenizer(padding_side="left"),
+        optimizers=optimizers,
+    )
 
 
 def synthetic_grpo_rollout(model, rows: slice = slice(None)) -> RolloutBatch:

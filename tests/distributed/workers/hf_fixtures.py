@@ -1,4 +1,5 @@
-"""Reward / SFT / DPO trainers with fixed data, built identically by the workers and the one-process references."""
+"""Reward / SFT / DPO trainers with fixed data, built identically by the workers and the one-process
+references."""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ STEPS = 2
 
 def _args(config_cls, out: str, per_device: int, **kw):
     base = dict(
-        output_dir=out, use_cpu=True, report_to="none", max_steps=STEPS, per_device_train_batch_size=per_device,
-        save_strategy="no", logging_steps=1, learning_rate=0.05, optim="sgd", lr_scheduler_type="constant",
-        max_grad_norm=0.0, seed=0, disable_tqdm=True,
+        output_dir=out, use_cpu=True, report_to="none", max_steps=STEPS,
+        per_device_train_batch_size=per_device, save_strategy="no", logging_steps=1, learning_rate=0.05,
+        optim="sgd", lr_scheduler_type="constant", max_grad_norm=0.0, seed=0, disable_tqdm=True,
     )  # fmt: skip
     base.update(kw)
     return config_cls(**base)
@@ -70,7 +71,7 @@ def flat_params(model) -> torch.Tensor:
 def numeric_logs(trainer) -> list[dict[str, float]]:
     skip = {"epoch", "step", "grad_norm", "learning_rate"}
     return [
-        {k: float(v) for k, v in h.items() if isinstance(v, (int, float)) and k not in skip and "runtime" not in k
-         and "per_second" not in k and "flos" not in k}
+        {k: float(v) for k, v in h.items() if isinstance(v, (int, float)) and k not in skip
+         and "runtime" not in k and "per_second" not in k and "flos" not in k}
         for h in trainer.state.log_history
     ]  # fmt: skip

@@ -1,7 +1,8 @@
 """Worker: Reward, SFT and DPO trainers, 2 steps each on 2 gloo processes with batch B per process.
 
-With `--fsdp` the trainers run under accelerate's FSDP2 (parameters sharded across the 2 ranks) instead of DDP.
-Each trained model is then saved with `save_model`, and the file is compared with the (gathered) parameters.
+With `--fsdp` the trainers run under accelerate's FSDP2 (parameters sharded across the 2 ranks) instead of
+DDP. Each trained model is then saved with `save_model`, and the file is compared with the (gathered)
+parameters.
 """
 
 import os

@@ -1,7 +1,8 @@
-"""Worker: a PPOTrainer run on 2 gloo processes (DDP) saved after step 1 and resumed for step 2, into the folder
-given as the first argument. Both ranks sample responses to the same queries, so only their random states tell
-them apart. The run goes on for a sampled step 2 (the uninterrupted run); then a new trainer loads the checkpoint
-and takes the same sampled step 2. Both must sample the same responses and end with equal weights.
+"""Worker: a PPOTrainer run on 2 gloo processes (DDP) saved after step 1 and resumed for step 2, into the
+folder given as the first argument. Both ranks sample responses to the same queries, so only their random
+states tell them apart. The run goes on for a sampled step 2 (the uninterrupted run); then a new trainer loads
+the checkpoint and takes the same sampled step 2. Both must sample the same responses and end with equal
+weights.
 """
 
 import sys

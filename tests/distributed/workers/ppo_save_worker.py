@@ -1,8 +1,8 @@
 """Worker: PPOTrainer saving under FSDP2 on 2 gloo processes, into the folder given as the first argument.
 
-A. one `step()`, then `save_pretrained(<folder>/pretrained)` and `save_checkpoint(<folder>/checkpoint)`; rank 0
-   also writes the parameters it gathered whole at that point to `<folder>/gathered.safetensors`, for the test
-   to compare a single-process reload with;
+A. one `step()`, then `save_pretrained(<folder>/pretrained)` and `save_checkpoint(<folder>/checkpoint)`;
+   rank 0 also writes the parameters it gathered whole at that point to `<folder>/gathered.safetensors`,
+   for the test to compare a single-process reload with;
 B. the run goes on for one more step; a new sharded trainer loads the checkpoint and takes the same step: both
    must end with equal parameters (weights and Adam's moments were restored, each rank its own shard).
 """

@@ -45,7 +45,8 @@ def rloo_trainer(out: str, per_device: int, **kw):
 
 def synthetic_rloo_rollout(model, num_prompts: int = 2, k: int = 2, prompts: list[int] | None = None):
     """A fixed `RolloutBatch` of k completions for each of `num_prompts` prompts, in RLOO's row layout
-    (completion j of prompt i in row i + j * num_prompts); `prompts` keeps only those prompts (one rank's share).
+    (completion j of prompt i in row i + j * num_prompts); `prompts` keeps only those prompts
+    (one rank's share).
     """
     g = torch.Generator().manual_seed(7)
     query_ids = torch.randint(5, 200, (num_prompts, 3), generator=g)

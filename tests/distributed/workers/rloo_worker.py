@@ -4,7 +4,8 @@ A. one optimisation step (step 7) on each rank's half of a fixed rollout, with S
 B. a full `train()` of 2 updates: replicas stay identical, and gathered stats cover both ranks;
 C. SIGINT on rank 0 only: both ranks stop after the same update and one checkpoint is written, holding the
    whole trained policy.
-With `--fsdp` the policy is sharded by accelerate's FSDP2 (parameters are gathered whole before they are compared).
+With `--fsdp` the policy is sharded by accelerate's FSDP2 (parameters are gathered whole before they are
+compared).
 """
 
 import os

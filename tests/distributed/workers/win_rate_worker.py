@@ -19,8 +19,11 @@ from workers.grpo_fixtures import flat_params, grpo_trainer
 out = tempfile.mkdtemp()
 trainer = grpo_trainer(out, per_device=2, learning_rate=1e-2)
 prompts = [f"Tell me about topic {i}:" for i in range(4)]
-trainer.add_callback(WinRateCallback(RuleJudge.of_texts(KeywordReward("e")), prompts, trainer=trainer,
-                                     every_n_steps=1, max_new_tokens=4))  # fmt: skip
+trainer.add_callback(
+    WinRateCallback(
+        RuleJudge.of_texts(KeywordReward("e")), prompts, trainer=trainer, every_n_steps=1, max_new_tokens=4
+    )
+)
 trainer.train()
 everyone = trainer.accelerator.gather(flat_params(trainer.model)[None])
 samples = Path(out) / "samples.jsonl"
