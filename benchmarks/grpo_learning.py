@@ -64,10 +64,11 @@ def prepare(work: Path, eval_prompts: int):
     from rlhfkit.demo import stages
     from rlhfkit.demo.cache import StageResult
     from rlhfkit.demo.config import DemoConfig
-    from rlhfkit.demo.verifiable import VERIFIABLE_TASKS, train_sft
+    from rlhfkit.demo.verifiable import train_sft
+    from rlhfkit.tasks import get_task
 
     cfg = DemoConfig(task="addition", output_dir=str(work), seed=0)
-    task = VERIFIABLE_TASKS["addition"]()
+    task = get_task("addition")
     base, sft = work / "base", work / "sft-addition"
     info = {}
     if not (sft / "config.json").is_file():
@@ -136,7 +137,7 @@ def greedy_accuracy(folder: Path, task, heldout: list[dict], response_length: in
     policy = stages.load_policy(folder)
     prompts, answers = [r["prompt"] for r in heldout], [r["answer"] for r in heldout]
     greedy = sample_completions(policy, tokenizer, prompts, response_length, 1.0, 0, 256, True)
-    return int(sum(task.reward(prompts, greedy.texts, answer=answers))), len(prompts)
+    return int(sum(task.reward(greedy.texts, answer=answers))), len(prompts)
 
 
 def point(step: int, wall: float, cpu: float, correct: int, n: int) -> dict:

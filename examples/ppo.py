@@ -62,7 +62,7 @@ def main() -> None:
     # 3. the reward: the task's own function on the completion, or a reward model on prompt + completion
     #    (its own tokenizer re-encodes the text); one RewardScorer handles both
     if args.reward_model is None:
-        source, reward_tokenizer = task.reward_fn, None
+        source, reward_tokenizer = task.text_reward("--task", "PPO's reward"), None
     else:
         source = AutoModelForSequenceClassification.from_pretrained(args.reward_model, num_labels=1)
         reward_tokenizer = AutoTokenizer.from_pretrained(args.reward_model, padding_side="left")

@@ -129,7 +129,10 @@ def require(value: Any, flag: str) -> Any:
 
 
 def local_folder(path: str | None, flag: str) -> str:
-    """`path` when it exists on disk; otherwise the offline error naming `flag` (hub names are not fetched)."""
+    """`path` when it exists on disk; otherwise the offline error naming `flag`.
+
+    Hub names are not fetched.
+    """
     if not Path(require(path, flag)).exists():
         raise offline_error(flag, path)
     return path

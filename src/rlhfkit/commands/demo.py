@@ -3,7 +3,9 @@
     rlhfkit demo                          # RLOO, default size, ./outputs/demo
     rlhfkit demo --algo ppo --seed 1      # reuses base/SFT/preferences/reward model of an earlier run
     rlhfkit demo --size tiny --output_dir /tmp/demo --fresh
-    rlhfkit demo --task addition          # exact reward, no judge: SFT warm start -> GRPO (docs/verifiable_task.md)
+    rlhfkit demo --task addition          # exact reward, no judge: SFT warm start -> GRPO
+
+`--task addition` is described in docs/verifiable_task.md.
 
 Every DemoConfig field is a flag; `--config file.yaml` supplies defaults.
 """

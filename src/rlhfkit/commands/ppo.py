@@ -26,9 +26,12 @@ from rlhfkit.commands._args import (
     peft_config_from,
     run_main,
 )
-from rlhfkit.trainers.ppo import PPOConfig
+from rlhfkit.trainers.common.checkpointing import CHECKPOINT_PREFIX, prune_checkpoints
+from rlhfkit.trainers.ppo import PPOConfig, PPOTrainer
 
 PROG = "rlhfkit ppo"
+# plain sampling from the policy's whole distribution: no top-k/top-p cut, no minimum length
+SAMPLING_KWARGS = {"min_length": -1, "top_k": 0, "top_p": 1.0, "do_sample": True}
 
 
 @dataclass
@@ -38,7 +41,8 @@ class PPOScriptArguments:
     dataset_name: str = field(
         default="length",
         metadata={
-            "help": "Built-in task name (see rlhfkit.tasks) or a local dataset with a 'query'/'prompt' column."
+            "help": "Built-in task name (see rlhfkit.tasks) or a local dataset "
+            "with a 'query'/'prompt' column."
         },
     )
     dataset_train_split: str = field(default="train", metadata={"help": "Split of a local dataset to use."})
@@ -60,7 +64,8 @@ class PPOScriptArguments:
     resume_from_checkpoint: str | None = field(
         default=None,
         metadata={
-            "help": "A checkpoint-<step> folder, or an output folder (its newest intact checkpoint), to continue from."
+            "help": "A checkpoint-<step> folder, or an output folder (its newest intact checkpoint), "
+            "to continue from."
         },
     )
 
@@ -96,7 +101,10 @@ def prompt_dataset(args: PPOScriptArguments, tokenizer: Any):
 
 
 def reward_scorer(args: PPOScriptArguments, task_reward: Any, tokenizer: Any, device: Any):
-    """A `RewardScorer`: the task's reward function (on completions) or a local reward model (on full texts)."""
+    """A `RewardScorer`: the task's reward function or a local reward model.
+
+    The task's function scores the completions; a reward model reads the full texts (prompt + completion).
+    """
     from rlhfkit.rewards.scoring import RewardScorer
 
     if args.reward == "task":
@@ -129,16 +137,22 @@ def _check_paths(args: PPOScriptArguments, model_args: ModelArguments) -> None:
         raise ValueError(f"--reward {args.reward!r} is neither 'task' nor a local reward-model folder")
 
 
-def _body(argv: list[str] | None) -> int:
+@dataclass
+class _Run:
+    """How the training loop ended: the first and last mean scores, and where a stop request saved to."""
+
+    first_mean_score: float | None = None
+    last_mean_score: float | None = None
+    stopped_checkpoint: str | None = None  # set when SIGINT/SIGTERM ended the run early
+
+
+def _build_trainer(
+    args: PPOScriptArguments, config: PPOCommandConfig, model_args: ModelArguments
+) -> tuple[PPOTrainer, Any]:
+    """(trainer, reward scorer): the tokenizer, prompts, value-head policy and reward, ready to train."""
     from rlhfkit.models.value_head import AutoModelForCausalLMWithValueHead
     from rlhfkit.testing import tiny_model_path
-    from rlhfkit.trainers.common.checkpointing import CHECKPOINT_PREFIX, prune_checkpoints
-    from rlhfkit.trainers.ppo import PPOTrainer
 
-    args, config, model_args = parse_args(
-        (PPOScriptArguments, PPOCommandConfig, ModelArguments), argv, PROG, "Classic PPO loop."
-    )
-    _check_paths(args, model_args)  # before any model is loaded
     if model_args.model_name_or_path is None:
         model_args.model_name_or_path = str(tiny_model_path("llama"))
     path = model_args.model_name_or_path
@@ -153,63 +167,92 @@ def _body(argv: list[str] | None) -> int:
         raise ValueError(
             f"--dataset_name has {len(dataset)} prompts, fewer than --batch_size {config.batch_size}"
         )
-    scorer = reward_scorer(args, task_reward, tokenizer, trainer.current_device)
-    if args.resume_from_checkpoint:
-        trainer.load_checkpoint(args.resume_from_checkpoint)
-    generation_kwargs = dict(
-        min_length=-1, top_k=0, top_p=1.0, do_sample=True, max_new_tokens=args.max_new_tokens
+    return trainer, reward_scorer(args, task_reward, tokenizer, trainer.current_device)
+
+
+def _checkpoint_folder(trainer: PPOTrainer, args: PPOScriptArguments) -> str:
+    """output_dir/checkpoint-<current step>."""
+    return str(Path(args.output_dir) / f"{CHECKPOINT_PREFIX}{trainer.current_step}")
+
+
+def _save_checkpoint(trainer: PPOTrainer, args: PPOScriptArguments) -> str:
+    """Checkpoint into output_dir/checkpoint-<step>, keeping at most --save_total_limit of them."""
+    folder = _checkpoint_folder(trainer, args)
+    trainer.save_checkpoint(folder)
+    prune_checkpoints(args.output_dir, args.save_total_limit, protect=(folder,))
+    return folder
+
+
+def _ppo_step(
+    trainer: PPOTrainer, scorer: Any, batch: dict, config: PPOCommandConfig, max_new_tokens: int
+) -> dict[str, Any]:
+    """Generate responses to a batch of prompts, score them, take one PPO step and log it."""
+    queries = batch["input_ids"]
+    responses = trainer.generate(
+        queries,
+        return_prompt=False,
+        batch_size=config.batch_size,
+        **SAMPLING_KWARGS,
+        max_new_tokens=max_new_tokens,
     )
+    batch["response"] = trainer.tokenizer.batch_decode(responses, skip_special_tokens=True)
+    # a task scores the completion; a reward model reads prompt and completion together
+    scores = list(scorer.score_responses(queries, responses, batch["query"], batch["response"])[0].cpu())
+    stats = trainer.step(queries, responses, scores)
+    trainer.log_stats(stats, batch, scores)
+    print(
+        f"step {trainer.current_step}/{config.steps}: mean score {stats['ppo/mean_scores']:.4f}, "
+        f"kl {stats['objective/kl']:.4f}, loss {stats['ppo/loss/total']:.4f}",
+        flush=True,
+    )
+    return stats
 
-    first = last = None
 
-    def save() -> str:
-        folder = str(Path(args.output_dir) / f"{CHECKPOINT_PREFIX}{trainer.current_step}")
-        trainer.save_checkpoint(folder)
-        prune_checkpoints(args.output_dir, args.save_total_limit, protect=(folder,))
-        return folder
+def _train(trainer: PPOTrainer, scorer: Any, args: PPOScriptArguments, config: PPOCommandConfig) -> _Run:
+    """PPO steps over the prompts until `config.steps`, checkpointing every --save_steps.
 
+    A SIGINT/SIGTERM saves a checkpoint where --resume_from_checkpoint can find it, and ends the run.
+    """
+    run = _Run()
     # where the last good state goes if NaN steps stop the run
-    trainer.checkpoint_dir = str(Path(args.output_dir) / f"{CHECKPOINT_PREFIX}{trainer.current_step}")
+    trainer.checkpoint_dir = _checkpoint_folder(trainer, args)
     with trainer.graceful_stop:
         while trainer.current_step < config.steps:
             for batch in trainer.dataloader:
-                queries = batch["input_ids"]
-                responses = trainer.generate(
-                    queries, return_prompt=False, batch_size=config.batch_size, **generation_kwargs
-                )
-                batch["response"] = tokenizer.batch_decode(responses, skip_special_tokens=True)
-                # a task scores the completion; a reward model reads prompt and completion together
-                scores = list(
-                    scorer.score_responses(queries, responses, batch["query"], batch["response"])[0].cpu()
-                )
-                stats = trainer.step(queries, responses, scores)
-                trainer.log_stats(stats, batch, scores)
-                first = stats["ppo/mean_scores"] if first is None else first
-                last = stats["ppo/mean_scores"]
-                print(
-                    f"step {trainer.current_step}/{config.steps}: mean score {last:.4f}, "
-                    f"kl {stats['objective/kl']:.4f}, loss {stats['ppo/loss/total']:.4f}",
-                    flush=True,
-                )
+                stats = _ppo_step(trainer, scorer, batch, config, args.max_new_tokens)
+                if run.first_mean_score is None:
+                    run.first_mean_score = stats["ppo/mean_scores"]
+                run.last_mean_score = stats["ppo/mean_scores"]
                 if args.save_steps and trainer.current_step % args.save_steps == 0:
-                    save()
-                if trainer.should_stop():  # SIGINT/SIGTERM: save where --resume_from_checkpoint can find it
-                    folder = save()
+                    _save_checkpoint(trainer, args)
+                if trainer.should_stop():
+                    run.stopped_checkpoint = folder = _save_checkpoint(trainer, args)
                     print(f"stopped on request; resume with --resume_from_checkpoint {folder}", flush=True)
-                    return 0
+                    return run
                 if trainer.current_step >= config.steps:
                     break
-    trainer.save_pretrained(args.output_dir)
-    print(
-        json.dumps(
-            {
-                "output_dir": args.output_dir,
-                "steps": trainer.current_step,
-                "first_mean_score": first,
-                "last_mean_score": last,
-            }
-        )
+    return run
+
+
+def _body(argv: list[str] | None) -> int:
+    args, config, model_args = parse_args(
+        (PPOScriptArguments, PPOCommandConfig, ModelArguments), argv, PROG, "Classic PPO loop."
     )
+    _check_paths(args, model_args)  # before any model is loaded
+    trainer, scorer = _build_trainer(args, config, model_args)
+    if args.resume_from_checkpoint:
+        trainer.load_checkpoint(args.resume_from_checkpoint)
+    run = _train(trainer, scorer, args, config)
+    if run.stopped_checkpoint is not None:
+        return 0
+    trainer.save_pretrained(args.output_dir)
+    summary = {
+        "output_dir": args.output_dir,
+        "steps": trainer.current_step,
+        "first_mean_score": run.first_mean_score,
+        "last_mean_score": run.last_mean_score,
+    }
+    print(json.dumps(summary))
     return 0
 
 

@@ -12,7 +12,8 @@ class TinyModelsArguments:
     cache_dir: str | None = field(
         default=None,
         metadata={
-            "help": "Cache folder (default: $RLHFKIT_CACHE or ~/.cache/rlhfkit); a versioned subfolder is used."
+            "help": "Cache folder (default: $RLHFKIT_CACHE or ~/.cache/rlhfkit); "
+            "a versioned subfolder is used."
         },
     )
     names: list[str] = field(

@@ -114,7 +114,8 @@ def _resolve_adapter_dir(adapter: str | os.PathLike) -> Path:
         return Path(snapshot_download(str(adapter), allow_patterns=[_ADAPTER_CONFIG, *_ADAPTER_WEIGHTS]))
     except Exception as err:
         raise ValueError(
-            f"reward_adapter={str(adapter)!r} is neither a local adapter folder nor a reachable Hub repo: {err}"
+            f"reward_adapter={str(adapter)!r} is neither a local adapter folder "
+            f"nor a reachable Hub repo: {err}"
         ) from err
 
 
@@ -217,7 +218,8 @@ def score_with_adapter(
         attention_mask = torch.ones_like(input_ids)
     if attention_mask.shape != input_ids.shape:
         raise ValueError(
-            f"attention_mask shape {tuple(attention_mask.shape)} differs from input_ids {tuple(input_ids.shape)}"
+            f"attention_mask shape {tuple(attention_mask.shape)} "
+            f"differs from input_ids {tuple(input_ids.shape)}"
         )
     if not bool(attention_mask.bool().any(dim=1).all()):
         raise ValueError("every row of attention_mask needs at least one real token (1)")

@@ -27,6 +27,9 @@ def is_peft_model(model: Any) -> bool:
 
 
 def without_peft(model: nn.Module) -> nn.Module:
-    """The transformers model under the PEFT layers of a PeftModel (with its adapters still injected), else `model`."""
+    """The transformers model under the PEFT layers of a PeftModel, else `model` itself.
+
+    The adapters stay injected in the returned model: only the PeftModel wrapper is taken off.
+    """
     peft_model = peft_model_of(model)
     return peft_model.get_base_model() if peft_model is not None and peft_model is model else model

@@ -90,7 +90,10 @@ def choose_reference(
     adapter_name: str = REFERENCE_ADAPTER_NAME,
     argument: str = "ref_model",
 ) -> Reference:
-    """The reference for `policy`: explicit `ref_model` > frozen reference adapter > adapter-disabled base > copy.
+    """The reference for `policy`.
+
+    In order of preference: the explicit `ref_model`, the frozen reference adapter, the base with its
+    adapters disabled, a copy of the policy.
 
     `num_shared_layers` and `pattern` shape the copy (see `create_reference_model`); a PEFT policy
     ignores them with a warning, since its reference already shares every base weight. `argument` is
@@ -205,7 +208,8 @@ def create_reference_model(
     if peft_model_of(model) is not None:
         if num_shared_layers is not None:
             warnings.warn(
-                "num_shared_layers is ignored for a PEFT model: its reference already shares all base weights",
+                "num_shared_layers is ignored for a PEFT model: "
+                "its reference already shares all base weights",
                 stacklevel=2,
             )
         return AdapterReference(model)
@@ -218,7 +222,8 @@ def create_reference_model(
             or num_shared_layers < 1
         ):
             raise ValueError(
-                f"num_shared_layers must be a positive integer (or None for a full copy), got {num_shared_layers!r}"
+                "num_shared_layers must be a positive integer (or None for a full copy), "
+                f"got {num_shared_layers!r}"
             )
         params = dict(model.named_parameters())
         shared = [params[n] for n in shared_parameter_names(model, num_shared_layers, pattern)]

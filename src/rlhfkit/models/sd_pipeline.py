@@ -257,7 +257,10 @@ class DefaultDDPOStableDiffusionPipeline(DDPOStableDiffusionPipeline):
             self.unet.load_state_dict(state_dict)
 
     def save_pretrained(self, output_dir: str | Path) -> None:
-        """LoRA: `pytorch_lora_weights.safetensors` (load with `pipe.load_lora_weights(dir)`); else a full pipeline."""
+        """Save the LoRA layers, or else the whole pipeline, into `output_dir`.
+
+        LoRA goes to `pytorch_lora_weights.safetensors` (load with `pipe.load_lora_weights(dir)`).
+        """
         if self.use_lora:
             from diffusers import StableDiffusionPipeline
             from diffusers.utils import convert_state_dict_to_diffusers

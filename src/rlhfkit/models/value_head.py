@@ -8,12 +8,12 @@ recursion and the value loss, where bf16 rounding is visible.
 On disk a wrapper is exactly what transformers/peft would save for the base (full weights, or only the
 adapters for a PEFT model; safetensors, sharded when large) plus `value_head.safetensors`, so plain
 `AutoModelForCausalLM.from_pretrained(folder)` still loads the base. Checkpoints that keep `v_head.*`
-keys inside the model weights (TRL's layout) also load.
+keys inside the model weights (TRL's layout) also load. The loading and the files themselves are in
+`value_head_io`.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import warnings
 from collections import OrderedDict
@@ -25,12 +25,20 @@ import torch.nn.functional as F
 from torch import nn
 
 from rlhfkit.core.masking import last_true_indices
-from rlhfkit.models import adapters, peft_detection
+from rlhfkit.models import adapters, peft_detection, value_head_io
 from rlhfkit.models.cache_naming import cache_keyword, returned_cache
-from rlhfkit.models.quantization import bnb_quantization_config, is_quantized
+from rlhfkit.models.value_head_io import ADAPTER_LAYOUT_FILE, VALUE_HEAD_FILE
 
-VALUE_HEAD_FILE = "value_head.safetensors"
-ADAPTER_LAYOUT_FILE = "rlhfkit_adapters.json"
+__all__ = [
+    "AutoModelForCausalLMWithValueHead",
+    "AutoModelForSeq2SeqLMWithValueHead",
+    "PreTrainedModelWrapper",
+    "ValueHead",
+    "V_HEAD_INIT_STRATEGIES",
+    "VALUE_HEAD_FILE",  # from value_head_io, importable here as before
+    "ADAPTER_LAYOUT_FILE",
+]
+
 V_HEAD_INIT_STRATEGIES = (None, "normal")
 
 
@@ -66,36 +74,6 @@ def _check_head_args(summary_dropout_prob: float, v_head_init_strategy: str | No
         )
 
 
-def _read_value_head(pretrained: str | os.PathLike) -> dict[str, torch.Tensor] | None:
-    """`summary.*` tensors (v_head keys without the prefix) from `value_head.safetensors`, or from `v_head.*` keys in the model weights."""
-    from safetensors import safe_open
-    from safetensors.torch import load_file
-
-    folder = Path(pretrained)
-    if not folder.is_dir():
-        try:  # a Hub id: the value head, if any, sits next to the base weights
-            from huggingface_hub import hf_hub_download
-
-            folder = Path(hf_hub_download(str(pretrained), VALUE_HEAD_FILE)).parent
-        except Exception:
-            return None
-    if (folder / VALUE_HEAD_FILE).is_file():
-        state = load_file(str(folder / VALUE_HEAD_FILE))
-    else:
-        index = folder / "model.safetensors.index.json"
-        if index.is_file():
-            weight_map = json.loads(index.read_text())["weight_map"]
-            shards = {f for k, f in weight_map.items() if k.startswith("v_head.")}
-        else:
-            shards = {"model.safetensors"} if (folder / "model.safetensors").is_file() else set()
-        state = {}
-        for shard in shards:
-            with safe_open(str(folder / shard), framework="pt") as f:
-                state.update({k: f.get_tensor(k) for k in f.keys() if k.startswith("v_head.")})
-    state = {k.removeprefix("v_head."): v for k, v in state.items()}
-    return state or None
-
-
 class PreTrainedModelWrapper(nn.Module):
     """A transformers model (or PeftModel) plus a value head; shared by the causal and seq2seq wrappers."""
 
@@ -112,7 +90,8 @@ class PreTrainedModelWrapper(nn.Module):
         super().__init__()
         if not isinstance(pretrained_model, nn.Module) or not hasattr(pretrained_model, "config"):
             raise TypeError(
-                f"pretrained_model must be a transformers PreTrainedModel or PeftModel, got {type(pretrained_model)}"
+                "pretrained_model must be a transformers PreTrainedModel or PeftModel, "
+                f"got {type(pretrained_model)}"
             )
         _check_head_args(summary_dropout_prob, v_head_init_strategy)
         self.pretrained_model = pretrained_model
@@ -259,8 +238,6 @@ class PreTrainedModelWrapper(nn.Module):
         not saved: it is an input, reloaded from its own folder. `state_dict` (this model's `state_dict()`
         layout, e.g. gathered whole from FSDP shards) is written instead of the module's own tensors.
         """
-        from safetensors.torch import save_file
-
         if kwargs.pop("safe_serialization", True) is False:
             raise ValueError("rlhfkit saves safetensors only; drop safe_serialization=False")
         state_dict = kwargs.pop("state_dict", None)
@@ -273,44 +250,15 @@ class PreTrainedModelWrapper(nn.Module):
         if peft_model is None:
             self.pretrained_model.save_pretrained(folder, **kwargs)
         else:
-            kwargs.pop("max_shard_size", None)  # adapters are small: one file each
-            names = [n for n in peft_model.peft_config if n != self.reward_adapter_name]
-            peft_model.save_pretrained(folder, selected_adapters=names, **kwargs)
-            reference = adapters.REFERENCE_ADAPTER_NAME
-            layout = {
-                "adapters": {n: "." if n == "default" else n for n in names},
-                "active_adapter": peft_model.active_adapter,
-                "reference_adapter": reference if reference in names else None,
-            }
-            (folder / ADAPTER_LAYOUT_FILE).write_text(json.dumps(layout, indent=2))
+            value_head_io.save_adapters(peft_model, folder, self.reward_adapter_name, **kwargs)
         if state_dict is None:
             state_dict = {f"v_head.{k}": v for k, v in self.v_head.state_dict().items()}
-        head = {
-            k: v.detach().to("cpu", torch.float32).contiguous()
-            for k, v in state_dict.items()
-            if k.startswith("v_head.")
-        }
-        save_file(head, str(folder / VALUE_HEAD_FILE))
+        value_head_io.write_value_head(folder, state_dict)
 
     def push_to_hub(self, repo_id: str, *args: Any, **kwargs: Any) -> Any:
         """Push the base model (transformers/peft `push_to_hub`), then upload the value head next to it."""
-        import tempfile
-
-        from huggingface_hub import HfApi
-
         result = self.pretrained_model.push_to_hub(repo_id, *args, **kwargs)
-        with tempfile.TemporaryDirectory() as tmp:
-            from safetensors.torch import save_file
-
-            head = {
-                f"v_head.{k}": v.detach().to("cpu").contiguous() for k, v in self.v_head.state_dict().items()
-            }
-            save_file(head, os.path.join(tmp, VALUE_HEAD_FILE))
-            HfApi(token=kwargs.get("token")).upload_file(
-                path_or_fileobj=os.path.join(tmp, VALUE_HEAD_FILE),
-                path_in_repo=VALUE_HEAD_FILE,
-                repo_id=repo_id,
-            )
+        value_head_io.upload_value_head(self.v_head, repo_id, kwargs.get("token"))
         return result
 
     @classmethod
@@ -343,99 +291,33 @@ class PreTrainedModelWrapper(nn.Module):
         `reward_adapter` loads a frozen LoRA reward adapter + score head (needs a PEFT policy).
         `load_in_8bit` / `load_in_4bit` quantise the base with bitsandbytes (`rlhfkit[quant]`).
         """
-        from peft import PeftModel, get_peft_model
-
-        head_kwargs = dict(
+        _check_head_args(summary_dropout_prob, v_head_init_strategy)  # fail before loading weights
+        if reward_adapter is not None and cls.is_encoder_decoder:
+            raise ValueError("reward_adapter is supported for causal language models only")
+        model, source = value_head_io.base_model(
+            cls.transformers_parent_class,
+            pretrained_model_name_or_path,
+            model_args,
+            peft_config=peft_config,
+            is_trainable=is_trainable,
+            load_in_8bit=load_in_8bit,
+            load_in_4bit=load_in_4bit,
+            model_kwargs=model_kwargs,
+        )
+        wrapper = cls(
+            model,
             summary_dropout_prob=summary_dropout_prob,
             v_head_init_strategy=v_head_init_strategy,
             v_head_initializer_range=v_head_initializer_range,
         )
-        _check_head_args(summary_dropout_prob, v_head_init_strategy)  # fail before loading weights
-        if reward_adapter is not None and cls.is_encoder_decoder:
-            raise ValueError("reward_adapter is supported for causal language models only")
-        if isinstance(pretrained_model_name_or_path, nn.Module):
-            if load_in_8bit or load_in_4bit:
-                raise ValueError(
-                    "load_in_8bit/load_in_4bit apply when loading by name; this model is already built"
-                )
-            model = pretrained_model_name_or_path
-            if peft_config is not None:
-                if isinstance(model, PeftModel):
-                    raise ValueError("peft_config was given but the model is already a PeftModel")
-                model = get_peft_model(model, peft_config)
-            wrapper = cls(model, **head_kwargs)
-        elif isinstance(pretrained_model_name_or_path, str | os.PathLike):
-            quantization = bnb_quantization_config(load_in_8bit, load_in_4bit)
-            if quantization is not None:
-                if "quantization_config" in model_kwargs:
-                    raise ValueError("pass either load_in_8bit/load_in_4bit or quantization_config, not both")
-                model_kwargs["quantization_config"] = quantization
-            source = str(pretrained_model_name_or_path)
-            model = cls._load_adapter_folder(source, model_args, peft_config, is_trainable, model_kwargs)
-            if model is None:
-                model = cls.transformers_parent_class.from_pretrained(source, *model_args, **model_kwargs)
-                if peft_config is not None:
-                    if is_quantized(model):
-                        from peft import prepare_model_for_kbit_training
-
-                        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
-                    model = get_peft_model(model, peft_config)
-            wrapper = cls(model, **head_kwargs)
+        if source is not None:  # loaded by name: the saved value head, if any, sits next to the base
             wrapper._load_value_head(source)
-        else:
-            raise TypeError(
-                "pretrained_model_name_or_path must be a folder, a Hub id or a transformers/peft model, "
-                f"got {type(pretrained_model_name_or_path).__name__}"
-            )
         if reward_adapter is not None:
             wrapper.load_reward_adapter(reward_adapter, reward_adapter_name)
         return wrapper
 
-    @classmethod
-    def _load_adapter_folder(
-        cls, source: str, model_args: tuple, peft_config: Any, is_trainable: bool, model_kwargs: dict
-    ) -> Any | None:
-        """A PeftModel if `source` is an adapter folder, else None (then `source` is a full model)."""
-        from peft import PeftConfig, PeftModel
-
-        folder = Path(source)
-        layout = adapters.read_adapter_layout(folder) if folder.is_dir() else None
-        if layout is None:
-            if not (folder / "adapter_config.json").is_file():
-                return None
-            layout = {"adapters": {"default": "."}, "active_adapter": "default", "reference_adapter": "new"}
-        if peft_config is not None:
-            raise ValueError(
-                f"peft_config cannot be combined with the adapter folder {source}: that adapter is loaded as "
-                "the policy. To add a fresh adapter on top of it, merge it into the base first "
-                "(PeftModel.merge_and_unload(), save_pretrained) and load the merged folder."
-            )
-        names = layout["adapters"]
-        reference = layout["reference_adapter"]
-        first = "default" if "default" in names else next(iter(names))
-        base_name = PeftConfig.from_pretrained(str(folder / names[first])).base_model_name_or_path
-        if not base_name:
-            raise ValueError(f"adapter_config.json in {folder / names[first]} does not name its base model")
-        base = cls.transformers_parent_class.from_pretrained(base_name, *model_args, **model_kwargs)
-        model = PeftModel.from_pretrained(
-            base,
-            str(folder / names[first]),
-            adapter_name=first,
-            is_trainable=is_trainable and first != reference,
-        )
-        for name, sub in names.items():
-            if name != first:
-                model.load_adapter(
-                    str(folder / sub), adapter_name=name, is_trainable=is_trainable and name != reference
-                )
-        with adapters._keep_trainable_flags(model):
-            model.set_adapter(layout["active_adapter"])
-        if reference == "new":  # a plain (SFT) adapter folder: its frozen copy is the KL reference
-            adapters.add_reference_adapter(model, source_adapter="default")
-        return model
-
     def _load_value_head(self, source: str) -> None:
-        state = _read_value_head(source)
+        state = value_head_io.read_value_head(source)
         if state is None:
             warnings.warn(
                 f"no value head found in {source!r}; using a freshly initialised one (expected when starting "

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from rlhfkit.rollout.decoding import make_generation_backend
+from rlhfkit.rollout.backends import make_generation_backend
 from rlhfkit.rollout.generation import SamplingParams
 
 

@@ -182,7 +182,8 @@ class PPOConfig(AccelerateTracking, NonfiniteStepLimit, GenerationOptions, Healt
             raise ValueError(f"PPOConfig.score_clip must be > 0 or None, got {self.score_clip}")
         if "gradient_accumulation_steps" in self.accelerator_kwargs:
             raise ValueError(
-                "set gradient accumulation with PPOConfig.gradient_accumulation_steps, not in accelerator_kwargs"
+                "set gradient accumulation with PPOConfig.gradient_accumulation_steps, "
+                "not in accelerator_kwargs"
             )
         self._derive_sizes(self.world_size or 1)
 
@@ -192,8 +193,9 @@ class PPOConfig(AccelerateTracking, NonfiniteStepLimit, GenerationOptions, Healt
         exact_div(
             self.batch_size,
             backward,
-            f"batch_size={self.batch_size} must be a multiple of mini_batch_size * gradient_accumulation_steps "
-            f"= {self.mini_batch_size} * {self.gradient_accumulation_steps}",
+            f"batch_size={self.batch_size} must be a multiple of "
+            "mini_batch_size * gradient_accumulation_steps = "
+            f"{self.mini_batch_size} * {self.gradient_accumulation_steps}",
         )
         self.backward_batch_size = backward
         self.global_backward_batch_size = backward * world_size

@@ -21,7 +21,10 @@ from rlhfkit.trainers.ppo import stats as ppo_stats
 
 
 class SavingMethods:
-    """Mixed into `PPOTrainer`; relies on its `accelerator`, `policy`, `tokenizer`, `config` and step state."""
+    """Mixed into `PPOTrainer`.
+
+    Relies on its `accelerator`, `policy`, `tokenizer`, `config` and step state.
+    """
 
     def save_pretrained(self, save_directory: str) -> None:
         """Policy (with value head), tokenizer and a model card, into `save_directory`.
@@ -105,9 +108,11 @@ class SavingMethods:
         )
 
     def save_checkpoint(self, checkpoint_dir: str) -> None:
-        """Everything a resumed run needs: weights (incl. value head), optimizer, scheduler, KL controller,
-        running score moments, the health alarms' history, each process's RNG state and step counter. Atomic, with checksums
-        (`checkpointing`). Call it on every process."""
+        """Everything a resumed run needs, written atomically and with checksums (`checkpointing`).
+
+        That is: weights (incl. value head), optimizer, scheduler, KL controller, running score moments,
+        the health alarms' history, each process's RNG state and step counter. Call it on every process.
+        """
         self.accelerator.wait_for_everyone()
         weights, extra = self._gathered_weights(), None
         if (

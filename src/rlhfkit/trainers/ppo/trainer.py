@@ -1,10 +1,11 @@
 """PPOTrainer: the classic generate -> score -> `step()` loop (Ziegler et al. 2019; Stiennon et al. 2020).
 
-The user samples responses with `generate`, scores them with any function or reward model, and calls
-`step(queries, responses, scores)`. `step` is the numbered story of the algorithm; each number is one
-call into `core`, `rollout` or `update.py`, and the rollout travels between them as a `RolloutBatch`.
-TRL's finer-grained methods (`batched_forward_pass`, `compute_rewards`, `compute_advantages`, `loss`,
-`train_minibatch`) stay as thin wrappers over the same functions, off the step path.
+The user samples responses with `generate` (`generation.py`), scores them with any function or reward
+model, and calls `step(queries, responses, scores)`. `step` is the numbered story of the algorithm; each
+number is one call into `core`, `rollout` or `update.py`, and the rollout travels between them as a
+`RolloutBatch`. TRL's finer-grained methods (`batched_forward_pass`, `compute_rewards`,
+`compute_advantages`, `loss`, `train_minibatch`) stay as thin wrappers over the same functions, off the
+step path.
 
 Departures from TRL 0.7 worth knowing: position ids follow the attention mask, so logprobs do not depend on
 padding or on how a batch is chunked; the old logprobs and values computed while sampling are reused when
@@ -13,8 +14,6 @@ padding or on how a batch is chunked; the old logprobs and values computed while
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import functools
 import gc
 import logging
@@ -25,35 +24,32 @@ import torch
 from torch import nn
 
 from rlhfkit.core.advantages import whitened_gae
-from rlhfkit.core.kl import AdaptiveKLController, FixedKLController
 from rlhfkit.core.rewards import RunningMoments, clip_tensor, compute_token_rewards, scale_scores
-from rlhfkit.rollout import SamplingParams, eval_mode, make_generation_backend, pad_left
+from rlhfkit.rollout import eval_mode
 from rlhfkit.rollout.batch import RolloutBatch
-from rlhfkit.rollout.host_memory import fix_mmap_threshold, release_free_heap
 from rlhfkit.rollout.scoring import ForwardOutput, forward_batch, forward_response
 from rlhfkit.trainers.common.guards import GracefulStop, NonFiniteGuard, any_across_ranks, loss_scaler_active
-from rlhfkit.trainers.common.health import HealthMonitor, monitor_for, watch, watch_judge
-from rlhfkit.trainers.common.optimizers import fused_optimizer_kwargs
-from rlhfkit.trainers.common.sharding import sharded_generation_context
+from rlhfkit.trainers.common.health import HealthMonitor, monitor_for, watch
+from rlhfkit.trainers.ppo import construction
 from rlhfkit.trainers.ppo import stats as ppo_stats
 from rlhfkit.trainers.ppo.config import PPOConfig
+from rlhfkit.trainers.ppo.generation import GenerationMethods
 from rlhfkit.trainers.ppo.inputs import (
-    as_token_tensor,
     check_step_inputs,
     check_trainer_args,
-    generation_config_from_kwargs,
     ppo_collator,
     responses_repeat_queries,
 )
-from rlhfkit.trainers.ppo.sampling_cache import SamplingCache, reuse_is_exact
+from rlhfkit.trainers.ppo.sampling_cache import SamplingCache
 from rlhfkit.trainers.ppo.saving import SavingMethods
+from rlhfkit.trainers.ppo.tracking import TrackingMethods
 from rlhfkit.trainers.ppo.trl_methods import TRLMethods
 from rlhfkit.trainers.ppo.update import UpdateResult, run_ppo_epochs
 
 logger = logging.getLogger(__name__)
 
 
-class PPOTrainer(TRLMethods, SavingMethods):
+class PPOTrainer(GenerationMethods, TrackingMethods, TRLMethods, SavingMethods):
     """Proximal policy optimisation for a language model with a value head.
 
     Args (TRL 0.x API): `config` (PPOConfig), `model` (AutoModelForCausalLMWithValueHead or
@@ -79,9 +75,6 @@ class PPOTrainer(TRLMethods, SavingMethods):
         train_dataset: Any = None,
         processing_class: Any = None,
     ):
-        from accelerate import Accelerator
-        from accelerate.utils import DistributedType, ProjectConfiguration, set_seed
-
         from rlhfkit.models.peft_detection import is_peft_model
         from rlhfkit.models.reference import choose_reference
 
@@ -89,13 +82,7 @@ class PPOTrainer(TRLMethods, SavingMethods):
         config, dataset = check_trainer_args(
             config, model, ref_model, tokenizer, num_shared_layers, dataset, train_dataset
         )
-        self.accelerator = Accelerator(
-            log_with=config.log_with,
-            project_config=ProjectConfiguration(**self._project_kwargs(config)),
-            **config.accelerator_kwargs,
-        )
-        config._derive_sizes(self.accelerator.num_processes)
-        set_seed(config.seed, device_specific=True)
+        self.accelerator = construction.make_accelerator(config)
         self.config, self.tokenizer = config, tokenizer
         self.is_encoder_decoder = bool(model.is_encoder_decoder)
         self.is_peft_model = is_peft_model(model)
@@ -108,30 +95,10 @@ class PPOTrainer(TRLMethods, SavingMethods):
         self.dataloader = (
             self.prepare_dataloader(dataset, self.data_collator) if dataset is not None else None
         )
-        self.kl_ctl = (
-            AdaptiveKLController(config.init_kl_coef, config.target, config.horizon)
-            if config.adap_kl_ctrl
-            else FixedKLController(config.init_kl_coef)
-        )
-        self.running = RunningMoments()
-        self.current_step = 0
-        # robustness: NaN/inf steps are skipped; SIGINT/SIGTERM inside `with trainer.graceful_stop:` only
-        # sets a flag that a training loop polls with `trainer.should_stop()`
-        self.nonfinite_guard = NonFiniteGuard(config.max_consecutive_nonfinite_steps)
-        self.graceful_stop = GracefulStop()
-        self.checkpoint_dir: str | None = None  # the last save_checkpoint folder
-        self._warned_prompt = False
-        # old logprobs and values computed while sampling, reused by step() (config.reuse_generation_outputs)
-        self.rollouts = SamplingCache(capacity=4 * config.local_batch_size)
-        self.policy_version = 0  # bumped by every optimizer step: recorded rollouts of older weights miss
-        optimizer = optimizer if optimizer is not None else self._default_optimizer(model)
-        self._fsdp = self.accelerator.distributed_type == DistributedType.FSDP
-        if (
-            self._fsdp and not self.accelerator.is_fsdp2
-        ):  # generation and rollout forwards need FSDP2's modules
-            raise ValueError(
-                "PPOTrainer under FSDP needs FSDP2: set fsdp_version: 2 in the accelerate config"
-            )
+        self._init_run_state(config)
+        if optimizer is None:
+            optimizer = construction.default_optimizer(model, config.learning_rate)
+        self._fsdp = construction.uses_fsdp(self.accelerator)
         prepared, self.optimizer, self.dataloader, self.lr_scheduler = self.accelerator.prepare(
             model, optimizer, self.dataloader, lr_scheduler
         )
@@ -144,27 +111,22 @@ class PPOTrainer(TRLMethods, SavingMethods):
         self.is_distributed = self.accelerator.num_processes > 1
         if self.ref_model is not None and any(True for _ in self.ref_model.parameters()):
             self.ref_model = self.ref_model.to(self.current_device)
-        if config.log_with is not None:
-            self.accelerator.init_trackers(
-                config.tracker_project_name,
-                config=ppo_stats.flat_hparams(config.to_dict()),
-                init_kwargs=config.tracker_kwargs,
-            )
+        construction.start_trackers(self.accelerator, config)
 
-    # ------------------------------------------------------------------ set-up helpers
-    def _default_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
-        trainable = [p for p in model.parameters() if p.requires_grad]
-        if not trainable:
-            raise ValueError("the model has no trainable parameters (requires_grad=True)")
-        return torch.optim.Adam(trainable, lr=self.config.learning_rate, **fused_optimizer_kwargs(trainable))
-
-    @staticmethod
-    def _project_kwargs(config: PPOConfig) -> dict[str, Any]:
-        kwargs = dict(config.project_kwargs)
-        if config.log_with is not None and "logging_dir" not in kwargs and "project_dir" not in kwargs:
-            kwargs["project_dir"] = "runs"  # TensorBoard needs a folder; say where it went
-            logger.info("PPOTrainer: tracker logs go to ./runs (set project_kwargs={'logging_dir': ...})")
-        return kwargs
+    def _init_run_state(self, config: PPOConfig) -> None:
+        """The state that `step()` moves on: KL controller, score moments, counters, guards, rollouts."""
+        self.kl_ctl = construction.kl_controller(config)
+        self.running = RunningMoments()
+        self.current_step = 0
+        # robustness: NaN/inf steps are skipped; SIGINT/SIGTERM inside `with trainer.graceful_stop:` only
+        # sets a flag that a training loop polls with `trainer.should_stop()`
+        self.nonfinite_guard = NonFiniteGuard(config.max_consecutive_nonfinite_steps)
+        self.graceful_stop = GracefulStop()
+        self.checkpoint_dir: str | None = None  # the last save_checkpoint folder
+        self._warned_prompt = False
+        # old logprobs and values computed while sampling, reused by step() (config.reuse_generation_outputs)
+        self.rollouts = SamplingCache(capacity=4 * config.local_batch_size)
+        self.policy_version = 0  # bumped by every optimizer step: recorded rollouts of older weights miss
 
     @property
     def policy(self) -> nn.Module:
@@ -177,118 +139,7 @@ class PPOTrainer(TRLMethods, SavingMethods):
 
     def prepare_dataloader(self, dataset: Any, data_collator: Any = None) -> torch.utils.data.DataLoader:
         """A shuffled DataLoader of `config.batch_size` prompts per batch (last incomplete batch dropped)."""
-        import datasets
-
-        if isinstance(dataset, datasets.Dataset) and self.config.remove_unused_columns:
-            # the value-head forward takes input_ids/attention_mask; text columns stay for logging
-            keep = {"input_ids", "attention_mask", "query", "response", "label", "labels", "prompt"}
-            dataset = dataset.remove_columns([c for c in dataset.column_names if c not in keep])
-        collate = data_collator if data_collator is not None else ppo_collator
-        bs = self.config.local_batch_size
-        return torch.utils.data.DataLoader(
-            dataset, batch_size=bs, collate_fn=collate, shuffle=True, drop_last=True
-        )
-
-    # ------------------------------------------------------------------ generation
-    @torch.no_grad()
-    def generate(
-        self,
-        query_tensor: torch.Tensor | list[torch.Tensor],
-        length_sampler: Any = None,
-        batch_size: int = 4,
-        return_prompt: bool = True,
-        generate_ref_response: bool = False,
-        **generation_kwargs: Any,
-    ) -> Any:
-        """Sample responses: batched, left-padded, each cut after its first EOS.
-
-        A list of 1-D queries gives a list of 1-D responses (padding removed); a single 1-D query gives
-        a (1, L) tensor. `return_prompt=True` (the documented default) prepends each query (decoder-only
-        models); pass False to get only the new tokens, which is what `step()` expects as responses.
-        `length_sampler()` draws `max_new_tokens` per batch of `batch_size` queries. With
-        `generate_ref_response=True`, returns `(responses, ref_responses)`.
-        """
-        single = isinstance(query_tensor, torch.Tensor) and query_tensor.dim() == 1
-        if single:
-            queries = [as_token_tensor(query_tensor, "query_tensor")]
-        elif isinstance(query_tensor, list | tuple) and len(query_tensor) > 0:
-            queries = [as_token_tensor(q, f"query_tensor[{i}]") for i, q in enumerate(query_tensor)]
-        else:
-            raise TypeError(
-                "query_tensor must be a 1-D tensor or a non-empty list of 1-D tensors of token ids"
-            )
-        if not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-        generation_kwargs = dict(generation_kwargs)
-        pad_id = generation_kwargs.pop("pad_token_id", None)
-        pad_id = pad_id if pad_id is not None else self.tokenizer.pad_token_id
-        stop_id = generation_kwargs.pop("eos_token_id", None)
-        stop_id = stop_id if stop_id is not None else self.tokenizer.eos_token_id
-        pad_id = pad_id if pad_id is not None else stop_id
-        if pad_id is None:
-            raise ValueError("the tokenizer has neither a pad nor an eos token; pass pad_token_id=")
-        config = generation_config_from_kwargs(
-            getattr(self.policy, "generation_config", None), generation_kwargs
-        )
-        params = SamplingParams.from_generation_config(config, None if stop_id is None else [stop_id])
-        queries = [q.to(self.current_device) for q in queries]
-        # length_sampler draws one max_new_tokens per batch_size queries (TRL): one request per such group
-        step = batch_size if length_sampler is not None else len(queries)
-        groups = [(start, min(start + step, len(queries))) for start in range(0, len(queries), step)]
-        responses, ref_responses = [], []
-        for start, end in groups:
-            if length_sampler is not None:
-                params = dataclasses.replace(params, max_new_tokens=int(length_sampler()))
-            out, ref_out = self._sample(queries[start:end], pad_id, params, batch_size, generate_ref_response)
-            responses += out
-            ref_responses += ref_out
-        if return_prompt and not self.is_encoder_decoder:
-            responses = [torch.cat([q, r]) for q, r in zip(queries, responses)]
-            ref_responses = [torch.cat([q, r]) for q, r in zip(queries, ref_responses)]
-        if single:
-            responses = responses[0].unsqueeze(0)
-            ref_responses = ref_responses[0].unsqueeze(0) if generate_ref_response else ref_responses
-        return (responses, ref_responses) if generate_ref_response else responses
-
-    def _sample(self, queries, pad_id, params, chunk_size, with_reference) -> tuple[list, list]:
-        """Responses (1-D, no padding, no prompt) of the policy and, if asked, of the reference."""
-        ids, mask = pad_left(queries, pad_id)
-        record = self._records_rollouts()
-        fix_mmap_threshold()  # freed (batch, vocab) sampling blocks go back to the OS
-
-        def gathered():  # ZeRO-3 shards the weights: gather them once per call rather than once per token
-            return sharded_generation_context(
-                self.accelerator, self.policy, self.config.ds3_gather_for_generation
-            )
-
-        engine = self.config.generation_backend
-        policy = make_generation_backend(
-            self.policy,
-            pad_id,
-            engine=engine,
-            chunk_size=chunk_size,
-            weights_context=gathered,
-            value_head=self.policy.v_head if record else None,
-        )
-        out = policy.generate(
-            ids, mask, params, logprob_temperature=1.0 if record else None
-        )  # as step() scores
-        release_free_heap(self.policy, len(queries))
-        responses = [r[m] for r, m in zip(out.responses, out.response_mask)]
-        if record:
-            self.rollouts.add(queries, responses, out.logprobs, out.values, self.policy_version)
-        if not with_reference:
-            return responses, []
-        with self._reference() as ref, eval_mode(self.policy):
-            reference = make_generation_backend(
-                ref, pad_id, engine=engine, chunk_size=chunk_size, weights_context=gathered
-            )
-            ref_out = reference.generate(ids, mask, params)
-        return responses, [r[m] for r, m in zip(ref_out.responses, ref_out.response_mask)]
-
-    def _records_rollouts(self) -> bool:
-        """Whether generate() keeps logprobs and values for step() (`sampling_cache.reuse_is_exact`)."""
-        return reuse_is_exact(self.config, self.accelerator, self.policy, self.is_encoder_decoder)
+        return construction.prompt_dataloader(dataset, self.config, data_collator)
 
     # ------------------------------------------------------------------ the step
     def step(
@@ -323,23 +174,11 @@ class PPOTrainer(TRLMethods, SavingMethods):
             batch, logits, ref_logits, reused = self._score_tokens(batch, queries, responses)
         # 2. scores -> per-token rewards with the KL penalty
         with ppo_stats.timed(timing, "compute_rewards"):
-            rewards, non_score_rewards, kls = compute_token_rewards(
-                batch.scores,
-                batch.logprobs,
-                batch.ref_logprobs,
-                batch.loss_mask,
-                kl_coef=self.kl_ctl.value,
-                kl_penalty=cfg.kl_penalty,
-                logits=logits,
-                ref_logits=ref_logits,
-            )
+            rewards, non_score_rewards, kls = self._token_rewards(batch, logits, ref_logits)
             del logits, ref_logits
         # 3. GAE and whitened advantages
         with ppo_stats.timed(timing, "compute_advantages"):
-            advantages, returns = whitened_gae(
-                batch.values, rewards, batch.loss_mask, cfg.gamma, cfg.lam, whiten_rewards=cfg.whiten_rewards
-            )
-            batch = batch.replace(advantages=advantages, returns=returns)
+            batch = self._with_advantages(batch, rewards)
         # 4. PPO epochs over shuffled minibatches
         with ppo_stats.timed(timing, "optimize_step"):
             update = self._update(batch)
@@ -348,24 +187,13 @@ class PPOTrainer(TRLMethods, SavingMethods):
             stats = self._step_stats(
                 batch, queries, responses, scores, non_score_rewards, kls, update, reused
             )
-            self.kl_ctl.update(
-                float(stats["objective/kl"]), cfg.local_batch_size * self.accelerator.num_processes
-            )
-            # the rate this step's updates used, read before the scheduler moves it on
-            stats["ppo/learning_rate"] = torch.tensor(float(self.optimizer.param_groups[0]["lr"]))
-            if self.lr_scheduler is not None:
-                self.lr_scheduler.step()
+            self._advance_schedules(stats)
         timing["time/ppo/total"] = time.perf_counter() - t_start
         stats.update({k: torch.tensor(v) for k, v in timing.items()})
         self.current_step += 1
-        if cfg.optimize_device_cache:
-            gc.collect()
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
+        self._release_device_cache()
         stats = ppo_stats.stats_to_python(stats)
-        stats.update(
-            watch(self.health, stats, self.current_step, self.accelerator.is_main_process)
-        )  # health/*
+        stats.update(watch(self.health, stats, self.current_step, self.accelerator.is_main_process))
         return stats
 
     @functools.cached_property
@@ -410,6 +238,31 @@ class PPOTrainer(TRLMethods, SavingMethods):
                 with_values=with_values,
                 return_logits=return_logits,
             )
+
+    def _token_rewards(self, batch: RolloutBatch, logits, ref_logits):
+        """(rewards, non_score_rewards, kls), each (B, R): per-token rewards with the KL penalty.
+
+        The reward of a token is -kl_coef * KL_t, plus the score on the last trained token; the logits
+        are used only for `kl_penalty='full'`.
+        """
+        return compute_token_rewards(
+            batch.scores,
+            batch.logprobs,
+            batch.ref_logprobs,
+            batch.loss_mask,
+            kl_coef=self.kl_ctl.value,
+            kl_penalty=self.config.kl_penalty,
+            logits=logits,
+            ref_logits=ref_logits,
+        )
+
+    def _with_advantages(self, batch: RolloutBatch, rewards: torch.Tensor) -> RolloutBatch:
+        """The batch with GAE advantages (whitened) and returns filled in."""
+        cfg = self.config
+        advantages, returns = whitened_gae(
+            batch.values, rewards, batch.loss_mask, cfg.gamma, cfg.lam, whiten_rewards=cfg.whiten_rewards
+        )
+        return batch.replace(advantages=advantages, returns=returns)
 
     def _update(self, batch: RolloutBatch) -> UpdateResult:
         """The PPO epochs over a batch whose logprobs, values, advantages and returns are filled in."""
@@ -463,6 +316,24 @@ class PPOTrainer(TRLMethods, SavingMethods):
         if cfg.use_score_scaling or cfg.score_clip is not None:
             stats["ppo/mean_scores_scaled"] = batch.scores.mean()
         return self.gather_stats(stats)
+
+    def _advance_schedules(self, stats: dict[str, Any]) -> None:
+        """Move the KL controller and the learning-rate schedule on by one step.
+
+        Records in `stats` the learning rate this step's updates used, read before the scheduler moves it.
+        """
+        samples = self.config.local_batch_size * self.accelerator.num_processes
+        self.kl_ctl.update(float(stats["objective/kl"]), samples)
+        stats["ppo/learning_rate"] = torch.tensor(float(self.optimizer.param_groups[0]["lr"]))
+        if self.lr_scheduler is not None:
+            self.lr_scheduler.step()
+
+    def _release_device_cache(self) -> None:
+        """With `config.optimize_device_cache`, free unreferenced host objects and cached device memory."""
+        if self.config.optimize_device_cache:
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
 
     def _scale_scores(self, scores: torch.Tensor) -> torch.Tensor:
         """Running-moment score scaling / normalisation, then clipping (config.use_score_*, score_clip)."""
@@ -537,40 +408,3 @@ class PPOTrainer(TRLMethods, SavingMethods):
     def should_stop(self) -> bool:
         """True on every process once any of them got SIGINT/SIGTERM inside `with trainer.graceful_stop:`."""
         return self.graceful_stop.should_stop(self.accelerator)
-
-    # ------------------------------------------------------------------ statistics and logging
-    def record_step_stats(self, kl_coef: float, **data: Any) -> dict[str, torch.Tensor]:
-        """The step statistics (objective/*, ppo/*, tokens/*) as tensors; see `ppo_stats.summarize_step`."""
-        return ppo_stats.summarize_step(kl_coef=kl_coef, **data)
-
-    def gather_stats(self, stats: dict[str, Any]) -> dict[str, Any]:
-        """Average scalar stats over processes and concatenate distributions; identity in one process."""
-        if self.accelerator.num_processes == 1:
-            return stats
-        return ppo_stats.gather_across_processes(self.accelerator, stats, self.current_device)
-
-    def log_stats(
-        self,
-        stats: dict[str, Any],
-        batch: dict[str, Any],
-        rewards: Any,
-        columns_to_log: tuple[str, ...] | list[str] = ("query", "response"),
-    ) -> dict[str, Any]:
-        """Send the step statistics and reward summary to the trackers (`config.log_with`).
-
-        Adds env/reward_mean, env/reward_std, env/reward_dist; returns the logged dict. With wandb, a
-        table of the `columns_to_log` texts and their rewards is logged too.
-        """
-        rewards = ppo_stats.as_score_tensor(rewards).to(self.current_device)
-        if self.accelerator.num_processes > 1:
-            rewards = self.accelerator.gather(rewards)
-        logs = {**stats, **ppo_stats.reward_summary(rewards)}
-        logs.update(watch_judge(self.health, logs, self.current_step, self.accelerator.is_main_process))
-        if self.accelerator.is_main_process and self.accelerator.trackers:
-            self.accelerator.log(ppo_stats.tracker_scalars(logs), step=self.current_step)
-            with contextlib.suppress(ValueError, ImportError):  # a table of samples, for wandb only
-                table = ppo_stats.wandb_table(batch, rewards, list(columns_to_log))
-                if table is not None:
-                    wandb_tracker = self.accelerator.get_tracker("wandb", unwrap=True)
-                    wandb_tracker.log({"game_log": table}, step=self.current_step)
-        return logs

@@ -70,7 +70,10 @@ class TRLMethods:
     def compute_advantages(
         self, values: torch.Tensor, rewards: torch.Tensor, mask: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """GAE over trained tokens, advantages whitened; returns (values, advantages, returns), (B, R) each."""
+        """GAE over trained tokens, advantages whitened.
+
+        Returns (values, advantages, returns), each (B, R).
+        """
         cfg = self.config
         advantages, returns = whitened_gae(
             values, rewards, mask, cfg.gamma, cfg.lam, whiten_rewards=cfg.whiten_rewards
