@@ -155,7 +155,7 @@ def test_advantages_use_the_other_completions_of_the_same_prompt(tmp_path, token
     assert len(calls) == 2  # 6 rows scored in chunks of at most 4
     num_prompts = 6 // k
     for i in range(num_prompts):
-        rows = [i + j * num_prompts for j in range(k)]
+        rows = [i * k + j for j in range(k)]  # a prompt's k completions on consecutive rows
         assert len({prompts[r] for r in rows}) == 1, "completions of one prompt must share it"
         for r in rows:
             others = [scores[o] for o in rows if o != r]

@@ -23,22 +23,19 @@ from pathlib import Path
 from typing import Any
 
 from rlhfkit.data.loading import offline_error
+from rlhfkit.trainers.common.config import option
 
 
 @dataclass
 class ScriptArguments:
     """Where the training data comes from (a local path: this machine is offline)."""
 
-    dataset_name: str | None = field(
-        default=None,
-        metadata={
-            "help": "Local dataset: a .json/.jsonl/.csv/.parquet file, a folder of them, or a "
-            "save_to_disk folder."
-        },
+    dataset_name: str | None = option(
+        None, "Local dataset: a .json/.jsonl/.csv/.parquet file, a folder of them, or a save_to_disk folder."
     )
-    dataset_train_split: str = field(default="train", metadata={"help": "Split to train on."})
-    dataset_test_split: str = field(
-        default="test", metadata={"help": "Split to evaluate on; skipped when the dataset has no such split."}
+    dataset_train_split: str = option("train", "Split to train on.")
+    dataset_test_split: str = option(
+        "test", "Split to evaluate on; skipped when the dataset has no such split."
     )
 
 
@@ -46,27 +43,19 @@ class ScriptArguments:
 class ModelArguments:
     """Which model to load, and optional LoRA."""
 
-    model_name_or_path: str | None = field(
-        default=None, metadata={"help": "Local model folder (e.g. from `rlhfkit tiny-models`)."}
+    model_name_or_path: str | None = option(None, "Local model folder (e.g. from `rlhfkit tiny-models`).")
+    tokenizer_name_or_path: str | None = option(None, "Tokenizer folder; defaults to model_name_or_path.")
+    trust_remote_code: bool = option(False, "Allow custom model code from the folder.")
+    dtype: str = option("auto", "Weight dtype: 'auto', 'float32', 'bfloat16' or 'float16'.")
+    use_peft: bool = option(False, "Train LoRA adapters instead of all weights.")
+    lora_r: int = option(16, "LoRA rank.")
+    lora_alpha: int = option(32, "LoRA scaling numerator (scale = alpha / r).")
+    lora_dropout: float = option(0.05, "Dropout on the LoRA branch.")
+    lora_target_modules: list[str] | None = option(
+        None, "Module names to adapt; default: PEFT's choice for the architecture."
     )
-    tokenizer_name_or_path: str | None = field(
-        default=None, metadata={"help": "Tokenizer folder; defaults to model_name_or_path."}
-    )
-    trust_remote_code: bool = field(
-        default=False, metadata={"help": "Allow custom model code from the folder."}
-    )
-    dtype: str = field(
-        default="auto", metadata={"help": "Weight dtype: 'auto', 'float32', 'bfloat16' or 'float16'."}
-    )
-    use_peft: bool = field(default=False, metadata={"help": "Train LoRA adapters instead of all weights."})
-    lora_r: int = field(default=16, metadata={"help": "LoRA rank."})
-    lora_alpha: int = field(default=32, metadata={"help": "LoRA scaling numerator (scale = alpha / r)."})
-    lora_dropout: float = field(default=0.05, metadata={"help": "Dropout on the LoRA branch."})
-    lora_target_modules: list[str] | None = field(
-        default=None, metadata={"help": "Module names to adapt; default: PEFT's choice for the architecture."}
-    )
-    lora_modules_to_save: list[str] | None = field(
-        default=None, metadata={"help": "Extra modules trained fully and saved with the adapter."}
+    lora_modules_to_save: list[str] | None = option(
+        None, "Extra modules trained fully and saved with the adapter."
     )
 
     def __post_init__(self):

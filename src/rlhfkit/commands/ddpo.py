@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import io
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
 from rlhfkit.commands._args import local_folder, parse_args, run_main
+from rlhfkit.trainers.common.config import option
 from rlhfkit.trainers.ddpo.config import DDPOConfig
 
 PROG = "rlhfkit ddpo"
@@ -63,21 +64,15 @@ DEFAULT_PROMPTS = "a cat,a dog,a horse,a bird,a red flower,a blue sky"
 
 @dataclass
 class DDPOScriptArguments:
-    pretrained_model: str | None = field(
-        default=None,
-        metadata={"help": "Stable Diffusion folder or hub id; default: the offline tiny pipeline."},
+    pretrained_model: str | None = option(
+        None, "Stable Diffusion folder or hub id; default: the offline tiny pipeline."
     )
-    pretrained_revision: str | None = field(
-        default=None, metadata={"help": "Revision of --pretrained_model."}
-    )
-    reward: str = field(default="compressibility", metadata={"help": f"Reward: {' | '.join(REWARDS)}."})
-    prompts: str = field(
-        default=DEFAULT_PROMPTS, metadata={"help": "Comma-separated prompts, drawn at random."}
-    )
-    lora_rank: int = field(default=4, metadata={"help": "LoRA rank when --train_use_lora (the default)."})
-    output_dir: str | None = field(
-        default=None,
-        metadata={"help": "Where the trained weights go at the end (LoRA weights or a full pipeline)."},
+    pretrained_revision: str | None = option(None, "Revision of --pretrained_model.")
+    reward: str = option("compressibility", f"Reward: {' | '.join(REWARDS)}.")
+    prompts: str = option(DEFAULT_PROMPTS, "Comma-separated prompts, drawn at random.")
+    lora_rank: int = option(4, "LoRA rank when --train_use_lora (the default).")
+    output_dir: str | None = option(
+        None, "Where the trained weights go at the end (LoRA weights or a full pipeline)."
     )
 
     def __post_init__(self) -> None:

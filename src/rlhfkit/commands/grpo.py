@@ -15,24 +15,22 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from rlhfkit.commands._args import ScriptArguments, TrainerCommand, load_prompts, local_folder
+from rlhfkit.trainers.common.config import option
 
 
 @dataclass
 class GRPOScriptArguments(ScriptArguments):
-    reward_model_name_or_path: str | None = field(
-        default=None,
-        metadata={"help": "Local folder of a sequence-classification reward model (one output)."},
+    reward_model_name_or_path: str | None = option(
+        None, "Local folder of a sequence-classification reward model (one output)."
     )
-    reward_funcs: list[str] | None = field(
-        default=None, metadata={"help": "Reward functions as dotted import paths, e.g. 'my_rewards.correct'."}
+    reward_funcs: list[str] | None = option(
+        None, "Reward functions as dotted import paths, e.g. 'my_rewards.correct'."
     )
-    num_eval_prompts: int = field(
-        default=16, metadata={"help": "Built-in tasks only: test prompts kept aside."}
-    )
+    num_eval_prompts: int = option(16, "Built-in tasks only: test prompts kept aside.")
 
 
 def import_reward(path: str) -> Any:

@@ -13,7 +13,7 @@ the rest of each review as the reference. The win rate counts a tie as half (`rl
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from rlhfkit.commands._args import (
@@ -25,58 +25,44 @@ from rlhfkit.commands._args import (
     parse_args,
     run_main,
 )
+from rlhfkit.trainers.common.config import option
 
 PROG = "rlhfkit judge"
 
 
 @dataclass
 class JudgeArguments:
-    model_name_or_path: str | None = field(
-        default=None,
-        metadata={"help": "Local folder of the policy (causal LM) whose completions are judged."},
+    model_name_or_path: str | None = option(
+        None, "Local folder of the policy (causal LM) whose completions are judged."
     )
-    judge_model: str | None = field(
-        default=None,
-        metadata={
-            "help": "A local causal LM folder, a local reward-model folder, or a built-in rule judge "
-            "(the reward of a built-in task scored from text: positive-review, keyword, length)."
-        },
+    judge_model: str | None = option(
+        None,
+        "A local causal LM folder, a local reward-model folder, or a built-in rule judge "
+        "(the reward of a built-in task scored from text: positive-review, keyword, length).",
     )
-    num_examples: int | None = field(
-        default=None, metadata={"help": "Judge this many prompts (default: all)."}
+    num_examples: int | None = option(None, "Judge this many prompts (default: all).")
+    dataset_name: str | None = option(
+        None,
+        "Local dataset (.jsonl/.json/.csv/.parquet file or folder) with prompt and reference "
+        "completion columns; default: the built-in review openings with the rest of each review.",
     )
-    dataset_name: str | None = field(
-        default=None,
-        metadata={
-            "help": "Local dataset (.jsonl/.json/.csv/.parquet file or folder) with prompt and reference "
-            "completion columns; default: the built-in review openings with the rest of each review."
-        },
+    dataset_split: str | None = option(
+        None, "Split to read; default: the only one, else test, validation or train."
     )
-    dataset_split: str | None = field(
-        default=None,
-        metadata={"help": "Split to read; default: the only one, else test, validation or train."},
+    prompt_column: str = option("prompt", "Column holding the prompts.")
+    completion_column: str = option("completion", "Column holding the references.")
+    max_new_tokens: int = option(64, "Longest policy completion, in tokens.")
+    temperature: float = option(1.0, "Sampling temperature of the policy (> 0).")
+    seed: int = option(0, "Seed of the prompt draw (built-in prompts) and sampling.")
+    batch_size: int = option(16, "Prompts per generation chunk.")
+    output_file: str | None = option(
+        None, "Optional .jsonl: one row per prompt with both completions and the verdict."
     )
-    prompt_column: str = field(default="prompt", metadata={"help": "Column holding the prompts."})
-    completion_column: str = field(default="completion", metadata={"help": "Column holding the references."})
-    max_new_tokens: int = field(default=64, metadata={"help": "Longest policy completion, in tokens."})
-    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature of the policy (> 0)."})
-    seed: int = field(
-        default=0, metadata={"help": "Seed of the prompt draw (built-in prompts) and sampling."}
+    tokenizer_name_or_path: str | None = option(
+        None, "Policy tokenizer folder; defaults to model_name_or_path."
     )
-    batch_size: int = field(default=16, metadata={"help": "Prompts per generation chunk."})
-    output_file: str | None = field(
-        default=None,
-        metadata={"help": "Optional .jsonl: one row per prompt with both completions and the verdict."},
-    )
-    tokenizer_name_or_path: str | None = field(
-        default=None, metadata={"help": "Policy tokenizer folder; defaults to model_name_or_path."}
-    )
-    trust_remote_code: bool = field(
-        default=False, metadata={"help": "Allow custom model code from the folders."}
-    )
-    dtype: str = field(
-        default="auto", metadata={"help": "Weight dtype: 'auto', 'float32', 'bfloat16' or 'float16'."}
-    )
+    trust_remote_code: bool = option(False, "Allow custom model code from the folders.")
+    dtype: str = option("auto", "Weight dtype: 'auto', 'float32', 'bfloat16' or 'float16'.")
 
     def __post_init__(self):
         if self.num_examples is not None and self.num_examples < 1:

@@ -12,7 +12,7 @@ is a flag (defaults here suit the tiny models on a CPU); `--config file.yaml` su
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from rlhfkit.commands._args import (
     run_main,
 )
 from rlhfkit.trainers.common.checkpointing import CHECKPOINT_PREFIX, prune_checkpoints
+from rlhfkit.trainers.common.config import option
 from rlhfkit.trainers.ppo import PPOConfig, PPOTrainer
 
 PROG = "rlhfkit ppo"
@@ -38,35 +39,23 @@ SAMPLING_KWARGS = {"min_length": -1, "top_k": 0, "top_p": 1.0, "do_sample": True
 class PPOScriptArguments:
     """Data, reward and run flags; the model and LoRA flags are the shared `ModelArguments`."""
 
-    dataset_name: str = field(
-        default="length",
-        metadata={
-            "help": "Built-in task name (see rlhfkit.tasks) or a local dataset "
-            "with a 'query'/'prompt' column."
-        },
+    dataset_name: str = option(
+        "length", "Built-in task name (see rlhfkit.tasks) or a local dataset with a 'query'/'prompt' column."
     )
-    dataset_train_split: str = field(default="train", metadata={"help": "Split of a local dataset to use."})
-    reward: str = field(
-        default="task",
-        metadata={"help": "'task' (the built-in task's reward function) or a local reward-model folder."},
+    dataset_train_split: str = option("train", "Split of a local dataset to use.")
+    reward: str = option(
+        "task", "'task' (the built-in task's reward function) or a local reward-model folder."
     )
-    output_dir: str = field(default="ppo-output", metadata={"help": "Where the trained model is saved."})
-    max_new_tokens: int = field(default=8, metadata={"help": "Longest response, in tokens."})
-    num_prompts: int | None = field(
-        default=None, metadata={"help": "Use only this many prompts (None: all)."}
+    output_dir: str = option("ppo-output", "Where the trained model is saved.")
+    max_new_tokens: int = option(8, "Longest response, in tokens.")
+    num_prompts: int | None = option(None, "Use only this many prompts (None: all).")
+    save_steps: int = option(0, "Checkpoint every N steps into output_dir/checkpoint-<step> (0: off).")
+    save_total_limit: int | None = option(
+        None, "Keep at most this many checkpoint-<step> folders (None: all)."
     )
-    save_steps: int = field(
-        default=0, metadata={"help": "Checkpoint every N steps into output_dir/checkpoint-<step> (0: off)."}
-    )
-    save_total_limit: int | None = field(
-        default=None, metadata={"help": "Keep at most this many checkpoint-<step> folders (None: all)."}
-    )
-    resume_from_checkpoint: str | None = field(
-        default=None,
-        metadata={
-            "help": "A checkpoint-<step> folder, or an output folder (its newest intact checkpoint), "
-            "to continue from."
-        },
+    resume_from_checkpoint: str | None = option(
+        None,
+        "A checkpoint-<step> folder, or an output folder (its newest intact checkpoint), to continue from.",
     )
 
 
@@ -74,13 +63,11 @@ class PPOScriptArguments:
 class PPOCommandConfig(PPOConfig):
     """PPOConfig with defaults that finish in a minute or two with the tiny models on a CPU."""
 
-    steps: int = field(default=25, metadata={"help": "Number of PPO steps (batches of prompts)."})
-    batch_size: int = field(default=32, metadata={"help": "Prompts per step."})
-    mini_batch_size: int = field(default=16, metadata={"help": "Samples per forward/backward pass."})
-    learning_rate: float = field(
-        default=1e-3, metadata={"help": "Adam learning rate (high: tiny random models)."}
-    )
-    init_kl_coef: float = field(default=0.05, metadata={"help": "Initial KL coefficient."})
+    steps: int = option(25, "Number of PPO steps (batches of prompts).")
+    batch_size: int = option(32, "Prompts per step.")
+    mini_batch_size: int = option(16, "Samples per forward/backward pass.")
+    learning_rate: float = option(1e-3, "Adam learning rate (high: tiny random models).")
+    init_kl_coef: float = option(0.05, "Initial KL coefficient.")
 
 
 def prompt_dataset(args: PPOScriptArguments, tokenizer: Any):

@@ -11,7 +11,7 @@ TrainingArguments field is a flag; `--config file.yaml` supplies defaults.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from rlhfkit.commands._args import (
@@ -24,15 +24,14 @@ from rlhfkit.commands._args import (
     run_main,
 )
 from rlhfkit.data.loading import offline_error
+from rlhfkit.trainers.common.config import option
 
 PROG = "rlhfkit rloo"
 
 
 @dataclass
 class RLOOScriptArguments(ScriptArguments):
-    num_eval_prompts: int = field(
-        default=16, metadata={"help": "Built-in tasks only: how many test prompts to use for sample tables."}
-    )
+    num_eval_prompts: int = option(16, "Built-in tasks only: how many test prompts to use for sample tables.")
 
 
 def _default(name: str) -> str:

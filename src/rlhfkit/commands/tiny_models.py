@@ -2,23 +2,20 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from rlhfkit.testing import TINY_MODEL_NAMES, cache_root, tiny_model_path, tiny_tokenizer_path
+from rlhfkit.trainers.common.config import option
 
 
 @dataclass
 class TinyModelsArguments:
-    cache_dir: str | None = field(
-        default=None,
-        metadata={
-            "help": "Cache folder (default: $RLHFKIT_CACHE or ~/.cache/rlhfkit); "
-            "a versioned subfolder is used."
-        },
+    cache_dir: str | None = option(
+        None, "Cache folder (default: $RLHFKIT_CACHE or ~/.cache/rlhfkit); a versioned subfolder is used."
     )
-    names: list[str] = field(
+    names: list[str] = option(
+        help=f"Models to build (default: all). Choices: {', '.join(TINY_MODEL_NAMES)}.",
         default_factory=lambda: list(TINY_MODEL_NAMES),
-        metadata={"help": f"Models to build (default: all). Choices: {', '.join(TINY_MODEL_NAMES)}."},
     )
 
 

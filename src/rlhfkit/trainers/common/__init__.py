@@ -5,6 +5,9 @@ trainer_setup.py         how the Trainer-style trainers (reward, SFT, DPO) set t
 config.py                config fields declared once (`option`, the mixins) and their checks
 legacy_training_args.py  TrainingArguments names transformers 5 removed, still accepted
 checkpointing.py         the one checkpoint format: atomic `checkpoint-<step>` folders with checksums
+atomic_folders.py        folders published by renames only; the output folder's lock (one run per folder)
+checkpoint_manifest.py   a checkpoint's manifest of checksums, and the checks before anything is loaded
+state_files.py           state other than weights as JSON plus safetensors (`save_state`, `load_state`)
 sharding.py              models sharded across processes (ZeRO-3, FSDP2): generation and checkpoints
 guards.py                non-finite step guard, SIGINT/SIGTERM handling, atomic Trainer saves
 health.py                health alarms over the logged metrics

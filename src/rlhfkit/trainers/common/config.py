@@ -29,7 +29,7 @@ def option(default: Any = MISSING, help: str = "", **field_kwargs: Any) -> Any:
 
 @dataclass
 class NonfiniteStepLimit:
-    """The tolerance of every trainer for NaN/inf steps (see `rlhfkit.trainers.common.guards.NonFiniteGuard`)."""
+    """The tolerance of every trainer for NaN/inf steps (`rlhfkit.trainers.common.guards.NonFiniteGuard`)."""
 
     max_consecutive_nonfinite_steps: int = option(
         3,
@@ -80,9 +80,9 @@ class HealthChecks:
 
     health_checks: bool = option(
         True,
-        "Watch the training metrics for runaway KL, entropy collapse, length exploitation, reward hacking (with a "
-        "judge's eval/win_rate), clipping blow-up and sampling/training logprob gaps: log health/* metrics and warn "
-        "(HealthWarning) at most once per alarm every 100 steps.",
+        "Watch the training metrics for runaway KL, entropy collapse, length exploitation, reward "
+        "hacking (with a judge's eval/win_rate), clipping blow-up and sampling/training logprob gaps: "
+        "log health/* metrics and warn (HealthWarning) at most once per alarm every 100 steps.",
     )
 
 
@@ -97,7 +97,8 @@ def exact_div(a: int, b: int, what: str = "") -> int:
 
 
 def check_positive_integers(config: Any, names: tuple[str, ...], optional: tuple[str, ...] = ()) -> None:
-    """ValueError naming the first field of `names` (or of `optional`, unless None) that is not an integer >= 1."""
+    """ValueError naming the first field of `names` (or of `optional`, unless None) that is not an
+    integer >= 1."""
     for name in (*names, *(n for n in optional if getattr(config, n) is not None)):
         value = getattr(config, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -105,7 +106,8 @@ def check_positive_integers(config: Any, names: tuple[str, ...], optional: tuple
 
 
 def check_field_types(config: Any, skip_fields_of: type | None = None) -> None:
-    """Raise a TypeError naming the field when a config value does not match its int/float/str/bool annotation.
+    """Raise a TypeError naming the field when a config value does not match its annotation (int, float,
+    str or bool).
 
     Dataclasses do not check types, so `cliprange="0.2"` would otherwise fail later with an unrelated
     comparison error. Fields declared by `skip_fields_of` (e.g. TrainingArguments, which converts its own

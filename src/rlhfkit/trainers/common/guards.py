@@ -46,7 +46,8 @@ class NonFiniteError(RuntimeError):
 
 
 def any_across_ranks(flag: bool, accelerator: Any = None) -> bool:
-    """True when `flag` is True on any process, so all ranks take the same branch (and no collective hangs)."""
+    """True when `flag` is True on any process, so all ranks take the same branch (and no collective
+    hangs)."""
     if accelerator is None or getattr(accelerator, "num_processes", 1) <= 1:
         return flag
     t = torch.tensor([1.0 if flag else 0.0], device=accelerator.device)
@@ -233,7 +234,8 @@ def _trainer_callback_class() -> type:
 
 
 class RobustTrainerMixin:
-    """Put before `transformers.Trainer` in a trainer's bases: `class SFTTrainer(RobustTrainerMixin, Trainer)`.
+    """Put before `transformers.Trainer` in a trainer's bases:
+    `class SFTTrainer(RobustTrainerMixin, Trainer)`.
 
     Adds: atomic checkpoint folders, save-and-stop on SIGINT/SIGTERM, skipping of non-finite steps with
     `args.max_consecutive_nonfinite_steps` (default 3) in a row allowed before the run stops.
@@ -263,7 +265,8 @@ class RobustTrainerMixin:
             resume_from_checkpoint = latest_checkpoint(self.args.output_dir)  # the newest intact one
             if resume_from_checkpoint is None:
                 raise ValueError(
-                    f"resume_from_checkpoint=True but {self.args.output_dir} holds no intact checkpoint-* folder"
+                    f"resume_from_checkpoint=True but {self.args.output_dir} holds no intact "
+                    "checkpoint-* folder"
                 )
         if resume_from_checkpoint:
             resume_from_checkpoint = str(verify_checkpoint(resume_from_checkpoint))
@@ -300,7 +303,8 @@ class RobustTrainerMixin:
     def guarded_optimizer_step(self, model: Any, **named: Any) -> bool:
         """`optimizer.step()` for hand-written loops, skipped when `check_step_is_finite` says no.
 
-        Under fp16 loss scaling the step always reaches the GradScaler, which skips a non-finite update itself.
+        Under fp16 loss scaling the step always reaches the GradScaler, which skips a non-finite update
+        itself.
         """
         if self.check_step_is_finite(model, **named) or loss_scaler_active(self.accelerator):
             self.optimizer.step()

@@ -280,8 +280,8 @@ class HealthMonitor:
         if self.kl_target is not None:  # adaptive: below its target the controller lets the KL rise
             floor = self.kl_target
             how = (
-                f"is above its target {self.kl_target:.3g} and grows {growth:.0%}/step, faster than the adaptive "
-                f"controller can follow (+{self.kl_hold_rate:.1%}/step at most)"
+                f"is above its target {self.kl_target:.3g} and grows {growth:.0%}/step, faster than the "
+                f"adaptive controller can follow (+{self.kl_hold_rate:.1%}/step at most)"
             )
         else:
             length = self._series.get("length")
@@ -300,8 +300,8 @@ class HealthMonitor:
         message = None
         if ratio < self.thresholds.entropy_floor:
             message = (
-                f"entropy {entropy.now:.3g} fell to {ratio:.0%} of its start ({entropy.start:.3g}), the policy is "
-                f"turning deterministic: lower learning_rate or raise {self.names.kl_option}"
+                f"entropy {entropy.now:.3g} fell to {ratio:.0%} of its start ({entropy.start:.3g}), the "
+                f"policy is turning deterministic: lower learning_rate or raise {self.names.kl_option}"
             )
         return {"health/entropy_ratio": ratio}, message
 
@@ -313,9 +313,9 @@ class HealthMonitor:
         message = None
         if abs(drift) > self.thresholds.length_drift and rise > 0:
             message = (
-                f"completions {'grew' if drift > 0 else 'shrank'} {abs(drift):.0%} (to {length.now:.3g} tokens) "
-                f"while the reward rose by {rise:.3g}: the reward may pay for length rather than quality; read "
-                "samples, add a length penalty or judge the completions"
+                f"completions {'grew' if drift > 0 else 'shrank'} {abs(drift):.0%} "
+                f"(to {length.now:.3g} tokens) while the reward rose by {rise:.3g}: the reward may pay for "
+                "length rather than quality; read samples, add a length penalty or judge the completions"
             )
         return {"health/length_drift": drift, "health/reward_change": rise}, message
 
@@ -328,9 +328,10 @@ class HealthMonitor:
         message = None
         if drop > self.thresholds.win_rate_drop and reward > best_reward:  # NaN rewards compare False
             message = (
-                f"the learned reward rose ({best_reward:.3g} -> {reward:.3g}) while the judge's win rate fell from "
-                f"{best:.1%} to {rate:.1%}: the policy may be gaming the reward model; keep the checkpoint of step "
-                f"{best_step}, raise {self.names.kl_option} or retrain the reward model on fresh samples"
+                f"the learned reward rose ({best_reward:.3g} -> {reward:.3g}) while the judge's win rate "
+                f"fell from {best:.1%} to {rate:.1%}: the policy may be gaming the reward model; keep the "
+                f"checkpoint of step {best_step}, raise {self.names.kl_option} or retrain the reward model "
+                "on fresh samples"
             )
         return {"health/win_rate_drop": drop}, message
 
@@ -344,8 +345,8 @@ class HealthMonitor:
         message = None
         if found:
             message = (
-                f"{' and '.join(found)}: each update moves the policy too far; lower learning_rate, or train on "
-                "more or larger mini-batches with fewer epochs"
+                f"{' and '.join(found)}: each update moves the policy too far; lower learning_rate, or "
+                "train on more or larger mini-batches with fewer epochs"
             )
         return {}, message
 
@@ -360,8 +361,8 @@ class HealthMonitor:
         message = None
         if found:
             message = (
-                f"{' and '.join(found)} nats: the sampler and the training forward pass disagree; generate in the "
-                "training dtype with dropout off, or correct for the gap with importance weights"
+                f"{' and '.join(found)} nats: the sampler and the training forward pass disagree; generate "
+                "in the training dtype with dropout off, or correct for the gap with importance weights"
             )
         return {}, message
 

@@ -5,7 +5,8 @@ fields that transformers 5 dropped (`no_cuda`, `warmup_ratio`, `evaluation_strat
 declared here once, as a field with its transformers 4 default, so it works both as a constructor
 keyword and as an `HfArgumentParser` flag. Before `TrainingArguments.__post_init__` runs, a value other
 than that default is moved to its successor (or dropped where transformers 5 has none) and the field is
-reset, so a saved config reloads without re-applying it. Each old name warns once per process, naming the replacement.
+reset, so a saved config reloads without re-applying it. Each old name warns once per process, naming the
+replacement.
 """
 
 from __future__ import annotations

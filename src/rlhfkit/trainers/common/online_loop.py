@@ -96,9 +96,8 @@ class OnlineTrainerLoop:
             stateful_callbacks=dict(self.state.stateful_callbacks),
         )
         if self.health is None and args.health_checks and self._health_metrics:
-            self.health = monitor_for(
-                self._health_metrics
-            )  # before resuming: the checkpoint holds its history
+            # before resuming: the checkpoint holds its history
+            self.health = monitor_for(self._health_metrics)
         self._resume(resume_from_checkpoint)
         per_update = self._episodes_per_update()
         self.state.max_steps = num_updates
@@ -149,7 +148,8 @@ class OnlineTrainerLoop:
         return TrainOutput(self.state.global_step, mean_loss, {"train_loss": mean_loss})
 
     def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
-        """Trainer's log; a judge's win rate logged on its own (by a callback) reaches the health alarms too."""
+        """Trainer's log; a judge's win rate logged on its own (by a callback) reaches the health alarms
+        too."""
         logs = {
             **logs,
             **watch_judge(self.health, logs, self.state.global_step, self.is_world_process_zero()),
@@ -157,12 +157,14 @@ class OnlineTrainerLoop:
         super().log(logs, *args, **kwargs)
 
     def _resume(self, checkpoint: str | bool | None) -> None:
-        """Load weights, optimizer, scheduler, Trainer state and RNG of a verified checkpoint (True: the newest)."""
+        """Load weights, optimizer, scheduler, Trainer state and RNG of a verified checkpoint (True: the
+        newest)."""
         if checkpoint is True:
             checkpoint = latest_checkpoint(self.args.output_dir)  # the newest intact one
             if checkpoint is None:
                 raise ValueError(
-                    f"resume_from_checkpoint=True but {self.args.output_dir} holds no intact checkpoint-* folder"
+                    f"resume_from_checkpoint=True but {self.args.output_dir} holds no intact "
+                    "checkpoint-* folder"
                 )
         if not checkpoint:
             return
@@ -173,7 +175,8 @@ class OnlineTrainerLoop:
         self._load_rng_state(checkpoint)
 
     def _save_rng_state(self, output_dir: str) -> None:
-        """Trainer's per-process RNG file, plus this trainer's `_loop_state` (written only when it has one)."""
+        """Trainer's per-process RNG file, plus this trainer's `_loop_state` (written only when it has
+        one)."""
         super()._save_rng_state(output_dir)
         state = self._loop_state()
         if state is not None:
@@ -217,7 +220,8 @@ class OnlineTrainerLoop:
             )
 
     def _gathered_weights(self) -> contextlib.AbstractContextManager:
-        """Under DeepSpeed ZeRO-3, the policy's sharded weights gathered once per generation (unless told not to)."""
+        """Under DeepSpeed ZeRO-3, the policy's sharded weights gathered once per generation (unless told
+        not to)."""
         return sharded_generation_context(self.accelerator, self.model, self.args.ds3_gather_for_generation)
 
     def _sampler(self, chunk_size: int | None = None) -> HFGenerationBackend:

@@ -158,17 +158,8 @@ class RichProgressCallback(TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         if self.progress is None or not logs:
             return
-        shown = {
-            k: logs[k]
-            for k in (
-                "objective/rlhf_reward",
-                "objective/scores",
-                "objective/kl",
-                "reward",
-                "kl",
-            )  # RLOO, GRPO
-            if k in logs
-        }
+        keys = ("objective/rlhf_reward", "objective/scores", "objective/kl", "reward", "kl")  # RLOO, GRPO
+        shown = {k: logs[k] for k in keys if k in logs}
         info = "  ".join(f"{k.split('/')[-1]}={v:.3g}" for k, v in shown.items())
         self.progress.update(self.task, info=info)
         self.progress.console.print({k: round(v, 5) if isinstance(v, float) else v for k, v in logs.items()})

@@ -61,7 +61,8 @@ def tokenize_prompts(
 def tokenize_datasets(
     train_dataset: Any, eval_dataset: Any, tokenizer: Any, num_proc: int | None, keep_columns: bool = False
 ) -> tuple[Any, Any]:
-    """`tokenize_prompts` over the train set and the evaluation set(s): None, one dataset, or a dict by name."""
+    """`tokenize_prompts` over the train set and the evaluation set(s): None, one dataset, or a dict by
+    name."""
     train_dataset = tokenize_prompts(train_dataset, tokenizer, num_proc, "train_dataset", keep_columns)
     if isinstance(eval_dataset, dict):  # named evaluation sets: one sample table each
         if not eval_dataset:

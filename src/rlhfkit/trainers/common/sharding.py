@@ -8,8 +8,9 @@ therefore a collective (every rank calls it, in the same order) that leaves whol
 process to write, in the files of an unsharded run, so a single process loads them. Loading gives each
 rank its slice of the whole tensors that every rank has read.
 
-Each process also draws its own random numbers: `rng_state` takes one process's state, for it to restore alone.
-`run_together` / `save_in_phases` let every process learn at once that one of them failed its part of a save.
+Each process also draws its own random numbers: `rng_state` takes one process's state, for it to restore
+alone. `run_together` / `save_in_phases` let every process learn at once that one of them failed its part
+of a save.
 """
 
 from __future__ import annotations
@@ -162,7 +163,8 @@ def gather_tensors(state: dict[str, Any]) -> dict[str, Any]:
 
 
 def shard_like(targets: dict[str, Any], whole: dict[str, torch.Tensor]) -> dict[str, Any]:
-    """`whole[k]` cut as `targets[k]` is sharded (a DTensor slice per rank), ready for the owner's own loader."""
+    """`whole[k]` cut as `targets[k]` is sharded (a DTensor slice per rank), ready for the owner's own
+    loader."""
     from torch.distributed.tensor import DTensor, distribute_tensor
 
     return {
@@ -175,8 +177,8 @@ def shard_like(targets: dict[str, Any], whole: dict[str, torch.Tensor]) -> dict[
 
 def gather_optimizer_state(model: torch.nn.Module, optimizer: Any) -> dict[str, Any]:
     """The optimizer's state, whole and keyed by parameter name (a collective: call on every rank). The main
-    process gets it on the CPU, the others an empty dict. A plain optimizer of the same parameters, in the same
-    order, loads it with `load_state_dict`."""
+    process gets it on the CPU, the others an empty dict. A plain optimizer of the same parameters, in the
+    same order, loads it with `load_state_dict`."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)

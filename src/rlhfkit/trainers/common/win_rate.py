@@ -115,7 +115,8 @@ class WinRateCallback(TrainerCallback):
 
     # ------------------------------------------------------------------ PPOTrainer
     def on_ppo_step(self, ppo_trainer: Any = None, step: int | None = None) -> dict[str, float]:
-        """Call after `PPOTrainer.step()`: the win-rate metrics when `step` (default: steps taken) is due, else {}.
+        """Call after `PPOTrainer.step()`: the win-rate metrics when `step` (default: steps taken) is due,
+        else {}.
 
         Merge the result into the stats given to `log_stats`: `stats.update(callback.on_ppo_step(trainer))`.
         Every process calls it; only the main one samples and gets the metrics.
@@ -127,9 +128,7 @@ class WinRateCallback(TrainerCallback):
         if step % self.every_n_steps or not trainer.accelerator.is_main_process:
             return {}
         _check_unsharded(trainer.accelerator)
-        if (
-            self.reference is None
-        ):  # the policy now: create the callback before the first step to get the start
+        if self.reference is None:  # the policy now: create the callback before the first step for the start
             self.reference = choose_reference(trainer.model, self.reference_model, argument="reference_model")
         folder = self.output_dir or trainer.accelerator.project_dir
         return self.evaluate(trainer.model, trainer.tokenizer, step, folder, trainer=trainer)
@@ -138,7 +137,8 @@ class WinRateCallback(TrainerCallback):
     def evaluate(
         self, model: torch.nn.Module, tokenizer: Any, step: int, output_dir: str | None, trainer: Any = None
     ) -> dict[str, float]:
-        """Sample policy and reference, judge the pairs, save them; returns the three `eval/win_rate*` metrics."""
+        """Sample policy and reference, judge the pairs, save them; returns the three `eval/win_rate*`
+        metrics."""
         tokenizer = self.tokenizer if self.tokenizer is not None else tokenizer
         if tokenizer is None:
             raise ValueError(
@@ -229,6 +229,6 @@ def _check_unsharded(accelerator: Any) -> None:
         plugin is not None and plugin.zero_stage == 3
     ):
         raise ValueError(
-            "WinRateCallback samples on the main process alone, which needs unsharded weights: it does not run "
-            "under DeepSpeed ZeRO-3 or FSDP"
+            "WinRateCallback samples on the main process alone, which needs unsharded weights: it does not "
+            "run under DeepSpeed ZeRO-3 or FSDP"
         )

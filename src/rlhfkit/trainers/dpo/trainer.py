@@ -5,7 +5,8 @@ over rejected than the frozen reference does:
     logits = [log pi(c) - log pi(r)] - [log ref(c) - log ref(r)],   loss = f(beta * logits)
 with f chosen by `loss_type` (sigmoid = DPO, hinge = SLiC, ipo = IPO) in `rlhfkit.core.losses`.
 The reference is a frozen copy of the policy, or, for a PEFT policy, the same network with its
-frozen SFT reference adapter active or its adapters switched off; its log-probs can also be computed once up front (precompute_ref_log_probs).
+frozen SFT reference adapter active or its adapters switched off; its log-probs can also be computed once
+up front (precompute_ref_log_probs). The forward passes are in `rlhfkit.trainers.dpo.forward`.
 """
 
 from __future__ import annotations
@@ -20,21 +21,19 @@ from torch import nn
 from torch.utils.data import DataLoader
 from transformers import AutoModelForCausalLM
 
-from rlhfkit.core.logprobs import selective_log_softmax
 from rlhfkit.core.losses import dpo_loss
-from rlhfkit.data.collators import DPODataCollatorWithPadding, cat_padded
+from rlhfkit.data.collators import DPODataCollatorWithPadding
 from rlhfkit.data.preference import prepare_dpo_dataset
 from rlhfkit.models.reference import Reference, choose_reference
-from rlhfkit.rollout.lm_head import chunked_label_logprobs
-from rlhfkit.rollout.scoring import forward_accepts, prefers_chunked_head
 from rlhfkit.trainers.common import trainer_setup
 from rlhfkit.trainers.common.trainer_setup import MetricBuffer, OfflineTrainer, load_model, load_policy
 from rlhfkit.trainers.dpo.config import DPOConfig
+from rlhfkit.trainers.dpo.forward import ForwardMethods
 
 logger = logging.getLogger(__name__)
 
 
-class DPOTrainer(OfflineTrainer):
+class DPOTrainer(ForwardMethods, OfflineTrainer):
     """`transformers.Trainer` for DPO; TRL 0.x's keyword arguments override the matching `args` fields.
 
     `ref_model=None` means, for a PEFT policy (or when `peft_config` is given): its frozen SFT
@@ -121,7 +120,8 @@ class DPOTrainer(OfflineTrainer):
         if pad is None:
             if processing_class is None:
                 raise ValueError(
-                    "DPOTrainer: give `processing_class` (or `tokenizer`) or `padding_value` to pad the batches"
+                    "DPOTrainer: give `processing_class` (or `tokenizer`) or `padding_value` to pad the "
+                    "batches"
                 )
             pad = processing_class.pad_token_id
             if pad is None:
@@ -170,122 +170,7 @@ class DPOTrainer(OfflineTrainer):
             arg=arg,
         )
 
-    # --- forward passes -----------------------------------------------------------------------------
-
-    def concatenated_inputs(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Stack chosen (first B rows) and rejected (last B rows), padded to one width."""
-        out = {}
-        for key, pad in (
-            ("input_ids", self.padding_value),
-            ("attention_mask", 0),
-            ("labels", self.label_pad_token_id),
-        ):
-            out[f"concatenated_{key}"] = cat_padded(batch[f"chosen_{key}"], batch[f"rejected_{key}"], pad)
-        return out
-
-    def sequence_logps(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """Summed log-probs of the label tokens: logits (N, T, V), labels (N, T) -> (N,).
-
-        The token at t is scored by the logits at t-1; label_pad positions contribute nothing.
-        """
-        labels = labels[:, 1:]
-        logits = logits[:, :-1]
-        response_mask = labels != self.label_pad_token_id
-        logprobs = selective_log_softmax(logits, torch.where(response_mask, labels, 0))
-        return (logprobs * response_mask).sum(-1)
-
-    def concatenated_forward(
-        self, model: nn.Module, batch: dict[str, torch.Tensor]
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One forward pass over both sides: (chosen_logps, rejected_logps, chosen_logits, rejected_logits).
-
-        Log-probs are summed over each response, (B,) each. The logits are per token, (B, T', V) each,
-        as TRL 0.x's API returns them: T' is the padded width of the concatenated batch, or, for a model
-        whose forward takes `logits_to_keep`, its last positions from the one before the earliest
-        response token on (the prompt-only head of the batch is never scored).
-        """
-        inputs = self.concatenated_inputs(batch)
-        labels = inputs["concatenated_labels"]
-        kwargs = {}
-        keep = self._logits_to_keep(model, labels)
-        if keep is not None:  # the prompt-only head of the batch needs no vocabulary projection
-            kwargs["logits_to_keep"] = keep
-            labels = labels[:, -keep:]
-        logits = model(
-            input_ids=inputs["concatenated_input_ids"],
-            attention_mask=inputs["concatenated_attention_mask"],
-            use_cache=False,
-            **kwargs,
-        ).logits
-        logps = self.sequence_logps(logits, labels)
-        n = batch["chosen_input_ids"].shape[0]
-        return logps[:n], logps[n:], logits[:n], logits[n:]
-
-    def _concatenated_logps(
-        self, model: nn.Module, batch: dict[str, torch.Tensor], with_mean_logits: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """(chosen_logps, rejected_logps, chosen mean logit, rejected mean logit), (B,) each; means None unless asked.
-
-        Training and the reference pass use it. When the (2B, T, V) logits would be large
-        (`prefers_chunked_head`) and the head is a plain linear layer, the label tokens are scored in chunks from
-        the final hidden states (`rollout.lm_head`): no (2B, T', V) tensor. Otherwise, or when a subclass overrides
-        `concatenated_forward`, it is `concatenated_forward` plus `_mean_response_logit`: same numbers.
-        """
-        inputs = self.concatenated_inputs(batch)
-        labels, n, chunked = inputs["concatenated_labels"], batch["chosen_input_ids"].shape[0], None
-        own_forward = type(self).concatenated_forward is DPOTrainer.concatenated_forward
-        if own_forward and prefers_chunked_head(model, labels.numel()):
-            chunked = chunked_label_logprobs(
-                model,
-                labels,
-                ignore_index=self.label_pad_token_id,
-                with_mean_logits=with_mean_logits,
-                input_ids=inputs["concatenated_input_ids"],
-                attention_mask=inputs["concatenated_attention_mask"],
-                use_cache=False,
-            )
-        if chunked is None:  # full logits: small enough, a custom forward, or a head the chunked path lacks
-            chosen, rejected, logits_chosen, logits_rejected = self.concatenated_forward(model, batch)
-            if not with_mean_logits:
-                return chosen, rejected, None, None
-            # taken now, so the (B, T', V) logits are not alive during the reference pass
-            mean_chosen = self._mean_response_logit(logits_chosen, labels[:n])
-            return chosen, rejected, mean_chosen, self._mean_response_logit(logits_rejected, labels[n:])
-        logprobs, mask, mean_logits = chunked
-        logps = logprobs.sum(-1)
-        if not with_mean_logits:
-            return logps[:n], logps[n:], None, None
-        # over the positions that predict response tokens, as `_mean_response_logit` averages them
-        means = (mean_logits * mask).sum(1) / mask.sum(1).clamp(min=1)
-        return logps[:n], logps[n:], means[:n], means[n:]
-
-    def _mean_response_logit(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """Mean logit over the vocabulary at the positions that predict response tokens: (N, T', V) -> (N,).
-
-        `labels` (N, T) are the concatenated labels of the same rows; their last T' columns line up with
-        the logits.
-        """
-        response_mask = labels[:, -logits.shape[1] :][:, 1:] != self.label_pad_token_id
-        # sum over the vocabulary first: no (N, T', V) temporary just for a logged statistic
-        row_sums = logits[:, :-1].detach().sum(-1)
-        counts = (response_mask.sum(1) * logits.shape[-1]).clamp(min=1)
-        return (row_sums * response_mask).sum(1) / counts
-
-    def _logits_to_keep(self, model: nn.Module, labels: torch.Tensor) -> int | None:
-        """How many final positions need logits: from the one before the earliest label on (None: all).
-
-        Saves the vocabulary projection, its backward and the softmax over prompt positions that are never
-        scored. Exact: the LM head is applied per position, so the kept logits equal a full forward's.
-        """
-        if not forward_accepts(model, "logits_to_keep"):
-            return None
-        labelled = labels != self.label_pad_token_id
-        rows = labelled.any(1)
-        if not bool(rows.any()):
-            return None
-        first = int(labelled.float().argmax(1)[rows].min())
-        keep = labels.shape[1] - max(first - 1, 0)
-        return keep if keep < labels.shape[1] else None
+    # --- the reference ------------------------------------------------------------------------------
 
     @contextlib.contextmanager
     def _reference(self):

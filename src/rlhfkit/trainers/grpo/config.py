@@ -27,7 +27,6 @@ from rlhfkit.trainers.common.config import (
     option,
 )
 
-LOSS_TYPES = tuple(POLICY_LOSSES)
 SCALE_REWARDS = ("group", "batch", "none")
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 
@@ -77,7 +76,7 @@ class GRPOConfig(GenerationOptions, HealthChecks, ModelInitKwargs, HFTrainerConf
         "token", "'token': one ratio per token; 'sequence': one per completion (GSPO)."
     )
     loss_type: str = option(
-        "dapo", "How token losses are aggregated: grpo, dr_grpo, dapo (default), bnpo, gspo or cispo."
+        "dapo", f"The policy loss, a key of core.policy_losses.POLICY_LOSSES: {', '.join(POLICY_LOSSES)}."
     )
     scale_rewards: str = option(
         "group", "Divide advantages by the reward std of the 'group', the 'batch', or 'none' (True/False)."
@@ -157,7 +156,7 @@ class GRPOConfig(GenerationOptions, HealthChecks, ModelInitKwargs, HFTrainerConf
 
     def _check_choices(self) -> None:
         choices = {
-            "loss_type": (self.loss_type, LOSS_TYPES),
+            "loss_type": (self.loss_type, tuple(POLICY_LOSSES)),  # read now: the registry is the one list
             "scale_rewards": (self.scale_rewards, SCALE_REWARDS),
             "importance_sampling_level": (self.importance_sampling_level, IMPORTANCE_SAMPLING_LEVELS),
         }

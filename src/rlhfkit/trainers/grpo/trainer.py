@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, ProgressCallback, Trainer
+from transformers import AutoModelForCausalLM, ProgressCallback, Trainer
 
 from rlhfkit.core.advantages import group_advantages
 from rlhfkit.core.kl import per_token_kl
@@ -33,78 +33,26 @@ from rlhfkit.core.masking import masked_mean
 from rlhfkit.core.policy_losses import entropy_mask, policy_loss
 from rlhfkit.models.reference import choose_reference
 from rlhfkit.rewards.scoring import RewardScorer
-from rlhfkit.rollout import SamplingParams, forward_response
+from rlhfkit.rollout import forward_response
 from rlhfkit.rollout.batch import RolloutBatch
 from rlhfkit.trainers.common.guards import RobustTrainerMixin, any_across_ranks
 from rlhfkit.trainers.common.online_loop import OnlineTrainerLoop
-from rlhfkit.trainers.common.progress import (
-    RichProgressCallback,
-    print_sample_table,
-    save_samples,
-    text_writer,
-)
-from rlhfkit.trainers.common.prompts import (
-    PromptSchedule,
-    check_prompts,
-    datasets_by_argument,
-    tokenize_datasets,
-)
-from rlhfkit.trainers.common.trainer_setup import disable_dropout, load_model, load_policy, resolve_args
+from rlhfkit.trainers.common.progress import RichProgressCallback
+from rlhfkit.trainers.common.prompts import PromptSchedule
+from rlhfkit.trainers.common.trainer_setup import disable_dropout, load_policy, resolve_args
 from rlhfkit.trainers.grpo.config import GRPOConfig
 from rlhfkit.trainers.grpo.groups import SampledGroups, completion_stats, fill_batch, reward_stats
-
-OWNER = "GRPOTrainer"
-
-
-def reward_sources(reward_funcs: Any, init_kwargs: dict | None) -> tuple[list, list[str]]:
-    """The reward functions and models (a local path is loaded as a one-output classifier) and their names."""
-    funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
-    if not funcs:
-        raise ValueError(f"{OWNER}: reward_funcs is empty; give at least one reward function or model")
-    sources, names = [], []
-    for func in funcs:
-        if isinstance(func, str):
-            func = load_model(
-                func, AutoModelForSequenceClassification, {**(init_kwargs or {}), "num_labels": 1}, OWNER
-            )
-        if isinstance(func, nn.Module):
-            names.append(
-                str(getattr(func.config, "_name_or_path", "") or type(func).__name__)
-                .rstrip("/")
-                .split("/")[-1]
-            )
-        elif callable(func):
-            names.append(getattr(func, "__name__", None) or type(func).__name__)
-        else:
-            raise TypeError(
-                f"{OWNER}: reward_funcs must hold callables, models or model paths, got {type(func).__name__}"
-            )
-        sources.append(func)
-    return sources, names
+from rlhfkit.trainers.grpo.reporting import ReportingMethods
+from rlhfkit.trainers.grpo.setup import (
+    OWNER,
+    default_output_dir,
+    prepare_datasets,
+    reward_sources,
+    sampling_params,
+)
 
 
-def _truncate_prompts(dataset: Any, max_length: int | None) -> Any:
-    """Keep the last `max_length` tokens of longer prompts (as TRL did)."""
-    if dataset is None or not max_length or max(len(ids) for ids in dataset["input_ids"]) <= max_length:
-        return dataset
-    return dataset.map(lambda row: {"input_ids": row["input_ids"][-max_length:]}, desc="truncating prompts")
-
-
-def _prepare_datasets(train_dataset, eval_dataset, tokenizer, args, models) -> tuple[Any, Any]:
-    train_dataset, eval_dataset = tokenize_datasets(
-        train_dataset, eval_dataset, tokenizer, None, keep_columns=True
-    )
-    train_dataset = _truncate_prompts(train_dataset, args.max_prompt_length)
-    if isinstance(eval_dataset, dict):
-        eval_dataset = {k: _truncate_prompts(v, args.max_prompt_length) for k, v in eval_dataset.items()}
-    else:
-        eval_dataset = _truncate_prompts(eval_dataset, args.max_prompt_length)
-    for what, dataset in datasets_by_argument(train_dataset, eval_dataset).items():
-        check_prompts(dataset, what, args.max_completion_length, models)
-    return train_dataset, eval_dataset
-
-
-class GRPOTrainer(OnlineTrainerLoop, RobustTrainerMixin, Trainer):
+class GRPOTrainer(ReportingMethods, OnlineTrainerLoop, RobustTrainerMixin, Trainer):
     """Trains `model` with GRPO on `reward_funcs`; see `GRPOConfig` for every option.
 
     `model`: a causal LM or a local path. `reward_funcs`: a callable `(prompts, completions, **columns) ->
@@ -130,12 +78,8 @@ class GRPOTrainer(OnlineTrainerLoop, RobustTrainerMixin, Trainer):
         optimizers: tuple = (None, None),
         peft_config: Any = None,
     ) -> None:
-        name = (
-            model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", "")
-        )
-        default_dir = f"{str(name or 'model').rstrip('/').split('/')[-1]}-GRPO"
         args, processing_class = resolve_args(
-            OWNER, GRPOConfig, default_dir, args, model, None, processing_class, None
+            OWNER, GRPOConfig, default_output_dir(model), args, model, None, processing_class, None
         )
         if processing_class is None:
             raise ValueError(
@@ -167,7 +111,7 @@ class GRPOTrainer(OnlineTrainerLoop, RobustTrainerMixin, Trainer):
                     if isinstance(s, nn.Module)
                 }
             )
-        train_dataset, eval_dataset = _prepare_datasets(
+        train_dataset, eval_dataset = prepare_datasets(
             train_dataset, eval_dataset, processing_class, args, models
         )
         super().__init__(
@@ -200,24 +144,11 @@ class GRPOTrainer(OnlineTrainerLoop, RobustTrainerMixin, Trainer):
         self.schedule = PromptSchedule(
             len(self.train_dataset), args.local_prompts_per_generation, processes, rank, args.seed
         )
-        named = dict(
-            temperature=args.temperature,
-            top_k=args.top_k,
-            top_p=args.top_p,
-            min_p=args.min_p,
-            repetition_penalty=args.repetition_penalty,
-        )
-        extra = dict(args.generation_kwargs or {})
-        named.update({k: extra.pop(k) for k in list(extra) if k in named})  # generation_kwargs win
-        stops = None if tok.eos_token_id is None else (tok.eos_token_id,)
-        self.sampling_params = SamplingParams(
-            args.max_completion_length, stop_token_ids=stops, extra=extra, **named
-        )
+        self.sampling_params = sampling_params(args, tok)
         self._buffer: RolloutBatch | None = None
         self._buffer_metrics: dict[str, float] = {}
-        self._prompt_batches = (
-            0  # prompt batches drawn so far (dynamic sampling draws several per generation)
-        )
+        # prompt batches drawn so far (dynamic sampling draws several per generation)
+        self._prompt_batches = 0
         self._on_policy = True
 
     # ------------------------------------------------------------------ the shared loop's hooks
@@ -247,7 +178,8 @@ class GRPOTrainer(OnlineTrainerLoop, RobustTrainerMixin, Trainer):
         return [
             "group relative policy optimisation (GRPO)",
             f"- completions per prompt (num_generations): {args.num_generations}",
-            f"- loss_type: {args.loss_type}, beta: {args.beta}, reward functions: {', '.join(self.reward_func_names)}",
+            f"- loss_type: {args.loss_type}, beta: {args.beta}, "
+            f"reward functions: {', '.join(self.reward_func_names)}",
             f"- updates: {self.state.global_step}",
             f"- completions trained on: {self.state.global_step * self._episodes_per_update()}",
             "",
@@ -258,9 +190,8 @@ class GRPOTrainer(OnlineTrainerLoop, RobustTrainerMixin, Trainer):
     def _loop_state(self) -> dict[str, Any]:
         state: dict[str, Any] = {"prompt_batches": self._prompt_batches}
         if self.state.global_step % self._cycle() and self._buffer is not None:  # resumed mid-way through it
-            state["buffer"] = {
-                k: v.clone() for k, v in vars(self._buffer).items() if v is not None
-            }  # no shared storage
+            # cloned: no shared storage
+            state["buffer"] = {k: v.clone() for k, v in vars(self._buffer).items() if v is not None}
             state["buffer_metrics"] = self._buffer_metrics
         return state
 
@@ -370,39 +301,6 @@ class GRPOTrainer(OnlineTrainerLoop, RobustTrainerMixin, Trainer):
             return batch.response_mask.sum(1) >= self.args.max_completion_length
         return ~((batch.responses == eos) & batch.response_mask.bool()).any(1)
 
-    def _log_completions(self, groups: SampledGroups, batch: RolloutBatch) -> None:
-        args = self.args
-        if (
-            not args.log_completions
-            or self.state.global_step % max(1, int(args.logging_steps))
-            or not self.is_world_process_zero()
-        ):
-            return
-        n = args.num_completions_to_print or len(groups)
-        prompts = self.processing_class.batch_decode(batch.query_ids[:n], skip_special_tokens=True)
-        scores = batch.scores[:n].tolist()
-        print_sample_table(
-            prompts, groups.completions[:n], scores, title=f"completions, update {self.state.global_step}"
-        )
-        per_source = (
-            {  # each reward function's own score, next to the weighted sum
-                f"score/{name}": values[:n].tolist()
-                for name, values in zip(self.reward_func_names, groups.per_source)
-            }
-            if len(self.reward_func_names) > 1
-            else None
-        )
-        save_samples(
-            args.output_dir,
-            self.state.global_step,
-            prompts,
-            groups.completions[:n],
-            scores,
-            table="completions",
-            columns=per_source,
-            writer=text_writer(self),
-        )
-
     def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
         raise NotImplementedError(
             f"{OWNER} has no evaluation loop yet; log_completions shows sampled completions"
@@ -481,21 +379,6 @@ class GRPOTrainer(OnlineTrainerLoop, RobustTrainerMixin, Trainer):
             stats["sampling/sampling_logp_difference/mean"] = gap.mean() if gap.numel() else gap.new_zeros(())
             stats["sampling/sampling_logp_difference/max"] = gap.max() if gap.numel() else gap.new_zeros(())
         return stats
-
-    def _reduce(self, stats: dict[str, list[torch.Tensor]]) -> dict[str, float]:
-        """Micro-batch statistics -> one number each, over micro-batches and processes (TRL's min/max extras)."""
-        local = {k: torch.stack(v).float() for k, v in stats.items()}
-        rows = torch.stack([local[k].sum() if k == "loss" else local[k].mean() for k in local])
-        extremes = torch.stack([local[k].max() for k in local])
-        everywhere = self.accelerator.gather(torch.stack([rows, extremes])[None])  # (P, 2, K)
-        out = dict(zip(local, everywhere[:, 0].mean(0).tolist()))
-        highs = dict(zip(local, everywhere[:, 1].max(0).values.tolist()))
-        lows = dict(zip(local, everywhere[:, 0].min(0).values.tolist()))
-        out["clip_ratio/low_min"] = lows["clip_ratio/low_mean"]
-        out["clip_ratio/high_max"] = highs["clip_ratio/high_mean"]
-        if "sampling/sampling_logp_difference/max" in local:
-            out["sampling/sampling_logp_difference/max"] = highs["sampling/sampling_logp_difference/max"]
-        return out
 
     @torch.no_grad()
     def _sync_reference(self) -> None:

@@ -1,4 +1,4 @@
-"""REINFORCE leave-one-out (Ahmadian et al. 2024): k completions per prompt, each judged against the mean of the others."""
+"""REINFORCE leave-one-out (Ahmadian et al. 2024): k completions per prompt, each against the others' mean."""
 
 from rlhfkit.trainers.rloo.config import RLOOConfig
 from rlhfkit.trainers.rloo.trainer import RLOOTrainer

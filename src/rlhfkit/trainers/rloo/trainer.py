@@ -112,7 +112,7 @@ class RLOOTrainer(OnlineTrainerLoop, RobustTrainerMixin, Trainer):
         for what, dataset in datasets_by_argument(train_dataset, eval_dataset).items():
             check_prompts(dataset, what, config.response_length, models)
 
-        # Trainer's leading arguments, in its order: model, args, data_collator, the datasets, processing_class
+        # Trainer's leading arguments in its order: model, args, data_collator, datasets, processing_class
         super().__init__(
             policy,
             config,
@@ -127,15 +127,23 @@ class RLOOTrainer(OnlineTrainerLoop, RobustTrainerMixin, Trainer):
         config.compute_batch_sizes(len(train_dataset))
         self.policy = policy
         self.ref_policy = ref_policy.to(self.accelerator.device) if ref_policy is not None else None
+        self._setup_rollout(reward_model, reward_processing_class)
+        if not config.disable_tqdm:
+            self.remove_callback(ProgressCallback)
+            self.add_callback(RichProgressCallback())
+
+    def _setup_rollout(self, reward_model: Any, reward_processing_class: Any) -> None:
+        """The reward scorer, the order prompts are handed out in, and the sampling parameters."""
+        config = self.args
         self.scorer = RewardScorer(
             reward_model,
-            processing_class,
+            self.processing_class,
             reward_processing_class,
             config.reward_weights,
             self.accelerator.device,
         )
         self.schedule = PromptSchedule(
-            len(train_dataset),
+            len(self.train_dataset),
             config.local_prompt_batch_size,
             config.world_size,
             self.accelerator.process_index,
@@ -148,9 +156,6 @@ class RLOOTrainer(OnlineTrainerLoop, RobustTrainerMixin, Trainer):
             top_p=1.0,
             stop_token_ids=None if self.stop_token_id is None else (self.stop_token_id,),
         )
-        if not config.disable_tqdm:
-            self.remove_callback(ProgressCallback)
-            self.add_callback(RichProgressCallback())
 
     # ------------------------------------------------------------------ the shared loop's hooks
     _loss_metric = "loss/policy_avg"
@@ -291,9 +296,7 @@ class RLOOTrainer(OnlineTrainerLoop, RobustTrainerMixin, Trainer):
                 "policy/approxkl_avg": loss.approxkl,
                 "policy/clipfrac_avg": loss.clipfrac,
                 "loss/policy_avg": loss.loss.detach(),
-                "val/clipfrac_avg": loss.loss.new_zeros(
-                    ()
-                ),  # RLOO has no value function; kept for dashboards
+                "val/clipfrac_avg": loss.loss.new_zeros(()),  # no value function in RLOO; for dashboards
                 "policy/entropy_avg": masked_mean(out.entropy, mask),
                 "val/ratio": masked_mean(token_ratio, mask),
                 "val/ratio_var": masked_var(token_ratio, mask, unbiased=False),

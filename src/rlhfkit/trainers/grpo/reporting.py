@@ -1,0 +1,65 @@
+"""What GRPO reports besides its rewards: update statistics, and tables of sampled completions.
+
+An update's statistics are reduced over its micro-batches and over processes, with TRL's min/max extras;
+with `log_completions`, the completions are printed and saved every `logging_steps` updates.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rlhfkit.rollout.batch import RolloutBatch
+from rlhfkit.trainers.common.progress import print_sample_table, save_samples, text_writer
+from rlhfkit.trainers.grpo.groups import SampledGroups
+
+
+class ReportingMethods:
+    """Mixed into `GRPOTrainer`; relies on its `args`, `accelerator`, `state`, `processing_class` and
+    `reward_func_names`."""
+
+    def _log_completions(self, groups: SampledGroups, batch: RolloutBatch) -> None:
+        args = self.args
+        if (
+            not args.log_completions
+            or self.state.global_step % max(1, int(args.logging_steps))
+            or not self.is_world_process_zero()
+        ):
+            return
+        n = args.num_completions_to_print or len(groups)
+        prompts = self.processing_class.batch_decode(batch.query_ids[:n], skip_special_tokens=True)
+        scores = batch.scores[:n].tolist()
+        print_sample_table(
+            prompts, groups.completions[:n], scores, title=f"completions, update {self.state.global_step}"
+        )
+        per_source = None
+        if len(self.reward_func_names) > 1:  # each reward function's own score, next to the weighted sum
+            per_source = {
+                f"score/{name}": values[:n].tolist()
+                for name, values in zip(self.reward_func_names, groups.per_source)
+            }
+        save_samples(
+            args.output_dir,
+            self.state.global_step,
+            prompts,
+            groups.completions[:n],
+            scores,
+            table="completions",
+            columns=per_source,
+            writer=text_writer(self),
+        )
+
+    def _reduce(self, stats: dict[str, list[torch.Tensor]]) -> dict[str, float]:
+        """Micro-batch statistics -> one number each, over micro-batches and processes (TRL's min/max
+        extras)."""
+        local = {k: torch.stack(v).float() for k, v in stats.items()}
+        rows = torch.stack([local[k].sum() if k == "loss" else local[k].mean() for k in local])
+        extremes = torch.stack([local[k].max() for k in local])
+        everywhere = self.accelerator.gather(torch.stack([rows, extremes])[None])  # (P, 2, K)
+        out = dict(zip(local, everywhere[:, 0].mean(0).tolist()))
+        highs = dict(zip(local, everywhere[:, 1].max(0).values.tolist()))
+        lows = dict(zip(local, everywhere[:, 0].min(0).values.tolist()))
+        out["clip_ratio/low_min"] = lows["clip_ratio/low_mean"]
+        out["clip_ratio/high_max"] = highs["clip_ratio/high_mean"]
+        if "sampling/sampling_logp_difference/max" in local:
+            out["sampling/sampling_logp_difference/max"] = highs["sampling/sampling_logp_difference/max"]
+        return out

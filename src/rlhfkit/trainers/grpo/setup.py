@@ -1,0 +1,86 @@
+"""How GRPOTrainer sets itself up: its reward sources, its prompt datasets and its sampling parameters."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+from transformers import AutoModelForSequenceClassification
+
+from rlhfkit.rollout import SamplingParams
+from rlhfkit.trainers.common.prompts import check_prompts, datasets_by_argument, tokenize_datasets
+from rlhfkit.trainers.common.trainer_setup import load_model
+
+OWNER = "GRPOTrainer"
+
+
+def default_output_dir(model: Any) -> str:
+    """`<model name>-GRPO`, after the last part of the model's path or hub name."""
+    name = model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", "")
+    return f"{str(name or 'model').rstrip('/').split('/')[-1]}-GRPO"
+
+
+def reward_sources(reward_funcs: Any, init_kwargs: dict | None) -> tuple[list, list[str]]:
+    """The reward functions and models (a local path is loaded as a one-output classifier) and their
+    names."""
+    funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+    if not funcs:
+        raise ValueError(f"{OWNER}: reward_funcs is empty; give at least one reward function or model")
+    sources, names = [], []
+    for func in funcs:
+        if isinstance(func, str):
+            func = load_model(
+                func, AutoModelForSequenceClassification, {**(init_kwargs or {}), "num_labels": 1}, OWNER
+            )
+        if isinstance(func, nn.Module):
+            names.append(
+                str(getattr(func.config, "_name_or_path", "") or type(func).__name__)
+                .rstrip("/")
+                .split("/")[-1]
+            )
+        elif callable(func):
+            names.append(getattr(func, "__name__", None) or type(func).__name__)
+        else:
+            raise TypeError(
+                f"{OWNER}: reward_funcs must hold callables, models or model paths, got {type(func).__name__}"
+            )
+        sources.append(func)
+    return sources, names
+
+
+def _truncate_prompts(dataset: Any, max_length: int | None) -> Any:
+    """Keep the last `max_length` tokens of longer prompts (as TRL did)."""
+    if dataset is None or not max_length or max(len(ids) for ids in dataset["input_ids"]) <= max_length:
+        return dataset
+    return dataset.map(lambda row: {"input_ids": row["input_ids"][-max_length:]}, desc="truncating prompts")
+
+
+def prepare_datasets(train_dataset, eval_dataset, tokenizer, args, models) -> tuple[Any, Any]:
+    """The prompt datasets tokenised (every other column kept), truncated to `max_prompt_length` and
+    checked against the context of each of `models` (name -> model)."""
+    train_dataset, eval_dataset = tokenize_datasets(
+        train_dataset, eval_dataset, tokenizer, None, keep_columns=True
+    )
+    train_dataset = _truncate_prompts(train_dataset, args.max_prompt_length)
+    if isinstance(eval_dataset, dict):
+        eval_dataset = {k: _truncate_prompts(v, args.max_prompt_length) for k, v in eval_dataset.items()}
+    else:
+        eval_dataset = _truncate_prompts(eval_dataset, args.max_prompt_length)
+    for what, dataset in datasets_by_argument(train_dataset, eval_dataset).items():
+        check_prompts(dataset, what, args.max_completion_length, models)
+    return train_dataset, eval_dataset
+
+
+def sampling_params(args: Any, tokenizer: Any) -> SamplingParams:
+    """The sampling options of `args`; a value given again in `generation_kwargs` wins."""
+    named = dict(
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        min_p=args.min_p,
+        repetition_penalty=args.repetition_penalty,
+    )
+    extra = dict(args.generation_kwargs or {})
+    named.update({k: extra.pop(k) for k in list(extra) if k in named})  # generation_kwargs win
+    stops = None if tokenizer.eos_token_id is None else (tokenizer.eos_token_id,)
+    return SamplingParams(args.max_completion_length, stop_token_ids=stops, extra=extra, **named)
