@@ -160,13 +160,10 @@ def peft_config_from(model_args: ModelArguments, task_type: str):
     from peft import LoraConfig
 
     return LoraConfig(
-        task_type=task_type,
-        r=model_args.lora_r,
-        lora_alpha=model_args.lora_alpha,
-        lora_dropout=model_args.lora_dropout,
-        target_modules=model_args.lora_target_modules,
+        task_type=task_type, r=model_args.lora_r, lora_alpha=model_args.lora_alpha,
+        lora_dropout=model_args.lora_dropout, target_modules=model_args.lora_target_modules,
         modules_to_save=model_args.lora_modules_to_save,
-    )
+    )  # fmt: skip
 
 
 def load_data(script_args: ScriptArguments):

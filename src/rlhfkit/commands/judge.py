@@ -47,7 +47,7 @@ class JudgeArguments:
         "completion columns; default: the built-in review openings with the rest of each review.",
     )
     dataset_split: str | None = option(
-        None, "Split to read; default: the only one, else test, validation or train."
+        None, "Split to read; default: the only one, else test/validation/train."
     )
     prompt_column: str = option("prompt", "Column holding the prompts.")
     completion_column: str = option("completion", "Column holding the references.")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from rlhfkit.trainers.common.config import option
+from rlhfkit.trainers.common.config import check_positive_integers, check_positive_numbers, option
 
 ALGOS = ("rloo", "ppo", "ppo-multi-adapter", "dpo")
 # --task -> the RL algorithms it runs, the first being its default: sentiment learns from a reward model,
@@ -85,6 +85,31 @@ TASK_PRESETS: dict[str, dict[str, dict[str, Any]]] = {
 def preset_size(help: str) -> Any:
     """A size field: left unset (None), it takes the value of the `--size` preset (`PRESETS`)."""
     return option(None, f"{help} Default: the --size preset's.")
+
+
+# size fields that must be >= 1, and rates and scales that must be > 0 (after the presets fill them)
+POSITIVE_INTEGERS = (
+    "sft_num_reviews",
+    "sft_steps",
+    "sft_batch_size",
+    "pref_num_prompts",
+    "rm_epochs",
+    "rm_batch_size",
+    "rl_updates",
+    "rl_batch_size",
+    "rl_epochs",
+    "dpo_epochs",
+    "response_length",
+    "eval_num_prompts",
+)
+POSITIVE_NUMBERS = (
+    "sft_learning_rate",
+    "rm_learning_rate",
+    "rl_learning_rate",
+    "dpo_learning_rate",
+    "temperature",
+    "dpo_beta",
+)
 
 
 @dataclass
@@ -170,34 +195,8 @@ class DemoConfig:
         self.validate()
 
     def validate(self) -> None:
-        positive = [
-            "sft_num_reviews",
-            "sft_steps",
-            "sft_batch_size",
-            "pref_num_prompts",
-            "rm_epochs",
-            "rm_batch_size",
-            "rl_updates",
-            "rl_batch_size",
-            "rl_epochs",
-            "dpo_epochs",
-            "response_length",
-            "eval_num_prompts",
-        ]
-        for name in positive:
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"--{name} must be a positive integer, got {value!r}")
-        for name in (
-            "sft_learning_rate",
-            "rm_learning_rate",
-            "rl_learning_rate",
-            "dpo_learning_rate",
-            "temperature",
-            "dpo_beta",
-        ):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"--{name} must be > 0, got {getattr(self, name)!r}")
+        check_positive_integers(self, POSITIVE_INTEGERS, prefix="--")
+        check_positive_numbers(self, POSITIVE_NUMBERS, prefix="--")
         if self.sft_seq_length < 16:
             raise ValueError(f"--sft_seq_length must be >= 16 tokens, got {self.sft_seq_length}")
         if not 0.0 < self.pref_eval_fraction < 0.5:

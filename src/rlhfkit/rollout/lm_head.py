@@ -228,17 +228,10 @@ def chunked_label_logprobs(
 
 
 def chunked_response_outputs(
-    model: nn.Module,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    position_ids: torch.Tensor,
-    responses: torch.Tensor,
-    *,
-    temperature: float = 1.0,
-    with_values: bool = False,
-    with_entropy: bool = False,
-    chunk_rows: int | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None] | None:
+    model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+    responses: torch.Tensor, *, temperature: float = 1.0, with_values: bool = False,
+    with_entropy: bool = False, chunk_rows: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None] | None:  # fmt: skip
     """Per-response-token (logprobs, values, entropy), each (B, R) float32 or None when not asked for.
 
     Args:

@@ -36,17 +36,9 @@ def _gpt2(ids: dict[str, int], size: str = "tiny"):
     from transformers import GPT2Config
 
     return GPT2Config(
-        vocab_size=ids["vocab"],
-        n_positions=MAX_POSITIONS,
-        n_embd=128,
-        n_layer=2,
-        n_head=4,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-        summary_first_dropout=0.0,
-        **_special_tokens(ids),
-    )
+        vocab_size=ids["vocab"], n_positions=MAX_POSITIONS, n_embd=128, n_layer=2, n_head=4,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, summary_first_dropout=0.0, **_special_tokens(ids),
+    )  # fmt: skip
 
 
 def _special_tokens(ids: dict[str, int]) -> dict[str, int]:

@@ -205,6 +205,19 @@ def prune_checkpoints(output_dir: str | os.PathLike, keep: int | None, protect: 
         shutil.rmtree(old, ignore_errors=True)
 
 
+def checkpoint_to_resume(output_dir: str | os.PathLike, checkpoint: str | bool | None) -> Path | None:
+    """The verified folder a `resume_from_checkpoint` value names: True, the newest intact checkpoint of
+    `output_dir` (an error when there is none); a path, that folder; None or False, None."""
+    if checkpoint is True:
+        found = latest_checkpoint(output_dir)
+        if found is None:
+            raise ValueError(
+                f"resume_from_checkpoint=True but {output_dir} holds no intact checkpoint-* folder"
+            )
+        return found
+    return verify_checkpoint(checkpoint) if checkpoint else None
+
+
 def resolve_checkpoint(path: str | os.PathLike) -> Path:
     """A verified checkpoint folder: `path` itself, or the latest intact `checkpoint-<step>` folder
     inside it."""

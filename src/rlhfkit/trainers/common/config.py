@@ -96,13 +96,23 @@ def exact_div(a: int, b: int, what: str = "") -> int:
     return a // b
 
 
-def check_positive_integers(config: Any, names: tuple[str, ...], optional: tuple[str, ...] = ()) -> None:
+def check_positive_integers(
+    config: Any, names: tuple[str, ...], optional: tuple[str, ...] = (), prefix: str = ""
+) -> None:
     """ValueError naming the first field of `names` (or of `optional`, unless None) that is not an
-    integer >= 1."""
+    integer >= 1; `prefix` (e.g. "--") is written before the name."""
     for name in (*names, *(n for n in optional if getattr(config, n) is not None)):
         value = getattr(config, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+            raise ValueError(f"{prefix}{name} must be a positive integer, got {value!r}")
+
+
+def check_positive_numbers(config: Any, names: tuple[str, ...], prefix: str = "") -> None:
+    """ValueError naming the first field of `names` that is not a number > 0 (rates, scales, ranges)."""
+    for name in names:
+        value = getattr(config, name)
+        if not value > 0:
+            raise ValueError(f"{prefix}{name} must be > 0, got {value!r}")
 
 
 def check_field_types(config: Any, skip_fields_of: type | None = None) -> None:

@@ -22,16 +22,15 @@ from typing import Any
 
 import torch
 
-from rlhfkit.core.warnings import NonFiniteStepWarning  # defined with the scores that raise it first
+from rlhfkit.core.warnings import NonFiniteStepWarning
 from rlhfkit.trainers.common.checkpointing import (
     CHECKPOINT_PREFIX,
     as_write_error,
+    checkpoint_to_resume,
     finish_checkpoint,
-    latest_checkpoint,
     lock_output_dir,
     peers_failed,
     prune_checkpoints,
-    verify_checkpoint,
 )
 from rlhfkit.trainers.common.config import check_training_sizes
 from rlhfkit.trainers.common.sharding import run_together
@@ -261,15 +260,9 @@ class RobustTrainerMixin:
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any):
         if self.args.should_save:
             lock_output_dir(self.args.output_dir)  # a second run on this output_dir stops here, by name
-        if resume_from_checkpoint is True:
-            resume_from_checkpoint = latest_checkpoint(self.args.output_dir)  # the newest intact one
-            if resume_from_checkpoint is None:
-                raise ValueError(
-                    f"resume_from_checkpoint=True but {self.args.output_dir} holds no intact "
-                    "checkpoint-* folder"
-                )
-        if resume_from_checkpoint:
-            resume_from_checkpoint = str(verify_checkpoint(resume_from_checkpoint))
+        checkpoint = checkpoint_to_resume(self.args.output_dir, resume_from_checkpoint)
+        if checkpoint is not None:
+            resume_from_checkpoint = str(checkpoint)
         with self.graceful_stop:
             return super().train(resume_from_checkpoint, *args, **kwargs)
 

@@ -84,35 +84,20 @@ class MetricNames:
 
 TRAINER_METRICS = {
     "ppo": MetricNames(
-        kl="objective/kl",
-        kl_option="init_kl_coef",
-        entropy="ppo/policy/entropy",
-        reward="ppo/mean_scores",
-        length="tokens/responses_len_mean",
-        clipfrac="ppo/policy/clipfrac",
-        approxkl="ppo/policy/approxkl",
+        kl="objective/kl", kl_option="init_kl_coef", entropy="ppo/policy/entropy", reward="ppo/mean_scores",
+        length="tokens/responses_len_mean", clipfrac="ppo/policy/clipfrac", approxkl="ppo/policy/approxkl",
     ),
     "rloo": MetricNames(
-        kl="objective/kl",
-        kl_option="kl_coef",
-        entropy="policy/entropy_avg",
-        reward="objective/scores",
-        length="completions/mean_length",
-        clipfrac="policy/clipfrac_avg",
-        approxkl="policy/approxkl_avg",
+        kl="objective/kl", kl_option="kl_coef", entropy="policy/entropy_avg", reward="objective/scores",
+        length="completions/mean_length", clipfrac="policy/clipfrac_avg", approxkl="policy/approxkl_avg",
     ),
     "grpo": MetricNames(
-        kl="kl",
-        kl_per_token=True,
-        kl_option="beta",
-        entropy="entropy",
-        reward="reward",
-        length="completions/mean_length",
-        clipfrac="clip_ratio/region_mean",
+        kl="kl", kl_per_token=True, kl_option="beta", entropy="entropy", reward="reward",
+        length="completions/mean_length", clipfrac="clip_ratio/region_mean",
         logp_gap_mean="sampling/sampling_logp_difference/mean",
         logp_gap_max="sampling/sampling_logp_difference/max",
     ),
-}
+}  # fmt: skip
 
 
 class _Series:

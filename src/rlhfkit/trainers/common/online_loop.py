@@ -30,7 +30,7 @@ from transformers.trainer_utils import TrainOutput
 from rlhfkit.rollout import HFGenerationBackend, forward_response, make_generation_backend, pad_left
 from rlhfkit.rollout.batch import RolloutBatch
 from rlhfkit.rollout.host_memory import fix_mmap_threshold, release_free_heap
-from rlhfkit.trainers.common.checkpointing import latest_checkpoint, load_state, save_state, verify_checkpoint
+from rlhfkit.trainers.common.checkpointing import checkpoint_to_resume, load_state, save_state
 from rlhfkit.trainers.common.health import HealthMonitor, monitor_for, watch, watch_judge
 from rlhfkit.trainers.common.progress import print_sample_table, save_samples, text_writer
 from rlhfkit.trainers.common.sharding import sharded_generation_context
@@ -159,16 +159,10 @@ class OnlineTrainerLoop:
     def _resume(self, checkpoint: str | bool | None) -> None:
         """Load weights, optimizer, scheduler, Trainer state and RNG of a verified checkpoint (True: the
         newest)."""
-        if checkpoint is True:
-            checkpoint = latest_checkpoint(self.args.output_dir)  # the newest intact one
-            if checkpoint is None:
-                raise ValueError(
-                    f"resume_from_checkpoint=True but {self.args.output_dir} holds no intact "
-                    "checkpoint-* folder"
-                )
-        if not checkpoint:
+        folder = checkpoint_to_resume(self.args.output_dir, checkpoint)  # names a missing or altered file
+        if folder is None:
             return
-        verify_checkpoint(checkpoint)  # a clear error naming a missing, corrupt or altered file
+        checkpoint = str(folder)
         self._load_from_checkpoint(checkpoint)
         self._load_optimizer_and_scheduler(checkpoint)
         self.state = TrainerState.load_from_json(os.path.join(checkpoint, "trainer_state.json"))

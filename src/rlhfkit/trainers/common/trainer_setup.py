@@ -268,18 +268,12 @@ class OfflineTrainer(RobustTrainerMixin, Trainer):
         if data_collator is None:
             data_collator = self._default_collator(args, processing_class)
         super().__init__(
-            model=model,
-            args=args,
-            data_collator=data_collator,
-            train_dataset=train_dataset,
-            eval_dataset=eval_dataset,
-            processing_class=processing_class,
-            model_init=model_init,
-            compute_metrics=compute_metrics or self.default_compute_metrics,
-            callbacks=callbacks,
-            optimizers=optimizers,
+            model=model, args=args, data_collator=data_collator,
+            train_dataset=train_dataset, eval_dataset=eval_dataset, processing_class=processing_class,
+            model_init=model_init, compute_metrics=compute_metrics or self.default_compute_metrics,
+            callbacks=callbacks, optimizers=optimizers,
             preprocess_logits_for_metrics=preprocess_logits_for_metrics,
-        )
+        )  # fmt: skip
 
     def _setup(self, model: Any, args: Any, processing_class: Any, peft_config: Any) -> tuple[Any, Any]:
         """(model, args) after loading and wrapping the model; also sets the trainer's own state."""

@@ -12,11 +12,38 @@ from rlhfkit.trainers.common.config import (
     AccelerateTracking,
     NonfiniteStepLimit,
     check_field_types,
+    check_positive_integers,
+    check_positive_numbers,
     exact_div,
     option,
 )
 
 MIXED_PRECISION_CHOICES = ("no", "fp16", "bf16")
+
+
+# fields that must be >= 1, and > 0
+POSITIVE_INTEGERS = (
+    "num_epochs",
+    "save_freq",
+    "num_checkpoint_limit",
+    "sample_num_steps",
+    "sample_batch_size",
+    "sample_num_batches_per_epoch",
+    "train_batch_size",
+    "train_gradient_accumulation_steps",
+    "train_num_inner_epochs",
+    "max_workers",
+    "per_prompt_stat_tracking_buffer_size",
+    "per_prompt_stat_tracking_min_count",
+    "max_consecutive_nonfinite_steps",
+)
+POSITIVE_NUMBERS = (
+    "sample_eta",
+    "train_learning_rate",
+    "train_clip_range",
+    "train_adv_clip_max",
+    "train_max_grad_norm",
+)
 
 
 @dataclass
@@ -90,32 +117,8 @@ class DDPOConfig(AccelerateTracking, NonfiniteStepLimit):
                 stacklevel=3,
             )
             self.mixed_precision = "no"
-        for name in (
-            "num_epochs",
-            "save_freq",
-            "num_checkpoint_limit",
-            "sample_num_steps",
-            "sample_batch_size",
-            "sample_num_batches_per_epoch",
-            "train_batch_size",
-            "train_gradient_accumulation_steps",
-            "train_num_inner_epochs",
-            "max_workers",
-            "per_prompt_stat_tracking_buffer_size",
-            "per_prompt_stat_tracking_min_count",
-            "max_consecutive_nonfinite_steps",
-        ):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
-        for name in (
-            "sample_eta",
-            "train_learning_rate",
-            "train_clip_range",
-            "train_adv_clip_max",
-            "train_max_grad_norm",
-        ):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        check_positive_integers(self, POSITIVE_INTEGERS)
+        check_positive_numbers(self, POSITIVE_NUMBERS)
         if not 0.0 < self.train_timestep_fraction <= 1.0:
             raise ValueError(f"train_timestep_fraction must be in (0, 1], got {self.train_timestep_fraction}")
         if self.num_train_timesteps < 1:

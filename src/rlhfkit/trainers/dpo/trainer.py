@@ -45,14 +45,9 @@ class DPOTrainer(ForwardMethods, OfflineTrainer):
     config_class = DPOConfig
     default_output_dir = "dpo_model"
     override_keywords = (
-        "beta",
-        "label_pad_token_id",
-        "padding_value",
-        "truncation_mode",
-        "max_length",
-        "max_prompt_length",
+        "beta", "label_pad_token_id", "padding_value", "truncation_mode", "max_length", "max_prompt_length",
         "disable_dropout",
-    )
+    )  # fmt: skip
     # compute_loss returns a per-pair mean, so Trainer must divide by the accumulation steps itself
     loss_is_scaled_for_ga = False
 

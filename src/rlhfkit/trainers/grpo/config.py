@@ -52,15 +52,13 @@ class GRPOConfig(GenerationOptions, HealthChecks, ModelInitKwargs, HFTrainerConf
         "* steps_per_generation. Give this or steps_per_generation, not both.",
     )
     steps_per_generation: int | None = option(
-        None, "Micro-batches each generation feeds (default: gradient_accumulation_steps)."
+        None, "Micro-batches per generation (default: gradient_accumulation_steps)."
     )
     temperature: float = option(1.0, "Sampling temperature (also applied to logprobs).")
     top_p: float = option(1.0, "Nucleus sampling: keep the top tokens up to this mass.")
     top_k: int = option(0, "Sample among the k most likely tokens (0: all).")
     min_p: float | None = option(None, "Drop tokens below min_p times the top token's probability.")
-    repetition_penalty: float = option(
-        1.0, "Penalise tokens already in the prompt or completion (>1: fewer repeats)."
-    )
+    repetition_penalty: float = option(1.0, "Penalise tokens seen in prompt or completion; >1 repeats less.")
     generation_kwargs: dict | None = option(
         None, "Further transformers GenerationConfig settings; they win over the above."
     )

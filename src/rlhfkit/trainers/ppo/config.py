@@ -43,6 +43,7 @@ class PPOConfig(AccelerateTracking, NonfiniteStepLimit, GenerationOptions, Healt
     (`backward_batch_size`). `batch_size` must be a multiple of `backward_batch_size`.
     """
 
+    # ---------------------------------------------------------------- the run and its records
     exp_name: str = option(help="Name of this experiment.", default_factory=_default_exp_name)
     seed: int = option(0, "Seed for python, numpy and torch at trainer construction.")
     task_name: str | None = option(None, "Name of the task (recorded in the model card).")
@@ -57,6 +58,7 @@ class PPOConfig(AccelerateTracking, NonfiniteStepLimit, GenerationOptions, Healt
     )
     steps: int = option(20000, "Number of PPO steps a training loop should run.")
     learning_rate: float = option(1e-5, "Adam learning rate (default optimizer).")
+    # ---------------------------------------------------------------- KL control
     adap_kl_ctrl: bool = option(True, "Adapt the KL coefficient towards `target`.")
     init_kl_coef: float = option(0.2, "Initial KL coefficient (the fixed one when adap_kl_ctrl is off).")
     kl_penalty: str = option(
@@ -66,11 +68,13 @@ class PPOConfig(AccelerateTracking, NonfiniteStepLimit, GenerationOptions, Healt
     )
     target: float = option(6.0, "Target KL (summed over a response) of the adaptive controller.")
     horizon: float = option(10000.0, "Horizon of the adaptive KL controller, in samples.")
+    # ---------------------------------------------------------------- advantages and losses
     gamma: float = option(1.0, "Discount factor of GAE.")
     lam: float = option(0.95, "Lambda of GAE.")
     cliprange: float = option(0.2, "Clip range of the policy ratio.")
     cliprange_value: float = option(0.2, "Clip range of the value prediction.")
     vf_coef: float = option(0.1, "Weight of the value loss in the total loss.")
+    # ---------------------------------------------------------------- batch sizes and optimisation
     batch_size: int = option(256, "Samples per step() call (per process).")
     forward_batch_size: int | None = option(None, "DEPRECATED alias of mini_batch_size; sets it when given.")
     mini_batch_size: int = option(
@@ -84,15 +88,16 @@ class PPOConfig(AccelerateTracking, NonfiniteStepLimit, GenerationOptions, Healt
     max_grad_norm: float | None = option(None, "Clip gradients to this norm (None: off).")
     optimize_cuda_cache: bool | None = option(None, "DEPRECATED alias of optimize_device_cache.")
     optimize_device_cache: bool = option(
-        False, "Free cached accelerator memory after every step (slower, leaner)."
+        False, "Free cached accelerator memory after each step (slower, leaner)."
     )
     early_stopping: bool = option(
-        False, "Stop the PPO epochs of a step once the policy KL exceeds 1.5 * target_kl."
+        False, "Stop a step's PPO epochs once the policy KL exceeds 1.5 * target_kl."
     )
     target_kl: float = option(1.0, "Policy KL at which early stopping triggers (x1.5).")
     compare_steps: int = option(
         1, "Steps between best-model comparisons (kept for compatibility; unused offline)."
     )
+    # ---------------------------------------------------------------- guards and score scaling
     ratio_threshold: float = option(
         10.0, "Skip a minibatch (no backward, no optimizer step) whose mean ratio exceeds this."
     )
@@ -102,6 +107,7 @@ class PPOConfig(AccelerateTracking, NonfiniteStepLimit, GenerationOptions, Healt
     )
     score_clip: float | None = option(None, "Clip (scaled) scores to [-score_clip, score_clip].")
     whiten_rewards: bool = option(False, "Whiten per-token rewards before GAE.")
+    # ---------------------------------------------------------------- set by the trainer
     is_encoder_decoder: bool | None = option(None, "Set by the trainer from the model.")
     is_peft_model: bool | None = option(None, "Set by the trainer from the model.")
     backward_batch_size: int | None = option(None, "Derived: mini_batch_size * gradient_accumulation_steps.")

@@ -280,34 +280,18 @@ class PPOTrainer(GenerationMethods, TrackingMethods, TRLMethods, SavingMethods):
     def _policy_forward(self, rows: RolloutBatch) -> ForwardOutput:
         # under DDP the unwrapped policy is called directly (no DDP hooks): _optimizer_step averages
         # gradients across processes once per accumulation group, after any skipped minibatch
-        return forward_response(
-            self._train_model,
-            rows.query_ids,
-            rows.query_mask,
-            rows.responses,
-            rows.response_mask,
-            with_values=True,
-            with_entropy=True,
-        )
+        inputs = (rows.query_ids, rows.query_mask, rows.responses, rows.response_mask)
+        return forward_response(self._train_model, *inputs, with_values=True, with_entropy=True)
 
     def _step_stats(self, batch, queries, responses, raw_scores, non_score_rewards, kls, update, reused):
         cfg = self.config
         train_stats = ppo_stats.stack_stats(update.minibatch_stats)
         stats = self.record_step_stats(
-            kl_coef=self.kl_ctl.value,
-            scores=raw_scores,
-            queries=queries,
-            responses=responses,
-            logprobs=batch.logprobs,
-            ref_logprobs=batch.ref_logprobs,
-            values=batch.values,
-            returns=batch.returns,
-            advantages=batch.advantages,
-            non_score_rewards=non_score_rewards,
-            kls=kls,
-            mask=batch.loss_mask,
-            train_stats=train_stats,
-        )
+            kl_coef=self.kl_ctl.value, scores=raw_scores, queries=queries, responses=responses,
+            logprobs=batch.logprobs, ref_logprobs=batch.ref_logprobs, values=batch.values,
+            returns=batch.returns, advantages=batch.advantages, non_score_rewards=non_score_rewards,
+            kls=kls, mask=batch.loss_mask, train_stats=train_stats,
+        )  # fmt: skip
         stats["ppo/skipped_minibatches"] = train_stats["policy/skipped"].sum()
         stats["ppo/early_stopped"] = torch.tensor(float(update.early_stopped))
         stats["ppo/optimizer_steps"] = torch.tensor(float(update.optimizer_steps))

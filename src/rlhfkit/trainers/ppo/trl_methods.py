@@ -43,14 +43,9 @@ class TRLMethods:
         return out.logprobs, out.logits, out.values, batch.loss_mask
 
     def compute_rewards(
-        self,
-        scores: torch.Tensor,
-        logprobs: torch.Tensor,
-        ref_logprobs: torch.Tensor,
-        masks: torch.Tensor,
-        logits: torch.Tensor | None = None,
-        ref_logits: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        self, scores: torch.Tensor, logprobs: torch.Tensor, ref_logprobs: torch.Tensor, masks: torch.Tensor,
+        logits: torch.Tensor | None = None, ref_logits: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
         """Per-token rewards -kl_coef * KL_t plus the score on the last trained token.
 
         scores (B,); logprobs, ref_logprobs, masks (B, R); logits (B, R, V) only for kl_penalty='full'.

@@ -100,17 +100,10 @@ def run_ppo_epochs(
             for idx, mb in batch.minibatches(config.local_mini_batch_size, group):
                 out = forward(mb)
                 pg_loss, vf_loss, stats = minibatch_loss(
-                    config,
-                    logprobs=out.logprobs,
-                    old_logprobs=mb.logprobs,
-                    vpreds=out.values,
-                    values=mb.values,
-                    advantages=mb.advantages,
-                    returns=mb.returns,
-                    mask=mb.loss_mask,
-                    logits=out.logits,
-                    entropy=out.entropy,
-                )
+                    config, logprobs=out.logprobs, old_logprobs=mb.logprobs, vpreds=out.values,
+                    values=mb.values, advantages=mb.advantages, returns=mb.returns, mask=mb.loss_mask,
+                    logits=out.logits, entropy=out.entropy,
+                )  # fmt: skip
                 skip = any_process(bool(stats["policy/ratio_mean"] > config.ratio_threshold))
                 stats["policy/skipped"] = torch.tensor(float(skip))
                 if skip:

@@ -50,9 +50,7 @@ class RLOOConfig(DatasetNumProc, GenerationOptions, HealthChecks, HFTrainerConfi
         "Reinforce++: standardise the raw scores of a batch to mean 0, std 1 and clip them to "
         "[-reward_clip_range, reward_clip_range], before the KL penalty is added.",
     )
-    reward_clip_range: float = option(
-        10.0, "Clip range for the normalised scores (used with normalize_reward)."
-    )
+    reward_clip_range: float = option(10.0, "Clip range of the normalised scores (normalize_reward).")
     normalize_advantage: bool = option(
         False, "Reinforce++: standardise the advantages of a batch to mean 0, std 1."
     )

@@ -18,9 +18,7 @@ class SFTConfig(ModelInitKwargs, TokenizesDatasets, HFTrainerConfig):
     max_seq_length: int | None = option(
         None, "Tokens per example (or per packed block). None: min(tokenizer.model_max_length, 1024)."
     )
-    infinite: bool = option(
-        False, "With packing: cycle through the dataset forever (then max_steps must be set)."
-    )
+    infinite: bool = option(False, "With packing: cycle through the dataset forever (max_steps must be set).")
     num_of_sequences: int = option(1024, "With packing: documents read into the buffer before tokenising it.")
     chars_per_token: float = option(
         3.6, "With packing: estimated characters per token, sizing the text buffer."

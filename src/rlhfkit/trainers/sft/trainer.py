@@ -45,15 +45,9 @@ class SFTTrainer(OfflineTrainer):
     config_class = SFTConfig
     default_output_dir = "sft_model"
     override_keywords = (
-        "dataset_text_field",
-        "packing",
-        "max_seq_length",
-        "infinite",
-        "num_of_sequences",
-        "chars_per_token",
-        "dataset_num_proc",
-        "dataset_batch_size",
-    )
+        "dataset_text_field", "packing", "max_seq_length", "infinite", "num_of_sequences", "chars_per_token",
+        "dataset_num_proc", "dataset_batch_size",
+    )  # fmt: skip
 
     def __init__(self, *args: Any, formatting_func: Callable | None = None, **kwargs: Any):
         """The arguments of `OfflineTrainer`, the `override_keywords`, and `formatting_func`."""
