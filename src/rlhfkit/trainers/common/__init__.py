@@ -1,7 +1,7 @@
 """What several trainers share, each concern in one module.
 
 online_loop.py           `OnlineTrainerLoop`: the Trainer integration of the online trainers (RLOO, GRPO)
-trainer_setup.py         how the Trainer-style trainers (reward, SFT, DPO) set themselves up
+trainer_setup.py         `OfflineTrainer`: how the offline trainers (reward, SFT, DPO) set themselves up
 config.py                config fields declared once (`option`, the mixins) and their checks
 legacy_training_args.py  TrainingArguments names transformers 5 removed, still accepted
 checkpointing.py         the one checkpoint format: atomic `checkpoint-<step>` folders with checksums

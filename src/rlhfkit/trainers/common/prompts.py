@@ -1,4 +1,5 @@
-"""Prompts for RLOO: tokenise and check them up front, then hand out a resumable order of batches.
+"""Prompts of the online trainers (RLOO, GRPO): tokenised and checked up front, then handed out in batches
+in a resumable order.
 
 The batch order is a pure function of (seed, update index): a resumed run needs no sampler state to
 continue with exactly the prompts the uninterrupted run would have seen.
@@ -112,7 +113,7 @@ class PromptSchedule:
         if num_rows < self.global_batch:
             raise ValueError(
                 f"the train dataset has {num_rows} prompts but one update needs {self.global_batch} "
-                "(local_batch_size / rloo_k per process); use more prompts or a smaller batch"
+                f"({prompts_per_process} per process); use more prompts or a smaller batch"
             )
         self.num_rows, self.per_process, self.rank, self.seed = (
             num_rows,
