@@ -14,7 +14,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from rlhfkit.trainers.common.checkpointing import atomic_directory, latest_checkpoint, publish_directory
+from rlhfkit.trainers.common.checkpointing import (
+    atomic_directory,
+    latest_checkpoint,
+    publish_directory,
+    write_manifest,
+)
 
 # Child process: replaces `final` with a ~40 MB checkpoint, announces it is half-way, then waits to be killed.
 _SLOW_SAVER = textwrap.dedent(
@@ -39,6 +44,7 @@ def _save(folder: Path, value: float) -> None:
     with atomic_directory(folder) as tmp:
         save_file({"w": torch.full((4,), value)}, str(tmp / "model.safetensors"))
         (tmp / "step.txt").write_text(str(value))
+        write_manifest(tmp, int(value))  # latest_checkpoint takes only folders with a manifest
 
 
 @pytest.mark.slow
@@ -107,6 +113,7 @@ def test_latest_checkpoint_orders_by_step_not_by_name(tmp_path):
     for step in (2, 10, 9):
         (tmp_path / f"checkpoint-{step}").mkdir()
         (tmp_path / f"checkpoint-{step}" / "step.txt").write_text(str(step))
+        write_manifest(tmp_path / f"checkpoint-{step}", step)
     (tmp_path / ".checkpoint-11.tmp-abc").mkdir()  # unfinished save: ignored
     (tmp_path / "checkpoint-final").mkdir()  # not a step folder: ignored
     assert latest_checkpoint(tmp_path) == tmp_path / "checkpoint-10"

@@ -251,11 +251,16 @@ def test_trainers_refuse_corrupt_checkpoint_before_loading(tok, tmp_path):
     ckpt = tmp_path / "checkpoint-2"
     ckpt.mkdir()
     (ckpt / "model.safetensors").write_bytes(b"xx")
-    with pytest.raises(ValueError, match="model.safetensors' is corrupt"):
-        _rloo(tok, tmp_path / "out").train(resume_from_checkpoint=str(ckpt))
+    rloo = _rloo(tok, tmp_path / "out")
+    with pytest.raises(ValueError, match="checkpoint-2' has no manifest.json"):  # nothing can be verified
+        rloo.train(resume_from_checkpoint=str(ckpt))
+    with pytest.warns(UserWarning), pytest.raises(ValueError, match="model.safetensors' is corrupt"):
+        rloo.train(resume_from_checkpoint=str(ckpt), trust_unverified_checkpoint=True)
     trainer = _reward(tiny_tokenizer(padding_side="right"), tmp_path / "out2")
-    with pytest.raises(ValueError, match="model.safetensors' is corrupt"):
+    with pytest.raises(ValueError, match="checkpoint-2' has no manifest.json"):
         trainer.train(resume_from_checkpoint=str(ckpt))
+    with pytest.warns(UserWarning), pytest.raises(ValueError, match="model.safetensors' is corrupt"):
+        trainer.train(resume_from_checkpoint=str(ckpt), trust_unverified_checkpoint=True)
     with pytest.raises(ValueError, match="holds no intact checkpoint"):
         trainer.train(resume_from_checkpoint=True)
 
@@ -304,8 +309,10 @@ def test_ppo_and_ddpo_refuse_corrupt_checkpoints(tmp_path):
     (ppo_ckpt / "trainer_state.json").write_bytes(b"{")
     model = tiny_value_head_model("llama")
     trainer = PPOTrainer(PPOConfig(batch_size=2, mini_batch_size=2), model, tokenizer=tiny_tokenizer())
-    with pytest.raises(ValueError, match="model.safetensors' is corrupt"):
+    with pytest.raises(ValueError, match="ppo' has no manifest.json"):
         trainer.load_checkpoint(str(ppo_ckpt))
+    with pytest.warns(UserWarning), pytest.raises(ValueError, match="model.safetensors' is corrupt"):
+        trainer.load_checkpoint(str(ppo_ckpt), trust_unverified_checkpoint=True)
 
     from rlhfkit.models.sd_pipeline import DefaultDDPOStableDiffusionPipeline
     from rlhfkit.testing.diffusion import tiny_sd_pipeline_path
@@ -324,5 +331,5 @@ def test_ppo_and_ddpo_refuse_corrupt_checkpoints(tmp_path):
         sample_num_batches_per_epoch=1,
     )
     pipe = DefaultDDPOStableDiffusionPipeline(str(tiny_sd_pipeline_path()))
-    with pytest.raises(ValueError, match="trainer_state.json' is corrupt"):
+    with pytest.raises(ValueError, match="checkpoint-1' has no manifest.json"):
         DDPOTrainer(config, lambda images, prompts, meta: images.mean((1, 2, 3)), lambda: ("a cat", {}), pipe)

@@ -54,7 +54,7 @@ def test_corpus_has_mixed_sentiment_and_neutral_prompts(judge):
 def test_missing_vader_gives_an_install_hint(monkeypatch):
     monkeypatch.setitem(sys.modules, "vaderSentiment", None)
     monkeypatch.setitem(sys.modules, "vaderSentiment.vaderSentiment", None)
-    with pytest.raises(ImportError, match=r"pip install rlhfkit\[demo\]"):
+    with pytest.raises(ImportError, match=r"pip install 'rlhfkit\[demo\]'"):
         SentimentJudge()
 
 

@@ -116,8 +116,10 @@ def test_checkpoint_folder_is_replaced_atomically_and_validated(base_model, toke
     assert state["step"] == 1 and set(state) >= {"optimizer", "kl_ctl", "running", "rng", "lr_scheduler"}
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.json").write_text("{}")
-    with pytest.raises(FileNotFoundError, match="not an rlhfkit checkpoint"):
+    with pytest.raises(ValueError, match="other' has no manifest.json"):  # CheckpointError
         trainer.load_checkpoint(str(tmp_path / "other"))
+    with pytest.warns(UserWarning), pytest.raises(FileNotFoundError, match="not an rlhfkit checkpoint"):
+        trainer.load_checkpoint(str(tmp_path / "other"), trust_unverified_checkpoint=True)
 
 
 def test_lora_policy_checkpoint_round_trip(tokenizer, tmp_path):

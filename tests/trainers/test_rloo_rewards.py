@@ -47,18 +47,18 @@ def test_weighted_reward_functions_and_prompts_keyword(tokenizer):
 
 
 @pytest.mark.parametrize(
-    "result, match",
+    "result, error, match",
     [
-        ([1.0], "returned 1 scores for 2 completions"),
-        (["a", "b"], "numbers"),
+        ([1.0], ValueError, "returned 1 scores for 2 completions"),
+        (["a", "b"], TypeError, "returned str 'a' for row 0 .* must be a real number"),
     ],
 )
-def test_bad_reward_function_output_names_the_function(tokenizer, result, match):
+def test_bad_reward_function_output_names_the_function(tokenizer, result, error, match):
     def my_reward(completions):
         return result
 
     scorer = RewardScorer(my_reward, tokenizer)
-    with pytest.raises(ValueError, match=match) as info:
+    with pytest.raises(error, match=match) as info:
         scorer(*_batch(tokenizer, ["x", "y"], ["a", "b"]), ["x", "y"], ["a", "b"])
     assert "my_reward" in str(info.value)
 

@@ -7,7 +7,14 @@ config and model class, and what to print at the end; `run_trainer_command` does
 load data, tokenizer and model, train, save, evaluate, print a JSON summary). The online commands
 (ppo, rloo) use the same `ModelArguments`, `load_tokenizer` and `peft_config_from`; grpo is a
 `TrainerCommand` with its own script arguments and `inputs` (prompts and reward functions). User errors
-(ValueError) become one line on stderr and exit code 2 (`run_main`).
+(ValueError, an output folder another run holds) become one line on stderr and exit code 2 (`run_main`).
+
+Every training command starts and ends a run the same way: `start_run` (before any model is loaded) takes
+the output folder's lock and finds the checkpoint `--resume_from_checkpoint` names (True/"true": the newest
+in the output folder; a checkpoint folder; an output folder: its newest), which the trainer then resumes
+from; a run that SIGINT/SIGTERM stopped writes no final model and ends with `stopped_early`: one line
+naming its last checkpoint and the flag that continues it, and exit code 130 (SIGINT) or 143 (SIGTERM).
+Flags cannot be abbreviated (`--learning_rat` is an error, not --learning_rate).
 
 Set RLHFKIT_DEBUG=1 to get the full traceback instead of the one-line error.
 """
@@ -15,6 +22,8 @@ Set RLHFKIT_DEBUG=1 to get the full traceback instead of the one-line error.
 from __future__ import annotations
 
 import importlib
+import json
+import math
 import os
 import sys
 from collections.abc import Callable
@@ -90,7 +99,7 @@ def parse_args(
 
     argv = list(sys.argv[1:] if argv is None else argv)
     config_path, argv = _split_config_flag(argv)
-    parser = HfArgumentParser(dataclass_types, prog=prog, description=description)
+    parser = HfArgumentParser(dataclass_types, prog=prog, description=description, allow_abbrev=False)
     parser.add_argument("--config", help="YAML file of flag values; flags on the command line override it.")
     if config_path is not None:
         path = Path(config_path)
@@ -106,9 +115,21 @@ def parse_args(
         parser.set_defaults(**values)
     *parsed, remaining = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
     if remaining:
-        parser.error(f"unrecognised arguments: {' '.join(remaining)}")
+        parser.error(f"unrecognised arguments: {' '.join(remaining)}{_did_you_mean(parser, remaining)}")
     # the extra --config flag comes back as a trailing Namespace; only the dataclasses are returned
     return tuple(parsed[: len(dataclass_types)])
+
+
+def _did_you_mean(parser: Any, remaining: list[str]) -> str:
+    import difflib
+
+    flags = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
+    hints = [
+        f"{arg.split('=')[0]} -> {close[0]}"
+        for arg in remaining
+        if arg.startswith("--") and (close := difflib.get_close_matches(arg.split("=")[0], flags, n=1))
+    ]
+    return f" (did you mean: {', '.join(hints)}?)" if hints else ""
 
 
 def require(value: Any, flag: str) -> Any:
@@ -200,15 +221,89 @@ def load_prompts(
     return train, evaluation, None
 
 
+def summary_json(summary: dict[str, Any]) -> str:
+    """A command's closing summary as strict JSON: a NaN or infinite figure is written as null."""
+
+    def finite(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {key: finite(item) for key, item in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [finite(item) for item in value]
+        number = value if isinstance(value, (int, float, str, bool)) or value is None else float(value)
+        return None if isinstance(number, float) and not math.isfinite(number) else number
+
+    return json.dumps(finite(summary), allow_nan=False)
+
+
 def run_main(prog: str, body, argv: list[str] | None) -> int:
-    """Run a command body; user errors print one clear line and exit code 2 instead of a traceback."""
+    """Run a command body; user errors (and an output folder another run holds) print one clear line and
+    exit code 2 instead of a traceback; a run stopped by `NonFiniteError` (too many skipped steps in a
+    row: NaN or inf losses, gradients or rewards) one line and 1; a second SIGINT/SIGTERM, which stops
+    without a checkpoint, 130."""
+    from rlhfkit.trainers.common.atomic_folders import CheckpointLockError
+    from rlhfkit.trainers.common.guards import NonFiniteError
+
     try:
         return int(body(argv) or 0)
-    except (ValueError, FileNotFoundError) as err:
+    except (ValueError, FileNotFoundError, CheckpointLockError) as err:
         if os.environ.get("RLHFKIT_DEBUG"):
             raise
         print(f"{prog}: error: {err}", file=sys.stderr)
         return 2
+    except NonFiniteError as err:
+        if os.environ.get("RLHFKIT_DEBUG"):
+            raise
+        print(f"{prog}: error: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt as err:
+        if os.environ.get("RLHFKIT_DEBUG"):
+            raise
+        why = err or "stopped at once, without saving a checkpoint"
+        print(f"{prog}: interrupted: {why}", file=sys.stderr)
+        return 130
+
+
+def start_run(
+    prog: str,
+    output_dir: str,
+    resume_from_checkpoint: str | bool | None,
+    args: Any = None,
+    **limits: Any,
+) -> Path | None:
+    """Before any model is loaded: the verified checkpoint `resume_from_checkpoint` names (None: a fresh
+    run) and, on the main process, the output folder's lock.
+
+    A path that does not exist or holds no intact checkpoint, a max_steps below the checkpoint's step
+    (`args.max_steps`, or `max_steps=`/`max_steps_flag=` in `limits`), or a folder another live run holds
+    raise the errors `run_main` prints as one line (exit 2). The trainer resumes from the returned folder.
+    """
+    from rlhfkit.trainers.common.atomic_folders import lock_output_dir
+    from rlhfkit.trainers.common.checkpointing import checkpoint_to_resume
+    from rlhfkit.trainers.common.resuming import check_resume_settings
+
+    checkpoint = checkpoint_to_resume(output_dir, resume_from_checkpoint)
+    if checkpoint is not None:  # the trainer warns about changed settings when it resumes
+        check_resume_settings(checkpoint, args, warn=False, **limits)
+    if int(os.environ.get("RANK", "0")) == 0:  # one lock per run: the main process takes it
+        lock_output_dir(output_dir)
+    return checkpoint
+
+
+def stopped_early(prog: str, graceful_stop: Any, checkpoint: str | os.PathLike | None, step: int,
+                  flag: str = "--resume_from_checkpoint") -> int:  # fmt: skip
+    """A run SIGINT/SIGTERM stopped: one line on stderr, where its last checkpoint is and the exact flag
+    that continues it; returns the exit code (130 SIGINT, 143 SIGTERM). No final model is written."""
+    how = f"{prog}: stopped on request ({graceful_stop.signal_name or 'a signal'}) after step {step}"
+    if checkpoint is None:
+        print(f"{how}; no final model and no checkpoint were written", file=sys.stderr, flush=True)
+    else:
+        print(
+            f"{how}; no final model was written. The last checkpoint is {checkpoint}; continue with "
+            f"{flag} {checkpoint}",
+            file=sys.stderr,
+            flush=True,
+        )
+    return graceful_stop.exit_code
 
 
 @dataclass(frozen=True)
@@ -242,15 +337,15 @@ def _import(target: str) -> Any:
 
 
 def run_trainer_command(command: TrainerCommand, argv: list[str] | None) -> int:
-    """Parse, load data, tokenizer and model, train, save, evaluate, and print one JSON summary line."""
-    import json
-
+    """Parse, lock the output folder and find the checkpoint to resume, load data, tokenizer and model,
+    train, save, evaluate, and print one JSON summary line (a run a signal stopped: `stopped_early`)."""
     import transformers
 
     config_class, trainer_class = _import(command.config), _import(command.trainer)
     script_args, config, model_args = parse_args(
         (command.script_arguments, config_class, ModelArguments), argv, command.prog, command.description
     )
+    checkpoint = start_run(command.prog, config.output_dir, config.resume_from_checkpoint, config)
     if command.inputs is None:
         (train_dataset, eval_dataset), extra = load_data(script_args), {}
     else:
@@ -266,11 +361,14 @@ def run_trainer_command(command: TrainerCommand, argv: list[str] | None) -> int:
         peft_config=peft_config_from(model_args, command.peft_task_type),
         **extra,
     )
-    trainer.train()
+    trainer.train(resume_from_checkpoint=None if checkpoint is None else str(checkpoint))
+    if trainer.stopped_by_signal:
+        step = trainer.state.global_step
+        return stopped_early(command.prog, trainer.graceful_stop, trainer.last_checkpoint, step)
     trainer.save_model(config.output_dir)
     tokenizer.save_pretrained(config.output_dir)
     summary = {"output_dir": config.output_dir, **command.summary(trainer)}
     if eval_dataset is not None and command.evaluate:
         summary["eval"] = trainer.evaluate()
-    print(json.dumps(summary, default=float))
+    print(summary_json(summary))
     return 0

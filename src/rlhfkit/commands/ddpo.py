@@ -10,14 +10,17 @@ no model: JPEG size (the DDPO paper's compressibility tasks) or mean brightness.
 from __future__ import annotations
 
 import io
+import os
 import random
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from rlhfkit.commands._args import local_folder, parse_args, run_main
+from rlhfkit.commands._args import local_folder, parse_args, run_main, start_run, stopped_early
+from rlhfkit.trainers.common.checkpointing import latest_checkpoint, lock_output_dir
 from rlhfkit.trainers.common.config import option
 from rlhfkit.trainers.ddpo.config import DDPOConfig
 
@@ -89,6 +92,14 @@ def _train(argv: list[str] | None) -> int:
     from rlhfkit.trainers.ddpo.trainer import DDPOTrainer
 
     config, args = parse_args((DDPOConfig, DDPOScriptArguments), argv, PROG, __doc__.splitlines()[0])
+    # before the pipeline is loaded: the checkpoint --resume_from names, and the folders' locks
+    checkpoints = Path(config.logdir) / config.run_name / "checkpoints"
+    resume = start_run(
+        PROG, str(checkpoints), config.resume_from, max_steps=config.num_epochs, max_steps_flag="--num_epochs"
+    )
+    config.resume_from = "" if resume is None else str(resume)
+    if args.output_dir and int(os.environ.get("RANK", "0")) == 0:
+        lock_output_dir(args.output_dir)
     model = args.pretrained_model
     if model is None:
         from rlhfkit.testing.diffusion import tiny_sd_pipeline_path
@@ -113,6 +124,9 @@ def _train(argv: list[str] | None) -> int:
 
     trainer = DDPOTrainer(config, REWARDS[args.reward], prompt_fn, pipeline)
     trainer.train()
+    if trainer.first_epoch < config.num_epochs:  # SIGINT/SIGTERM ended it early: no final weights
+        last = latest_checkpoint(trainer.checkpoint_dir)
+        return stopped_early(PROG, trainer.graceful_stop, last, trainer.first_epoch, flag="--resume_from")
     for entry in trainer.log_history:
         if "reward_mean" in entry:
             print(f"epoch {entry['epoch']}: mean {args.reward} reward {entry['reward_mean']:.4f}")

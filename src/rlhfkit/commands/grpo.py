@@ -13,6 +13,7 @@ TrainingArguments field is a flag; `--config file.yaml` supplies defaults.
 from __future__ import annotations
 
 import importlib
+import math
 import os
 import sys
 from dataclasses import dataclass
@@ -80,8 +81,10 @@ def inputs(script_args: GRPOScriptArguments) -> tuple[Any, Any, dict[str, Any]]:
 
 
 def _summary(trainer: Any) -> dict[str, Any]:
+    """The JSON summary's own fields; a last reward that is NaN (no reward applied) is null: valid JSON."""
     rewards = [h["reward"] for h in trainer.state.log_history if "reward" in h]
-    return {"updates": trainer.state.global_step, "last_reward": rewards[-1] if rewards else None}
+    last = rewards[-1] if rewards and math.isfinite(rewards[-1]) else None
+    return {"updates": trainer.state.global_step, "last_reward": last}
 
 
 COMMAND = TrainerCommand(
@@ -96,4 +99,6 @@ COMMAND = TrainerCommand(
     inputs=inputs,
     evaluate=False,
 )
+
+
 main = COMMAND.main

@@ -56,8 +56,11 @@ class JudgeArguments:
     seed: int = option(0, "Seed of the prompt draw (built-in prompts) and sampling.")
     batch_size: int = option(16, "Prompts per generation chunk.")
     output_file: str | None = option(
-        None, "Optional .jsonl: one row per prompt with both completions and the verdict."
+        None,
+        "Optional .jsonl: one row per prompt with both completions and the verdict; an existing file is "
+        "refused unless --overwrite_output_file is given.",
     )
+    overwrite_output_file: bool = option(False, "Replace an existing --output_file.")
     tokenizer_name_or_path: str | None = option(
         None, "Policy tokenizer folder; defaults to model_name_or_path."
     )
@@ -129,9 +132,24 @@ def load_references(args: JudgeArguments) -> tuple[list[str], list[str]]:
     return prompts, references
 
 
+def check_output_file(args: JudgeArguments) -> None:
+    """Refuse an --output_file that would replace a file (unless --overwrite_output_file) or is a folder."""
+    if not args.output_file:
+        return
+    path = Path(args.output_file).expanduser()
+    if path.is_dir():
+        raise ValueError(f"--output_file {args.output_file!r} is a folder; name a .jsonl file")
+    if path.exists() and not args.overwrite_output_file:
+        raise ValueError(
+            f"--output_file {args.output_file!r} already exists; pass --overwrite_output_file to replace "
+            "it, or choose another path"
+        )
+
+
 def _write_rows(path: str, prompts, references, completions, judgements) -> None:
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as fh:
+    target = Path(path).expanduser()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target, "w", encoding="utf-8") as fh:
         for row in zip(prompts, references, completions, judgements):
             keys = ("prompt", "reference", "completion", "judgement")
             fh.write(json.dumps(dict(zip(keys, row)), ensure_ascii=False) + "\n")
@@ -139,19 +157,23 @@ def _write_rows(path: str, prompts, references, completions, judgements) -> None
 
 def _body(argv: list[str] | None) -> int:
     (args,) = parse_args((JudgeArguments,), argv, PROG, "win rate of a policy against reference completions")
+    from rlhfkit.judges import check_judge_model, load_judge, win_rate
+
+    # every flag is checked, and the data read, before any model loads
+    check_output_file(args)
+    check_judge_model(args.judge_model)
+    local_folder(args.model_name_or_path, "--model_name_or_path")
+    prompts, references = load_references(args)
     import torch
     from transformers import AutoModelForCausalLM
 
     from rlhfkit.demo.sampling import sample_completions
-    from rlhfkit.judges import load_judge, win_rate
 
-    local_folder(args.model_name_or_path, "--model_name_or_path")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     tokenizer = load_tokenizer(args.model_arguments(), padding_side="left")
     judge = load_judge(
         args.judge_model, tokenizer, device=device, **model_init_kwargs(args.model_arguments())
     )
-    prompts, references = load_references(args)
     policy = load_model(args.model_arguments(), AutoModelForCausalLM).to(device)
     samples = sample_completions(
         policy,

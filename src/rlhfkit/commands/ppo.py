@@ -11,7 +11,6 @@ is a flag (defaults here suit the tiny models on a CPU); `--config file.yaml` su
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,9 @@ from rlhfkit.commands._args import (
     parse_args,
     peft_config_from,
     run_main,
+    start_run,
+    stopped_early,
+    summary_json,
 )
 from rlhfkit.trainers.common.checkpointing import CHECKPOINT_PREFIX, prune_checkpoints
 from rlhfkit.trainers.common.config import option
@@ -102,11 +104,11 @@ def reward_scorer(args: PPOScriptArguments, task_reward: Any, tokenizer: Any, de
         return RewardScorer(task_reward, tokenizer, device=device)
     if not Path(args.reward).is_dir():
         raise ValueError(f"--reward {args.reward!r} is neither 'task' nor a local reward-model folder")
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from rlhfkit.rewards.reward_models import load_reward_model
 
-    model = AutoModelForSequenceClassification.from_pretrained(args.reward, num_labels=1)
-    reward_tokenizer = AutoTokenizer.from_pretrained(args.reward, padding_side="left")
-    # the reward model reads prompt + completion as text, encoded as it was in training (special tokens on)
+    # with its own tokenizer the reward model reads prompt + completion as text, encoded as it was in
+    # training (special tokens on); without one, the policy's token ids (checked against its vocabulary)
+    model, reward_tokenizer = load_reward_model(args.reward)
     return RewardScorer(model, tokenizer, reward_tokenizer, device=device, add_special_tokens=True)
 
 
@@ -213,8 +215,7 @@ def _train(trainer: PPOTrainer, scorer: Any, args: PPOScriptArguments, config: P
                 if args.save_steps and trainer.current_step % args.save_steps == 0:
                     _save_checkpoint(trainer, args)
                 if trainer.should_stop():
-                    run.stopped_checkpoint = folder = _save_checkpoint(trainer, args)
-                    print(f"stopped on request; resume with --resume_from_checkpoint {folder}", flush=True)
+                    run.stopped_checkpoint = _save_checkpoint(trainer, args)
                     return run
                 if trainer.current_step >= config.steps:
                     break
@@ -226,12 +227,15 @@ def _body(argv: list[str] | None) -> int:
         (PPOScriptArguments, PPOCommandConfig, ModelArguments), argv, PROG, "Classic PPO loop."
     )
     _check_paths(args, model_args)  # before any model is loaded
+    checkpoint = start_run(
+        PROG, args.output_dir, args.resume_from_checkpoint, max_steps=config.steps, max_steps_flag="--steps"
+    )
     trainer, scorer = _build_trainer(args, config, model_args)
-    if args.resume_from_checkpoint:
-        trainer.load_checkpoint(args.resume_from_checkpoint)
+    if checkpoint is not None:
+        trainer.load_checkpoint(str(checkpoint))
     run = _train(trainer, scorer, args, config)
-    if run.stopped_checkpoint is not None:
-        return 0
+    if run.stopped_checkpoint is not None:  # no final model for an unfinished run
+        return stopped_early(PROG, trainer.graceful_stop, run.stopped_checkpoint, trainer.current_step)
     trainer.save_pretrained(args.output_dir)
     summary = {
         "output_dir": args.output_dir,
@@ -239,7 +243,7 @@ def _body(argv: list[str] | None) -> int:
         "first_mean_score": run.first_mean_score,
         "last_mean_score": run.last_mean_score,
     }
-    print(json.dumps(summary))
+    print(summary_json(summary))
     return 0
 
 

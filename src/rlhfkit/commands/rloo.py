@@ -22,6 +22,8 @@ from rlhfkit.commands._args import (
     local_folder,
     parse_args,
     run_main,
+    start_run,
+    stopped_early,
 )
 from rlhfkit.data.loading import offline_error
 from rlhfkit.trainers.common.config import option
@@ -42,14 +44,16 @@ def _default(name: str) -> str:
 
 def _body(argv: list[str] | None) -> int:
     import torch  # noqa: F401  (fail early if the environment is broken)
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+    from transformers import AutoModelForCausalLM
 
     from rlhfkit.commands._args import model_init_kwargs, peft_config_from
+    from rlhfkit.rewards.reward_models import load_reward_model
     from rlhfkit.trainers.rloo.config import RLOOConfig
 
     script_args, config, model_args = parse_args(
         (RLOOScriptArguments, RLOOConfig, ModelArguments), argv, PROG, "REINFORCE leave-one-out training"
     )
+    checkpoint = start_run(PROG, config.output_dir, config.resume_from_checkpoint, config)  # before loading
     train_dataset, eval_dataset, task = load_prompts(
         script_args.dataset_name,
         script_args.dataset_train_split,
@@ -67,11 +71,9 @@ def _body(argv: list[str] | None) -> int:
     if model_args.model_name_or_path is None:
         model_args.model_name_or_path = sft_path
 
-    reward_path = config.reward_model_path
-    if Path(reward_path).exists():
-        reward = AutoModelForSequenceClassification.from_pretrained(
-            reward_path, num_labels=1, **model_init_kwargs(model_args)
-        )
+    reward_path, reward_tokenizer = config.reward_model_path, None
+    if Path(reward_path).exists():  # its own tokenizer, when its folder has one, encodes what it reads
+        reward, reward_tokenizer = load_reward_model(reward_path, **model_init_kwargs(model_args))
     elif task is not None and reward_path in (_default("reward_model_path"), "task"):
         reward = task.text_reward("--dataset_name", "RLOO's reward")
     else:
@@ -87,9 +89,12 @@ def _body(argv: list[str] | None) -> int:
         policy = get_peft_model(policy, peft_config)
 
     trainer = RLOOTrainer(
-        config, tokenizer, policy, ref_policy, reward, train_dataset, eval_dataset=eval_dataset
-    )
-    result = trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
+        config, tokenizer, policy, ref_policy, reward, train_dataset, eval_dataset=eval_dataset,
+        reward_processing_class=reward_tokenizer,
+    )  # fmt: skip
+    result = trainer.train(resume_from_checkpoint=None if checkpoint is None else str(checkpoint))
+    if trainer.stopped_by_signal:  # no final model for an unfinished run
+        return stopped_early(PROG, trainer.graceful_stop, trainer.last_checkpoint, result.global_step)
     trainer.save_model(config.output_dir)
     trainer.create_model_card(dataset_name=script_args.dataset_name)
     last = next((h for h in reversed(trainer.state.log_history) if "objective/scores" in h), {})

@@ -123,7 +123,9 @@ def group_advantages(
     estimator: a key of ADVANTAGE_ESTIMATORS. scale_rewards: "group" divides by the std of the raw
     rewards of each group, "batch" by their std over the whole batch (+1e-4 both), "none" keeps
     the scale.
-    Returns (N,), detached; 0 where the reward is NaN or a group's std is undefined.
+    Returns (N,), detached; 0 where the reward is NaN or the advantage is undefined (too few scored rewards in
+    the group, or the batch, for its baseline or std). Infinite rewards, and huge ones whose mean or std
+    overflows, give non-finite advantages, never a silent 0: the trainers' non-finite check skips that update.
     """
     if estimator not in ADVANTAGE_ESTIMATORS:
         raise ValueError(f"unknown estimator {estimator!r}; valid: {', '.join(ADVANTAGE_ESTIMATORS)}")
@@ -143,9 +145,13 @@ def group_advantages(
         grouped = rewards.detach().to(dtype).reshape(-1, group_size)
         advantages = ADVANTAGE_ESTIMATORS[estimator](grouped)
         std = _REWARD_SCALES[scale_rewards](grouped)
-        if std is not None:
-            advantages = advantages / (std + _STD_EPS)
-    return torch.nan_to_num(advantages.flatten(), nan=0.0)
+        if std is not None:  # an overflowed (infinite) std would turn every advantage into 0: NaN instead
+            advantages = advantages / (std + _STD_EPS).masked_fill(std.isinf(), float("nan"))
+        present = ~grouped.isnan()
+        in_group = 2 if estimator == "rloo" or scale_rewards == "group" else 1
+        in_batch = 2 if scale_rewards == "batch" else 1
+        defined = present & (present.sum(1, keepdim=True) >= in_group) & (present.sum() >= in_batch)
+    return torch.where(defined, advantages, 0.0).flatten()
 
 
 def rloo_advantages(rlhf_reward: torch.Tensor, rloo_k: int) -> torch.Tensor:

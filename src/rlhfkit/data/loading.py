@@ -1,11 +1,15 @@
 """Load a dataset from a local path: the machine is offline, so hub names are refused with a clear hint.
 
 Accepted: a .json / .jsonl / .csv / .parquet file, a folder of such files, or a folder written by
-`Dataset.save_to_disk` / `DatasetDict.save_to_disk`.
+`Dataset.save_to_disk` / `DatasetDict.save_to_disk`. A file that cannot be read (empty, a malformed line,
+not the format its extension says) is a ValueError naming the file and, where it can be found, the line.
 """
 
 from __future__ import annotations
 
+import csv
+import io
+import json
 from pathlib import Path
 
 _FORMATS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
@@ -25,6 +29,80 @@ def offline_error(what: str, value: str, hint: str = MODEL_HINT, kind: str = "fo
     )
 
 
+def _json_problem(text: str) -> str | None:
+    """What is wrong with a JSON / JSON-lines text, or None when nothing is found."""
+    lines = text.splitlines()
+    first = next((line for line in lines if line.strip()), "")
+    try:
+        json.loads(first)
+        whole = first.lstrip().startswith("[")
+    except json.JSONDecodeError:
+        whole = True  # one pretty-printed document (or a first line that is already broken)
+    if whole:
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as err:
+            return f"is not valid JSON: line {err.lineno}, column {err.colno} ({err.msg})"
+        rows = doc if isinstance(doc, list) else [doc]
+        bad = next((i for i, row in enumerate(rows) if not isinstance(row, dict)), None)
+        return None if bad is None else f"is not a list of JSON objects (item {bad} is not an object)"
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            return f"is not valid JSON lines: line {number}, column {err.colno} ({err.msg})"
+        if not isinstance(row, dict):
+            return f"is not valid JSON lines: line {number} is not a JSON object"
+    return None
+
+
+def _csv_problem(text: str) -> str | None:
+    reader = csv.reader(io.StringIO(text))
+    header, rows = next(reader, None), 0
+    for row in reader:
+        if not row:
+            continue
+        rows += 1
+        if header is not None and len(row) > len(header):
+            return f"is not valid CSV: line {reader.line_num} has {len(row)} fields, the header {len(header)}"
+    return "has a header line but no rows" if rows == 0 else None
+
+
+def _file_problem(fmt: str, path: Path) -> str | None:
+    """What is wrong with one data file, found by reading it again (only after the loader failed)."""
+    data = path.read_bytes()
+    if not data.strip():
+        return "is empty"
+    if fmt == "parquet":
+        return None if data[:4] == b"PAR1" else "is not a parquet file (it does not start with PAR1)"
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        return f"is not UTF-8 text (byte {err.start})"
+    return _json_problem(text) if fmt == "json" else _csv_problem(text)
+
+
+def _load_files(fmt: str, files: list[Path], shown: Path):
+    """`datasets.load_dataset(fmt)` over `files`; its parse errors become a ValueError naming the file."""
+    import datasets
+    from datasets.exceptions import DatasetGenerationError
+    from pyarrow import ArrowException
+
+    # a parse error, an empty file (StopIteration) or a header without rows ("corresponds to no data")
+    unreadable = (DatasetGenerationError, StopIteration, ValueError, ArrowException)
+    try:
+        return datasets.load_dataset(fmt, data_files={"train": [str(p) for p in files]})
+    except unreadable as err:
+        for file in files:
+            problem = _file_problem(fmt, file)
+            if problem is not None:
+                raise ValueError(f"dataset file {str(file)!r} {problem}") from err
+        cause = " ".join(str(err.__cause__ or err).split())[:300] or type(err).__name__
+        raise ValueError(f"cannot read dataset {str(shown)!r} as {fmt}: {cause}") from err
+
+
 def load_local_dataset(name_or_path: str):
     """Return a `datasets.DatasetDict` (file formats get a single 'train' split)."""
     import datasets
@@ -38,20 +116,20 @@ def load_local_dataset(name_or_path: str):
             if isinstance(loaded, datasets.Dataset):
                 loaded = datasets.DatasetDict({"train": loaded})
             return loaded
-        files = sorted(p for p in path.iterdir() if p.suffix in _FORMATS)
-        kinds = {_FORMATS[p.suffix] for p in files}
+        files = sorted(p for p in path.iterdir() if p.suffix.lower() in _FORMATS)
+        kinds = {_FORMATS[p.suffix.lower()] for p in files}
         if not files or len(kinds) != 1:
             raise ValueError(
                 f"folder {str(path)!r} is neither a save_to_disk folder nor a folder of files of one format "
                 f"({', '.join(sorted(_FORMATS))}); found {sorted(p.name for p in path.iterdir())[:10]}"
             )
-        return datasets.load_dataset(kinds.pop(), data_files={"train": [str(p) for p in files]})
-    fmt = _FORMATS.get(path.suffix)
+        return _load_files(kinds.pop(), files, path)
+    fmt = _FORMATS.get(path.suffix.lower())
     if fmt is None:
         raise ValueError(
             f"unsupported dataset file {str(path)!r}: expected one of {', '.join(sorted(_FORMATS))}"
         )
-    return datasets.load_dataset(fmt, data_files={"train": str(path)})
+    return _load_files(fmt, [path], path)
 
 
 def load_splits(name_or_path: str, train_split: str = "train", test_split: str | None = "test"):

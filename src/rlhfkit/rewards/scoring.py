@@ -10,22 +10,28 @@ A reward source is one of:
   (`reward_processing_class`), on prompt + completion text re-encoded with that tokenizer;
 - a model carrying a reward adapter (a value-head policy loaded with `reward_adapter=...`): scored with
   its `sequence_reward_score`, i.e. the same reading with the frozen reward adapter switched on.
-Several sources are combined as a weighted sum (`reward_weights`). Non-finite scores are not an error
-here: they warn, and the trainers' non-finite guard skips that update.
+Several sources are combined as a weighted sum (`reward_weights`). A function's value must be a real number
+(int, float, a numpy number, a one-element tensor) or None; anything else (a str such as "7", a bool, a list)
+is a TypeError naming the function and the row. Non-finite scores are not an error here: they warn, naming
+the source, and the trainers skip that update (the non-finite guard counts it; `Scores.applies` tells a
+None from a NaN). A row every function returned None for warns too (as TRL does) and scores NaN.
 """
 
 from __future__ import annotations
 
 import inspect
+import numbers
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
 from rlhfkit.core.warnings import NonFiniteStepWarning
 from rlhfkit.models.peft_detection import peft_model_of
+from rlhfkit.rewards.reward_models import check_reward_vocab
 from rlhfkit.rollout.generation import pad_right
 from rlhfkit.rollout.scoring import reward_model_scores
 
@@ -55,6 +61,35 @@ def _accepts_prompts(fn: Callable) -> bool:
 def _warn_non_finite(source: Any, values: torch.Tensor) -> None:
     message = f"{source_name(source)} returned non-finite scores: {values.tolist()}"
     warnings.warn(message, NonFiniteStepWarning, stacklevel=3)
+
+
+class Scores(tuple):
+    """What a `RewardScorer` call returns: unpacks as `(scores (N,), per_source (S, N))`, and carries
+    `applies` (S, N) bool, False where a function returned None ("does not apply")."""
+
+    applies: torch.Tensor
+
+    def __new__(cls, scores: torch.Tensor, per_source: torch.Tensor, applies: torch.Tensor) -> Scores:
+        out = super().__new__(cls, (scores, per_source))
+        out.applies = applies
+        return out
+
+
+def _as_real(value: Any, fn: Callable, row: int, completion: Any) -> float:
+    """A reward function's value for one row as a float (NaN for None); TypeError unless it is a number."""
+    if value is None:
+        return float("nan")
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.dtype.is_complex:
+        if value.dtype != torch.bool:
+            return float(value.item())
+    elif isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)):
+        return float(value)
+    shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+    context = "" if completion is None else f" (completion {str(completion)[:40]!r})"
+    raise TypeError(
+        f"{source_name(fn)} returned {type(value).__name__} {shown} for row {row}{context}; a reward must "
+        "be a real number (int or float), or None where the function does not apply"
+    )
 
 
 class RewardScorer:
@@ -112,6 +147,10 @@ class RewardScorer:
                     "reward_processing_class has no pad token; set tokenizer.pad_token (e.g. to eos)"
                 )
         self.tokenizer, self.device, self.add_special_tokens = tokenizer, device, add_special_tokens
+        for source, own in zip(self.sources, self.tokenizers):  # models reading the policy's token ids
+            if tokenizer is not None and own is None and isinstance(source, nn.Module):
+                if not is_reward_adapter_model(source):
+                    check_reward_vocab(source, tokenizer, source_name(source))
         for source in self.sources:
             if isinstance(source, nn.Module) and not is_reward_adapter_model(source):  # never freeze a policy
                 source.to(device).eval().requires_grad_(False)
@@ -131,7 +170,7 @@ class RewardScorer:
         prompts: list[str] | None = None,
         completions: list[str] | None = None,
         function_kwargs: dict[str, Any] | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> Scores:
         """Score a padded batch: queries (N, Lq) left-padded, responses (N, R) right-padded.
 
         Per-source scores are NaN where a function returned None.
@@ -157,7 +196,7 @@ class RewardScorer:
         responses: Sequence[torch.Tensor],
         prompts: list[str] | None = None,
         completions: list[str] | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> Scores:
         """Score the unpadded 1-D query and response tensors of the classic PPO loop (`PPOTrainer.step`).
 
         Models read each query + response right-padded; `prompts`/`completions` default to the decoded ids.
@@ -176,9 +215,7 @@ class RewardScorer:
 
         return self._score(token_ids, prompts, completions, len(responses), torch.device(self.device))
 
-    def score_texts(
-        self, prompts: Sequence[str], completions: Sequence[str]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def score_texts(self, prompts: Sequence[str], completions: Sequence[str]) -> Scores:
         """Score prompt + completion strings (judges, evaluation); a model without its own tokenizer reads
         them encoded with the policy's."""
         if len(prompts) != len(completions):
@@ -205,7 +242,7 @@ class RewardScorer:
         n: int,
         device: torch.device,
         function_kwargs: dict[str, Any] | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> Scores:
         per_source = torch.empty(len(self.sources), n, device=device)
         applies = torch.ones(len(self.sources), n, dtype=torch.bool, device=device)
         ids = None
@@ -223,9 +260,19 @@ class RewardScorer:
         weights = torch.tensor(self.weights, device=per_source.device)
         weighted = weights[:, None] * per_source
         if bool(applies.all()):
-            return weighted.sum(0), per_source
+            return Scores(weighted.sum(0), per_source, applies)
+        unscored = ~applies.any(0)
+        if bool(unscored.any()):
+            rows = unscored.nonzero().flatten().tolist()
+            shown = ", ".join(map(str, rows[:10])) + (", ..." if len(rows) > 10 else "")
+            warnings.warn(
+                f"every reward function returned None for {len(rows)} of {n} rows ({shown}): they get no "
+                "reward. Make sure at least one reward function applies to each row",
+                UserWarning,
+                stacklevel=3,
+            )
         scores = torch.where(applies, weighted, 0.0).sum(0)
-        return scores.masked_fill(~applies.any(0), float("nan")), per_source
+        return Scores(scores.masked_fill(unscored, float("nan")), per_source, applies)
 
     @staticmethod
     def _model_scores(
@@ -254,17 +301,20 @@ class RewardScorer:
             result = fn(completions, prompts=prompts) if _accepts_prompts(fn) else fn(completions)
         if isinstance(result, torch.Tensor):
             result = result.detach().reshape(-1).tolist()
-        try:
-            applies = [v is not None for v in result]
-            values = [float(v) if ok else float("nan") for v, ok in zip(result, applies)]
-        except (TypeError, ValueError) as err:
+        elif isinstance(result, np.ndarray):
+            result = result.reshape(-1).tolist()
+        if isinstance(result, (str, bytes, dict)) or not hasattr(result, "__iter__"):
             raise ValueError(
                 f"{source_name(fn)} must return a list of numbers (or None), got {type(result).__name__}"
-            ) from err
-        if len(values) != n:
-            raise ValueError(
-                f"{source_name(fn)} returned {len(values)} scores for {n} completions; expected one each"
             )
+        result = list(result)
+        if len(result) != n:
+            raise ValueError(
+                f"{source_name(fn)} returned {len(result)} scores for {n} completions; expected one each"
+            )
+        texts = completions if completions is not None and len(completions) == n else [None] * n
+        values = [_as_real(v, fn, row, text) for row, (v, text) in enumerate(zip(result, texts))]
+        applies = [v is not None for v in result]
         device = self.device
         return torch.tensor(values, dtype=torch.float32, device=device), torch.tensor(applies, device=device)
 

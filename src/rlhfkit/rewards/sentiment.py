@@ -25,7 +25,7 @@ class SentimentJudge:
         except ImportError as err:
             raise ImportError(
                 "SentimentJudge needs the vaderSentiment package; install it with "
-                "`pip install rlhfkit[demo]` (or `pip install vaderSentiment`)."
+                "`pip install 'rlhfkit[demo]'` (or `pip install vaderSentiment`)."
             ) from err
         self._analyzer = SentimentIntensityAnalyzer()
 

@@ -46,6 +46,18 @@ _IGNORED = {"max_length", "bos_token_id", "decoder_start_token_id", "transformer
 _logged_reasons: set[str] = set()
 
 
+class NonFiniteLogitsError(RuntimeError):
+    """The policy's next-token logits hold a NaN or an infinity: there is nothing meaningful to sample."""
+
+
+def _non_finite_logits(step: int) -> NonFiniteLogitsError:
+    return NonFiniteLogitsError(
+        f"the policy produced non-finite logits (NaN or inf) at decoding step {step} (0: the first new "
+        "token): its weights or activations are not finite, e.g. after a diverged update (lower the "
+        "learning rate, set max_grad_norm) or from a corrupt or foreign checkpoint"
+    )
+
+
 def _log_fallback_once(reason: str) -> None:
     if reason not in _logged_reasons:
         _logged_reasons.add(reason)
@@ -236,6 +248,7 @@ class _DecodeLoop:
         accepts = inspect.signature(self.generator.forward).parameters
         self.forward_kwargs = {"logits_to_keep": 1} if "logits_to_keep" in accepts else {}
         self.cache_argument = cache_keyword(self.generator)
+        self.first_bad: torch.Tensor | None = None  # off CPU: the first step with non-finite logits, or -1
 
     def _forward(self, attention_mask, cache, **inputs) -> torch.Tensor:
         """Float32 next-token logits (A, V) of the last position.
@@ -278,8 +291,25 @@ class _DecodeLoop:
     ) -> torch.Tensor:
         s = self.settings
         blocked = step < s.min_new_tokens or prompt_width + step < s.min_length
-        scores = process_logits(raw, s, seen, stops if blocked else None)
+        scores = process_logits(self._finite(raw, step), s, seen, stops if blocked else None)
         return sample_tokens(scores.softmax(-1)) if s.do_sample else scores.argmax(-1)
+
+    def _finite(self, raw: torch.Tensor, step: int) -> torch.Tensor:
+        """`raw`, checked: a row whose largest logit is not finite (a NaN or +inf in it, or no finite logit)
+        raises NonFiniteLogitsError. On CPU at once; elsewhere without a host sync: the first bad step is
+        kept on the device (`_raise_if_non_finite` reads it where the loop syncs anyway) and the row is
+        made flat meanwhile, so `multinomial` never sees a NaN."""
+        finite = torch.isfinite(raw.amax(-1))
+        if self.first_bad is None:
+            if not bool(finite.all()):
+                raise _non_finite_logits(step)
+            return raw
+        self.first_bad = torch.where(finite.all() | (self.first_bad >= 0), self.first_bad, step)
+        return torch.where(finite[:, None], raw, 0.0)
+
+    def _raise_if_non_finite(self) -> None:
+        if self.first_bad is not None and int(self.first_bad) >= 0:
+            raise _non_finite_logits(int(self.first_bad))
 
     def run(self, ids: torch.Tensor, mask: torch.Tensor) -> tuple:
         batch, width, steps = ids.shape[0], ids.shape[1], self.settings.max_new_tokens
@@ -297,6 +327,7 @@ class _DecodeLoop:
         stops = torch.tensor(self.settings.eos_token_ids, dtype=torch.long, device=device)
         ended = torch.zeros(batch, dtype=torch.bool, device=device)
         check_every = 1 if device.type == "cpu" else 8  # a host sync per check: cheap on CPU only
+        self.first_bad = None if device.type == "cpu" else torch.full((), -1, device=device)
         cache = decode_cache(self.generator.config, capacity=width + steps)
         raw = self._prefill(ids, None if full_mask is None else mask, positions, cache)
         seen = self._seen_tokens(ids, mask, raw.shape[-1])
@@ -312,6 +343,7 @@ class _DecodeLoop:
             if seen is not None:
                 seen = seen.scatter(1, token[:, None], True)
             if stops.numel() and (step + 1) % check_every == 0:
+                self._raise_if_non_finite()
                 live = (~ended).nonzero().squeeze(1)
                 if live.numel() == 0:
                     break
@@ -327,6 +359,7 @@ class _DecodeLoop:
                 attention_mask=None if full_mask is None else full_mask[:, : width + step + 1],
             )
             next_position = next_position + 1
+        self._raise_if_non_finite()
         keep = slice(0, done)
         return (
             tokens[:, keep],

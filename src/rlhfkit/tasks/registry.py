@@ -1,4 +1,9 @@
-"""Name -> task registry, so command lines can say `--dataset_name positive-review`."""
+"""Name -> task registry, so command lines can say `--dataset_name positive-review`.
+
+Each factory declares the dataset columns its reward reads (`@_reads(...)`), so listing the tasks scored from
+text alone (`text_task_names`) builds none of them: a reward that needs an optional package (VADER) is only
+constructed when its task is asked for.
+"""
 
 from __future__ import annotations
 
@@ -43,6 +48,17 @@ class Task:
         return self.reward
 
 
+def _reads(*columns: str) -> Callable[[Callable[..., Task]], Callable[..., Task]]:
+    """Mark a task factory with the dataset columns its reward reads (its tasks' `reward_columns`)."""
+
+    def mark(factory: Callable[..., Task]) -> Callable[..., Task]:
+        factory.reward_columns = columns  # type: ignore[attr-defined]
+        return factory
+
+    return mark
+
+
+@_reads()
 def _positive_review() -> Task:
     return Task(
         name="positive-review",
@@ -53,6 +69,7 @@ def _positive_review() -> Task:
     )
 
 
+@_reads()
 def _keyword(word: str = "good", cap: int = 5, length_penalty: float = 0.0) -> Task:
     return Task(
         name="keyword",
@@ -62,6 +79,7 @@ def _keyword(word: str = "good", cap: int = 5, length_penalty: float = 0.0) -> T
     )
 
 
+@_reads()
 def _length(target_words: int = 2) -> Task:
     return Task(
         name="length",
@@ -71,6 +89,7 @@ def _length(target_words: int = 2) -> Task:
     )
 
 
+@_reads("answer")
 def _addition() -> Task:
     return Task(
         name="addition",
@@ -82,9 +101,17 @@ def _addition() -> Task:
     )
 
 
+def reward_columns(name: str) -> tuple[str, ...]:
+    """The dataset columns the reward of task `name` reads, without building the task when its factory
+    declares them (`@_reads`); an undeclared factory is built once to ask."""
+    declared = getattr(TASKS[name], "reward_columns", None)
+    return tuple(declared) if declared is not None else get_task(name).reward_columns
+
+
 def text_task_names() -> list[str]:
-    """The built-in tasks scored from completion text alone (rule judges, RLOO and PPO rewards)."""
-    return [name for name in task_names() if not TASKS[name]().reward_columns]
+    """The built-in tasks scored from completion text alone (rule judges, RLOO and PPO rewards); builds no
+    reward, so listing them needs no optional package."""
+    return [name for name in task_names() if not reward_columns(name)]
 
 
 TASKS: dict[str, Callable[..., Task]] = {
@@ -100,8 +127,15 @@ def task_names() -> list[str]:
 
 
 def get_task(name: str, **kwargs: Any) -> Task:
-    """Build the task called `name`; keyword arguments go to its factory (e.g. `word="cat"`)."""
+    """Build the task called `name`; keyword arguments go to its factory (e.g. `word="cat"`).
+
+    A task whose reward needs a package that is not installed (VADER for positive-review) is a ValueError
+    carrying the install hint, so a command prints it as one line.
+    """
     factory = TASKS.get(name)
     if factory is None:
         raise ValueError(f"unknown task {name!r}; built-in tasks are: {', '.join(task_names())}")
-    return factory(**kwargs)
+    try:
+        return factory(**kwargs)
+    except ImportError as err:
+        raise ValueError(f"task {name!r}: {err}") from err

@@ -2,8 +2,10 @@
 
 `manifest.json` holds the format version, the step, and the sha256 and size of every other file; it is
 written last, just before the folder is published. `verify_checkpoint` checks a folder against it, so a
-truncated or altered file is named before it is read; a folder without one (written by plain
-transformers) only gets the parse checks of `validate_checkpoint`.
+truncated or altered file is named before it is read. A folder without one (written by plain transformers,
+or altered) is refused: nothing in it can be checked, so garbage weights of the right size would load.
+`trust_unverified_checkpoint=True` (every resume path takes it) loads such a folder with a warning, after
+the parse checks of `validate_checkpoint`.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import warnings
 from pathlib import Path
 
 MANIFEST_FILE = "manifest.json"
@@ -41,15 +44,31 @@ def write_manifest(folder: str | os.PathLike, step: int) -> None:
     (folder / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1), encoding="utf-8")
 
 
-def verify_checkpoint(path: str | os.PathLike) -> Path:
+def verify_checkpoint(path: str | os.PathLike, trust_unverified_checkpoint: bool = False) -> Path:
     """Check a checkpoint folder against its manifest before anything is loaded; return it.
 
     Raises CheckpointError naming the first missing, truncated or altered file. A folder without a
-    manifest (written by plain transformers) only gets the parse checks of `validate_checkpoint`.
+    manifest is refused, unless `trust_unverified_checkpoint`: then it only gets the parse checks of
+    `validate_checkpoint`, with a warning.
     """
     folder = Path(path)
     manifest_path = folder / MANIFEST_FILE
     if not manifest_path.is_file():
+        if not folder.is_dir() or not any(folder.iterdir()):
+            return validate_checkpoint(folder)  # names a missing or empty folder
+        if not trust_unverified_checkpoint:
+            raise CheckpointError(
+                f"checkpoint {str(folder)!r} has no {MANIFEST_FILE}, so none of its files can be verified "
+                "(it was not written by rlhfkit, or was altered); resume from a checkpoint rlhfkit wrote, or "
+                "pass trust_unverified_checkpoint=True (e.g. trainer.train(resume_from_checkpoint=..., "
+                "trust_unverified_checkpoint=True)) to load it as it is"
+            )
+        warnings.warn(
+            f"loading the unverified checkpoint {str(folder)!r} (no {MANIFEST_FILE}; "
+            "trust_unverified_checkpoint=True): a damaged or missing file is not detected",
+            UserWarning,
+            stacklevel=2,
+        )
         return validate_checkpoint(folder)
     try:
         manifest = json.loads(manifest_path.read_text(encoding="utf-8"))

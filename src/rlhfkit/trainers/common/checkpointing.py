@@ -67,6 +67,7 @@ __all__ = [
     "atomic_directory",
     "discard_staging",
     "finish_checkpoint",
+    "is_disk_full",
     "latest_checkpoint",
     "list_checkpoints",
     "load_state",
@@ -109,9 +110,9 @@ def finish_checkpoint(staged: Path, final: Path, step: int) -> Path:
     try:
         write_manifest(staged, step)
         publish_directory(staged, final)
-    except OSError as err:
+    except Exception as err:
         discard_staging(staged)
-        raise as_write_error(err, final) from err
+        raise as_write_error(err, final)  # noqa: B904 - a mapped error has `err` as its cause
     discard_staging(staged)
     return final
 
@@ -132,16 +133,43 @@ def peers_failed(staged: Path, final: Path) -> Callable[[list[int]], CheckpointW
     )
 
 
-def as_write_error(err: OSError, final: Path) -> OSError:
-    """ENOSPC becomes a CheckpointWriteError that says what happened and what to do; other errors pass."""
-    if err.errno != errno.ENOSPC:
+# how writers report a full disk when it is not an OSError: safetensors' SafetensorError carries the Rust
+# io::Error ("os error 28", "code: 28, kind: StorageFull"), torch's zip writer an enforce failure ("unexpected
+# pos A vs B", "file write failed")
+_DISK_FULL_TEXT = re.compile(
+    r"no space left|os error 28|code: 28\b|storagefull|\benospc\b|errno 28\b|disk quota|"
+    r"unexpected pos \d+ vs \d+|file write failed",
+    re.IGNORECASE,
+)
+
+
+def is_disk_full(err: BaseException) -> bool:
+    """Whether `err`, or an error it was raised from or while handling, says the disk (or quota) is full."""
+    seen: set[int] = set()
+    current: BaseException | None = err
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if _DISK_FULL_TEXT.search(str(current)):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def as_write_error(err: BaseException, final: Path) -> BaseException:
+    """A full disk, however the writer reported it (see `is_disk_full`), becomes a CheckpointWriteError
+    that names the folder and says what to do (caused by `err`); any other error is returned as it is."""
+    if not is_disk_full(err):
         return err
-    return CheckpointWriteError(
+    mapped = CheckpointWriteError(
         errno.ENOSPC,
-        f"no space left on the device while writing checkpoint {str(final)!r}; the half-written copy was "
-        "removed and the previous checkpoint is intact. Free disk space (or lower save_total_limit) and "
-        "resume",
+        f"no space left on the device (the disk is full) while writing checkpoint {str(final)!r}: "
+        f"{type(err).__name__}: {err}. The half-written copy was removed and the previous checkpoint is "
+        "intact. Free disk space (or lower save_total_limit) and resume",
     )
+    mapped.__cause__ = err
+    return mapped
 
 
 def write_checkpoint(final_dir: str | os.PathLike, write: Callable[[Path], None], step: int) -> Path:
@@ -156,12 +184,12 @@ def write_checkpoint(final_dir: str | os.PathLike, write: Callable[[Path], None]
 
 
 def _fill(staged: Path, final: Path, write: Callable[[Path], None]) -> None:
-    """`write(staged)`; on failure the staging folder goes (ENOSPC becomes a CheckpointWriteError)."""
+    """`write(staged)`; on failure the staging folder goes (a full disk becomes a CheckpointWriteError)."""
     try:
         write(staged)
-    except OSError as err:
+    except Exception as err:
         discard_staging(staged)
-        raise as_write_error(err, final) from err
+        raise as_write_error(err, final)  # noqa: B904 - a mapped error has `err` as its cause
     except BaseException:
         discard_staging(staged)
         raise
@@ -180,12 +208,14 @@ def list_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
-def latest_checkpoint(output_dir: str | os.PathLike) -> Path | None:
-    """The intact `checkpoint-<step>` folder with the highest step, or None; damaged ones are skipped
-    with a warning."""
+def latest_checkpoint(
+    output_dir: str | os.PathLike, trust_unverified_checkpoint: bool = False
+) -> Path | None:
+    """The intact `checkpoint-<step>` folder with the highest step, or None; damaged ones (and ones without
+    a manifest, unless `trust_unverified_checkpoint`) are skipped with a warning."""
     for folder in reversed(list_checkpoints(output_dir)):
         try:
-            return verify_checkpoint(folder)
+            return verify_checkpoint(folder, trust_unverified_checkpoint)
         except (CheckpointError, OSError, json.JSONDecodeError, KeyError) as err:
             warnings.warn(f"skipping damaged checkpoint {str(folder)!r}: {err}", stacklevel=2)
     return None
@@ -205,29 +235,50 @@ def prune_checkpoints(output_dir: str | os.PathLike, keep: int | None, protect: 
         shutil.rmtree(old, ignore_errors=True)
 
 
-def checkpoint_to_resume(output_dir: str | os.PathLike, checkpoint: str | bool | None) -> Path | None:
+def checkpoint_to_resume(
+    output_dir: str | os.PathLike, checkpoint: str | bool | None, trust_unverified_checkpoint: bool = False
+) -> Path | None:
     """The verified folder a `resume_from_checkpoint` value names: True, the newest intact checkpoint of
-    `output_dir` (an error when there is none); a path, that folder; None or False, None."""
+    `output_dir` (an error when there is none); a path, that checkpoint folder, or the newest intact
+    `checkpoint-<step>` of an output folder (`resolve_checkpoint`); None or False, None. The strings of a
+    command line: "true" or "latest" (unless a folder has that name) mean True, "false", "none" and "" None.
+    A path that does not exist or holds no checkpoint is a CheckpointError (a ValueError) naming it.
+    `trust_unverified_checkpoint`: a folder without a manifest is taken too (with a warning)."""
+    if isinstance(checkpoint, str) and not Path(checkpoint).expanduser().exists():
+        word = checkpoint.strip().lower()
+        if word in ("true", "latest", "false", "none", ""):
+            checkpoint = word in ("true", "latest") or None
     if checkpoint is True:
-        found = latest_checkpoint(output_dir)
+        found = latest_checkpoint(output_dir, trust_unverified_checkpoint)
         if found is None:
             raise ValueError(
                 f"resume_from_checkpoint=True but {output_dir} holds no intact checkpoint-* folder"
             )
         return found
-    return verify_checkpoint(checkpoint) if checkpoint else None
+    if not checkpoint:
+        return None
+    folder = Path(checkpoint).expanduser()
+    looks_like_one = _CHECKPOINT_RE.match(folder.name) or any(
+        (folder / name).is_file() for name in (MANIFEST_FILE, "trainer_state.json")
+    )  # a damaged checkpoint is named by `resolve_checkpoint`
+    if folder.is_dir() and not looks_like_one and not list_checkpoints(folder):
+        raise CheckpointError(
+            f"resume_from_checkpoint {str(checkpoint)!r} holds no checkpoint: it is neither a "
+            "checkpoint-<step> folder nor an output folder with one"
+        )
+    return resolve_checkpoint(folder, trust_unverified_checkpoint)
 
 
-def resolve_checkpoint(path: str | os.PathLike) -> Path:
+def resolve_checkpoint(path: str | os.PathLike, trust_unverified_checkpoint: bool = False) -> Path:
     """A verified checkpoint folder: `path` itself, or the latest intact `checkpoint-<step>` folder
-    inside it."""
-    folder = Path(path).expanduser()
+    inside it (`trust_unverified_checkpoint`: see `verify_checkpoint`)."""
+    folder, trust = Path(path).expanduser(), trust_unverified_checkpoint
     if folder.is_dir() and not (folder / MANIFEST_FILE).is_file() and list_checkpoints(folder):
-        found = latest_checkpoint(folder)
+        found = latest_checkpoint(folder, trust)
         if found is not None:
             return found
-        return verify_checkpoint(list_checkpoints(folder)[-1])  # none intact: names the damage
-    return verify_checkpoint(folder)
+        return verify_checkpoint(list_checkpoints(folder)[-1], trust)  # none intact: names the damage
+    return verify_checkpoint(folder, trust)
 
 
 # ------------------------------------------------------------------ a trainer's checkpoint
@@ -276,8 +327,8 @@ def save_training_checkpoint(
             )
         try:
             save_state(staged, RNG_NAME.format(rank=rank), rng)
-        except OSError as err:
-            raise as_write_error(err, final) from err
+        except Exception as err:
+            raise as_write_error(err, final)  # noqa: B904 - a mapped error has `err` as its cause
 
     save_in_phases(
         start, add_rng, lambda: finish_checkpoint(staged, final, step), peers_failed(staged, final)
@@ -304,12 +355,16 @@ def _restore_rng(folder: Path, state: dict[str, Any], generators: dict[str, torc
 
 
 def load_training_checkpoint(
-    path: str | os.PathLike, parts: dict[str, Any], generators: dict[str, torch.Generator] | None = None
+    path: str | os.PathLike,
+    parts: dict[str, Any],
+    generators: dict[str, torch.Generator] | None = None,
+    trust_unverified_checkpoint: bool = False,
 ) -> tuple[Path, dict[str, Any]]:
     """Verify a `save_training_checkpoint` folder (or the latest intact one under `path`), load each of
     `parts` and restore the RNG. Returns the folder (the caller loads `folder / WEIGHTS_FILE`) and the state.
+    `trust_unverified_checkpoint`: a folder without a manifest loads too (with a warning).
     """
-    folder = resolve_checkpoint(path)
+    folder = resolve_checkpoint(path, trust_unverified_checkpoint)
     if not (folder / f"{STATE_NAME}.json").is_file() or not (folder / WEIGHTS_FILE).is_file():
         raise FileNotFoundError(
             f"{str(folder)!r} is not an rlhfkit checkpoint (no {STATE_NAME}.json and {WEIGHTS_FILE}); "

@@ -33,6 +33,7 @@ from rlhfkit.trainers.common.checkpointing import (
     prune_checkpoints,
 )
 from rlhfkit.trainers.common.config import check_training_sizes
+from rlhfkit.trainers.common.resuming import check_resume_settings, write_training_settings
 from rlhfkit.trainers.common.sharding import run_together
 
 logger = logging.getLogger(__name__)
@@ -103,31 +104,42 @@ class NonFiniteGuard:
         self.skipped = 0
         self.consecutive = 0
         self.last_cause = ""
+        self._last_problem = ""  # what the caller found wrong, when it was not a non-finite value
 
     @property
     def exhausted(self) -> bool:
         return self.max_consecutive is not None and self.consecutive >= self.max_consecutive
 
     def check(
-        self, step: int | None = None, accelerator: Any = None, *, ends_bad_run: bool = True, **named: Any
+        self,
+        step: int | None = None,
+        accelerator: Any = None,
+        *,
+        ends_bad_run: bool = True,
+        problem: str | None = None,
+        **named: Any,
     ) -> bool:
         """True when every named value is finite on every rank; otherwise count, warn and return False.
 
+        `problem`: a reason the caller already found to skip the step (e.g. "no usable reward: ..."), worded
+        to follow "skipped step 3:" and "2 steps in a row had"; it counts like a non-finite value.
         A pre-check that passes (e.g. the scores, before the gradients are known) should not end a run of
         bad steps: pass `ends_bad_run=False` for it.
         """
         bad = non_finite_names(**named)
-        if not any_across_ranks(bool(bad), accelerator):
+        if not any_across_ranks(bool(bad) or bool(problem), accelerator):
             if ends_bad_run:
                 self.consecutive = 0
             return True
         self.skipped += 1
         self.consecutive += 1
-        self.last_cause = ", ".join(bad) if bad else "a value on another process"
+        self.last_cause = ", ".join(bad) if bad or problem else "a value on another process"
+        self._last_problem = problem or ""
         where = f"step {step}" if step is not None else "a step"
         limit = f" of at most {self.max_consecutive}" if self.max_consecutive is not None else ""
+        causes = [f"non-finite {self.last_cause} (NaN or inf)"] if self.last_cause else []
         warnings.warn(
-            f"skipped {where}: non-finite {self.last_cause} (NaN or inf); no optimizer update. "
+            f"skipped {where}: {'; '.join([problem, *causes] if problem else causes)}; no optimizer update. "
             f"{self.consecutive} in a row{limit}, {self.skipped} skipped in total",
             NonFiniteStepWarning,
             stacklevel=2,
@@ -144,8 +156,9 @@ class NonFiniteGuard:
 
     def fail(self, checkpoint: str | Path | None = None) -> None:
         saved = f"; the last good state was saved to {checkpoint}" if checkpoint else ""
+        cause = self._last_problem or f"a non-finite {self.last_cause}"
         raise NonFiniteError(
-            f"{self.consecutive} training steps in a row had a non-finite {self.last_cause}{saved}. "
+            f"{self.consecutive} training steps in a row had {cause}{saved}. "
             "Lower the learning rate, check the reward/scores for NaN or inf, or enable gradient clipping "
             "(max_grad_norm); raise the limit with max_consecutive_nonfinite_steps"
         )
@@ -165,7 +178,9 @@ class GracefulStop:
 
     The trainer polls `should_stop(accelerator)` between steps; on True it saves a checkpoint and returns.
     A second signal restores the previous handlers and raises KeyboardInterrupt immediately. Outside the
-    main thread (where Python cannot install handlers) it does nothing.
+    main thread (where Python cannot install handlers) it does nothing. `exit_code` is what a command
+    stopped this way exits with: 128 + the signal number (130 for SIGINT, 143 for SIGTERM), as a shell
+    reports a process the signal ended.
     """
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -173,6 +188,7 @@ class GracefulStop:
     def __init__(self) -> None:
         self.requested = False
         self.signal_name = ""
+        self.signum = 0
         self._previous: dict[int, Any] = {}
 
     def _handle(self, signum: int, frame: Any) -> None:
@@ -180,7 +196,7 @@ class GracefulStop:
             self.uninstall()
             raise KeyboardInterrupt(f"second {signal.Signals(signum).name}: stopping without a checkpoint")
         self.requested = True
-        self.signal_name = signal.Signals(signum).name
+        self.signum, self.signal_name = int(signum), signal.Signals(signum).name
         logger.warning(
             "%s received: saving a checkpoint after the current step, then stopping", self.signal_name
         )
@@ -198,6 +214,11 @@ class GracefulStop:
 
     def should_stop(self, accelerator: Any = None) -> bool:
         return any_across_ranks(self.requested, accelerator)
+
+    @property
+    def exit_code(self) -> int:
+        """128 + the signal's number; SIGTERM's (143) on a process that only heard of it from another."""
+        return 128 + (self.signum or int(signal.SIGTERM))
 
     def __enter__(self) -> GracefulStop:
         return self.install()
@@ -226,7 +247,7 @@ def _trainer_callback_class() -> type:
                 logger.warning("stopping at step %d on request; saving a checkpoint", state.global_step)
                 control.should_save = True
                 control.should_training_stop = True
-                self.trainer.stopped_by_signal = True
+                self.trainer.stopped_by_signal = True  # a command exits `graceful_stop.exit_code`
             return control
 
     return RobustnessCallback
@@ -237,7 +258,10 @@ class RobustTrainerMixin:
     `class SFTTrainer(RobustTrainerMixin, Trainer)`.
 
     Adds: atomic checkpoint folders, save-and-stop on SIGINT/SIGTERM, skipping of non-finite steps with
-    `args.max_consecutive_nonfinite_steps` (default 3) in a row allowed before the run stops.
+    `args.max_consecutive_nonfinite_steps` (default 3) in a row allowed before the run stops, and the
+    output folder's lock taken when train() starts (whatever the save strategy). After train(),
+    `stopped_by_signal` says whether a signal ended it early (`graceful_stop.signal_name`, `.exit_code`)
+    and `last_checkpoint` is the last checkpoint folder this run wrote (None: none).
     """
 
     def __init__(self, *args: Any, **kwargs: Any):
@@ -254,17 +278,33 @@ class RobustTrainerMixin:
         self.nonfinite_guard = NonFiniteGuard(limit)
         self.graceful_stop = GracefulStop()
         self.stopped_by_signal = False
+        self.last_checkpoint: str | None = None
         self._nonfinite_loss: torch.Tensor | None = None
         self.add_callback(_trainer_callback_class()(self))
 
-    def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any):
-        if self.args.should_save:
-            lock_output_dir(self.args.output_dir)  # a second run on this output_dir stops here, by name
-        checkpoint = checkpoint_to_resume(self.args.output_dir, resume_from_checkpoint)
-        if checkpoint is not None:
-            resume_from_checkpoint = str(checkpoint)
+    def train(
+        self,
+        resume_from_checkpoint: str | bool | None = None,
+        *args: Any,
+        trust_unverified_checkpoint: bool = False,
+        **kwargs: Any,
+    ):
+        """Trainer.train; `trust_unverified_checkpoint=True` resumes from a folder without a manifest."""
+        checkpoint = self._begin_run(resume_from_checkpoint, trust_unverified_checkpoint)
         with self.graceful_stop:
-            return super().train(resume_from_checkpoint, *args, **kwargs)
+            return super().train(None if checkpoint is None else str(checkpoint), *args, **kwargs)
+
+    def _begin_run(self, resume_from_checkpoint: str | bool | None, trust: bool = False) -> Path | None:
+        """What every train() does first: take the output folder's lock (a second run on it stops here, by
+        name, before any work), find and verify the checkpoint to resume (None: a fresh run), and check the
+        settings against it (`resuming.check_resume_settings`)."""
+        if self.args.should_save:
+            lock_output_dir(self.args.output_dir)
+        self.stopped_by_signal, self.last_checkpoint = False, None
+        checkpoint = checkpoint_to_resume(self.args.output_dir, resume_from_checkpoint, trust)
+        if checkpoint is not None:
+            check_resume_settings(checkpoint, self.args)
+        return checkpoint
 
     def training_step(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         loss = super().training_step(*args, **kwargs)
@@ -332,12 +372,13 @@ class RobustTrainerMixin:
             self.args.output_dir = str(staged.parent)  # Trainer derives the checkpoint folder from output_dir
             try:
                 trainer_save(model, trial)
-            except OSError as err:  # `failed` discards the staging folder once every process is done writing
-                raise as_write_error(err, final) from err
+            except Exception as err:  # `failed` discards the staging folder once every process is done
+                raise as_write_error(err, final)  # noqa: B904 - a mapped error has `err` as its cause
             finally:
                 self.args.output_dir = original
 
         def publish() -> None:
+            write_training_settings(staged, self.args)  # compared with a resumed run's (`resuming`)
             finish_checkpoint(staged, final, self.state.global_step)
             best = self.state.best_model_checkpoint
             if best and str(staged.parent) in best:
@@ -346,3 +387,4 @@ class RobustTrainerMixin:
 
         for part in (start if main else None, write, publish if main else None):
             run_together(part or (lambda: None), failed)  # a barrier would wait for the timeout
+        self.last_checkpoint = str(final)

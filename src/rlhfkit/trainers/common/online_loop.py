@@ -20,6 +20,7 @@ import math
 import os
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -79,8 +80,16 @@ class OnlineTrainerLoop:
         """Restore what `_loop_state` returned."""
 
     # ------------------------------------------------------------------ training loop
-    def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs: Any) -> TrainOutput:
+    def train(
+        self,
+        resume_from_checkpoint: str | bool | None = None,
+        trust_unverified_checkpoint: bool = False,
+        **kwargs: Any,
+    ) -> TrainOutput:
+        """Train; `trust_unverified_checkpoint=True` resumes from a folder without a manifest (warned)."""
         args = self.args
+        # the output folder's lock and the checkpoint's checks come before any work
+        checkpoint = self._begin_run(resume_from_checkpoint, trust_unverified_checkpoint)
         fix_mmap_threshold()  # freed (batch, vocab) sampling blocks go back to the OS
         num_updates = self._num_updates()
         if args.gradient_checkpointing:
@@ -98,7 +107,7 @@ class OnlineTrainerLoop:
         if self.health is None and args.health_checks and self._health_metrics:
             # before resuming: the checkpoint holds its history
             self.health = monitor_for(self._health_metrics)
-        self._resume(resume_from_checkpoint)
+        self._resume(checkpoint, trust_unverified_checkpoint)
         per_update = self._episodes_per_update()
         self.state.max_steps = num_updates
         self.state.num_train_epochs = math.ceil(num_updates * per_update / len(self.train_dataset))
@@ -156,10 +165,17 @@ class OnlineTrainerLoop:
         }
         super().log(logs, *args, **kwargs)
 
-    def _resume(self, checkpoint: str | bool | None) -> None:
+    def _resume(
+        self, checkpoint: str | bool | Path | None, trust_unverified_checkpoint: bool = False
+    ) -> None:
         """Load weights, optimizer, scheduler, Trainer state and RNG of a verified checkpoint (True: the
         newest)."""
-        folder = checkpoint_to_resume(self.args.output_dir, checkpoint)  # names a missing or altered file
+        # names a missing or altered file; refuses a folder without a manifest unless trusted
+        folder = (
+            checkpoint  # a folder `_begin_run` found and verified
+            if isinstance(checkpoint, Path)
+            else checkpoint_to_resume(self.args.output_dir, checkpoint, trust_unverified_checkpoint)
+        )
         if folder is None:
             return
         checkpoint = str(folder)

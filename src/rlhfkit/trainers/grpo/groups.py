@@ -21,11 +21,13 @@ from rlhfkit.rollout.generation import pad_left
 @dataclass
 class SampledGroups:
     """One or more rounds of groups. batch: N rows with `scores` (N,) set (NaN: no reward applied);
-    per_source: (S, N) the score of each reward function (NaN where it returned None); prompts: the N
-    prompts as given to reward functions; completions: the N decoded completions."""
+    per_source: (S, N) the score of each reward function (NaN where it returned None); applies: (S, N) bool,
+    False where it returned None; prompts: the N prompts as given to reward functions; completions: the N
+    decoded completions."""
 
     batch: RolloutBatch
     per_source: torch.Tensor
+    applies: torch.Tensor
     prompts: list
     completions: list[str]
 
@@ -37,6 +39,7 @@ class SampledGroups:
         return SampledGroups(
             self.batch[index],
             self.per_source[:, index],
+            self.applies[:, index],
             [self.prompts[i] for i in rows],
             [self.completions[i] for i in rows],
         )
@@ -73,6 +76,7 @@ def concat_groups(parts: list[SampledGroups], pad_token_id: int) -> SampledGroup
     return SampledGroups(
         concat_rollouts([p.batch for p in parts], pad_token_id),
         torch.cat([p.per_source for p in parts], dim=1),
+        torch.cat([p.applies for p in parts], dim=1),
         [x for p in parts for x in p.prompts],
         [x for p in parts for x in p.completions],
     )
@@ -152,3 +156,33 @@ def reward_stats(scores: torch.Tensor, per_source: torch.Tensor, names: list[str
         stats[f"rewards/{name}/std"] = nan_std(values)
     stats["frac_reward_zero_std"] = (~informative_groups(scores, group_size)).float().mean()
     return stats
+
+
+def reward_problem(
+    per_source: torch.Tensor, applies: torch.Tensor, advantages: torch.Tensor, sources: list[str]
+) -> str | None:
+    """Why a generation batch must not be trained on, or None when it may (for the non-finite guard).
+
+    per_source, applies: (S, N) over the batch of every process; advantages: (N,); sources: each source's
+    name, e.g. "reward function 'f'". A source's NaN or inf, a batch with no reward at all (every function
+    returned None), or advantages made non-finite by huge rewards (their mean or std overflows) skip every
+    update of the batch. Some rows without a reward are fine: they get advantage 0.
+    """
+    bad = applies & ~torch.isfinite(per_source)
+    if bool(bad.any()):
+        named = [
+            f"{name} returned NaN or inf for {int(rows.sum())} of {rows.numel()} completions"
+            for name, rows in zip(sources, bad)
+            if bool(rows.any())
+        ]
+        return f"a non-finite reward ({'; '.join(named)})"
+    if not bool(applies.any()):
+        n = applies.shape[1]
+        return f"no usable reward (every reward function returned None for all {n} completions)"
+    if not bool(torch.isfinite(advantages).all()):
+        largest = per_source[applies].abs().max().item()
+        return (
+            f"non-finite advantages (rewards as large as {largest:.3g} overflow the float32 mean/std they "
+            "are scaled by; scale the reward down)"
+        )
+    return None

@@ -7,6 +7,7 @@ from typing import Any
 from torch import nn
 from transformers import AutoModelForSequenceClassification
 
+from rlhfkit.rewards.reward_models import folder_tokenizer
 from rlhfkit.rollout import SamplingParams
 from rlhfkit.trainers.common.prompts import check_prompts, datasets_by_argument, tokenize_datasets
 from rlhfkit.trainers.common.trainer_setup import load_model
@@ -20,18 +21,26 @@ def default_output_dir(model: Any) -> str:
     return f"{str(name or 'model').rstrip('/').split('/')[-1]}-GRPO"
 
 
-def reward_sources(reward_funcs: Any, init_kwargs: dict | None) -> tuple[list, list[str]]:
-    """The reward functions and models (a local path is loaded as a one-output classifier) and their
-    names."""
+def reward_sources(
+    reward_funcs: Any, init_kwargs: dict | None, processing_classes: Any = None
+) -> tuple[list, list[str], Any]:
+    """The reward functions and models (a local path is loaded as a one-output classifier), their names,
+    and the reward processing classes: `processing_classes` with each path's own tokenizer filled in
+    where none was given (`rewards.reward_models`); None when there is none at all."""
     funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
     if not funcs:
         raise ValueError(f"{OWNER}: reward_funcs is empty; give at least one reward function or model")
-    sources, names = [], []
-    for func in funcs:
+    given = processing_classes
+    if not isinstance(given, (list, tuple)):
+        given = [given] * len(funcs)
+    sources, names, tokenizers, found = [], [], list(given), False
+    for i, func in enumerate(funcs):
         if isinstance(func, str):
-            func = load_model(
-                func, AutoModelForSequenceClassification, {**(init_kwargs or {}), "num_labels": 1}, OWNER
-            )
+            kwargs = {**(init_kwargs or {}), "num_labels": 1}
+            path, func = func, load_model(func, AutoModelForSequenceClassification, kwargs, OWNER)
+            if i < len(tokenizers) and tokenizers[i] is None:
+                tokenizers[i] = folder_tokenizer(path, bool(kwargs.get("trust_remote_code", False)))
+                found = found or tokenizers[i] is not None
         if isinstance(func, nn.Module):
             names.append(
                 str(getattr(func.config, "_name_or_path", "") or type(func).__name__)
@@ -45,7 +54,8 @@ def reward_sources(reward_funcs: Any, init_kwargs: dict | None) -> tuple[list, l
                 f"{OWNER}: reward_funcs must hold callables, models or model paths, got {type(func).__name__}"
             )
         sources.append(func)
-    return sources, names
+    # a count mismatch is RewardScorer's to name
+    return sources, names, tokenizers if found and len(given) == len(funcs) else processing_classes
 
 
 def _truncate_prompts(dataset: Any, max_length: int | None) -> Any:

@@ -6,7 +6,9 @@ One generation batch (every `updates_per_generation * num_iterations` updates):
   2. score them with the reward functions / models (None: that function does not apply to the row);
      with `dynamic_sampling`, drop the groups whose rewards are all equal and sample again (DAPO);
   3. reference logprobs, only when beta > 0 (with beta = 0 no reference exists at all);
-  4. group-relative advantages over the batch of every process (`core.advantages.group_advantages`).
+  4. group-relative advantages over the batch of every process (`core.advantages.group_advantages`); a NaN
+     or inf reward, a batch with no reward at all, or advantages that overflow skip every update of the
+     batch, counted by the non-finite guard (`groups.reward_problem`).
 One update (one optimizer step) trains on the next `per_device_train_batch_size * gradient_accumulation_steps`
 rows: per micro-batch, the loss of `loss_type` (`core.policy_losses.policy_loss`) with the KL term when
 beta > 0, gradients accumulated, one optimizer step.
@@ -32,7 +34,7 @@ from rlhfkit.core.kl import per_token_kl
 from rlhfkit.core.masking import masked_mean
 from rlhfkit.core.policy_losses import entropy_mask, policy_loss
 from rlhfkit.models.reference import choose_reference
-from rlhfkit.rewards.scoring import RewardScorer
+from rlhfkit.rewards.scoring import RewardScorer, source_name
 from rlhfkit.rollout import forward_response
 from rlhfkit.rollout.batch import RolloutBatch
 from rlhfkit.trainers.common.guards import RobustTrainerMixin, any_across_ranks
@@ -41,7 +43,13 @@ from rlhfkit.trainers.common.progress import RichProgressCallback
 from rlhfkit.trainers.common.prompts import PromptSchedule
 from rlhfkit.trainers.common.trainer_setup import disable_dropout, load_policy, resolve_args
 from rlhfkit.trainers.grpo.config import GRPOConfig
-from rlhfkit.trainers.grpo.groups import SampledGroups, completion_stats, fill_batch, reward_stats
+from rlhfkit.trainers.grpo.groups import (
+    SampledGroups,
+    completion_stats,
+    fill_batch,
+    reward_problem,
+    reward_stats,
+)
 from rlhfkit.trainers.grpo.reporting import ReportingMethods
 from rlhfkit.trainers.grpo.setup import (
     OWNER,
@@ -96,7 +104,9 @@ class GRPOTrainer(ReportingMethods, OnlineTrainerLoop, RobustTrainerMixin, Train
             raise ValueError(
                 f"{OWNER}: sync_ref_model needs a frozen-copy reference; a PEFT policy's is its base"
             )
-        sources, self.reward_func_names = reward_sources(reward_funcs, args.model_init_kwargs)
+        sources, self.reward_func_names, reward_processing_classes = reward_sources(
+            reward_funcs, args.model_init_kwargs, reward_processing_classes
+        )  # a reward model path brings its own tokenizer
         ref_model = None if self.reference is None else self.reference.model
         # dropout off: the logprobs taken while sampling must equal those of the training forward pass
         for module in (policy, ref_model, *sources):
@@ -135,6 +145,9 @@ class GRPOTrainer(ReportingMethods, OnlineTrainerLoop, RobustTrainerMixin, Train
         self.scorer = RewardScorer(
             sources, tok, reward_processing_classes, args.reward_weights, self.accelerator.device
         )
+        self._source_names = [source_name(s) for s in sources]
+        # why the current generation batch must not be trained on (see `groups.reward_problem`), or None
+        self._reward_problem: str | None = None
         processes, rank = self.accelerator.num_processes, self.accelerator.process_index
         if len(self.train_dataset) < args.local_prompts_per_generation * processes:
             raise ValueError(
@@ -193,6 +206,7 @@ class GRPOTrainer(ReportingMethods, OnlineTrainerLoop, RobustTrainerMixin, Train
             # cloned: no shared storage
             state["buffer"] = {k: v.clone() for k, v in vars(self._buffer).items() if v is not None}
             state["buffer_metrics"] = self._buffer_metrics
+            state["reward_problem"] = self._reward_problem
         return state
 
     def _load_loop_state(self, state: dict[str, Any]) -> None:
@@ -200,6 +214,7 @@ class GRPOTrainer(ReportingMethods, OnlineTrainerLoop, RobustTrainerMixin, Train
         if "buffer" in state:
             self._buffer = RolloutBatch(**state["buffer"]).to(self.accelerator.device)
             self._buffer_metrics = dict(state["buffer_metrics"])
+            self._reward_problem = state.get("reward_problem")
 
     def _cycle(self) -> int:
         """Updates between two generation batches."""
@@ -239,7 +254,10 @@ class GRPOTrainer(ReportingMethods, OnlineTrainerLoop, RobustTrainerMixin, Train
         # 4. advantages over the whole generation batch (all processes), then this process's rows
         gather = self.accelerator.gather
         scores, per_source = gather(batch.scores), gather(groups.per_source.T.contiguous()).T
+        applies = gather(groups.applies.T.to(torch.uint8).contiguous()).T.bool()
         advantages = group_advantages(scores, args.num_generations, scale_rewards=args.scale_rewards)
+        # NaN/inf rewards, no reward at all, overflowing advantages: every update of this batch is skipped
+        self._reward_problem = reward_problem(per_source, applies, advantages, self._source_names)
         rank, n = self.accelerator.process_index, len(batch)
         batch = batch.replace(advantages=advantages[rank * n : (rank + 1) * n].to(batch.scores.device))
         stats = reward_stats(scores, per_source, self.reward_func_names, args.num_generations)
@@ -285,10 +303,9 @@ class GRPOTrainer(ReportingMethods, OnlineTrainerLoop, RobustTrainerMixin, Train
             else completions,
             completion_ids=[r[m].tolist() for r, m in zip(batch.responses, batch.response_mask.bool())],
         )
-        scores, per_source = self.scorer(
-            *self._rollout_tensors(batch), prompt_texts, completions, function_kwargs=kwargs
-        )
-        return SampledGroups(batch.replace(scores=scores), per_source, prompts, completions)
+        scored = self.scorer(*self._rollout_tensors(batch), prompt_texts, completions, function_kwargs=kwargs)
+        scores, per_source = scored
+        return SampledGroups(batch.replace(scores=scores), per_source, scored.applies, prompts, completions)
 
     @staticmethod
     def _rollout_tensors(batch: RolloutBatch) -> tuple[torch.Tensor, ...]:
@@ -323,7 +340,10 @@ class GRPOTrainer(ReportingMethods, OnlineTrainerLoop, RobustTrainerMixin, Train
                     stats[key].append(value)
         if args.max_grad_norm:
             self.accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-        self.guarded_optimizer_step(model)  # skipped if non-finite
+        if self._reward_problem is None:
+            self.guarded_optimizer_step(model)  # skipped if non-finite
+        else:  # counted and warned about like a non-finite loss (NonFiniteError after too many in a row)
+            self.check_step_is_finite(model, problem=self._reward_problem)
         self.optimizer.zero_grad()
         if args.sync_ref_model and (self.state.global_step + 1) % args.ref_model_sync_steps == 0:
             self._sync_reference()

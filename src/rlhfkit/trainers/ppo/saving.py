@@ -128,11 +128,14 @@ class SavingMethods:
         )  # every rank adds its random state
         self.checkpoint_dir = str(checkpoint_dir)
 
-    def load_checkpoint(self, checkpoint_dir: str) -> None:
-        """Restore a `save_checkpoint` folder (or the newest intact `checkpoint-<step>` in a folder)."""
+    def load_checkpoint(self, checkpoint_dir: str, trust_unverified_checkpoint: bool = False) -> None:
+        """Restore a `save_checkpoint` folder (or the newest intact `checkpoint-<step>` in a folder);
+        `trust_unverified_checkpoint=True` loads one without a manifest (warned)."""
         from safetensors.torch import load_file, load_model
 
-        folder, state = load_training_checkpoint(checkpoint_dir, self._checkpoint_parts())
+        folder, state = load_training_checkpoint(
+            checkpoint_dir, self._checkpoint_parts(), trust_unverified_checkpoint=trust_unverified_checkpoint
+        )
         if self._fsdp:  # every rank reads the whole tensors and keeps its own shard of them (not torch's
             # set_model_state_dict or accelerate's loader: they do not expect the value head's key layout)
             whole = load_file(str(folder / WEIGHTS_FILE))
