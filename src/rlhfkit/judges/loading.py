@@ -16,6 +16,7 @@ from rlhfkit.data.loading import offline_error
 from rlhfkit.judges.base import BasePairwiseJudge
 from rlhfkit.judges.lm import LMPairwiseJudge
 from rlhfkit.judges.scored import RewardModelJudge, RuleJudge
+from rlhfkit.rewards.reward_models import folder_tokenizer
 from rlhfkit.tasks import get_task, task_names, text_task_names
 
 
@@ -54,12 +55,8 @@ def check_judge_model(judge_model: str | None, flag: str = "--judge_model") -> P
 
 def _own_tokenizer(path: Path, fallback: Any, trust_remote_code: bool) -> Any:
     """The folder's tokenizer when it ships one, else `fallback` (the policy's)."""
-    if (path / "tokenizer_config.json").exists() or (path / "tokenizer.json").exists():
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
-        if tokenizer.pad_token is None:
-            tokenizer.pad_token = tokenizer.eos_token
+    tokenizer = folder_tokenizer(path, trust_remote_code)
+    if tokenizer is not None:
         return tokenizer
     if fallback is None:
         raise ValueError(
