@@ -92,6 +92,9 @@ def _load_files(fmt: str, files: list[Path], shown: Path):
 
     # a parse error, an empty file (StopIteration) or a header without rows ("corresponds to no data")
     unreadable = (DatasetGenerationError, StopIteration, ValueError, ArrowException)
+    # datasets logs each parse failure itself; the ValueError below says it once, naming file and line
+    verbosity = datasets.logging.get_verbosity()
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)
     try:
         return datasets.load_dataset(fmt, data_files={"train": [str(p) for p in files]})
     except unreadable as err:
@@ -101,6 +104,8 @@ def _load_files(fmt: str, files: list[Path], shown: Path):
                 raise ValueError(f"dataset file {str(file)!r} {problem}") from err
         cause = " ".join(str(err.__cause__ or err).split())[:300] or type(err).__name__
         raise ValueError(f"cannot read dataset {str(shown)!r} as {fmt}: {cause}") from err
+    finally:
+        datasets.logging.set_verbosity(verbosity)
 
 
 def load_local_dataset(name_or_path: str):
