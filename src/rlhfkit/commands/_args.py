@@ -245,16 +245,11 @@ def run_main(prog: str, body, argv: list[str] | None) -> int:
 
     try:
         return int(body(argv) or 0)
-    except (ValueError, FileNotFoundError, CheckpointLockError) as err:
+    except (ValueError, FileNotFoundError, CheckpointLockError, NonFiniteError) as err:
         if os.environ.get("RLHFKIT_DEBUG"):
             raise
         print(f"{prog}: error: {err}", file=sys.stderr)
-        return 2
-    except NonFiniteError as err:
-        if os.environ.get("RLHFKIT_DEBUG"):
-            raise
-        print(f"{prog}: error: {err}", file=sys.stderr)
-        return 1
+        return 1 if isinstance(err, NonFiniteError) else 2
     except KeyboardInterrupt as err:
         if os.environ.get("RLHFKIT_DEBUG"):
             raise
