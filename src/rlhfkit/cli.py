@@ -7,6 +7,7 @@ Modules are imported only when their command runs, so `rlhfkit --help` stays fas
 from __future__ import annotations
 
 import importlib
+import logging
 import sys
 
 # command -> (module, one-line description)
@@ -45,6 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"rlhfkit: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
+    # peft imports bitsandbytes when it is installed; on an AVX512-BF16 CPU its import logs that an optional
+    # 4-bit kernel package is missing, a line no rlhfkit command has use for
+    logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
     module = importlib.import_module(COMMANDS[name][0])
     return int(module.main(rest) or 0)
 

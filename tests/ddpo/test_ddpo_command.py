@@ -117,3 +117,28 @@ def test_two_runs_with_one_seed_give_identical_lora_weights(tmp_path):
     assert a.keys() == b.keys() and a
     for key in a:
         assert torch.equal(a[key], b[key]), key
+
+
+def test_resume_from_checkpoint_alias_and_the_trust_flag(tmp_path, capsys):
+    """`--resume_from_checkpoint` is the other commands' name for `--resume_from`; a checkpoint without
+    its manifest needs `--trust_unverified_checkpoint`."""
+    from rlhfkit.commands.ddpo import main
+    from rlhfkit.trainers.common.checkpoint_manifest import MANIFEST_FILE
+
+    flags = ["--sample_num_steps", "2", "--sample_batch_size", "2", "--sample_num_batches_per_epoch", "1",
+             "--train_batch_size", "2", "--mixed_precision", "no",
+             "--logdir", str(tmp_path / "logs")]  # fmt: skip
+    assert main([*flags, "--num_epochs", "1"]) == 0
+    checkpoint = tmp_path / "logs" / "checkpoints" / "checkpoint-1"
+    (checkpoint / MANIFEST_FILE).unlink()
+    capsys.readouterr()
+    resumed = [*flags, "--num_epochs", "2", "--resume_from_checkpoint", str(checkpoint)]
+    assert main(resumed) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "no manifest.json" in err and "--trust_unverified_checkpoint" in err
+    with pytest.warns(UserWarning, match="unverified checkpoint .*checkpoint-1"):
+        assert main([*resumed, "--trust_unverified_checkpoint"]) == 0
+    out = capsys.readouterr().out
+    assert "epoch 1:" in out and "epoch 0:" not in out  # only the epoch after the checkpoint's ran
+    assert main([*resumed, "--resume_from", str(tmp_path / "elsewhere")]) == 2
+    assert "not two folders" in capsys.readouterr().err

@@ -146,3 +146,56 @@ def test_abbreviated_flags_are_refused(tmp_path, capsys):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert "--learning_rat" in err and "--learning_rate" in err
+
+
+def _drop_manifest(folder) -> None:
+    from rlhfkit.trainers.common.checkpoint_manifest import MANIFEST_FILE
+
+    (folder / MANIFEST_FILE).unlink()
+
+
+@pytest.mark.parametrize("name", ["sft", "ppo"])
+def test_a_checkpoint_without_manifest_needs_the_trust_flag(name, tmp_path, capsys):
+    out = tmp_path / "out"
+    argv = _argv(name, tmp_path, out)
+    if name == "ppo":
+        first, resumed = [*argv, "--save_steps", "1"], [*argv[:-6], "--steps", "2", *argv[-4:]]
+    else:
+        save = ["--save_strategy", "steps", "--save_steps", "2"]
+        first, resumed = [*argv[:-2], *save], [*argv[:-2], *save, "--max_steps", "3"]
+    assert COMMANDS[name](first) == 0
+    checkpoint = latest_checkpoint(out)
+    _drop_manifest(checkpoint)
+    capsys.readouterr()
+
+    code = COMMANDS[name]([*resumed, "--resume_from_checkpoint", str(checkpoint)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert "no manifest.json" in err and "--trust_unverified_checkpoint" in err
+
+    with pytest.warns(UserWarning, match=rf"unverified checkpoint .*{checkpoint.name}"):
+        code = COMMANDS[name]([*resumed, "--resume_from_checkpoint", str(checkpoint),
+                               "--trust_unverified_checkpoint"])  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    if name == "ppo":
+        assert summary["steps"] == 2  # one step more than the checkpoint's
+    else:
+        assert latest_checkpoint(out).name == "checkpoint-3"
+
+
+def test_ppo_command_warns_when_resumed_with_changed_settings(tmp_path, capsys):
+    out = tmp_path / "out"
+    argv = _argv("ppo", tmp_path, out)
+    assert ppo.main([*argv, "--save_steps", "1"]) == 0
+    longer = [*argv[:-6], "--steps", "2", *argv[-4:]]
+    changed = ["--learning_rate", "0.002", "--seed", "7", "--mini_batch_size", "4"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert ppo.main([*longer, *changed, "--resume_from_checkpoint", str(out)]) == 0
+    messages = [str(w.message) for w in caught if str(w.message).startswith("resuming with")]
+    assert len(messages) == 3, messages
+    for flag, old, new in [("--learning_rate", "0.001", "0.002"), ("--seed", "0", "7"),
+                           ("--mini_batch_size", "2", "4")]:  # fmt: skip
+        (found,) = [m for m in messages if m.startswith(f"resuming with {flag} ")]
+        assert f"{flag} {new}," in found and f"{flag} {old}:" in found, found

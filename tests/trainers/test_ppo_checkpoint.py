@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import torch
@@ -108,7 +109,11 @@ def test_checkpoint_folder_is_replaced_atomically_and_validated(base_model, toke
         "model.safetensors",
         "trainer_state.json",
         "trainer_state.safetensors",
+        "training_settings.json",
     ]
+    settings = json.loads((target / "training_settings.json").read_text())
+    assert settings["batch_size"] == trainer.config.batch_size and settings["steps"] == trainer.config.steps
+    assert settings["learning_rate"] == trainer.config.learning_rate
     assert not [
         p for p in tmp_path.iterdir() if p.name.startswith(".") and p.name != LOCK_FILE
     ]  # no temp folders

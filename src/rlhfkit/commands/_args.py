@@ -49,6 +49,17 @@ class ScriptArguments:
 
 
 @dataclass
+class ResumeArguments:
+    """How far a resumed run trusts its checkpoint (the folder itself is --resume_from_checkpoint)."""
+
+    trust_unverified_checkpoint: bool = option(
+        False,
+        "Resume from a checkpoint folder that has no manifest.json (written elsewhere, or altered), whose "
+        "files cannot be verified: it is loaded with a warning instead of refused.",
+    )
+
+
+@dataclass
 class ModelArguments:
     """Which model to load, and optional LoRA."""
 
@@ -263,10 +274,12 @@ def start_run(
     output_dir: str,
     resume_from_checkpoint: str | bool | None,
     args: Any = None,
+    trust_unverified_checkpoint: bool = False,
     **limits: Any,
 ) -> Path | None:
     """Before any model is loaded: the verified checkpoint `resume_from_checkpoint` names (None: a fresh
-    run) and, on the main process, the output folder's lock.
+    run; `trust_unverified_checkpoint`: one without a manifest is taken, warned) and, on the main process,
+    the output folder's lock.
 
     A path that does not exist or holds no intact checkpoint, a max_steps below the checkpoint's step
     (`args.max_steps`, or `max_steps=`/`max_steps_flag=` in `limits`), or a folder another live run holds
@@ -276,7 +289,7 @@ def start_run(
     from rlhfkit.trainers.common.checkpointing import checkpoint_to_resume
     from rlhfkit.trainers.common.resuming import check_resume_settings
 
-    checkpoint = checkpoint_to_resume(output_dir, resume_from_checkpoint)
+    checkpoint = checkpoint_to_resume(output_dir, resume_from_checkpoint, trust_unverified_checkpoint)
     if checkpoint is not None:  # the trainer warns about changed settings when it resumes
         check_resume_settings(checkpoint, args, warn=False, **limits)
     if int(os.environ.get("RANK", "0")) == 0:  # one lock per run: the main process takes it
@@ -337,10 +350,14 @@ def run_trainer_command(command: TrainerCommand, argv: list[str] | None) -> int:
     import transformers
 
     config_class, trainer_class = _import(command.config), _import(command.trainer)
-    script_args, config, model_args = parse_args(
-        (command.script_arguments, config_class, ModelArguments), argv, command.prog, command.description
+    script_args, config, model_args, resume = parse_args(
+        (command.script_arguments, config_class, ModelArguments, ResumeArguments),
+        argv,
+        command.prog,
+        command.description,
     )
-    checkpoint = start_run(command.prog, config.output_dir, config.resume_from_checkpoint, config)
+    trust = resume.trust_unverified_checkpoint
+    checkpoint = start_run(command.prog, config.output_dir, config.resume_from_checkpoint, config, trust)
     if command.inputs is None:
         (train_dataset, eval_dataset), extra = load_data(script_args), {}
     else:
@@ -356,7 +373,7 @@ def run_trainer_command(command: TrainerCommand, argv: list[str] | None) -> int:
         peft_config=peft_config_from(model_args, command.peft_task_type),
         **extra,
     )
-    trainer.train(resume_from_checkpoint=None if checkpoint is None else str(checkpoint))
+    trainer.train(resume_from_checkpoint=checkpoint and str(checkpoint), trust_unverified_checkpoint=trust)
     if trainer.stopped_by_signal:
         step = trainer.state.global_step
         return stopped_early(command.prog, trainer.graceful_stop, trainer.last_checkpoint, step)

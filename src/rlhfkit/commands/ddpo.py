@@ -77,6 +77,9 @@ class DDPOScriptArguments:
     output_dir: str | None = option(
         None, "Where the trained weights go at the end (LoRA weights or a full pipeline)."
     )
+    resume_from_checkpoint: str | None = option(
+        None, "The other commands' name for --resume_from (a checkpoint folder, or a folder of them)."
+    )
 
     def __post_init__(self) -> None:
         if self.reward not in REWARDS:
@@ -92,11 +95,16 @@ def _train(argv: list[str] | None) -> int:
     from rlhfkit.trainers.ddpo.trainer import DDPOTrainer
 
     config, args = parse_args((DDPOConfig, DDPOScriptArguments), argv, PROG, __doc__.splitlines()[0])
+    if args.resume_from_checkpoint is not None:
+        if config.resume_from and config.resume_from != args.resume_from_checkpoint:
+            raise ValueError("give --resume_from or --resume_from_checkpoint (one name), not two folders")
+        config.resume_from = args.resume_from_checkpoint
     # before the pipeline is loaded: the checkpoint --resume_from names, and the folders' locks
     checkpoints = Path(config.logdir) / config.run_name / "checkpoints"
     resume = start_run(
-        PROG, str(checkpoints), config.resume_from, max_steps=config.num_epochs, max_steps_flag="--num_epochs"
-    )
+        PROG, str(checkpoints), config.resume_from or None, None, config.trust_unverified_checkpoint,
+        max_steps=config.num_epochs, max_steps_flag="--num_epochs",
+    )  # fmt: skip
     config.resume_from = "" if resume is None else str(resume)
     if args.output_dir and int(os.environ.get("RANK", "0")) == 0:
         lock_output_dir(args.output_dir)

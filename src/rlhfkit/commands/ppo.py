@@ -17,6 +17,7 @@ from typing import Any
 
 from rlhfkit.commands._args import (
     ModelArguments,
+    ResumeArguments,
     load_prompts,
     load_tokenizer,
     local_folder,
@@ -223,16 +224,21 @@ def _train(trainer: PPOTrainer, scorer: Any, args: PPOScriptArguments, config: P
 
 
 def _body(argv: list[str] | None) -> int:
-    args, config, model_args = parse_args(
-        (PPOScriptArguments, PPOCommandConfig, ModelArguments), argv, PROG, "Classic PPO loop."
+    args, config, model_args, resume = parse_args(
+        (PPOScriptArguments, PPOCommandConfig, ModelArguments, ResumeArguments),
+        argv,
+        PROG,
+        "Classic PPO loop.",
     )
     _check_paths(args, model_args)  # before any model is loaded
+    trust = resume.trust_unverified_checkpoint
     checkpoint = start_run(
-        PROG, args.output_dir, args.resume_from_checkpoint, max_steps=config.steps, max_steps_flag="--steps"
-    )
+        PROG, args.output_dir, args.resume_from_checkpoint, None, trust, max_steps=config.steps,
+        max_steps_flag="--steps",
+    )  # fmt: skip
     trainer, scorer = _build_trainer(args, config, model_args)
-    if checkpoint is not None:
-        trainer.load_checkpoint(str(checkpoint))
+    if checkpoint is not None:  # warns about each setting that differs from the checkpoint's run
+        trainer.load_checkpoint(str(checkpoint), trust_unverified_checkpoint=trust)
     run = _train(trainer, scorer, args, config)
     if run.stopped_checkpoint is not None:  # no final model for an unfinished run
         return stopped_early(PROG, trainer.graceful_stop, run.stopped_checkpoint, trainer.current_step)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from rlhfkit.commands._args import (
     ModelArguments,
+    ResumeArguments,
     ScriptArguments,
     load_prompts,
     load_tokenizer,
@@ -50,10 +51,14 @@ def _body(argv: list[str] | None) -> int:
     from rlhfkit.rewards.reward_models import load_reward_model
     from rlhfkit.trainers.rloo.config import RLOOConfig
 
-    script_args, config, model_args = parse_args(
-        (RLOOScriptArguments, RLOOConfig, ModelArguments), argv, PROG, "REINFORCE leave-one-out training"
+    script_args, config, model_args, resume = parse_args(
+        (RLOOScriptArguments, RLOOConfig, ModelArguments, ResumeArguments),
+        argv,
+        PROG,
+        "REINFORCE leave-one-out training",
     )
-    checkpoint = start_run(PROG, config.output_dir, config.resume_from_checkpoint, config)  # before loading
+    trust = resume.trust_unverified_checkpoint
+    checkpoint = start_run(PROG, config.output_dir, config.resume_from_checkpoint, config, trust)  # first
     train_dataset, eval_dataset, task = load_prompts(
         script_args.dataset_name,
         script_args.dataset_train_split,
@@ -92,7 +97,9 @@ def _body(argv: list[str] | None) -> int:
         config, tokenizer, policy, ref_policy, reward, train_dataset, eval_dataset=eval_dataset,
         reward_processing_class=reward_tokenizer,
     )  # fmt: skip
-    result = trainer.train(resume_from_checkpoint=None if checkpoint is None else str(checkpoint))
+    result = trainer.train(
+        resume_from_checkpoint=checkpoint and str(checkpoint), trust_unverified_checkpoint=trust
+    )
     if trainer.stopped_by_signal:  # no final model for an unfinished run
         return stopped_early(PROG, trainer.graceful_stop, trainer.last_checkpoint, result.global_step)
     trainer.save_model(config.output_dir)

@@ -4,7 +4,8 @@
 written last, just before the folder is published. `verify_checkpoint` checks a folder against it, so a
 truncated or altered file is named before it is read. A folder without one (written by plain transformers,
 or altered) is refused: nothing in it can be checked, so garbage weights of the right size would load.
-`trust_unverified_checkpoint=True` (every resume path takes it) loads such a folder with a warning, after
+`trust_unverified_checkpoint=True` (every resume path takes it; every command `--trust_unverified_checkpoint`)
+loads such a folder with a warning, after
 the parse checks of `validate_checkpoint`.
 """
 
@@ -61,7 +62,8 @@ def verify_checkpoint(path: str | os.PathLike, trust_unverified_checkpoint: bool
                 f"checkpoint {str(folder)!r} has no {MANIFEST_FILE}, so none of its files can be verified "
                 "(it was not written by rlhfkit, or was altered); resume from a checkpoint rlhfkit wrote, or "
                 "pass trust_unverified_checkpoint=True (e.g. trainer.train(resume_from_checkpoint=..., "
-                "trust_unverified_checkpoint=True)) to load it as it is"
+                "trust_unverified_checkpoint=True); on the command line --trust_unverified_checkpoint) to "
+                "load it as it is"
             )
         warnings.warn(
             f"loading the unverified checkpoint {str(folder)!r} (no {MANIFEST_FILE}; "

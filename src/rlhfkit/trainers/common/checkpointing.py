@@ -295,11 +295,12 @@ def save_training_checkpoint(
     parts: dict[str, Any],
     extra: dict[str, Any] | None = None,
     generators: dict[str, torch.Generator] | None = None,
+    settings: Callable[[Path], None] | None = None,
 ) -> Path:
     """Write weights (a module, or a dict of tensors), the `state_dict()` of each of `parts` (None: skipped),
-    `extra` counters and every generator's RNG, atomically, under the parent folder's lock. Call it on every
-    process (all see the output folder; each adds its `rng_state_<rank>`); one failing makes all raise at
-    once."""
+    `extra` counters and every generator's RNG, atomically, under the parent folder's lock; `settings(folder)`
+    adds the run's settings (`resuming.write_training_settings`). Call it on every process (all see the
+    output folder; each adds its `rng_state_<rank>`); one failing makes all raise at once."""
     (rank, world), final, rng = process_rank(), Path(checkpoint_dir), rng_state(generators)
     staged = final.parent / f".{final.name}.tmp-ranks" / final.name  # a name every process can find
 
@@ -313,6 +314,8 @@ def save_training_checkpoint(
         state = {name: part.state_dict() if part is not None else None for name, part in parts.items()}
         state.update(extra or {}, step=int(step), rng=rng, num_processes=world)
         save_state(folder, STATE_NAME, state)
+        if settings is not None:
+            settings(folder)
 
     def start() -> None:
         lock_output_dir(final.parent)

@@ -2,9 +2,9 @@
 
 Which checkpoint a `resume_from_checkpoint` value names is `checkpointing.checkpoint_to_resume`. Each
 Trainer checkpoint also records the settings that shape the rest of the run (`SETTINGS_FILE`: batch size,
-gradient accumulation, learning rate, seed, max_steps); `check_resume_settings` warns, one line per
-setting, when a resumed run changes one, and refuses a max_steps below the checkpoint's step (nothing
-would be trained, and a final model would be written as if it had been).
+gradient accumulation, learning rate, seed, max_steps; PPO's checkpoints its own `PPO_WATCHED`);
+`check_resume_settings` warns, one line per setting, when a resumed run changes one, and refuses a max_steps
+below the checkpoint's step (nothing would be trained, and a final model would be written as if it had been).
 """
 
 from __future__ import annotations
@@ -20,15 +20,20 @@ from rlhfkit.trainers.common.checkpoint_manifest import MANIFEST_FILE
 SETTINGS_FILE = "training_settings.json"
 # the settings a resumed run is compared on; a change makes it differ from the run that was interrupted
 WATCHED = ("per_device_train_batch_size", "gradient_accumulation_steps", "learning_rate", "seed")
+# the same for a PPOConfig (its run length is `steps`)
+PPO_WATCHED = ("batch_size", "mini_batch_size", "gradient_accumulation_steps", "ppo_epochs", "learning_rate",
+               "seed")  # fmt: skip
 
 
 class ResumeSettingsWarning(UserWarning):
     """A run resumed with a setting that differs from the one its checkpoint was written with."""
 
 
-def write_training_settings(folder: str | os.PathLike, args: Any) -> None:
-    """Record `args`' WATCHED settings and max_steps in a checkpoint folder (before its manifest)."""
-    names = (*WATCHED, "max_steps")
+def write_training_settings(
+    folder: str | os.PathLike, args: Any, watched: tuple[str, ...] = WATCHED, length: str = "max_steps"
+) -> None:
+    """Record `args`' `watched` settings and run length in a checkpoint folder (before its manifest)."""
+    names = (*watched, length)
     settings = {n: getattr(args, n) for n in names if isinstance(getattr(args, n, None), (int, float))}
     (Path(folder) / SETTINGS_FILE).write_text(json.dumps(settings, indent=1), encoding="utf-8")
 
@@ -59,10 +64,11 @@ def check_resume_settings(
     max_steps: int | None = None,
     max_steps_flag: str = "--max_steps",
     warn: bool = True,
+    watched: tuple[str, ...] = WATCHED,
 ) -> None:
     """Before resuming from `folder`: a ValueError when the run would end before the checkpoint's step
     (`max_steps`, default `args.max_steps` when positive); with `warn`, one `ResumeSettingsWarning` line per
-    WATCHED setting of `args` that differs from the one recorded in the checkpoint."""
+    `watched` setting of `args` that differs from the one recorded in the checkpoint."""
     folder = Path(folder)
     step = checkpoint_step(folder)
     if max_steps is None and args is not None and getattr(args, "max_steps", -1) > 0:
@@ -76,7 +82,7 @@ def check_resume_settings(
     if not warn or args is None:
         return
     saved = _read_json(folder / SETTINGS_FILE)
-    for name in WATCHED:
+    for name in watched:
         old, new = saved.get(name), getattr(args, name, None)
         if old is not None and new is not None and old != new:
             warnings.warn(

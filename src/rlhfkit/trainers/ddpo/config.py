@@ -63,6 +63,9 @@ class DDPOConfig(AccelerateTracking, NonfiniteStepLimit):
     resume_from: str = option(
         "", "Checkpoint folder to resume from, or a checkpoints folder (the latest is used)."
     )
+    trust_unverified_checkpoint: bool = option(
+        False, "Resume from a checkpoint without manifest.json (its files go unverified), with a warning."
+    )
     sample_num_steps: int = option(50, "Number of DDIM denoising steps per sample.")
     sample_eta: float = option(1.0, "DDIM eta: noise level of each step, must be > 0.")
     sample_guidance_scale: float = option(5.0, "Classifier-free guidance scale.")

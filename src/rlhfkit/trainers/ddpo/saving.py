@@ -65,7 +65,8 @@ class SavingMethods:
     def _load_checkpoint(self, path: Path) -> None:
         from safetensors.torch import load_file
 
-        path, state = load_training_checkpoint(path, self._checkpoint_parts())
+        parts, trust = self._checkpoint_parts(), self.config.trust_unverified_checkpoint
+        path, state = load_training_checkpoint(path, parts, trust_unverified_checkpoint=trust)
         weights = load_file(str(path / WEIGHTS_FILE))
         if self._fsdp:  # every rank read the whole tensors; each keeps its own shard of them
             weights = shard_like(self.sd_pipeline.trainable_state_dict(), weights)

@@ -65,7 +65,11 @@ class DDPOTrainer(SamplingMethods, SavingMethods):
                 f"resume_from={config.resume_from!r} is neither a checkpoint folder nor a folder "
                 "of checkpoint-<epochs> folders"
             )
-        resume_dir = resolve_checkpoint(config.resume_from) if config.resume_from else None
+        resume_dir = (
+            resolve_checkpoint(config.resume_from, config.trust_unverified_checkpoint)
+            if config.resume_from
+            else None
+        )
 
         self.accelerator = make_accelerator(config)
         self._fsdp = self.accelerator.distributed_type == DistributedType.FSDP

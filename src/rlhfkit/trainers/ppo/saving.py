@@ -16,6 +16,7 @@ from rlhfkit.trainers.common.checkpointing import (
     load_training_checkpoint,
     save_training_checkpoint,
 )
+from rlhfkit.trainers.common.resuming import PPO_WATCHED, check_resume_settings, write_training_settings
 from rlhfkit.trainers.common.sharding import gather_optimizer_state, load_optimizer_state, shard_like
 from rlhfkit.trainers.ppo import stats as ppo_stats
 
@@ -111,7 +112,8 @@ class SavingMethods:
         """Everything a resumed run needs, written atomically and with checksums (`checkpointing`).
 
         That is: weights (incl. value head), optimizer, scheduler, KL controller, running score moments,
-        the health alarms' history, each process's RNG state and step counter. Call it on every process.
+        the health alarms' history, each process's RNG state and step counter, and the settings a resumed
+        run is compared with (`resuming.PPO_WATCHED`). Call it on every process.
         """
         self.accelerator.wait_for_everyone()
         weights, extra = self._gathered_weights(), None
@@ -125,17 +127,21 @@ class SavingMethods:
             self.policy if weights is None else weights,
             self._checkpoint_parts(),
             extra=extra,
+            settings=lambda folder: write_training_settings(folder, self.config, PPO_WATCHED, "steps"),
         )  # every rank adds its random state
         self.checkpoint_dir = str(checkpoint_dir)
 
     def load_checkpoint(self, checkpoint_dir: str, trust_unverified_checkpoint: bool = False) -> None:
         """Restore a `save_checkpoint` folder (or the newest intact `checkpoint-<step>` in a folder);
-        `trust_unverified_checkpoint=True` loads one without a manifest (warned)."""
+        `trust_unverified_checkpoint=True` loads one without a manifest (warned). A `ResumeSettingsWarning`
+        names each setting (batch sizes, epochs, learning rate, seed) that differs from the checkpoint's
+        run."""
         from safetensors.torch import load_file, load_model
 
         folder, state = load_training_checkpoint(
             checkpoint_dir, self._checkpoint_parts(), trust_unverified_checkpoint=trust_unverified_checkpoint
         )
+        check_resume_settings(folder, self.config, watched=PPO_WATCHED)
         if self._fsdp:  # every rank reads the whole tensors and keeps its own shard of them (not torch's
             # set_model_state_dict or accelerate's loader: they do not expect the value head's key layout)
             whole = load_file(str(folder / WEIGHTS_FILE))
