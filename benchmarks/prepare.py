@@ -28,7 +28,17 @@ PREF_ROWS = 512
 SIZES = {"tiny": ("llama", "llama-reward"), "small": ("llama-small", None)}
 # Large-vocabulary models (issue 16): hidden 64, 2 layers, vocabularies up to Qwen2's 151,936 tokens.
 # `v152k-eos` is v152k whose eos logit is raised so sampled completions stop at spread-out lengths.
-VOCAB_SIZES = {"v1k": 1000, "v8k": 8192, "v32k": 32000, "v152k": 151_936, "v152k-eos": 151_936}
+VOCAB_SIZES = {"v1k": 1000, "v8k": 8192, "v32k": 32000, "v152k": 151_936, "v152k-eos": 151_936,
+               "v152k-q05": 151_936}  # fmt: skip
+# The shape users train (issue 32): `v152k-q05` is Qwen2.5-0.5B's architecture (24 layers, hidden 896, 14
+# query and 2 key/value heads, MLP 4,864, tied 151,936-token embeddings) with seeded random weights and the
+# word-level tokenizer; its workloads score with rules, so no reward model is written for it.
+REAL_SHAPES = {
+    "v152k-q05": dict(
+        hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+        num_key_value_heads=2, tie_word_embeddings=True, rope_theta=1_000_000.0, rms_norm_eps=1e-6,
+    ),
+}  # fmt: skip
 LV_QUERY_TOKENS = 6
 LV_LENGTHS = (64, 128, 256, 512, 1024)  # completion lengths the large-vocabulary preference data come in
 EOS_MEAN_LENGTH = 128  # v152k-eos: expected tokens before eos at temperature 1 (geometric)
@@ -150,13 +160,20 @@ def write_vocab_model(work: Path, name: str) -> dict:
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
     vocab_size = VOCAB_SIZES[name]
-    config = LlamaConfig(
-        vocab_size=vocab_size, hidden_size=64, intermediate_size=256, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=2048, tie_word_embeddings=False,
-        bos_token_id=0, eos_token_id=0, pad_token_id=1,
-    )  # fmt: skip
+    ids = dict(
+        vocab_size=vocab_size, max_position_embeddings=2048, bos_token_id=0, eos_token_id=0, pad_token_id=1
+    )
     torch.manual_seed(0)
-    model = LlamaForCausalLM(config)
+    if name in REAL_SHAPES:
+        from transformers import Qwen2Config, Qwen2ForCausalLM
+
+        model = Qwen2ForCausalLM(Qwen2Config(**ids, **REAL_SHAPES[name]))
+    else:
+        config = LlamaConfig(
+            **ids, hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=4, tie_word_embeddings=False,
+        )  # fmt: skip
+        model = LlamaForCausalLM(config)
     if name.endswith("-eos"):
         _raise_eos(model, EOS_MEAN_LENGTH)
     policy_out, reward_out = work / "models" / f"{name}-policy", work / "models" / f"{name}-reward"
@@ -172,13 +189,16 @@ def write_vocab_model(work: Path, name: str) -> dict:
         model_max_length=4096,
     )
     tokenizer.save_pretrained(policy_out)
-    _reward_from_policy(policy_out, reward_out)
-    for folder in (policy_out, reward_out):
+    folders = [policy_out]
+    if name not in REAL_SHAPES:
+        _reward_from_policy(policy_out, reward_out)
+        folders.append(reward_out)
+    for folder in folders:
         _compat_config(folder)
         _compat_tokenizer(folder)
     return {
         "policy_params": _count_params(policy_out),
-        "reward_params": _count_params(reward_out),
+        "reward_params": _count_params(reward_out) if reward_out in folders else None,
         "config": json.loads((policy_out / "config.json").read_text()),
     }
 

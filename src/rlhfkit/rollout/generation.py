@@ -18,6 +18,7 @@ from transformers import GenerationConfig, LogitsProcessorList
 from rlhfkit.core.masking import truncate_at_stop
 from rlhfkit.models.eval_mode import eval_mode
 from rlhfkit.rollout.backends import GenerationBackend, GenerationOutput, SamplingParams
+from rlhfkit.rollout.packed_linear import packed_linears
 from rlhfkit.rollout.streaming import StreamedLogprobs, lm_head_inputs
 
 
@@ -70,7 +71,8 @@ def is_encoder_decoder(model: torch.nn.Module) -> bool:
 class HFGenerationBackend(GenerationBackend):
     """`GenerationBackend` over transformers `generate`, `chunk_size` prompts at a time (memory bound).
 
-    Runs under `torch.no_grad` with dropout off (each submodule's mode restored after). Each chunk drops
+    Runs under `torch.no_grad` with dropout off (each submodule's mode restored after), on a CPU with the
+    large linear layers in oneDNN's format (`packed_linear`). Each chunk drops
     the pad columns none of its prompts needs. `weights_context` is entered once per call (e.g. gathering
     ZeRO-3 shards); `value_head` also returns its output on the final hidden state before each token
     (decoder-only models); `progress(n)` is called after each chunk of n prompts.
@@ -126,6 +128,7 @@ class HFGenerationBackend(GenerationBackend):
         with (
             self.weights_context(),
             eval_mode(self.model),
+            packed_linears(self.model),  # on a CPU: oneDNN for the large matrices (`packed_linear`)
             lm_head_inputs(self.model, self.value_head is not None) as hidden,
         ):
             for start in range(0, n, chunk):

@@ -1,0 +1,254 @@
+"""GRPO at the shape users train (issue 32): Qwen2.5-0.5B's architecture, rlhfkit against TRL, phase by phase.
+
+    python benchmarks/prepare.py --sizes tiny,v152k-q05          # the model, built locally (~2 GB)
+    python benchmarks/real_shape.py --out benchmarks/real_shape/grpo-q05.json
+
+The model is `v152k-q05` from prepare.py (24 layers, hidden 896, 14/2 heads, MLP 4,864, tied 151,936-token
+embeddings, float32, seeded random weights). One optimizer step: 4 prompts x 4 generations = 16 completions
+of exactly 64 tokens (`min_new_tokens`), beta 0.04 (a reference model), loss "dapo", one micro-batch of 16,
+2 threads. Each library runs in its own process (rlhfkit in this interpreter, TRL 1.16 in
+benchmarks/.venvs/trl-new), one after the other, `--pairs` times, alternating which goes first.
+
+Per run: seconds and CPU seconds per step after the first; resident memory before the model, before
+`train()` and at its peak (VmHWM); per phase (generation, reference pass, rlhfkit's policy forward, backward,
+gradient clipping, optimizer; TRL's logprob passes cover its reference and policy forwards) the wall and CPU
+seconds per step after the first and the largest resident size sampled every 20 ms in it; and
+the state floor both libraries must hold: weights, gradients, two AdamW moments and the reference model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+MODEL = "v152k-q05"
+PROMPTS, GENERATIONS, LENGTH, BETA = 4, 4, 64, 0.04
+RESULT = "REAL_SHAPE "
+
+
+def _status(field: str) -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024.0
+    return float("nan")
+
+
+class Phases:
+    """Wall and CPU seconds per phase, and the largest VmRSS seen in each (a 20 ms sampling thread)."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.current, self.totals, self.peaks = "setup", {}, {}
+        self.marks: list[dict] = []  # a copy of the totals at the start and after each step
+        threading.Thread(target=self._sample, daemon=True).start()
+
+    def mark(self) -> None:
+        self.marks.append({k: list(v) for k, v in self.totals.items()})
+
+    def per_step(self) -> dict:
+        """Mean wall and CPU seconds of each phase over the steps after the first."""
+        first, last, steps = self.marks[1], self.marks[-1], len(self.marks) - 2
+        return {
+            k: {"wall_s": round((v[0] - first.get(k, [0, 0])[0]) / steps, 2),
+                "cpu_s": round((v[1] - first.get(k, [0, 0])[1]) / steps, 2)}
+            for k, v in last.items()
+        }  # fmt: skip
+
+    def _sample(self) -> None:
+        while True:
+            name = self.current
+            self.peaks[name] = max(self.peaks.get(name, 0.0), _status("VmRSS"))
+            time.sleep(0.02)
+
+    def wrap(self, owner, attribute: str, name: str) -> None:
+        original = getattr(owner, attribute)
+
+        def timed(*args, **kwargs):
+            outer, self.current = self.current, name
+            wall, cpu = time.perf_counter(), time.process_time()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                total = self.totals.setdefault(name, [0.0, 0.0])
+                total[0] += time.perf_counter() - wall
+                total[1] += time.process_time() - cpu
+                self.current = outer
+
+        setattr(owner, attribute, timed)
+
+
+def _state_floor_mib(model) -> float:
+    """Weights + gradients + two AdamW moments of the policy, + the reference's weights (a copy)."""
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    return 5 * weights / 2**20
+
+
+def run_one(library: str, work: Path, steps: int, threads: int) -> dict:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    import torch
+
+    torch.set_num_threads(threads)
+    phases = Phases()
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, TrainerCallback
+
+    if library == "rlhfkit":
+        import rlhfkit.trainers.grpo.trainer as grpo
+        from rlhfkit import GRPOConfig, GRPOTrainer
+        from rlhfkit.rollout.backends import GenerationBackend
+
+        phases.wrap(GenerationBackend, "generate", "generate")
+        phases.wrap(grpo.GRPOTrainer, "_reference_logprobs", "reference")
+        phases.wrap(grpo, "forward_response", "policy forward")
+    else:
+        import trl.trainer.grpo_trainer as grpo
+        from transformers.generation.utils import GenerationMixin
+        from trl import GRPOConfig, GRPOTrainer
+
+        phases.wrap(GenerationMixin, "generate", "generate")
+        phases.wrap(grpo.GRPOTrainer, "_get_per_token_logps_and_entropies", "logprob passes")
+    phases.wrap(torch.Tensor, "backward", "backward")
+    phases.wrap(torch.optim.AdamW, "step", "optimizer")
+    phases.wrap(torch.nn.utils, "clip_grad_norm_", "gradient clipping")
+
+    folder = work / "models" / f"{MODEL}-policy"
+    # AutoTokenizer would pick Qwen2's BPE class for this word-level tokenizer
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(folder, padding_side="left")
+    rss_start = _status("VmRSS")
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    rows = [json.loads(line) for line in open(work / "data" / "lv" / "prompts.jsonl", encoding="utf-8")]
+    dataset = Dataset.from_dict({"prompt": [r["prompt"] for r in rows]})
+
+    def reward(completions, **columns):
+        return [c.count("w1") / 10 for c in completions]
+
+    config = GRPOConfig(
+        output_dir=str(work / f"real-shape-{library}"), max_steps=steps, seed=0, report_to=[],
+        save_strategy="no", logging_steps=10_000, disable_tqdm=True, use_cpu=True, learning_rate=1e-5,
+        lr_scheduler_type="constant", bf16=False, fp16=False, gradient_checkpointing=False,
+        per_device_train_batch_size=PROMPTS * GENERATIONS, gradient_accumulation_steps=1,
+        num_generations=GENERATIONS, max_completion_length=LENGTH, temperature=1.0, top_p=1.0, top_k=0,
+        beta=BETA, num_iterations=1, loss_type="dapo", log_completions=False,
+        generation_kwargs={"min_new_tokens": LENGTH},
+    )  # fmt: skip
+    marks: list[tuple[float, float]] = []
+
+    class Tick(TrainerCallback):
+        def on_train_begin(self, *args, **kwargs):
+            marks.append((time.perf_counter(), time.process_time()))
+            phases.mark()
+
+        on_step_end = on_train_begin
+
+    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=dataset,
+                          processing_class=tokenizer, callbacks=[Tick()])  # fmt: skip
+    rss_before_train = _status("VmRSS")
+    phases.current = "forward and the rest"
+    phases.wrap(trainer, "train", "train")
+    trainer.train()
+    gaps = [(b[0] - a[0], b[1] - a[1]) for a, b in zip(marks, marks[1:])][1:]  # the first step warms up
+    floor = _state_floor_mib(model)
+    peak = _status("VmHWM")
+    return {
+        "library": library,
+        "version": __import__(library).__version__,
+        "seconds_per_step": sum(w for w, _ in gaps) / len(gaps),
+        "cpu_seconds_per_step": sum(c for _, c in gaps) / len(gaps),
+        "rss_start_mib": rss_start,
+        "rss_before_train_mib": rss_before_train,
+        "peak_rss_mib": peak,
+        "state_floor_mib": floor,
+        "peak_over_floor": peak / floor - 1,
+        "phases_per_step": phases.per_step(),  # steps after the first; the rest is the step minus these
+        "phase_peak_rss_mib": {k: round(v) for k, v in phases.peaks.items()},
+        "steps_timed": len(gaps),
+    }
+
+
+def _commit() -> str:
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=HERE)
+    dirty = subprocess.run(["git", "status", "--porcelain", "src"], capture_output=True, text=True, cwd=HERE)
+    return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+
+
+def _child(library: str, python: str, args: argparse.Namespace) -> dict:
+    command = [python, __file__, "--child", library, "--work-dir", str(args.work_dir), "--steps",
+               str(args.steps), "--threads", str(args.threads)]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(HERE.parent / "src") if library == "rlhfkit" else ""}
+    done = subprocess.run(command, capture_output=True, text=True, env=env)
+    lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT)]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"{library} run failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return json.loads(lines[-1][len(RESULT) :])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--work-dir", type=Path, default=HERE / ".work")
+    parser.add_argument(
+        "--steps", type=int, default=3, help="optimizer steps per run (the first is not timed)"
+    )
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--pairs", type=int, default=1, help="rlhfkit/TRL pairs, alternating the order")
+    parser.add_argument("--rlhfkit-only", action="store_true", help="no TRL run (no ratios): a quick check")
+    parser.add_argument("--trl-python", default=str(HERE / ".venvs" / "trl-new" / "bin" / "python"))
+    parser.add_argument("--out", type=Path, default=None, help="write the results here (JSON)")
+    parser.add_argument("--child", choices=["rlhfkit", "trl"], help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.steps < 2:
+        parser.error("--steps must be at least 2: the first step is not timed")
+    if args.child:
+        print(RESULT + json.dumps(run_one(args.child, args.work_dir, args.steps, args.threads)), flush=True)
+        return
+    if not (args.work_dir / "models" / f"{MODEL}-policy").is_dir():
+        parser.error(f"no {MODEL} model under {args.work_dir}: run prepare.py --sizes tiny,{MODEL}")
+    pythons = {"rlhfkit": sys.executable, "trl": args.trl_python}
+    runs = []
+    for pair in range(args.pairs):
+        order = ["rlhfkit", "trl"] if pair % 2 == 0 else ["trl", "rlhfkit"]
+        order = ["rlhfkit"] if args.rlhfkit_only else order
+        results = {library: _child(library, pythons[library], args) for library in order}
+        for library in order:
+            print(json.dumps({k: results[library][k] for k in ("library", "seconds_per_step",
+                  "cpu_seconds_per_step", "peak_rss_mib", "peak_over_floor")}), flush=True)  # fmt: skip
+        if args.rlhfkit_only:
+            runs.append({"pair": pair, "order": order, **results})
+            continue
+        runs.append({
+            "pair": pair, "order": order, **results,
+            "speedup": results["trl"]["seconds_per_step"] / results["rlhfkit"]["seconds_per_step"],
+            "cpu_speedup": results["trl"]["cpu_seconds_per_step"]
+            / results["rlhfkit"]["cpu_seconds_per_step"],
+            "peak_ratio": results["rlhfkit"]["peak_rss_mib"] / results["trl"]["peak_rss_mib"],
+        })  # fmt: skip
+    report = {
+        "commit": _commit(),
+        "command": "python benchmarks/real_shape.py " + " ".join(sys.argv[1:]),
+        "load_average": os.getloadavg(),
+        "workload": dict(
+            model=MODEL,
+            prompts=PROMPTS,
+            generations=GENERATIONS,
+            length=LENGTH,
+            beta=BETA,
+            micro_batch=PROMPTS * GENERATIONS,
+            threads=args.threads,
+        ),  # fmt: skip
+        "runs": runs,
+    }
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=1) + "\n")
+    if not args.rlhfkit_only:
+        print(json.dumps({k: [r[k] for r in runs] for k in ("speedup", "cpu_speedup", "peak_ratio")}))
+
+
+if __name__ == "__main__":
+    main()
