@@ -1,14 +1,14 @@
 """Sampling on a CPU with the model's large linear layers in oneDNN's weight format.
 
 A decode step multiplies 16 or so rows by every weight matrix: far too few rows for the BLAS that torch uses
-for float32 matrix products on a CPU, which at Qwen2.5-0.5B's shape reaches 10 GB/s of weights where oneDNN
-reaches 19 (MLP matrices, 16 rows: 1.9x) and 29 (the 151,936-token head: 2.9x). `packed_linears` converts
-each large `nn.Linear` weight to a oneDNN tensor on entry and runs the layer through oneDNN until exit; the
-copies (as large as the weights) live only that long. Results differ from torch's by float rounding
-(2e-6 on outputs of size ~1), as any two matrix-product kernels do. Layers with fewer than
-`PACK_MIN_ELEMENTS` weights or `PACK_MIN_INPUTS` inputs are left alone: small products gain little or lose
-to the conversions (256 x 64 at 16 rows: 0.2x; benchmarks/packed_linear.json), and 64-input layers (the
-large-vocabulary benchmark models' head) measured 0.73x in one run and 1.5x in another.
+for float32 matrix products on a CPU. oneDNN does the same products faster at Qwen2.5-0.5B's shape (16 rows:
+2.5x for the MLP matrices, 2.9x for the 151,936-token head; benchmarks/packed_linear.json).
+`packed_linears` converts each large `nn.Linear` weight to a oneDNN tensor on entry and runs the layer
+through oneDNN until exit; the copies (as large as those weights) live only that long. Results differ from
+torch's by float rounding, as any two matrix-product kernels do. Layers with fewer than `PACK_MIN_ELEMENTS`
+weights or `PACK_MIN_INPUTS` inputs are left alone: small products gain little or lose to the conversions
+(256 x 64 at 16 rows: 0.2x), and 64-input layers (the large-vocabulary benchmark models' head) measured both
+above and below 1x.
 """
 
 from __future__ import annotations
