@@ -48,7 +48,7 @@ FORMAT = 4  # bump when the written files change
 def _compat_config(folder: Path) -> None:
     config = json.loads((folder / "config.json").read_text())
     rope = config.get("rope_parameters") or {}
-    if config.get("model_type") == "llama":
+    if config.get("model_type") in ("llama", "qwen2"):
         config.setdefault("rope_theta", rope.get("rope_theta", 10000.0))
         config.setdefault("rope_scaling", None)
     config.setdefault("torch_dtype", config.get("dtype", "float32"))

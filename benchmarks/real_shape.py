@@ -1,13 +1,18 @@
-"""GRPO at the shape users train (issue 32): Qwen2.5-0.5B's architecture, rlhfkit against TRL, phase by phase.
+"""RL at the shape users train (issue 32): Qwen2.5-0.5B's architecture, rlhfkit against TRL, phase by phase.
 
     python benchmarks/prepare.py --sizes tiny,v152k-q05          # the model, built locally (~2 GB)
-    python benchmarks/real_shape.py --out benchmarks/real_shape/grpo-q05.json
+    python benchmarks/real_shape.py --algo grpo --pairs 2 --out benchmarks/real_shape/grpo-q05.json
 
 The model is `v152k-q05` from prepare.py (24 layers, hidden 896, 14/2 heads, MLP 4,864, tied 151,936-token
-embeddings, float32, seeded random weights). One optimizer step: 4 prompts x 4 generations = 16 completions
-of exactly 64 tokens (`min_new_tokens`), beta 0.04 (a reference model), loss "dapo", one micro-batch of 16,
-2 threads. Each library runs in its own process (rlhfkit in this interpreter, TRL 1.16 in
-benchmarks/.venvs/trl-new), one after the other, `--pairs` times, alternating which goes first.
+embeddings, float32, seeded random weights). One optimizer step per step, on 16 completions of exactly 64
+tokens (`min_new_tokens`) with a reference model and a rule reward, 2 threads:
+- `grpo`: 4 prompts x 4 generations, beta 0.04, loss "dapo", one micro-batch of 16; against TRL 1.16;
+- `ppo`: the classic `generate` / `step` loop, 16 prompts, one PPO epoch over one minibatch; against TRL
+  0.11.4 (benchmarks/.venvs/trl-0.11);
+- `rloo`: rlhfkit's RLOOTrainer in TRL 0.11's form, 4 prompts x rloo_k 4, one PPO epoch; rlhfkit only
+  (TRL 1.16's RLOO takes the other form, issue 33).
+Each library runs in its own process (rlhfkit in this interpreter), one after the other, `--pairs` times,
+alternating which goes first.
 
 Per run: seconds and CPU seconds per step after the first; resident memory before the model, before
 `train()` and at its peak (VmHWM); per phase (generation, reference pass, rlhfkit's policy forward, backward,
@@ -90,45 +95,46 @@ def _state_floor_mib(model) -> float:
     return 5 * weights / 2**20
 
 
-def run_one(library: str, work: Path, steps: int, threads: int) -> dict:
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    import torch
+def _reward(completions, **columns):
+    """A rule reward (no reward model at this shape): a tenth of the occurrences of "w1"."""
+    return [c.count("w1") / 10 for c in completions]
 
-    torch.set_num_threads(threads)
-    phases = Phases()
+
+def _prompts(work: Path) -> list[dict]:
+    return [json.loads(line) for line in open(work / "data" / "lv" / "prompts.jsonl", encoding="utf-8")]
+
+
+def _step_callback(marks: list, phases: Phases):
+    from transformers import TrainerCallback
+
+    class Tick(TrainerCallback):
+        def on_train_begin(self, *args, **kwargs):
+            marks.append((time.perf_counter(), time.process_time()))
+            phases.mark()
+
+        on_step_end = on_train_begin
+
+    return Tick()
+
+
+def _grpo(library: str, work: Path, steps: int, phases: Phases, marks: list):
+    import torch
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, TrainerCallback
+    from transformers import AutoModelForCausalLM
 
     if library == "rlhfkit":
         import rlhfkit.trainers.grpo.trainer as grpo
         from rlhfkit import GRPOConfig, GRPOTrainer
-        from rlhfkit.rollout.backends import GenerationBackend
 
-        phases.wrap(GenerationBackend, "generate", "generate")
         phases.wrap(grpo.GRPOTrainer, "_reference_logprobs", "reference")
         phases.wrap(grpo, "forward_response", "policy forward")
     else:
         import trl.trainer.grpo_trainer as grpo
-        from transformers.generation.utils import GenerationMixin
         from trl import GRPOConfig, GRPOTrainer
 
-        phases.wrap(GenerationMixin, "generate", "generate")
         phases.wrap(grpo.GRPOTrainer, "_get_per_token_logps_and_entropies", "logprob passes")
-    phases.wrap(torch.Tensor, "backward", "backward")
-    phases.wrap(torch.optim.AdamW, "step", "optimizer")
-    phases.wrap(torch.nn.utils, "clip_grad_norm_", "gradient clipping")
-
-    folder = work / "models" / f"{MODEL}-policy"
-    # AutoTokenizer would pick Qwen2's BPE class for this word-level tokenizer
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(folder, padding_side="left")
-    rss_start = _status("VmRSS")
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
-    rows = [json.loads(line) for line in open(work / "data" / "lv" / "prompts.jsonl", encoding="utf-8")]
-    dataset = Dataset.from_dict({"prompt": [r["prompt"] for r in rows]})
-
-    def reward(completions, **columns):
-        return [c.count("w1") / 10 for c in completions]
-
+    model = AutoModelForCausalLM.from_pretrained(_folder(work), dtype=torch.float32)
+    dataset = Dataset.from_dict({"prompt": [r["prompt"] for r in _prompts(work)]})
     config = GRPOConfig(
         output_dir=str(work / f"real-shape-{library}"), max_steps=steps, seed=0, report_to=[],
         save_strategy="no", logging_steps=10_000, disable_tqdm=True, use_cpu=True, learning_rate=1e-5,
@@ -138,21 +144,112 @@ def run_one(library: str, work: Path, steps: int, threads: int) -> dict:
         beta=BETA, num_iterations=1, loss_type="dapo", log_completions=False,
         generation_kwargs={"min_new_tokens": LENGTH},
     )  # fmt: skip
-    marks: list[tuple[float, float]] = []
+    tick = _step_callback(marks, phases)
+    trainer = GRPOTrainer(model=model, reward_funcs=_reward, args=config, train_dataset=dataset,
+                          processing_class=_tokenizer(work), callbacks=[tick])  # fmt: skip
+    return model, trainer.train
 
-    class Tick(TrainerCallback):
-        def on_train_begin(self, *args, **kwargs):
+
+def _rloo(library: str, work: Path, steps: int, phases: Phases, marks: list):
+    """rlhfkit's RLOOTrainer in TRL 0.11's form (TRL 1.16's RLOO takes another form, issue 33; TRL 0.11's
+    needs a reward model), with the same rule reward as GRPO: rlhfkit only."""
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM
+
+    import rlhfkit.trainers.rloo.trainer as rloo
+    from rlhfkit import RLOOConfig, RLOOTrainer
+
+    phases.wrap(rloo.RLOOTrainer, "_reference_logprobs", "reference")
+    policy = AutoModelForCausalLM.from_pretrained(_folder(work), dtype=torch.float32)
+    reference = AutoModelForCausalLM.from_pretrained(_folder(work), dtype=torch.float32)
+    dataset = Dataset.from_dict({"input_ids": [r["input_ids"] for r in _prompts(work)]})
+    config = RLOOConfig(
+        output_dir=str(work / "real-shape-rloo"), seed=0, report_to=[], save_strategy="no",
+        logging_steps=10_000, disable_tqdm=True, use_cpu=True, learning_rate=1e-5,
+        lr_scheduler_type="constant", per_device_train_batch_size=PROMPTS * GENERATIONS,
+        gradient_accumulation_steps=1, num_mini_batches=1, num_ppo_epochs=1, rloo_k=GENERATIONS,
+        response_length=LENGTH, kl_coef=BETA,
+        total_episodes=PROMPTS * GENERATIONS * steps, local_rollout_forward_batch_size=PROMPTS * GENERATIONS,
+        num_sample_generations=0, temperature=1.0,
+    )  # fmt: skip
+    trainer = RLOOTrainer(config, _tokenizer(work), policy, reference, _reward, dataset,
+                          callbacks=[_step_callback(marks, phases)])  # fmt: skip
+    return policy, trainer.train
+
+
+def _ppo(library: str, work: Path, steps: int, phases: Phases, marks: list):
+    """The classic loop: `generate`, a rule score, `step` (one PPO epoch over one minibatch of 16, so one
+    optimizer step per step as in GRPO); against TRL 0.11.4."""
+    import torch
+
+    if library == "rlhfkit":
+        from rlhfkit import AutoModelForCausalLMWithValueHead, PPOConfig, PPOTrainer
+    else:
+        from trl import AutoModelForCausalLMWithValueHead, PPOConfig, PPOTrainer
+    phases.wrap(torch.optim.Adam, "step", "optimizer")
+    model = AutoModelForCausalLMWithValueHead.from_pretrained(str(_folder(work)))
+    batch = PROMPTS * GENERATIONS
+    config = PPOConfig(batch_size=batch, mini_batch_size=batch, gradient_accumulation_steps=1, ppo_epochs=1,
+                       learning_rate=1e-5, seed=0, log_with=None)  # fmt: skip
+    tokenizer = _tokenizer(work)
+    trainer = PPOTrainer(config=config, model=model, ref_model=None, tokenizer=tokenizer)
+    prompts = [torch.tensor(r["input_ids"]) for r in _prompts(work)]
+    gen = dict(do_sample=True, top_k=0, top_p=1.0, max_new_tokens=LENGTH, min_new_tokens=LENGTH,
+               pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)  # fmt: skip
+
+    def train() -> None:
+        marks.append((time.perf_counter(), time.process_time()))
+        phases.mark()
+        for step in range(steps):
+            queries = prompts[step * batch : (step + 1) * batch]
+            responses = trainer.generate(queries, batch_size=batch, return_prompt=False, **gen)
+            texts = tokenizer.batch_decode(responses)
+            trainer.step(queries, responses, [torch.tensor(score) for score in _reward(texts)])
             marks.append((time.perf_counter(), time.process_time()))
             phases.mark()
 
-        on_step_end = on_train_begin
+    return model, train
 
-    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=dataset,
-                          processing_class=tokenizer, callbacks=[Tick()])  # fmt: skip
+
+WORKLOADS = {"grpo": _grpo, "rloo": _rloo, "ppo": _ppo}
+TRL_PYTHON = {"grpo": "trl-new", "ppo": "trl-0.11"}  # the TRL each is compared with (none for rloo)
+
+
+def _folder(work: Path) -> Path:
+    return work / "models" / f"{MODEL}-policy"
+
+
+def _tokenizer(work: Path):
+    from transformers import PreTrainedTokenizerFast
+
+    # AutoTokenizer would pick Qwen2's BPE class for this word-level tokenizer
+    return PreTrainedTokenizerFast.from_pretrained(str(_folder(work)), padding_side="left")
+
+
+def run_one(algo: str, library: str, work: Path, steps: int, threads: int) -> dict:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    import torch
+
+    torch.set_num_threads(threads)
+    phases = Phases()
+    if library == "rlhfkit":
+        from rlhfkit.rollout.backends import GenerationBackend
+
+        phases.wrap(GenerationBackend, "generate", "generate")
+    else:
+        from transformers.generation.utils import GenerationMixin
+
+        phases.wrap(GenerationMixin, "generate", "generate")
+    phases.wrap(torch.Tensor, "backward", "backward")
+    phases.wrap(torch.optim.AdamW, "step", "optimizer")
+    phases.wrap(torch.nn.utils, "clip_grad_norm_", "gradient clipping")
+    rss_start = _status("VmRSS")
+    marks: list[tuple[float, float]] = []
+    model, train = WORKLOADS[algo](library, work, steps, phases, marks)
     rss_before_train = _status("VmRSS")
     phases.current = "forward and the rest"
-    phases.wrap(trainer, "train", "train")
-    trainer.train()
+    train()
     gaps = [(b[0] - a[0], b[1] - a[1]) for a, b in zip(marks, marks[1:])][1:]  # the first step warms up
     floor = _state_floor_mib(model)
     peak = _status("VmHWM")
@@ -179,8 +276,8 @@ def _commit() -> str:
 
 
 def _child(library: str, python: str, args: argparse.Namespace) -> dict:
-    command = [python, __file__, "--child", library, "--work-dir", str(args.work_dir), "--steps",
-               str(args.steps), "--threads", str(args.threads)]  # fmt: skip
+    command = [python, __file__, "--child", library, "--algo", args.algo, "--work-dir", str(args.work_dir),
+               "--steps", str(args.steps), "--threads", str(args.threads)]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(HERE.parent / "src") if library == "rlhfkit" else ""}
     done = subprocess.run(command, capture_output=True, text=True, env=env)
     lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT)]
@@ -191,6 +288,7 @@ def _child(library: str, python: str, args: argparse.Namespace) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--algo", choices=list(WORKLOADS), default="grpo")
     parser.add_argument("--work-dir", type=Path, default=HERE / ".work")
     parser.add_argument(
         "--steps", type=int, default=3, help="optimizer steps per run (the first is not timed)"
@@ -198,18 +296,24 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--pairs", type=int, default=1, help="rlhfkit/TRL pairs, alternating the order")
     parser.add_argument("--rlhfkit-only", action="store_true", help="no TRL run (no ratios): a quick check")
-    parser.add_argument("--trl-python", default=str(HERE / ".venvs" / "trl-new" / "bin" / "python"))
+    parser.add_argument(
+        "--trl-python", default=None, help="default: the venv of the TRL the workload is compared with"
+    )
     parser.add_argument("--out", type=Path, default=None, help="write the results here (JSON)")
     parser.add_argument("--child", choices=["rlhfkit", "trl"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.steps < 2:
         parser.error("--steps must be at least 2: the first step is not timed")
     if args.child:
-        print(RESULT + json.dumps(run_one(args.child, args.work_dir, args.steps, args.threads)), flush=True)
+        result = run_one(args.algo, args.child, args.work_dir, args.steps, args.threads)
+        print(RESULT + json.dumps(result), flush=True)
         return
     if not (args.work_dir / "models" / f"{MODEL}-policy").is_dir():
         parser.error(f"no {MODEL} model under {args.work_dir}: run prepare.py --sizes tiny,{MODEL}")
-    pythons = {"rlhfkit": sys.executable, "trl": args.trl_python}
+    if args.algo not in TRL_PYTHON:
+        args.rlhfkit_only = True  # nothing to compare with
+    venv = HERE / ".venvs" / TRL_PYTHON.get(args.algo, "trl-new") / "bin" / "python"
+    pythons = {"rlhfkit": sys.executable, "trl": args.trl_python or str(venv)}
     runs = []
     for pair in range(args.pairs):
         order = ["rlhfkit", "trl"] if pair % 2 == 0 else ["trl", "rlhfkit"]
