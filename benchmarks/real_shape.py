@@ -337,6 +337,7 @@ def main() -> None:
         "command": "python benchmarks/real_shape.py " + " ".join(sys.argv[1:]),
         "load_average": os.getloadavg(),
         "workload": dict(
+            algo=args.algo,
             model=MODEL,
             prompts=PROMPTS,
             generations=GENERATIONS,

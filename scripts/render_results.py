@@ -322,32 +322,39 @@ def render_grpo_parity(records: list[Record]) -> list[str]:
 
 
 def render_real_shape(records: list[Record]) -> list[str]:
-    """GRPO at Qwen2.5-0.5B's shape, rlhfkit against TRL: per pair, step time, CPU time, peak and its share
-    over the state floor; then rlhfkit's phase split of the first pair."""
-    ((_, data),) = records
-    w = data["workload"]
+    """RL at Qwen2.5-0.5B's shape, rlhfkit against TRL: per workload and pair, step time, CPU time, peak and
+    its share over the state floor; then rlhfkit's phase split of each workload's first run."""
     lines = [
-        f"GRPO, {w['prompts']} prompts x {w['generations']} completions of {w['length']} tokens per step, "
-        f"beta {w['beta']}, one micro-batch of {w['micro_batch']}, float32, {w['threads']} CPU threads; "
-        f"state floor (weights, gradients, two AdamW moments, reference) "
-        f"{data['runs'][0]['rlhfkit']['state_floor_mib']:,.0f} MiB.",
-        "",
-        "| pair | s/step rlhfkit | s/step TRL | speed-up (CPU time) | peak rlhfkit | peak TRL | over floor |",
-        "|---|---|---|---|---|---|---|",
+        "| workload | pair | s/step rlhfkit | s/step TRL | speed-up (CPU time) | peak rlhfkit | peak TRL "
+        "| over floor |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    for run in data["runs"]:
-        ours, trl = run["rlhfkit"], run["trl"]
-        lines.append(
-            f"| {run['pair'] + 1} ({run['order'][0]} first) | {ours['seconds_per_step']:.1f} | "
-            f"{trl['seconds_per_step']:.1f} | {run['speedup']:.2f}x ({run['cpu_speedup']:.2f}x) | "
-            f"{ours['peak_rss_mib']:,.0f} MiB | {trl['peak_rss_mib']:,.0f} MiB | "
-            f"+{pct(ours['peak_over_floor'], 0)} / +{pct(trl['peak_over_floor'], 0)} |"
+    splits = []
+    for _, data in records:
+        command = data["command"].split()
+        algo = command[command.index("--algo") + 1] if "--algo" in command else "grpo"
+        for run in data["runs"]:
+            ours, trl = run["rlhfkit"], run.get("trl")
+            if trl is None:
+                lines.append(
+                    f"| {algo} | {run['pair'] + 1} | {ours['seconds_per_step']:.1f} | (no TRL run) | | "
+                    f"{ours['peak_rss_mib']:,.0f} MiB | | +{pct(ours['peak_over_floor'], 0)} |"
+                )
+                continue
+            lines.append(
+                f"| {algo} | {run['pair'] + 1} ({run['order'][0]} first) | {ours['seconds_per_step']:.1f} | "
+                f"{trl['seconds_per_step']:.1f} (TRL {trl['version']}) | {run['speedup']:.2f}x "
+                f"({run['cpu_speedup']:.2f}x) | {ours['peak_rss_mib']:,.0f} MiB | "
+                f"{trl['peak_rss_mib']:,.0f} MiB | +{pct(ours['peak_over_floor'], 0)} / "
+                f"+{pct(trl['peak_over_floor'], 0)} |"
+            )
+        first = data["runs"][0]["rlhfkit"]
+        split = ", ".join(f"{name} {v['wall_s']:.1f} s" for name, v in first["phases_per_step"].items())
+        splits.append(
+            f"- {algo}: state floor {first['state_floor_mib']:,.0f} MiB; rlhfkit's step of "
+            f"{first['seconds_per_step']:.1f} s: {split}."
         )
-    phases = data["runs"][0]["rlhfkit"]["phases_per_step"]
-    step = data["runs"][0]["rlhfkit"]["seconds_per_step"]
-    split = ", ".join(f"{name} {v['wall_s']:.1f} s" for name, v in phases.items() if name != "train")
-    lines += ["", f"rlhfkit's step of {step:.1f} s (pair 1): {split}."]
-    return lines
+    return lines + [""] + splits
 
 
 # block name -> (result files, formatter); demo-algos takes whichever results/demo-*.json exist
@@ -358,7 +365,10 @@ SOURCES: dict[str, tuple[Callable[[], list[str]], Callable[[list[Record]], list[
     "large-vocab-dpo": (lambda: ["benchmarks/large_vocab_trainers.json"], render_large_vocab_dpo),
     "large-vocab-sft": (lambda: ["benchmarks/large_vocab_trainers.json"], render_large_vocab_sft),
     "grpo-parity": (lambda: ["benchmarks/grpo_parity.json"], render_grpo_parity),
-    "real-shape": (lambda: ["benchmarks/real_shape/grpo-q05.json"], render_real_shape),
+    "real-shape": (
+        lambda: [f"benchmarks/real_shape/{algo}-q05.json" for algo in ("grpo", "rloo", "ppo")],
+        render_real_shape,
+    ),
     "verifiable-task": (lambda: ["results/demo-addition.json"], render_verifiable_task),
 }
 
