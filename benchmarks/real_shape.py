@@ -89,10 +89,12 @@ class Phases:
         setattr(owner, attribute, timed)
 
 
-def _state_floor_mib(model) -> float:
-    """Weights + gradients + two AdamW moments of the policy, + the reference's weights (a copy)."""
+def _state_floor_mib(model, separate_reference: bool = True) -> float:
+    """Weights, plus gradients and two AdamW moments of the trainable ones, plus a reference copy of the
+    weights when the trainer holds one (a LoRA policy's reference is its base: no copy)."""
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
-    return 5 * weights / 2**20
+    trained = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    return (weights + 3 * trained + (weights if separate_reference else 0)) / 2**20
 
 
 def _reward(completions, **columns):
@@ -117,7 +119,15 @@ def _step_callback(marks: list, phases: Phases):
     return Tick()
 
 
-def _grpo(library: str, work: Path, steps: int, phases: Phases, marks: list):
+# rlhfkit-only GRPO variants: the memory options users of this shape reach for (issue 32)
+VARIANTS = {
+    "none": {},
+    "checkpointing": {"gradient_checkpointing": True},
+    "lora": {},  # a LoRA policy (r 16 on every linear layer of the decoder): its base is the reference
+}
+
+
+def _grpo(library: str, work: Path, steps: int, phases: Phases, marks: list, variant: str = "none"):
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM
@@ -138,19 +148,27 @@ def _grpo(library: str, work: Path, steps: int, phases: Phases, marks: list):
     config = GRPOConfig(
         output_dir=str(work / f"real-shape-{library}"), max_steps=steps, seed=0, report_to=[],
         save_strategy="no", logging_steps=10_000, disable_tqdm=True, use_cpu=True, learning_rate=1e-5,
-        lr_scheduler_type="constant", bf16=False, fp16=False, gradient_checkpointing=False,
+        lr_scheduler_type="constant", bf16=False, fp16=False,
         per_device_train_batch_size=PROMPTS * GENERATIONS, gradient_accumulation_steps=1,
         num_generations=GENERATIONS, max_completion_length=LENGTH, temperature=1.0, top_p=1.0, top_k=0,
         beta=BETA, num_iterations=1, loss_type="dapo", log_completions=False,
         generation_kwargs={"min_new_tokens": LENGTH},
+        **{"gradient_checkpointing": False, **VARIANTS[variant]},
     )  # fmt: skip
+    peft = None
+    if variant == "lora":
+        from peft import LoraConfig
+
+        peft = LoraConfig(r=16, lora_alpha=32, task_type="CAUSAL_LM", target_modules=[
+            "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])  # fmt: skip
     tick = _step_callback(marks, phases)
     trainer = GRPOTrainer(model=model, reward_funcs=_reward, args=config, train_dataset=dataset,
-                          processing_class=_tokenizer(work), callbacks=[tick])  # fmt: skip
-    return model, trainer.train
+                          processing_class=_tokenizer(work), callbacks=[tick],
+                          **({"peft_config": peft} if peft else {}))  # fmt: skip
+    return (lambda: _state_floor_mib(trainer.model, separate_reference=peft is None)), trainer.train
 
 
-def _rloo(library: str, work: Path, steps: int, phases: Phases, marks: list):
+def _rloo(library: str, work: Path, steps: int, phases: Phases, marks: list, variant: str = "none"):
     """rlhfkit's RLOOTrainer in TRL 0.11's form (TRL 1.16's RLOO takes another form, issue 33; TRL 0.11's
     needs a reward model), with the same rule reward as GRPO: rlhfkit only."""
     import torch
@@ -175,10 +193,10 @@ def _rloo(library: str, work: Path, steps: int, phases: Phases, marks: list):
     )  # fmt: skip
     trainer = RLOOTrainer(config, _tokenizer(work), policy, reference, _reward, dataset,
                           callbacks=[_step_callback(marks, phases)])  # fmt: skip
-    return policy, trainer.train
+    return (lambda: _state_floor_mib(policy)), trainer.train
 
 
-def _ppo(library: str, work: Path, steps: int, phases: Phases, marks: list):
+def _ppo(library: str, work: Path, steps: int, phases: Phases, marks: list, variant: str = "none"):
     """The classic loop: `generate`, a rule score, `step` (one PPO epoch over one minibatch of 16, so one
     optimizer step per step as in GRPO); against TRL 0.11.4."""
     import torch
@@ -209,7 +227,7 @@ def _ppo(library: str, work: Path, steps: int, phases: Phases, marks: list):
             marks.append((time.perf_counter(), time.process_time()))
             phases.mark()
 
-    return model, train
+    return (lambda: _state_floor_mib(model)), train
 
 
 WORKLOADS = {"grpo": _grpo, "rloo": _rloo, "ppo": _ppo}
@@ -227,7 +245,7 @@ def _tokenizer(work: Path):
     return PreTrainedTokenizerFast.from_pretrained(str(_folder(work)), padding_side="left")
 
 
-def run_one(algo: str, library: str, work: Path, steps: int, threads: int) -> dict:
+def run_one(algo: str, library: str, work: Path, steps: int, threads: int, variant: str = "none") -> dict:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import torch
 
@@ -246,12 +264,12 @@ def run_one(algo: str, library: str, work: Path, steps: int, threads: int) -> di
     phases.wrap(torch.nn.utils, "clip_grad_norm_", "gradient clipping")
     rss_start = _status("VmRSS")
     marks: list[tuple[float, float]] = []
-    model, train = WORKLOADS[algo](library, work, steps, phases, marks)
+    floor_mib, train = WORKLOADS[algo](library, work, steps, phases, marks, variant)
     rss_before_train = _status("VmRSS")
     phases.current = "forward and the rest"
     train()
     gaps = [(b[0] - a[0], b[1] - a[1]) for a, b in zip(marks, marks[1:])][1:]  # the first step warms up
-    floor = _state_floor_mib(model)
+    floor = floor_mib()
     peak = _status("VmHWM")
     return {
         "library": library,
@@ -276,8 +294,9 @@ def _commit() -> str:
 
 
 def _child(library: str, python: str, args: argparse.Namespace) -> dict:
-    command = [python, __file__, "--child", library, "--algo", args.algo, "--work-dir", str(args.work_dir),
-               "--steps", str(args.steps), "--threads", str(args.threads)]  # fmt: skip
+    command = [python, __file__, "--child", library, "--algo", args.algo, "--variant", args.variant,
+               "--work-dir", str(args.work_dir), "--steps", str(args.steps),
+               "--threads", str(args.threads)]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(HERE.parent / "src") if library == "rlhfkit" else ""}
     done = subprocess.run(command, capture_output=True, text=True, env=env)
     lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT)]
@@ -289,6 +308,8 @@ def _child(library: str, python: str, args: argparse.Namespace) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--algo", choices=list(WORKLOADS), default="grpo")
+    parser.add_argument("--variant", choices=list(VARIANTS), default="none",
+                        help="GRPO, rlhfkit only: a memory option (checkpointing, LoRA)")  # fmt: skip
     parser.add_argument("--work-dir", type=Path, default=HERE / ".work")
     parser.add_argument(
         "--steps", type=int, default=3, help="optimizer steps per run (the first is not timed)"
@@ -305,12 +326,14 @@ def main() -> None:
     if args.steps < 2:
         parser.error("--steps must be at least 2: the first step is not timed")
     if args.child:
-        result = run_one(args.algo, args.child, args.work_dir, args.steps, args.threads)
+        result = run_one(args.algo, args.child, args.work_dir, args.steps, args.threads, args.variant)
         print(RESULT + json.dumps(result), flush=True)
         return
     if not (args.work_dir / "models" / f"{MODEL}-policy").is_dir():
         parser.error(f"no {MODEL} model under {args.work_dir}: run prepare.py --sizes tiny,{MODEL}")
-    if args.algo not in TRL_PYTHON:
+    if args.variant != "none" and args.algo != "grpo":
+        parser.error("--variant applies to --algo grpo only")
+    if args.algo not in TRL_PYTHON or args.variant != "none":
         args.rlhfkit_only = True  # nothing to compare with
     venv = HERE / ".venvs" / TRL_PYTHON.get(args.algo, "trl-new") / "bin" / "python"
     pythons = {"rlhfkit": sys.executable, "trl": args.trl_python or str(venv)}
@@ -338,6 +361,7 @@ def main() -> None:
         "load_average": os.getloadavg(),
         "workload": dict(
             algo=args.algo,
+            variant=args.variant,
             model=MODEL,
             prompts=PROMPTS,
             generations=GENERATIONS,
