@@ -321,6 +321,9 @@ def render_grpo_parity(records: list[Record]) -> list[str]:
     return [text + "."]
 
 
+REAL_SHAPE_FILES = ("grpo-q05", "rloo-q05", "ppo-q05", "grpo-q05-checkpointing", "grpo-q05-lora")
+
+
 def render_real_shape(records: list[Record]) -> list[str]:
     """RL at Qwen2.5-0.5B's shape, rlhfkit against TRL: per workload and pair, step time, CPU time, peak and
     its share over the state floor; then rlhfkit's phase split of each workload's first run."""
@@ -333,6 +336,8 @@ def render_real_shape(records: list[Record]) -> list[str]:
     for _, data in records:
         command = data["command"].split()
         algo = command[command.index("--algo") + 1] if "--algo" in command else "grpo"
+        if "--variant" in command:
+            algo += f" + {command[command.index('--variant') + 1]}"
         for run in data["runs"]:
             ours, trl = run["rlhfkit"], run.get("trl")
             if trl is None:
@@ -366,7 +371,7 @@ SOURCES: dict[str, tuple[Callable[[], list[str]], Callable[[list[Record]], list[
     "large-vocab-sft": (lambda: ["benchmarks/large_vocab_trainers.json"], render_large_vocab_sft),
     "grpo-parity": (lambda: ["benchmarks/grpo_parity.json"], render_grpo_parity),
     "real-shape": (
-        lambda: [f"benchmarks/real_shape/{algo}-q05.json" for algo in ("grpo", "rloo", "ppo")],
+        lambda: [f"benchmarks/real_shape/{name}.json" for name in REAL_SHAPE_FILES],
         render_real_shape,
     ),
     "verifiable-task": (lambda: ["results/demo-addition.json"], render_verifiable_task),
