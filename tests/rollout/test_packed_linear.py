@@ -38,6 +38,11 @@ def test_only_large_linear_layers_are_converted_and_all_are_restored():
     assert not any("forward" in m.__dict__ for m in model.modules())  # the class's own forward again
     with packed_linears(model) as count:  # gradients on: a training pass is never converted
         assert count == 0
+    from accelerate.hooks import ModelHook, add_hook_to_module
+
+    add_hook_to_module(model.lm_head, ModelHook())  # e.g. offloading: accelerate's forward must run
+    with torch.no_grad(), packed_linears(model) as count:
+        assert count == 2 * 3 and "_hf_hook" in model.lm_head.__dict__
 
 
 def test_greedy_completions_and_logprobs_match_the_plain_path(monkeypatch):

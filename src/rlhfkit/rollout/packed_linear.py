@@ -32,6 +32,7 @@ def _packable(module: torch.nn.Module) -> bool:
         and weight.numel() >= PACK_MIN_ELEMENTS
         and weight.shape[1] >= PACK_MIN_INPUTS
         and not hasattr(weight, "ds_id")  # a ZeRO-3 shard
+        and not hasattr(module, "_hf_hook")  # accelerate moves its weight (offloading) in its own forward
     )
 
 
