@@ -13,7 +13,6 @@ TrainingArguments field is a flag; `--config file.yaml` supplies defaults.
 from __future__ import annotations
 
 import importlib
-import math
 import os
 import sys
 from dataclasses import dataclass
@@ -81,10 +80,9 @@ def inputs(script_args: GRPOScriptArguments) -> tuple[Any, Any, dict[str, Any]]:
 
 
 def _summary(trainer: Any) -> dict[str, Any]:
-    """The JSON summary's own fields; a last reward that is NaN (no reward applied) is null: valid JSON."""
+    """The JSON summary's own fields (a NaN last reward, no reward applied, is written as null)."""
     rewards = [h["reward"] for h in trainer.state.log_history if "reward" in h]
-    last = rewards[-1] if rewards and math.isfinite(rewards[-1]) else None
-    return {"updates": trainer.state.global_step, "last_reward": last}
+    return {"updates": trainer.state.global_step, "last_reward": rewards[-1] if rewards else None}
 
 
 COMMAND = TrainerCommand(

@@ -5,8 +5,7 @@ written last, just before the folder is published. `verify_checkpoint` checks a 
 truncated or altered file is named before it is read. A folder without one (written by plain transformers,
 or altered) is refused: nothing in it can be checked, so garbage weights of the right size would load.
 `trust_unverified_checkpoint=True` (every resume path takes it; every command `--trust_unverified_checkpoint`)
-loads such a folder with a warning, after
-the parse checks of `validate_checkpoint`.
+loads such a folder with a warning, after the parse checks of `validate_checkpoint`.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from transformers.trainer_utils import TrainOutput
 from rlhfkit.rollout import HFGenerationBackend, forward_response, make_generation_backend, pad_left
 from rlhfkit.rollout.batch import RolloutBatch
 from rlhfkit.rollout.host_memory import fix_mmap_threshold, release_free_heap
-from rlhfkit.trainers.common.checkpointing import checkpoint_to_resume, load_state, save_state
+from rlhfkit.trainers.common.checkpointing import load_state, save_state
 from rlhfkit.trainers.common.health import HealthMonitor, monitor_for, watch, watch_judge
 from rlhfkit.trainers.common.progress import print_sample_table, save_samples, text_writer
 from rlhfkit.trainers.common.sharding import sharded_generation_context
@@ -107,7 +107,7 @@ class OnlineTrainerLoop:
         if self.health is None and args.health_checks and self._health_metrics:
             # before resuming: the checkpoint holds its history
             self.health = monitor_for(self._health_metrics)
-        self._resume(checkpoint, trust_unverified_checkpoint)
+        self._resume(checkpoint)
         per_update = self._episodes_per_update()
         self.state.max_steps = num_updates
         self.state.num_train_epochs = math.ceil(num_updates * per_update / len(self.train_dataset))
@@ -165,17 +165,9 @@ class OnlineTrainerLoop:
         }
         super().log(logs, *args, **kwargs)
 
-    def _resume(
-        self, checkpoint: str | bool | Path | None, trust_unverified_checkpoint: bool = False
-    ) -> None:
-        """Load weights, optimizer, scheduler, Trainer state and RNG of a verified checkpoint (True: the
-        newest)."""
-        # names a missing or altered file; refuses a folder without a manifest unless trusted
-        folder = (
-            checkpoint  # a folder `_begin_run` found and verified
-            if isinstance(checkpoint, Path)
-            else checkpoint_to_resume(self.args.output_dir, checkpoint, trust_unverified_checkpoint)
-        )
+    def _resume(self, folder: Path | None) -> None:
+        """Load weights, optimizer, scheduler, Trainer state and RNG of the checkpoint `_begin_run` found and
+        verified (None: a fresh run)."""
         if folder is None:
             return
         checkpoint = str(folder)
