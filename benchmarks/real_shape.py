@@ -9,8 +9,9 @@ tokens (`min_new_tokens`) with a reference model and a rule reward, 2 threads:
 - `grpo`: 4 prompts x 4 generations, beta 0.04, loss "dapo", one micro-batch of 16; against TRL 1.16;
 - `ppo`: the classic `generate` / `step` loop, 16 prompts, one PPO epoch over one minibatch; against TRL
   0.11.4 (benchmarks/.venvs/trl-0.11);
-- `rloo`: rlhfkit's RLOOTrainer in TRL 0.11's form, 4 prompts x rloo_k 4, one PPO epoch; rlhfkit only
-  (TRL 1.16's RLOO takes the other form, issue 33).
+- `rloo-current`: RLOOTrainer in TRL 1.x's form, the sizes of `grpo` (beta 0.04 inside the reward); against
+  TRL 1.16;
+- `rloo`: rlhfkit's RLOOTrainer in TRL 0.11's form, 4 prompts x rloo_k 4, one PPO epoch; rlhfkit only.
 Each library runs in its own process (rlhfkit in this interpreter), one after the other, `--pairs` times,
 alternating which goes first.
 
@@ -127,31 +128,39 @@ VARIANTS = {
 }
 
 
-def _grpo(library: str, work: Path, steps: int, phases: Phases, marks: list, variant: str = "none"):
+def _grpo(library: str, work: Path, steps: int, phases: Phases, marks: list, variant: str = "none",
+          algo: str = "grpo"):  # fmt: skip
+    """GRPO, or with `algo="rloo-current"` RLOO in TRL 1.x's form (the same loop, RLOO's reward and loss)."""
+    import importlib
+
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM
 
+    name = "GRPO" if algo == "grpo" else "RLOO"
     if library == "rlhfkit":
         import rlhfkit.trainers.grpo.trainer as grpo
-        from rlhfkit import GRPOConfig, GRPOTrainer
+        import rlhfkit.trainers.rloo.current as rloo
 
         phases.wrap(grpo.GRPOTrainer, "_reference_logprobs", "reference")
-        phases.wrap(grpo, "forward_response", "policy forward")
+        phases.wrap(grpo if algo == "grpo" else rloo, "forward_response", "policy forward")
     else:
-        import trl.trainer.grpo_trainer as grpo
-        from trl import GRPOConfig, GRPOTrainer
-
-        phases.wrap(grpo.GRPOTrainer, "_get_per_token_logps_and_entropies", "logprob passes")
+        trainer_module = importlib.import_module(f"trl.trainer.{name.lower()}_trainer")
+        phases.wrap(getattr(trainer_module, f"{name}Trainer"), "_get_per_token_logps_and_entropies",
+                    "logprob passes")  # fmt: skip
+    library_module = importlib.import_module(library)
+    config_class = getattr(library_module, f"{name}Config")
+    trainer_class = getattr(library_module, f"{name}Trainer")
+    loss = {"loss_type": "dapo"} if algo == "grpo" else {}
     model = AutoModelForCausalLM.from_pretrained(_folder(work), dtype=torch.float32)
     dataset = Dataset.from_dict({"prompt": [r["prompt"] for r in _prompts(work)]})
-    config = GRPOConfig(
+    config = config_class(
         output_dir=str(work / f"real-shape-{library}"), max_steps=steps, seed=0, report_to=[],
         save_strategy="no", logging_steps=10_000, disable_tqdm=True, use_cpu=True, learning_rate=1e-5,
         lr_scheduler_type="constant", bf16=False, fp16=False,
         per_device_train_batch_size=PROMPTS * GENERATIONS, gradient_accumulation_steps=1,
         num_generations=GENERATIONS, max_completion_length=LENGTH, temperature=1.0, top_p=1.0, top_k=0,
-        beta=BETA, num_iterations=1, loss_type="dapo", log_completions=False,
+        beta=BETA, num_iterations=1, log_completions=False, **loss,
         generation_kwargs={"min_new_tokens": LENGTH},
         **{"gradient_checkpointing": False, **VARIANTS[variant]},
     )  # fmt: skip
@@ -162,15 +171,15 @@ def _grpo(library: str, work: Path, steps: int, phases: Phases, marks: list, var
         peft = LoraConfig(r=16, lora_alpha=32, task_type="CAUSAL_LM", target_modules=[
             "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])  # fmt: skip
     tick = _step_callback(marks, phases)
-    trainer = GRPOTrainer(model=model, reward_funcs=_reward, args=config, train_dataset=dataset,
+    trainer = trainer_class(model=model, reward_funcs=_reward, args=config, train_dataset=dataset,
                           processing_class=_tokenizer(work), callbacks=[tick],
                           **({"peft_config": peft} if peft else {}))  # fmt: skip
     return (lambda: _state_floor_mib(trainer.model, separate_reference=peft is None)), trainer.train
 
 
 def _rloo(library: str, work: Path, steps: int, phases: Phases, marks: list, variant: str = "none"):
-    """rlhfkit's RLOOTrainer in TRL 0.11's form (TRL 1.16's RLOO takes another form, issue 33; TRL 0.11's
-    needs a reward model), with the same rule reward as GRPO: rlhfkit only."""
+    """rlhfkit's RLOOTrainer in TRL 0.11's form (TRL 0.11's needs a reward model), with the same rule reward
+    as GRPO: rlhfkit only. TRL 1.16's form is `rloo-current`."""
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM
@@ -178,7 +187,7 @@ def _rloo(library: str, work: Path, steps: int, phases: Phases, marks: list, var
     import rlhfkit.trainers.rloo.trainer as rloo
     from rlhfkit import RLOOConfig, RLOOTrainer
 
-    phases.wrap(rloo.RLOOTrainer, "_reference_logprobs", "reference")
+    phases.wrap(rloo.ClassicRLOOTrainer, "_reference_logprobs", "reference")
     policy = AutoModelForCausalLM.from_pretrained(_folder(work), dtype=torch.float32)
     reference = AutoModelForCausalLM.from_pretrained(_folder(work), dtype=torch.float32)
     dataset = Dataset.from_dict({"input_ids": [r["input_ids"] for r in _prompts(work)]})
@@ -230,8 +239,13 @@ def _ppo(library: str, work: Path, steps: int, phases: Phases, marks: list, vari
     return (lambda: _state_floor_mib(model)), train
 
 
-WORKLOADS = {"grpo": _grpo, "rloo": _rloo, "ppo": _ppo}
-TRL_PYTHON = {"grpo": "trl-new", "ppo": "trl-0.11"}  # the TRL each is compared with (none for rloo)
+def _rloo_current(library: str, work: Path, steps: int, phases: Phases, marks: list, variant: str = "none"):
+    return _grpo(library, work, steps, phases, marks, variant, algo="rloo-current")
+
+
+WORKLOADS = {"grpo": _grpo, "rloo-current": _rloo_current, "rloo": _rloo, "ppo": _ppo}
+# the TRL each is compared with (none for the classic RLOO)
+TRL_PYTHON = {"grpo": "trl-new", "rloo-current": "trl-new", "ppo": "trl-0.11"}
 
 
 def _folder(work: Path) -> Path:

@@ -23,7 +23,7 @@ _LAZY: dict[str, str] = {
     "PPOTrainer": "rlhfkit.trainers.ppo",
     # RLOO
     "RLOOConfig": "rlhfkit.trainers.rloo.config",
-    "RLOOTrainer": "rlhfkit.trainers.rloo.trainer",
+    "RLOOTrainer": "rlhfkit.trainers.rloo.forms",
     # GRPO
     "GRPOConfig": "rlhfkit.trainers.grpo.config",
     "GRPOTrainer": "rlhfkit.trainers.grpo.trainer",

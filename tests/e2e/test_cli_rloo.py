@@ -160,3 +160,33 @@ def test_rloo_command_explains_bad_input(tmp_path, capsys, flags, message):
     )
     assert code == 2
     assert message in capsys.readouterr().err
+
+
+CURRENT_RUN = ["--per_device_train_batch_size", "8", "--num_generations", "4", "--max_completion_length",
+               "4", "--max_steps", "2", "--report_to", "none", "--use_cpu", "--logging_steps", "1",
+               "--save_strategy", "no", "--disable_tqdm", "true"]  # fmt: skip
+
+
+def test_current_form_flags_train_with_import_path_rewards(tmp_path, monkeypatch, capsys):
+    (tmp_path / "my_rewards.py").write_text(
+        "def has_e(prompts, completions, **columns):\n    return [float('e' in c) for c in completions]\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    code = main([
+        "--model_name_or_path", str(tiny_model_path("llama")), "--dataset_name", "keyword",
+        "--output_dir", str(tmp_path / "run"), "--reward_funcs", "my_rewards.has_e", "--beta", "0.1",
+        "--normalize_advantages", "true", "--reward_clip_range", "-1", "1", *CURRENT_RUN,
+    ])  # fmt: skip
+    assert code == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["updates"] == 2 and summary["last_reward"] is not None
+    assert (tmp_path / "run" / "model.safetensors").exists()
+
+
+def test_flags_of_both_forms_are_refused_naming_them(tmp_path, capsys):
+    code = main([
+        "--model_name_or_path", str(tiny_model_path("llama")), "--dataset_name", "keyword",
+        "--output_dir", str(tmp_path / "run"), "--rloo_k", "4", *CURRENT_RUN,
+    ])  # fmt: skip
+    assert code == 2
+    assert "rloo_k belongs to the classic form" in capsys.readouterr().err

@@ -26,7 +26,7 @@ def test_seed_fields_and_defaults():
         "cliprange": 0.2,
         "rloo_k": 2,
         "normalize_reward": False,
-        "reward_clip_range": 10.0,
+        "reward_clip_range": None,  # 10 in the classic form (`classic_clip_range`)
         "normalize_advantage": False,
         "token_level_kl": False,
         "ds3_gather_for_generation": True,
@@ -37,7 +37,7 @@ def test_seed_fields_and_defaults():
         "response_length": 53,
         "stop_token": None,
         "stop_token_id": None,
-        "temperature": 0.7,
+        "temperature": None,  # 0.7 in the classic form, 1.0 in the current one (`settle`)
         "missing_eos_penalty": None,
         "dataset_num_proc": None,
         "world_size": None,

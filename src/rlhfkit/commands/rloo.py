@@ -1,12 +1,20 @@
-"""`rlhfkit rloo`: REINFORCE leave-one-out training from the command line.
+"""`rlhfkit rloo`: REINFORCE leave-one-out training from the command line, in either of TRL's forms.
+
+The current form (TRL 1.x, GRPO-shaped), chosen by any of its flags (`--num_generations`, `--beta`,
+`--max_completion_length`, `--reward_funcs`, `--reward_model_name_or_path`, ...); rewards as `rlhfkit grpo`:
+
+    rlhfkit rloo --dataset_name keyword --model_name_or_path ./tiny-llama --output_dir runs/rloo \
+        --per_device_train_batch_size 8 --num_generations 4 --max_completion_length 16 --max_steps 50
+
+The classic form (TRL 0.x), otherwise:
 
     rlhfkit rloo --dataset_name keyword --model_name_or_path ./tiny-llama --output_dir runs/rloo \
         --per_device_train_batch_size 8 --total_episodes 256 --missing_eos_penalty 1.0
 
-The policy and the reference start from --sft_model_path (default: --model_name_or_path); the score comes
-from --reward_model_path (a local sequence-classification folder) or, when --dataset_name is a built-in
-task, from that task's reward unless a reward model folder is given. Every RLOOConfig /
-TrainingArguments field is a flag; `--config file.yaml` supplies defaults.
+In the classic form the policy and the reference start from --sft_model_path (default:
+--model_name_or_path); the score comes from --reward_model_path (a local sequence-classification
+folder) or, when --dataset_name is a built-in task, from that task's reward unless a reward model folder
+is given. Every RLOOConfig / TrainingArguments field is a flag; `--config file.yaml` supplies defaults.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ from rlhfkit.commands._args import (
     ModelArguments,
     ResumeArguments,
     ScriptArguments,
+    TrainerCommand,
     load_prompts,
     load_tokenizer,
     local_folder,
@@ -35,6 +44,38 @@ PROG = "rlhfkit rloo"
 @dataclass
 class RLOOScriptArguments(ScriptArguments):
     num_eval_prompts: int = option(16, "Built-in tasks only: how many test prompts to use for sample tables.")
+    reward_model_name_or_path: str | None = option(
+        None, "Current form: local folder of a sequence-classification reward model (one output)."
+    )
+    reward_funcs: list[str] | None = option(
+        None, "Current form: reward functions as dotted import paths, e.g. 'my_rewards.correct'."
+    )
+
+
+def _current_inputs(script_args: RLOOScriptArguments):
+    from rlhfkit.commands.grpo import inputs
+
+    return inputs(script_args)
+
+
+def _current_summary(trainer) -> dict:
+    from rlhfkit.commands.grpo import _summary
+
+    return _summary(trainer)
+
+
+CURRENT_FORM = TrainerCommand(
+    PROG,
+    "REINFORCE leave-one-out training",
+    trainer="rlhfkit.trainers.rloo.current:GroupRLOOTrainer",
+    config="rlhfkit.trainers.rloo.config:RLOOConfig",
+    auto_model="AutoModelForCausalLM",
+    peft_task_type="CAUSAL_LM",
+    summary=_current_summary,
+    script_arguments=RLOOScriptArguments,
+    inputs=_current_inputs,
+    evaluate=False,
+)
 
 
 def _default(name: str) -> str:
@@ -57,6 +98,10 @@ def _body(argv: list[str] | None) -> int:
         PROG,
         "REINFORCE leave-one-out training",
     )
+    if config.form == "current" or script_args.reward_funcs or script_args.reward_model_name_or_path:
+        from rlhfkit.commands._args import run_trainer_command
+
+        return run_trainer_command(CURRENT_FORM, argv)
     trust = resume.trust_unverified_checkpoint
     checkpoint = start_run(PROG, config.output_dir, config.resume_from_checkpoint, config, trust)  # first
     train_dataset, eval_dataset, task = load_prompts(

@@ -11,6 +11,7 @@ from rlhfkit.core.advantages import (
     ADVANTAGE_ESTIMATORS,
     compute_gae,
     group_advantages,
+    leave_one_out_advantages,
     rloo_advantages,
     whitened_gae,
 )
@@ -107,6 +108,7 @@ __all__ = [
     "policy_loss",
     "ppo_policy_loss",
     "ppo_value_loss",
+    "leave_one_out_advantages",
     "rloo_advantages",
     "whitened_gae",
     "scale_scores",

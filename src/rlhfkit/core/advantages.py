@@ -154,6 +154,26 @@ def group_advantages(
     return torch.where(defined, advantages, 0.0).flatten()
 
 
+def leave_one_out_advantages(rewards: torch.Tensor, group_size: int, normalize: bool = False) -> torch.Tensor:
+    """RLOO's advantages, TRL 1.x's form: each reward minus the mean of the other scored rewards of its group.
+
+    rewards: (N,), groups on consecutive rows, NaN = unscored (left out of its siblings' baselines).
+    normalize: standardise the defined advantages over the whole batch, (a - mean) / (std + 1e-4), std
+    unbiased. Returns (N,), detached; 0 for an unscored row or a group with fewer than two scored rows.
+    """
+    advantages = group_advantages(rewards, group_size, estimator="rloo", scale_rewards="none")
+    if not normalize:
+        return advantages
+    with torch.no_grad():
+        present = ~rewards.detach().reshape(-1, group_size).isnan()
+        defined = (present & (present.sum(1, keepdim=True) >= 2)).flatten()
+        if int(defined.sum()) < 2:  # no spread to divide by: no signal
+            return torch.zeros_like(advantages)
+        kept = advantages.masked_fill(~defined, float("nan"))
+        scaled = (kept - torch.nanmean(kept)) / (_nan_std(kept).squeeze() + _STD_EPS)
+        return torch.where(defined, scaled, 0.0)
+
+
 def rloo_advantages(rlhf_reward: torch.Tensor, rloo_k: int) -> torch.Tensor:
     """RLOO's advantage: each reward minus the mean reward of the other k-1 completions of its prompt.
 

@@ -44,11 +44,13 @@ def ppo_policy_loss(
     advantages: torch.Tensor,
     mask: torch.Tensor | None,
     cliprange: float,
+    cliprange_high: float | None = None,
 ) -> PolicyLossOutput:
     """Clipped surrogate objective, as a loss to minimise.
 
     logprobs, old_logprobs, advantages, mask: (B, T) (or (B,) for sequence-level actions, as in
-    RLOO; mask=None averages over everything). Statistics in the output are detached scalars;
+    RLOO; mask=None averages over everything). The ratio is clipped to [1 - cliprange, 1 + cliprange_high]
+    (cliprange_high defaults to cliprange). Statistics in the output are detached scalars;
     approxkl = 0.5 * mean((logprobs - old_logprobs)^2).
     """
     if logprobs.shape != old_logprobs.shape or logprobs.shape != advantages.shape:
@@ -59,7 +61,8 @@ def ppo_policy_loss(
     log_ratio = logprobs - old_logprobs
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
-    clipped = -advantages * ratio.clamp(1.0 - cliprange, 1.0 + cliprange)
+    high = cliprange if cliprange_high is None else cliprange_high
+    clipped = -advantages * ratio.clamp(1.0 - cliprange, 1.0 + high)
     loss = _mean(torch.maximum(unclipped, clipped), mask)
     with torch.no_grad():
         real = torch.ones_like(ratio, dtype=torch.bool) if mask is None else mask

@@ -15,21 +15,21 @@ from rlhfkit.trainers.common.trainer_setup import load_model
 OWNER = "GRPOTrainer"
 
 
-def default_output_dir(model: Any) -> str:
-    """`<model name>-GRPO`, after the last part of the model's path or hub name."""
+def default_output_dir(model: Any, owner: str = OWNER) -> str:
+    """`<model name>-GRPO` (`-RLOO` for RLOOTrainer), after the last part of the model's path or hub name."""
     name = model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", "")
-    return f"{str(name or 'model').rstrip('/').split('/')[-1]}-GRPO"
+    return f"{str(name or 'model').rstrip('/').split('/')[-1]}-{owner.removesuffix('Trainer')}"
 
 
 def reward_sources(
-    reward_funcs: Any, init_kwargs: dict | None, processing_classes: Any = None
+    reward_funcs: Any, init_kwargs: dict | None, processing_classes: Any = None, owner: str = OWNER
 ) -> tuple[list, list[str], Any]:
     """The reward functions and models (a local path is loaded as a one-output classifier), their names,
     and the reward processing classes: `processing_classes` with each path's own tokenizer filled in
     where none was given (`rewards.reward_models`); None when there is none at all."""
     funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
     if not funcs:
-        raise ValueError(f"{OWNER}: reward_funcs is empty; give at least one reward function or model")
+        raise ValueError(f"{owner}: reward_funcs is empty; give at least one reward function or model")
     given = processing_classes
     if not isinstance(given, (list, tuple)):
         given = [given] * len(funcs)
@@ -37,7 +37,7 @@ def reward_sources(
     for i, func in enumerate(funcs):
         if isinstance(func, str):
             kwargs = {**(init_kwargs or {}), "num_labels": 1}
-            path, func = func, load_model(func, AutoModelForSequenceClassification, kwargs, OWNER)
+            path, func = func, load_model(func, AutoModelForSequenceClassification, kwargs, owner)
             if i < len(tokenizers) and tokenizers[i] is None:
                 tokenizers[i] = folder_tokenizer(path, bool(kwargs.get("trust_remote_code", False)))
                 found = found or tokenizers[i] is not None
@@ -51,7 +51,7 @@ def reward_sources(
             names.append(getattr(func, "__name__", None) or type(func).__name__)
         else:
             raise TypeError(
-                f"{OWNER}: reward_funcs must hold callables, models or model paths, got {type(func).__name__}"
+                f"{owner}: reward_funcs must hold callables, models or model paths, got {type(func).__name__}"
             )
         sources.append(func)
     # a count mismatch is RewardScorer's to name

@@ -72,6 +72,7 @@ class GRPOTrainer(ReportingMethods, OnlineTrainerLoop, RobustTrainerMixin, Train
 
     _tag_names = ["rlhfkit", "grpo"]
     _health_metrics = "grpo"
+    _owner, _config_class = OWNER, GRPOConfig  # a subclass trainer (RLOO's current form) names its own
 
     def __init__(
         self,
@@ -86,26 +87,35 @@ class GRPOTrainer(ReportingMethods, OnlineTrainerLoop, RobustTrainerMixin, Train
         optimizers: tuple = (None, None),
         peft_config: Any = None,
     ) -> None:
+        owner = self._owner
         args, processing_class = resolve_args(
-            OWNER, GRPOConfig, default_output_dir(model), args, model, None, processing_class, None
+            owner,
+            self._config_class,
+            default_output_dir(model, owner),
+            args,
+            model,
+            None,
+            processing_class,
+            None,
         )
+        self._settle(args)
         if processing_class is None:
             raise ValueError(
-                f"{OWNER}: processing_class (the tokenizer) is required when model is not a path"
+                f"{owner}: processing_class (the tokenizer) is required when model is not a path"
             )
         if processing_class.pad_token_id is None:
             processing_class.pad_token = processing_class.eos_token
         policy = load_policy(
-            model, AutoModelForCausalLM, args.model_init_kwargs, peft_config, OWNER, args.seed
+            model, AutoModelForCausalLM, args.model_init_kwargs, peft_config, owner, args.seed
         )
         # beta = 0: no reference at all (no copy, no adapter switching)
         self.reference = choose_reference(policy) if args.beta > 0 else None
         if args.sync_ref_model and self.reference.kind != "model":
             raise ValueError(
-                f"{OWNER}: sync_ref_model needs a frozen-copy reference; a PEFT policy's is its base"
+                f"{owner}: sync_ref_model needs a frozen-copy reference; a PEFT policy's is its base"
             )
         sources, self.reward_func_names, reward_processing_classes = reward_sources(
-            reward_funcs, args.model_init_kwargs, reward_processing_classes
+            reward_funcs, args.model_init_kwargs, reward_processing_classes, owner
         )  # a reward model path brings its own tokenizer
         ref_model = None if self.reference is None else self.reference.model
         # dropout off: the logprobs taken while sampling must equal those of the training forward pass
@@ -139,6 +149,9 @@ class GRPOTrainer(ReportingMethods, OnlineTrainerLoop, RobustTrainerMixin, Train
         if not args.disable_tqdm:
             self.remove_callback(ProgressCallback)
             self.add_callback(RichProgressCallback())
+
+    def _settle(self, args: Any) -> None:
+        """Last adjustments of the resolved config before anything is loaded (none for GRPO)."""
 
     def _setup_rollout(self, sources: list, reward_processing_classes: Any) -> None:
         args, tok = self.args, self.processing_class
@@ -235,18 +248,8 @@ class GRPOTrainer(ReportingMethods, OnlineTrainerLoop, RobustTrainerMixin, Train
     @torch.no_grad()
     def _generate(self) -> tuple[RolloutBatch, dict[str, float]]:
         args = self.args
-        # 1-2. groups of completions, scored; dynamic sampling keeps the informative groups
-        if args.dynamic_sampling:
-            groups, metrics = fill_batch(
-                self._sample_groups,
-                args.local_prompts_per_generation,
-                args.num_generations,
-                args.max_sampling_rounds,
-                self.processing_class.pad_token_id,
-                any_process=lambda short: any_across_ranks(short, self.accelerator),
-            )
-        else:
-            groups, metrics = self._sample_groups(), {}
+        # 1-2. groups of completions, scored
+        groups, metrics = self._sample_batch()
         batch = groups.batch
         # 3. reference logprobs, only with a KL term
         if self.reference is not None:
@@ -255,7 +258,7 @@ class GRPOTrainer(ReportingMethods, OnlineTrainerLoop, RobustTrainerMixin, Train
         gather = self.accelerator.gather
         scores, per_source = gather(batch.scores), gather(groups.per_source.T.contiguous()).T
         applies = gather(groups.applies.T.to(torch.uint8).contiguous()).T.bool()
-        advantages = group_advantages(scores, args.num_generations, scale_rewards=args.scale_rewards)
+        advantages, advantage_metrics = self._advantages(batch, scores)
         # NaN/inf rewards, no reward at all, overflowing advantages: every update of this batch is skipped
         self._reward_problem = reward_problem(per_source, applies, advantages, self._source_names)
         rank, n = self.accelerator.process_index, len(batch)
@@ -270,11 +273,31 @@ class GRPOTrainer(ReportingMethods, OnlineTrainerLoop, RobustTrainerMixin, Train
                 "sampling/rounds": counts[:, 1].max().item(),
             }
         metrics.update({k: v.item() for k, v in stats.items()})
+        metrics.update(advantage_metrics)
         tokens = gather((batch.query_mask.sum() + batch.response_mask.sum())[None]).sum().item()
         self.state.num_input_tokens_seen += int(tokens)  # prompt + completion tokens, all processes (TRL)
         metrics["num_tokens"] = self.state.num_input_tokens_seen
         self._log_completions(groups, batch)
         return batch, metrics
+
+    def _sample_batch(self) -> tuple[SampledGroups, dict[str, float]]:
+        """One generation batch of scored groups; with dynamic sampling, only informative groups (DAPO)."""
+        args = self.args
+        if not args.dynamic_sampling:
+            return self._sample_groups(), {}
+        return fill_batch(
+            self._sample_groups,
+            args.local_prompts_per_generation,
+            args.num_generations,
+            args.max_sampling_rounds,
+            self.processing_class.pad_token_id,
+            any_process=lambda short: any_across_ranks(short, self.accelerator),
+        )
+
+    def _advantages(self, batch: RolloutBatch, scores: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        """(advantages of every process's rows, extra metrics) from the gathered `scores`."""
+        args = self.args
+        return group_advantages(scores, args.num_generations, scale_rewards=args.scale_rewards), {}
 
     def _sample_groups(self) -> SampledGroups:
         """One round: the next batch of prompts, `num_generations` completions each, decoded and scored."""
@@ -320,7 +343,7 @@ class GRPOTrainer(ReportingMethods, OnlineTrainerLoop, RobustTrainerMixin, Train
 
     def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
         raise NotImplementedError(
-            f"{OWNER} has no evaluation loop yet; log_completions shows sampled completions"
+            f"{self._owner} has no evaluation loop yet; log_completions shows sampled completions"
         )
 
     # ------------------------------------------------------------------ the update

@@ -1,14 +1,24 @@
-"""RLOOConfig: TrainingArguments plus the REINFORCE leave-one-out options of TRL 0.x.
+"""RLOOConfig: TrainingArguments plus the REINFORCE leave-one-out options of both of TRL's forms.
 
-An "episode" is one completion. One update (one optimizer-scheduler step, one `global_step`) consumes
-`batch_size` episodes: `batch_size / rloo_k` prompts per update across all processes, each sampled
-`rloo_k` times. All derived sizes are computed in `compute_batch_sizes`, nowhere else.
+`RLOOTrainer` comes in two forms (`trainers.rloo.forms`), and one config serves both:
+- the classic form of TRL 0.x (`rloo_k`, `kl_coef`, `cliprange`, `num_ppo_epochs`, `response_length`, ...);
+- the current form of TRL 1.x, shaped like GRPO (`num_generations`, `beta`, `epsilon`, `num_iterations`,
+  `max_completion_length`, `normalize_advantages`, ...: the `GroupRollouts` fields).
+Setting a field that only one form reads picks that form (`form`); fields of both is an error. Two shared
+fields have a default per form, applied by the trainer (`settle`): `temperature` (0.7 classic, 1.0 current)
+and `learning_rate` (TrainingArguments' 5e-5 classic, TRL 1.x's 1e-6 current). `reward_clip_range` is a
+number c (the classic form clips its normalised scores to [-c, c], 10 by default) or a (min, max) pair
+(the current form clips the raw rewards; a number c means (-c, c)).
+
+In the classic form an "episode" is one completion. One update (one optimizer-scheduler step, one
+`global_step`) consumes `batch_size` episodes: `batch_size / rloo_k` prompts per update across all
+processes, each sampled `rloo_k` times. All derived sizes are computed in `compute_batch_sizes`, nowhere else.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, fields
 from typing import Literal
 
 from transformers import TrainingArguments
@@ -18,14 +28,57 @@ from rlhfkit.trainers.common.config import (
     GenerationOptions,
     HealthChecks,
     HFTrainerConfig,
+    ModelInitKwargs,
     exact_div,
     option,
 )
+from rlhfkit.trainers.common.group_config import GroupRollouts
+
+FORMS = ("classic", "current")
+TEMPERATURE = {"classic": 0.7, "current": 1.0}
+LEARNING_RATE = {"classic": 5e-5, "current": 1e-6}
+CLASSIC_CLIP = 10.0  # the classic form's clip of normalised scores when reward_clip_range is not given
+CLASSIC_FIELDS = (
+    "exp_name", "reward_model_path", "sft_model_path", "num_ppo_epochs", "whiten_rewards", "kl_coef",
+    "cliprange", "rloo_k", "normalize_reward", "normalize_advantage", "token_level_kl", "num_mini_batches",
+    "total_episodes", "local_rollout_forward_batch_size", "num_sample_generations", "num_sample_prompts",
+    "response_length", "stop_token", "stop_token_id", "missing_eos_penalty",
+)  # fmt: skip
+CURRENT_FIELDS = (
+    *(f.name for f in fields(GroupRollouts) if f.name != "reward_weights"),
+    "num_generations", "beta", "normalize_advantages", "model_init_kwargs",
+)  # fmt: skip
+FORM_FIELDS = {"classic": CLASSIC_FIELDS, "current": CURRENT_FIELDS}
 
 
 @dataclass
-class RLOOConfig(DatasetNumProc, GenerationOptions, HealthChecks, HFTrainerConfig):
-    """Configuration for `RLOOTrainer`; every `transformers.TrainingArguments` field also applies."""
+class RLOOConfig(
+    GroupRollouts, DatasetNumProc, GenerationOptions, HealthChecks, ModelInitKwargs, HFTrainerConfig
+):
+    """Configuration for `RLOOTrainer` in either form; every `transformers.TrainingArguments` field also
+    applies."""
+
+    learning_rate: float | None = option(
+        None, "Initial AdamW learning rate. Default: 5e-5 in the classic form, 1e-6 in the current form."
+    )
+    temperature: float | None = option(
+        None, "Sampling temperature (also applied to logprobs). Default: 0.7 classic, 1.0 current."
+    )
+    reward_clip_range: list[float] | None = option(
+        None,
+        "Classic form: c, the clip of the normalised scores (normalize_reward; default 10). Current form: "
+        "(min, max), the clip of the raw rewards (one number c: (-c, c)); default None, no clipping.",
+    )
+    # ---------------------------------------------------------------- the current form (TRL 1.x)
+    num_generations: int = option(2, "Current form: completions sampled per prompt (>= 2).")
+    beta: float = option(
+        0.05,
+        "Current form: KL coefficient; the summed k1 KL is subtracted from each reward (0: no reference).",
+    )
+    normalize_advantages: bool = option(
+        False, "Current form: standardise the advantages of a generation batch to mean 0, std 1."
+    )
+    # ---------------------------------------------------------------- the classic form (TRL 0.x)
 
     exp_name: str = option("rloo_config", "Name of this experiment (used in the run name).")
     reward_model_path: str = option(
@@ -50,7 +103,6 @@ class RLOOConfig(DatasetNumProc, GenerationOptions, HealthChecks, HFTrainerConfi
         "Reinforce++: standardise the raw scores of a batch to mean 0, std 1 and clip them to "
         "[-reward_clip_range, reward_clip_range], before the KL penalty is added.",
     )
-    reward_clip_range: float = option(10.0, "Clip range of the normalised scores (normalize_reward).")
     normalize_advantage: bool = option(
         False, "Reinforce++: standardise the advantages of a batch to mean 0, std 1."
     )
@@ -82,12 +134,8 @@ class RLOOConfig(DatasetNumProc, GenerationOptions, HealthChecks, HFTrainerConfi
     stop_token_id: int | None = option(
         None, "Token id after which completions are cut (overrides stop_token)."
     )
-    temperature: float = option(0.7, "Sampling temperature (also applied to logprobs).")
     missing_eos_penalty: float | None = option(
         None, "Subtracted from the score of each completion that never emits the eos token."
-    )
-    reward_weights: list[float] | None = option(
-        None, "One weight per reward function when several are given; the score is their weighted sum."
     )
 
     # derived in compute_batch_sizes; listed as fields so they are saved with the config
@@ -102,12 +150,84 @@ class RLOOConfig(DatasetNumProc, GenerationOptions, HealthChecks, HFTrainerConfi
     mini_batch_size: int | None = option(None, "Derived: batch_size / num_mini_batches.")
 
     def __post_init__(self):
+        self._form = self.form_of_fields()  # before any size is derived
+        self._settled = False
         super().__post_init__()
         # TrainingArguments exposes world_size as a property; the RLOO field shadows it, so fill it in here
         self.world_size = TrainingArguments.world_size.fget(self)
-        self.compute_batch_sizes()
+        if self._form == "current":
+            self.settle("current")
+        else:
+            self.compute_batch_sizes()
+
+    def form_of_fields(self) -> str | None:
+        """The form the fields set away from their defaults belong to (None: only shared fields are set)."""
+        changed = {
+            f.name for f in fields(self) if f.default is not MISSING and getattr(self, f.name) != f.default
+        }
+        found = {form: sorted(changed & set(FORM_FIELDS[form])) for form in FORMS}
+        if found["classic"] and found["current"]:
+            raise ValueError(
+                f"RLOOConfig: {found['classic'][0]} belongs to the classic form (TRL 0.x) and "
+                f"{found['current'][0]} to the current form (TRL 1.x); set the fields of one form only"
+            )
+        return next((form for form in FORMS if found[form]), None)
+
+    @property
+    def form(self) -> str | None:
+        """'classic', 'current', or None while no field of either form is set and no trainer settled it."""
+        return self._form
+
+    def settle(self, form: str) -> None:
+        """Fix the form (the trainer's), fill in its defaults and check its fields; an error names a field of
+        the other form."""
+        if form not in FORMS:
+            raise ValueError(f"form must be one of {FORMS}, got {form!r}")
+        if self._form not in (None, form):
+            field_name = next(
+                f.name for f in fields(self) if f.name in FORM_FIELDS[self._form] and
+                getattr(self, f.name) != f.default
+            )  # fmt: skip
+            raise ValueError(
+                f"RLOOTrainer was given its {form} form's arguments, but the config sets {field_name}, a "
+                f"field of the {self._form} form; see docs/rloo_trainer.md for the two forms"
+            )
+        self._form = form
+        if self._settled:
+            return
+        self._settled = True
+        if self.temperature is None:
+            self.temperature = TEMPERATURE[form]
+        if self.learning_rate is None:
+            self.learning_rate = LEARNING_RATE[form]
+        if form == "classic":
+            self._check_classic_clip_range()
+        else:
+            self.check_groups()
+            if (
+                self.reward_clip_bounds is not None
+                and self.reward_clip_bounds[0] >= self.reward_clip_bounds[1]
+            ):
+                raise ValueError(
+                    f"reward_clip_range must be (min, max) with min < max, got {self.reward_clip_range}"
+                )
+            self.compute_group_sizes()
+
+    @property
+    def reward_clip_bounds(self) -> tuple[float, float] | None:
+        """`reward_clip_range` as (min, max); None when not given."""
+        value = self.reward_clip_range
+        if value is None:
+            return None
+        if isinstance(value, (int, float)):
+            return (-float(value), float(value))
+        if len(value) == 1:
+            return (-float(value[0]), float(value[0]))
+        return (float(value[0]), float(value[1]))
 
     def validate(self) -> None:
+        if self._form == "current":
+            return  # `settle` checks the current form's fields
         positive = {
             "num_ppo_epochs": self.num_ppo_epochs,
             "num_mini_batches": self.num_mini_batches,
@@ -123,9 +243,12 @@ class RLOOConfig(DatasetNumProc, GenerationOptions, HealthChecks, HFTrainerConfi
             raise ValueError(
                 f"rloo_k must be >= 2 (the baseline averages the other k-1 completions), got {self.rloo_k}"
             )
-        for name in ("cliprange", "temperature", "reward_clip_range"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if not self.cliprange > 0:
+            raise ValueError(f"cliprange must be > 0, got {self.cliprange}")
+        if self.temperature is not None and not self.temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if self._form == "classic":
+            self._check_classic_clip_range()
         if self.kl_coef < 0:
             raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef}")
         if self.num_sample_generations < 0:
@@ -140,6 +263,22 @@ class RLOOConfig(DatasetNumProc, GenerationOptions, HealthChecks, HFTrainerConfi
             raise ValueError(
                 f"reward_weights must be a non-empty list of finite numbers, got {self.reward_weights}"
             )
+
+    def _check_classic_clip_range(self) -> None:
+        value = self.reward_clip_range
+        number = (
+            value if isinstance(value, (int, float)) else (value[0] if value and len(value) == 1 else None)
+        )
+        if value is not None and (number is None or not number > 0):
+            raise ValueError(
+                f"reward_clip_range must be one number c > 0 in the classic form (normalised scores are "
+                f"clipped to [-c, c]), got {value!r}"
+            )
+
+    @property
+    def classic_clip_range(self) -> float:
+        """The classic form's clip of normalised scores."""
+        return CLASSIC_CLIP if self.reward_clip_range is None else self.reward_clip_bounds[1]
 
     def compute_batch_sizes(self, train_dataset_size: int | None = None) -> None:
         """Fill in every derived size; errors name the arguments to change.

@@ -1,4 +1,4 @@
-"""RLOOTrainer: REINFORCE leave-one-out (Ahmadian et al. 2024) on top of `transformers.Trainer`.
+"""RLOOTrainer in TRL 0.x's form: REINFORCE leave-one-out (Ahmadian et al. 2024) on `transformers.Trainer`.
 
 One update:
   1. take `local_batch_size / rloo_k` prompts and sample `rloo_k` completions of each, in chunks of
@@ -50,6 +50,9 @@ from rlhfkit.trainers.common.prompts import (
 )
 from rlhfkit.trainers.common.trainer_setup import disable_dropout
 from rlhfkit.trainers.rloo.config import RLOOConfig
+from rlhfkit.trainers.rloo.forms import RLOOTrainer
+
+__all__ = ["ClassicRLOOTrainer", "RLOOTrainer"]
 
 
 def _check_arguments(config: Any, processing_class: Any, policy: Any, ref_policy: Any) -> None:
@@ -63,7 +66,7 @@ def _check_arguments(config: Any, processing_class: Any, policy: Any, ref_policy
             raise TypeError(f"{name} must be a loaded model (nn.Module), got {type(model).__name__}")
 
 
-class RLOOTrainer(OnlineTrainerLoop, RobustTrainerMixin, Trainer):
+class ClassicRLOOTrainer(RLOOTrainer, OnlineTrainerLoop, RobustTrainerMixin, Trainer):
     """Trains `policy` with RLOO against a frozen `ref_policy`; see `RLOOConfig` for every option.
 
     `ref_policy=None` takes the reference from the policy (`rlhfkit.models.reference.choose_reference`):
@@ -93,6 +96,7 @@ class RLOOTrainer(OnlineTrainerLoop, RobustTrainerMixin, Trainer):
         reward_processing_class: Any = None,
     ) -> None:
         _check_arguments(config, processing_class, policy, ref_policy)
+        config.settle("classic")
         self.reference = choose_reference(policy, ref_policy, argument="ref_policy")
         ref_policy = self.reference.model
         self.stop_token_id = config.stop_token_id
@@ -195,7 +199,7 @@ class RLOOTrainer(OnlineTrainerLoop, RobustTrainerMixin, Trainer):
             batch.response_mask,
             args.kl_coef,
             args.token_level_kl,
-            args.reward_clip_range if args.normalize_reward else None,
+            args.classic_clip_range if args.normalize_reward else None,
         )
         # 5. optional whitening of the rewards
         scaled_reward = (
