@@ -90,12 +90,23 @@ class Phases:
         setattr(owner, attribute, timed)
 
 
-def _state_floor_mib(model, separate_reference: bool = True) -> float:
+def _bytes(module) -> int:
+    return sum(p.numel() * p.element_size() for p in module.parameters())
+
+
+def _state_floor_mib(model, separate_reference: bool = True, reference=None, optimizer=None) -> float:
     """Weights, plus gradients and two AdamW moments of the trainable ones, plus a reference copy of the
-    weights when the trainer holds one (a LoRA policy's reference is its base: no copy)."""
-    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    weights when the trainer holds one (a LoRA policy's reference is its base: no copy). Given the
+    `reference` module and the `optimizer`, their actual sizes replace the float32 copy and the two float32
+    moments (a bfloat16 reference, an 8-bit optimizer)."""
+    weights = _bytes(model)
     trained = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-    return (weights + 3 * trained + (weights if separate_reference else 0)) / 2**20
+    moments = 2 * trained
+    if optimizer is not None:
+        state = getattr(optimizer, "optimizer", optimizer).state.values()
+        moments = sum(t.numel() * t.element_size() for s in state for t in s.values() if hasattr(t, "numel"))
+    held = _bytes(reference) if reference is not None else (weights if separate_reference else 0)
+    return (weights + trained + moments + held) / 2**20
 
 
 def _reward(completions, **columns):
@@ -124,6 +135,8 @@ def _step_callback(marks: list, phases: Phases):
 VARIANTS = {
     "none": {},
     "checkpointing": {"gradient_checkpointing": True},
+    "bf16-reference": {"ref_model_dtype": "bfloat16"},  # the frozen reference copy in bfloat16
+    "8bit-optimizer": {"optim": "adamw_bnb_8bit"},  # bitsandbytes' blockwise 8-bit AdamW (its CPU kernels)
     "lora": {},  # a LoRA policy (r 16 on every linear layer of the decoder): its base is the reference
 }
 
@@ -174,7 +187,14 @@ def _grpo(library: str, work: Path, steps: int, phases: Phases, marks: list, var
     trainer = trainer_class(model=model, reward_funcs=_reward, args=config, train_dataset=dataset,
                           processing_class=_tokenizer(work), callbacks=[tick],
                           **({"peft_config": peft} if peft else {}))  # fmt: skip
-    return (lambda: _state_floor_mib(trainer.model, separate_reference=peft is None)), trainer.train
+
+    def floor() -> float:
+        reference = getattr(trainer, "ref_model", None)  # TRL's
+        if library == "rlhfkit" and trainer.reference is not None:
+            reference = trainer.reference.model
+        return _state_floor_mib(trainer.model, peft is None, reference, trainer.optimizer)
+
+    return floor, trainer.train
 
 
 def _rloo(library: str, work: Path, steps: int, phases: Phases, marks: list, variant: str = "none"):

@@ -321,7 +321,14 @@ def render_grpo_parity(records: list[Record]) -> list[str]:
     return [text + "."]
 
 
-REAL_SHAPE_FILES = ("grpo-q05", "rloo-q05", "ppo-q05", "grpo-q05-checkpointing", "grpo-q05-lora")
+REAL_SHAPE_FILES = (
+    "grpo-q05",
+    "rloo-current-q05",
+    "rloo-q05",
+    "ppo-q05",
+    "grpo-q05-checkpointing",
+    "grpo-q05-lora",
+)
 
 
 def render_real_shape(records: list[Record]) -> list[str]:

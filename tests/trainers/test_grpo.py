@@ -320,3 +320,25 @@ def test_reward_rises_on_a_learnable_task(tmp_path, tokenizer):
     before, after = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
     print(f"keyword reward: first 5 updates {before:.2f}, last 5 updates {after:.2f}")
     assert after > before + 1.0, rewards
+
+
+def test_ref_model_dtype_holds_a_half_size_reference_close_to_the_full_one(tmp_path, tokenizer):
+    full = _trainer(tmp_path, tokenizer, beta=0.1)
+    half = _trainer(tmp_path, tokenizer, beta=0.1, ref_model_dtype="bfloat16")
+    assert {p.dtype for p in half.reference.model.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in half.model.parameters()} == {torch.float32}  # the policy is left alone
+    bytes_of = lambda m: sum(p.numel() * p.element_size() for p in m.parameters())  # noqa: E731
+    assert bytes_of(half.reference.model) * 2 == bytes_of(full.reference.model)
+    batch = full._generate()[0]
+    exact, rounded = full._reference_logprobs(batch), half._reference_logprobs(batch)
+    mask = batch.response_mask
+    assert rounded.dtype == torch.float32
+    gap = (exact - rounded).abs()[mask].max().item()
+    assert 0 < gap < 0.1, gap  # rounded weights: close, not equal
+    half.train()
+    assert all(torch.isfinite(torch.tensor(_logged(half, "kl"))))
+
+
+def test_ref_model_dtype_is_checked(tmp_path, tokenizer):
+    with pytest.raises(ValueError, match="ref_model_dtype must be one of"):
+        _config(tmp_path, ref_model_dtype="int8")

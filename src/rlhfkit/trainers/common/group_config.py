@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 from rlhfkit.trainers.common.config import check_positive_integers, exact_div, option
 
+REFERENCE_DTYPES = (None, "bfloat16", "float16", "float32")
+
 
 @dataclass
 class GroupRollouts:
@@ -51,6 +53,11 @@ class GroupRollouts:
     )
     ref_model_mixup_alpha: float = option(0.6, "ref = alpha * policy + (1 - alpha) * ref at each sync.")
     ref_model_sync_steps: int = option(512, "Updates between two reference syncs.")
+    ref_model_dtype: str | None = option(
+        None,
+        "rlhfkit only: hold the frozen reference copy in this dtype ('bfloat16' or 'float16'; None: the "
+        "policy's). Halves a float32 reference's memory; its logprobs then come from rounded weights.",
+    )
     log_completions: bool = option(
         False, "Print a table of sampled completions and rewards every logging step."
     )
@@ -94,6 +101,11 @@ class GroupRollouts:
         ):
             raise ValueError(
                 f"reward_weights must be a non-empty list of finite numbers, got {self.reward_weights}"
+            )
+        if self.ref_model_dtype not in REFERENCE_DTYPES:
+            raise ValueError(
+                f"ref_model_dtype must be one of {', '.join(map(str, REFERENCE_DTYPES))}, "
+                f"got {self.ref_model_dtype!r}"
             )
         if self.sync_ref_model and self.beta == 0:
             raise ValueError("sync_ref_model needs beta > 0: with beta=0 there is no reference model to sync")

@@ -114,6 +114,13 @@ class GRPOTrainer(ReportingMethods, OnlineTrainerLoop, RobustTrainerMixin, Train
             raise ValueError(
                 f"{owner}: sync_ref_model needs a frozen-copy reference; a PEFT policy's is its base"
             )
+        if args.ref_model_dtype is not None and self.reference is not None:
+            if self.reference.kind != "model":
+                raise ValueError(
+                    f"{owner}: ref_model_dtype casts a frozen-copy reference; a PEFT policy's reference is "
+                    "its own base weights"
+                )
+            self.reference.model.to(getattr(torch, args.ref_model_dtype))
         sources, self.reward_func_names, reward_processing_classes = reward_sources(
             reward_funcs, args.model_init_kwargs, reward_processing_classes, owner
         )  # a reward model path brings its own tokenizer
