@@ -239,3 +239,22 @@ def test_training_passes_hand_the_heap_back_before_backward(monkeypatch):
     labels = torch.cat([batch[0], batch[2]], dim=1)
     lm_head.chunked_label_logprobs(model, labels, input_ids=labels)
     assert len(trims) == 2 and trims[1] == labels[:, 1:].numel() * model.config.vocab_size * 4
+
+
+def test_a_frozen_bfloat16_reference_reaches_its_head_contiguous():
+    # torch's CPU linear expands a frozen weight per row for a strided (B, 1, H) input (a (B, H, V) copy),
+    # so the one position the model's own head projects is made contiguous first
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path("llama")).to(torch.bfloat16)
+    model.requires_grad_(False).eval()
+    seen = []
+    model.lm_head.register_forward_hook(lambda _m, args, _out: seen.append(args[0].is_contiguous()))
+    query_ids, query_mask, responses, response_mask = _batch(model.config.vocab_size)
+    with torch.no_grad():
+        chunked = chunked_response_outputs(
+            model, torch.cat([query_ids, responses], 1), torch.cat([query_mask, response_mask.long()], 1),
+            position_ids_from_mask(torch.cat([query_mask, response_mask.long()], 1)), responses,
+        )  # fmt: skip
+        full = forward_response(model, query_ids, query_mask, responses, response_mask, return_logits=True)
+    assert seen[0] is True
+    mask = response_mask
+    torch.testing.assert_close(chunked[0][mask], full.logprobs[mask], rtol=0, atol=2e-2)
