@@ -328,6 +328,8 @@ REAL_SHAPE_FILES = (
     "ppo-q05",
     "grpo-q05-checkpointing",
     "grpo-q05-lora",
+    "grpo-q05-bf16-reference",
+    "grpo-q05-8bit-optimizer",
 )
 
 

@@ -151,7 +151,7 @@ def forward_hidden(model: nn.Module, head: LMHead, **inputs) -> tuple[object, to
     Only one position goes through the vocabulary projection (`logits_to_keep=1`): the caller projects the
     hidden rows it needs in chunks, so the output's logits are not the (B, T, V) ones. That position's rows
     reach the head contiguous: torch's CPU linear on the strided (B, 1, H) slice of a frozen weight expands
-    the weight per row (a (B, H, V) copy: 7 s and 4 GB for a bfloat16 151,936-token head at B = 16).
+    the weight per row (a (B, H, V) copy: seconds and gigabytes for a bfloat16 152k-token head).
     """
     captured: list[torch.Tensor] = []
     hook = head.backbone.register_forward_hook(lambda _m, _a, out: captured.append(_last_hidden_state(out)))
