@@ -262,3 +262,51 @@ def test_reference_free_uses_no_reference(tmp_path, tok):
     ref_c, ref_r = trainer.reference_logps(batch)
     assert ref_c.tolist() == [0.0, 0.0] and ref_r.tolist() == [0.0, 0.0]
     trainer.train()
+
+
+def _first_batch(trainer):
+    return trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
+
+
+def test_the_sft_loss_is_the_chosen_tokens_nll_and_losses_combine_by_weight(tmp_path, tok):
+    model, data = tiny_model("llama").eval(), _pairs(4)
+
+    def trainer(**kwargs):
+        config = _config(tmp_path, per_device_train_batch_size=4, **kwargs)
+        return DPOTrainer(model=model, ref_model=tiny_model("llama"), args=config, train_dataset=data,
+                          processing_class=tok)  # fmt: skip
+
+    sft = trainer(loss_type="sft")
+    batch = _first_batch(sft)
+    with torch.no_grad():
+        sft_loss, _ = sft.get_batch_metrics(model, batch)
+        # by hand: every chosen completion token's -log p, averaged over all of them in the batch
+        ids, mask = batch["chosen_input_ids"], batch["chosen_attention_mask"]
+        logits = model(input_ids=ids, attention_mask=mask).logits
+        labels = batch["chosen_labels"][:, 1:]
+        logp = torch.log_softmax(logits[:, :-1].float(), -1)
+        scored = labels != -100
+        picked = logp.gather(-1, labels.clamp(min=0)[..., None])[..., 0]
+        assert sft_loss.item() == pytest.approx(-(picked[scored]).mean().item(), rel=1e-5)
+        sigmoid_loss, _ = trainer(loss_type="sigmoid").get_batch_metrics(model, batch)
+        combo = trainer(loss_type=["sigmoid", "sft"], loss_weights=[1.0, 0.5])
+        combo_loss, _ = combo.get_batch_metrics(model, batch)
+    assert combo_loss.item() == pytest.approx(sigmoid_loss.item() + 0.5 * sft_loss.item(), rel=1e-5)
+
+
+@pytest.mark.parametrize("loss_type", ["ipo", "apo_zero", "discopop", "aot", "robust"])
+def test_menu_losses_train(tmp_path, tok, loss_type):
+    config = _config(tmp_path, loss_type=loss_type, label_smoothing=0.1 if loss_type == "robust" else 0.0)
+    model = tiny_model("llama")
+    trainer = DPOTrainer(model=model, args=config, train_dataset=_pairs(8), processing_class=tok)
+    trainer.train()
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    assert losses and all(math.isfinite(v) for v in losses)
+
+
+def test_loss_type_checks(tmp_path):
+    assert _config(tmp_path, loss_type="ipo").loss_type == ["ipo"]  # TRL 0.x's single name
+    with pytest.raises(ValueError, match="loss_weights has 1 entries for 2"):
+        _config(tmp_path, loss_type=["sigmoid", "sft"], loss_weights=[1.0])
+    with pytest.raises(ValueError, match="f_divergence_type must be one of"):
+        _config(tmp_path, f_divergence_type="tv")

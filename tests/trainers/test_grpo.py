@@ -342,3 +342,13 @@ def test_ref_model_dtype_holds_a_half_size_reference_close_to_the_full_one(tmp_p
 def test_ref_model_dtype_is_checked(tmp_path, tokenizer):
     with pytest.raises(ValueError, match="ref_model_dtype must be one of"):
         _config(tmp_path, ref_model_dtype="int8")
+
+
+def test_the_last_log_entry_is_the_run_summary(tmp_path, tokenizer):
+    trainer = _trainer(tmp_path, tokenizer, max_steps=2)
+    trainer.train()
+    last = trainer.state.log_history[-1]
+    assert {"train_loss", "train_runtime", "train_samples_per_second", "train_steps_per_second"} <= set(last)
+    losses = _logged(trainer, "loss")
+    assert len(losses) == 2 and last["train_loss"] == pytest.approx(sum(losses) / 2)
+    assert "reward" not in last and "train_loss" not in trainer.state.log_history[-2]

@@ -10,7 +10,9 @@ A reward source is one of:
   (`reward_processing_class`), on prompt + completion text re-encoded with that tokenizer;
 - a model carrying a reward adapter (a value-head policy loaded with `reward_adapter=...`): scored with
   its `sequence_reward_score`, i.e. the same reading with the frozen reward adapter switched on.
-Several sources are combined as a weighted sum (`reward_weights`). A function's value must be a real number
+An `async def` reward function is awaited; the async functions of one batch run concurrently (TRL's async
+reward functions: e.g. one that calls a remote verifier). Several sources are combined as a weighted sum
+(`reward_weights`). A function's value must be a real number
 (int, float, a numpy number, a one-element tensor) or None; anything else (a str such as "7", a bool, a list)
 is a TypeError naming the function and the row. Non-finite scores are not an error here: they warn, naming
 the source, and the trainers skip that update (the non-finite guard counts it; `Scores.applies` tells a
@@ -19,10 +21,12 @@ None from a NaN). A row every function returned None for warns too (as TRL does)
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import inspect
 import numbers
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -56,6 +60,21 @@ def _accepts_prompts(fn: Callable) -> bool:
     except (TypeError, ValueError):
         return False
     return any(p.name == "prompts" or p.kind == inspect.Parameter.VAR_KEYWORD for p in params)
+
+
+def await_all(awaitables: Sequence[Awaitable]) -> list[Any]:
+    """The results of `awaitables`, run concurrently on one event loop; from inside a running loop (a
+    notebook), on a worker thread's own loop."""
+
+    async def gather() -> list[Any]:
+        return list(await asyncio.gather(*awaitables))
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(gather())
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, gather()).result()
 
 
 def _warn_non_finite(source: Any, values: torch.Tensor) -> None:
@@ -245,10 +264,18 @@ class RewardScorer:
     ) -> Scores:
         per_source = torch.empty(len(self.sources), n, device=device)
         applies = torch.ones(len(self.sources), n, dtype=torch.bool, device=device)
+        called = {
+            i: self._invoke(source, completions, prompts, function_kwargs)
+            for i, source in enumerate(self.sources)
+            if not isinstance(source, nn.Module)
+        }
+        pending = [i for i, result in called.items() if inspect.isawaitable(result)]
+        if pending:  # async reward functions, all at once
+            called.update(zip(pending, await_all([called[i] for i in pending])))
         ids = None
         for i, (source, reward_tokenizer) in enumerate(zip(self.sources, self.tokenizers)):
             if not isinstance(source, nn.Module):
-                values, applies[i] = self._call_function(source, completions, prompts, n, function_kwargs)
+                values, applies[i] = self._function_scores(source, called[i], completions, n)
             elif reward_tokenizer is not None:
                 values = self._score_retokenized(source, reward_tokenizer, prompts, completions)
             else:
@@ -291,14 +318,18 @@ class RewardScorer:
             )
         return scores
 
-    def _call_function(
-        self, fn: Callable, completions: list[str], prompts: list[str], n: int, kwargs: dict | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(n,) float32 scores of a reward function, NaN where it returned None, and (n,) bool: not None."""
+    @staticmethod
+    def _invoke(fn: Callable, completions: list[str], prompts: list[str], kwargs: dict | None = None) -> Any:
+        """What a reward function returns (an awaitable for an async one)."""
         if kwargs is not None:
-            result = fn(**kwargs)
-        else:
-            result = fn(completions, prompts=prompts) if _accepts_prompts(fn) else fn(completions)
+            return fn(**kwargs)
+        return fn(completions, prompts=prompts) if _accepts_prompts(fn) else fn(completions)
+
+    def _function_scores(
+        self, fn: Callable, result: Any, completions: list[str], n: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(n,) float32 scores from a reward function's `result`, NaN where it returned None, and (n,) bool:
+        not None."""
         if isinstance(result, torch.Tensor):
             result = result.detach().reshape(-1).tolist()
         elif isinstance(result, np.ndarray):

@@ -40,7 +40,7 @@ params = flat_params(trainer.model)
 everyone = trainer.accelerator.gather(params[None])
 result["max_rank_diff"] = (everyone - everyone[0]).abs().max().item()
 result["local_scores"] = trainer._buffer.scores.tolist()
-result["reward_metric"] = trainer.state.log_history[-1]["reward"]
+result["reward_metric"] = trainer.state.log_history[-2]["reward"]  # [-1]: the summary
 result["world"] = trainer.accelerator.num_processes
 
 # C. dynamic sampling: every rank samples as many rounds as the rank that is shortest of useful groups

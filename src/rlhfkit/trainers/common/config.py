@@ -177,6 +177,13 @@ class ModelInitKwargs:
     model_init_kwargs: dict[str, Any] | None = option(
         None, "Keyword arguments for from_pretrained when `model` is a path string."
     )
+    trust_remote_code: bool = option(
+        False, "Let from_pretrained run code shipped in a model's folder (models given as paths); off."
+    )
+
+    def from_pretrained_kwargs(self) -> dict[str, Any]:
+        """`model_init_kwargs`, with `trust_remote_code` from its field unless they set it themselves."""
+        return {"trust_remote_code": self.trust_remote_code, **(self.model_init_kwargs or {})}
 
 
 @dataclass

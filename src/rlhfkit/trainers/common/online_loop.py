@@ -45,6 +45,9 @@ class OnlineTrainerLoop:
 
     _loss_metric = "loss"
     _health_metrics: str | None = None  # the trainer's key in `health.TRAINER_METRICS`
+    # end with transformers' summary entry (train_loss, train_runtime, ...): TRL 1.x's trainers do, TRL 0.x's
+    # RLOO did not
+    _summary_log = False
     health: HealthMonitor | None = None  # built by train(); set one first for other thresholds
 
     # ------------------------------------------------------------------ hooks
@@ -151,10 +154,23 @@ class OnlineTrainerLoop:
                 if self.control.should_training_stop:
                     break
 
+        mean_loss = float(sum(losses) / len(losses)) if losses else 0.0
+        if self._summary_log:
+            updates = self.state.global_step - start_update
+            self.log(self._summary(time.time() - start_time, updates, mean_loss))
         self.control = self.callback_handler.on_train_end(args, self.state, self.control)
         self.is_in_train = False
-        mean_loss = float(sum(losses) / len(losses)) if losses else 0.0
         return TrainOutput(self.state.global_step, mean_loss, {"train_loss": mean_loss})
+
+    def _summary(self, seconds: float, updates: int, mean_loss: float) -> dict[str, float]:
+        """The run's last log entry, as transformers' Trainer writes it: speed and the mean loss."""
+        seconds = max(seconds, 1e-9)
+        return {
+            "train_runtime": round(seconds, 4),
+            "train_samples_per_second": round(updates * self._episodes_per_update() / seconds, 3),
+            "train_steps_per_second": round(updates / seconds, 3),
+            "train_loss": mean_loss,
+        }
 
     def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
         """Trainer's log; a judge's win rate logged on its own (by a callback) reaches the health alarms

@@ -104,10 +104,17 @@ def check_prompts(dataset: Any, what: str, response_length: int, models: dict[st
 
 
 class PromptSchedule:
-    """Which dataset rows each process uses at each update: per-epoch shuffles, last partial batch dropped."""
+    """Which dataset rows each process uses at each update: per-epoch shuffles (or the dataset's order,
+    `shuffle=False`), last partial batch dropped."""
 
     def __init__(
-        self, num_rows: int, prompts_per_process: int, num_processes: int, process_index: int, seed: int
+        self,
+        num_rows: int,
+        prompts_per_process: int,
+        num_processes: int,
+        process_index: int,
+        seed: int,
+        shuffle: bool = True,
     ):
         self.global_batch = prompts_per_process * num_processes
         if num_rows < self.global_batch:
@@ -122,10 +129,13 @@ class PromptSchedule:
             seed,
         )
         self.batches_per_epoch = num_rows // self.global_batch
+        self.shuffle = shuffle
 
     def indices(self, update: int) -> list[int]:
         epoch, position = divmod(update, self.batches_per_epoch)
-        generator = torch.Generator().manual_seed(self.seed + epoch)
-        order = torch.randperm(self.num_rows, generator=generator)
+        if self.shuffle:
+            order = torch.randperm(self.num_rows, generator=torch.Generator().manual_seed(self.seed + epoch))
+        else:
+            order = torch.arange(self.num_rows)
         start = position * self.global_batch + self.rank * self.per_process
         return order[start : start + self.per_process].tolist()

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
+import torch
 from torch import nn
 from transformers import Trainer, set_seed
 
@@ -71,6 +72,13 @@ def resolve_args(
         from transformers import AutoTokenizer
 
         processing_class = AutoTokenizer.from_pretrained(model)
+    elif processing_class is None and model is not None:  # a model loaded from a local folder: its tokenizer
+        from rlhfkit.rewards.reward_models import folder_tokenizer
+
+        path = getattr(getattr(model, "config", None), "_name_or_path", "") or ""
+        kwargs = args.from_pretrained_kwargs() if hasattr(args, "from_pretrained_kwargs") else {}
+        trust = bool(kwargs.get("trust_remote_code", False))
+        processing_class = folder_tokenizer(path, trust) if path and Path(path).is_dir() else None
     return args, processing_class
 
 
@@ -106,7 +114,9 @@ def processing_class_or_tokenizer(processing_class: Any, tokenizer: Any, owner: 
 
 
 def load_model(model: Any, auto_class: type, init_kwargs: dict | None, owner: str) -> nn.Module:
-    """A model object passes through; a string is a local folder (or cached name) loaded with `auto_class`."""
+    """A model object passes through; a string is a local folder (or cached name) loaded with `auto_class`,
+    in float32 unless `init_kwargs` names a `dtype` (or the older `torch_dtype`), as TRL's trainers do: a
+    bfloat16 checkpoint trained in bfloat16 would round tiny updates away."""
     if isinstance(model, str):
         looks_like_path = model.startswith((".", "~", "/")) or "\\" in model or model.count("/") > 1
         if looks_like_path and not Path(model).expanduser().exists():
@@ -115,6 +125,8 @@ def load_model(model: Any, auto_class: type, init_kwargs: dict | None, owner: st
             raise offline_error(f"{owner}: model", model, f"{MODEL_HINT}, or a loaded model")
         kwargs = dict(init_kwargs or {})
         kwargs.setdefault("trust_remote_code", False)
+        if "dtype" not in kwargs and "torch_dtype" not in kwargs:
+            kwargs["dtype"] = torch.float32
         return auto_class.from_pretrained(model, **kwargs)
     if model is None:
         return None

@@ -22,7 +22,20 @@ class DPOConfig(ModelInitKwargs, TokenizesDatasets, MaxLength, HFTrainerConfig):
     beta: float = option(
         0.1, "Strength of the implicit KL to the reference: larger beta keeps the policy closer."
     )
-    loss_type: str = option("sigmoid", "DPO loss variant: 'sigmoid' (DPO), 'hinge' (SLiC) or 'ipo'.")
+    loss_type: list[str] = option(
+        default_factory=lambda: ["sigmoid"],
+        help="The loss: a key of rlhfkit.core.losses.DPO_LOSSES ('sigmoid' is DPO; 'hinge', 'ipo', "
+        "'exo_pair', 'nca_pair', 'robust', 'bco_pair', 'sppo_hard', 'aot', 'aot_unpaired', 'apo_zero', "
+        "'apo_down', 'discopop', 'sft', 'sigmoid_norm'), or several, summed with loss_weights.",
+    )
+    loss_weights: list[float] | None = option(None, "One weight per loss_type entry (default: all 1).")
+    f_divergence_type: str = option(
+        "reverse_kl",
+        "The divergence to the reference (f-DPO): 'reverse_kl' (DPO), 'forward_kl', 'js_divergence' or "
+        "'alpha_divergence'.",
+    )
+    f_alpha_divergence_coef: float = option(0.5, "alpha of f_divergence_type='alpha_divergence'.")
+    discopop_tau: float = option(0.05, "Temperature of the 'discopop' loss's mixing.")
     label_smoothing: float = option(
         0.0, "Assumed probability that a preference label is flipped (conservative DPO), in [0, 0.5)."
     )
@@ -51,10 +64,24 @@ class DPOConfig(ModelInitKwargs, TokenizesDatasets, MaxLength, HFTrainerConfig):
     max_new_tokens_eval: int = option(32, "New tokens per generation when generate_during_eval is on.")
 
     def validate(self) -> None:
-        from rlhfkit.core.losses import DPO_LOSSES
+        from rlhfkit.core.losses import DPO_LOSSES, F_DIVERGENCES
 
-        if self.loss_type not in DPO_LOSSES:
-            raise ValueError(f"loss_type must be one of {sorted(DPO_LOSSES)}, got {self.loss_type!r}")
+        if isinstance(self.loss_type, str):  # TRL 0.x names one loss
+            self.loss_type = [self.loss_type]
+        unknown = [name for name in self.loss_type if name not in DPO_LOSSES]
+        if unknown or not self.loss_type:
+            raise ValueError(f"loss_type must be among {sorted(DPO_LOSSES)}, got {self.loss_type!r}")
+        if self.loss_weights is not None and len(self.loss_weights) != len(self.loss_type):
+            raise ValueError(
+                f"loss_weights has {len(self.loss_weights)} entries for {len(self.loss_type)} loss_type "
+                "entries; give one weight each"
+            )
+        if self.f_divergence_type not in F_DIVERGENCES:
+            raise ValueError(
+                f"f_divergence_type must be one of {F_DIVERGENCES}, got {self.f_divergence_type!r}"
+            )
+        if not self.discopop_tau > 0:
+            raise ValueError(f"discopop_tau must be > 0, got {self.discopop_tau}")
         if self.beta <= 0:
             raise ValueError(f"beta must be > 0, got {self.beta}")
         if not 0.0 <= self.label_smoothing < 0.5:

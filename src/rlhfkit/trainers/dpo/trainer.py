@@ -3,7 +3,8 @@
 For each pair (prompt, chosen, rejected) the loss compares how much more the policy prefers chosen
 over rejected than the frozen reference does:
     logits = [log pi(c) - log pi(r)] - [log ref(c) - log ref(r)],   loss = f(beta * logits)
-with f chosen by `loss_type` (sigmoid = DPO, hinge = SLiC, ipo = IPO) in `rlhfkit.core.losses`.
+with f chosen by `loss_type` (sigmoid = DPO, hinge = SLiC, ipo = IPO, ... TRL's menu, or a weighted list
+of them) in `rlhfkit.core.losses`.
 The reference is a frozen copy of the policy, or, for a PEFT policy, the same network with its
 frozen SFT reference adapter active or its adapters switched off; its log-probs can also be computed once
 up front (precompute_ref_log_probs). The forward passes are in `rlhfkit.trainers.dpo.forward`.
@@ -90,7 +91,7 @@ class DPOTrainer(ForwardMethods, OfflineTrainer):
         if processing_class is not None and processing_class.pad_token is None:
             processing_class.pad_token = processing_class.eos_token
         model = load_policy(
-            model, AutoModelForCausalLM, args.model_init_kwargs, peft_config, owner, args.seed
+            model, AutoModelForCausalLM, args.from_pretrained_kwargs(), peft_config, owner, args.seed
         )
         self.reference = self._build_reference(model, ref_model, args)
         if args.disable_dropout:
@@ -134,7 +135,7 @@ class DPOTrainer(ForwardMethods, OfflineTrainer):
             raise ValueError(
                 "DPOTrainer: `ref_model` must not be the policy itself; pass None for a frozen copy"
             )
-        ref_model = load_model(ref_model, AutoModelForCausalLM, args.model_init_kwargs, "DPOTrainer")
+        ref_model = load_model(ref_model, AutoModelForCausalLM, args.from_pretrained_kwargs(), "DPOTrainer")
         if ref_model is None and (model is None or args.reference_free):
             return None
         return choose_reference(model, ref_model)
@@ -195,8 +196,12 @@ class DPOTrainer(ForwardMethods, OfflineTrainer):
         reference_chosen_logps: torch.Tensor,
         reference_rejected_logps: torch.Tensor,
         reference_free: bool = False,
+        chosen_lengths: torch.Tensor | None = None,
+        rejected_lengths: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(losses, chosen_rewards, rejected_rewards), (B,) each, from `rlhfkit.core.losses.dpo_loss`."""
+        """(losses, chosen_rewards, rejected_rewards), (B,) each, from `rlhfkit.core.losses.dpo_loss`; the
+        completion lengths are what "ipo", "sigmoid_norm" and "sft" average over."""
+        args = self.args
         return dpo_loss(
             policy_chosen_logps,
             policy_rejected_logps,
@@ -204,8 +209,14 @@ class DPOTrainer(ForwardMethods, OfflineTrainer):
             reference_rejected_logps,
             beta=self.beta,
             loss_type=self.loss_type,
-            label_smoothing=self.args.label_smoothing,
-            reference_free=reference_free or self.args.reference_free,
+            label_smoothing=args.label_smoothing,
+            reference_free=reference_free or args.reference_free,
+            loss_weights=args.loss_weights,
+            chosen_lengths=chosen_lengths,
+            rejected_lengths=rejected_lengths,
+            f_divergence_type=args.f_divergence_type,
+            f_alpha_divergence_coef=args.f_alpha_divergence_coef,
+            discopop_tau=args.discopop_tau,
         )
 
     def get_batch_metrics(
@@ -229,8 +240,10 @@ class DPOTrainer(ForwardMethods, OfflineTrainer):
         # 2. reference log-probs (precomputed, or a no-grad forward)
         ref_chosen, ref_rejected = self.reference_logps(batch)
         # 3. DPO loss and implicit rewards beta * (log pi - log ref)
+        pad = self.label_pad_token_id  # completion tokens: the labelled positions after the first
+        lengths = [(batch[f"{side}_labels"][:, 1:] != pad).sum(1) for side in ("chosen", "rejected")]
         losses, chosen_rewards, rejected_rewards = self.dpo_loss(
-            policy_chosen, policy_rejected, ref_chosen, ref_rejected
+            policy_chosen, policy_rejected, ref_chosen, ref_rejected, False, *lengths
         )
         # 4. metrics
         prefix = "eval_" if train_eval == "eval" else ""

@@ -72,6 +72,7 @@ class GRPOTrainer(ReportingMethods, OnlineTrainerLoop, RobustTrainerMixin, Train
 
     _tag_names = ["rlhfkit", "grpo"]
     _health_metrics = "grpo"
+    _summary_log = True
     _owner, _config_class = OWNER, GRPOConfig  # a subclass trainer (RLOO's current form) names its own
 
     def __init__(
@@ -106,7 +107,7 @@ class GRPOTrainer(ReportingMethods, OnlineTrainerLoop, RobustTrainerMixin, Train
         if processing_class.pad_token_id is None:
             processing_class.pad_token = processing_class.eos_token
         policy = load_policy(
-            model, AutoModelForCausalLM, args.model_init_kwargs, peft_config, owner, args.seed
+            model, AutoModelForCausalLM, args.from_pretrained_kwargs(), peft_config, owner, args.seed
         )
         # beta = 0: no reference at all (no copy, no adapter switching)
         self.reference = choose_reference(policy) if args.beta > 0 else None
@@ -122,7 +123,7 @@ class GRPOTrainer(ReportingMethods, OnlineTrainerLoop, RobustTrainerMixin, Train
                 )
             self.reference.model.to(getattr(torch, args.ref_model_dtype))
         sources, self.reward_func_names, reward_processing_classes = reward_sources(
-            reward_funcs, args.model_init_kwargs, reward_processing_classes, owner
+            reward_funcs, args.from_pretrained_kwargs(), reward_processing_classes, owner
         )  # a reward model path brings its own tokenizer
         ref_model = None if self.reference is None else self.reference.model
         # dropout off: the logprobs taken while sampling must equal those of the training forward pass
@@ -175,8 +176,9 @@ class GRPOTrainer(ReportingMethods, OnlineTrainerLoop, RobustTrainerMixin, Train
                 f"{args.local_prompts_per_generation * processes} (generation_batch_size / num_generations)"
             )
         self.schedule = PromptSchedule(
-            len(self.train_dataset), args.local_prompts_per_generation, processes, rank, args.seed
-        )
+            len(self.train_dataset), args.local_prompts_per_generation, processes, rank, args.seed,
+            shuffle=args.shuffle_dataset,
+        )  # fmt: skip
         self.sampling_params = sampling_params(args, tok)
         self._buffer: RolloutBatch | None = None
         self._buffer_metrics: dict[str, float] = {}

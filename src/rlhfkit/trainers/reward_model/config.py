@@ -4,13 +4,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlhfkit.trainers.common.config import HFTrainerConfig, MaxLength, TokenizesDatasets, option
+from rlhfkit.trainers.common.config import (
+    HFTrainerConfig,
+    MaxLength,
+    ModelInitKwargs,
+    TokenizesDatasets,
+    option,
+)
 
 OVERLONG_POLICIES = ("drop", "truncate")
 
 
 @dataclass
-class RewardConfig(TokenizesDatasets, MaxLength, HFTrainerConfig):
+class RewardConfig(ModelInitKwargs, TokenizesDatasets, MaxLength, HFTrainerConfig):
     """Configuration for `RewardTrainer`; every `transformers.TrainingArguments` field also applies."""
 
     overlong_policy: str = option(

@@ -67,7 +67,7 @@ class RewardTrainer(OfflineTrainer):
         model = load_policy(
             model,
             AutoModelForSequenceClassification,
-            {"num_labels": 1},
+            {"num_labels": 1, **args.from_pretrained_kwargs()},
             peft_config,
             type(self).__name__,
             args.seed,

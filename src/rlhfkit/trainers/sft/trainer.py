@@ -37,9 +37,9 @@ def packed_collator(features: list[dict]) -> dict[str, torch.Tensor]:
 class SFTTrainer(OfflineTrainer):
     """`transformers.Trainer` for supervised fine-tuning; TRL 0.x's keyword arguments override `args`.
 
-    `model` may be a local path (loaded with AutoModelForCausalLM and `args.model_init_kwargs`);
-    `peft_config` wraps it with LoRA; `formatting_func(example) -> str` builds the text of a row.
-    TRL 0.x's `tokenizer=` is another name for `processing_class=`.
+    `model` may be a local path (loaded with AutoModelForCausalLM and `args.model_init_kwargs`, float32
+    unless they name a dtype); `peft_config` wraps it with LoRA; `formatting_func(example) -> str` builds
+    the text of a row. TRL 0.x's `tokenizer=` is another name for `processing_class=`.
     """
 
     config_class = SFTConfig
@@ -61,7 +61,7 @@ class SFTTrainer(OfflineTrainer):
         if processing_class.pad_token is None:
             processing_class.pad_token = processing_class.eos_token
         model = load_policy(
-            model, AutoModelForCausalLM, args.model_init_kwargs, peft_config, owner, args.seed
+            model, AutoModelForCausalLM, args.from_pretrained_kwargs(), peft_config, owner, args.seed
         )
         if args.max_seq_length is None:
             default_length = min(int(getattr(processing_class, "model_max_length", 1024) or 1024), 1024)
