@@ -352,3 +352,16 @@ def test_the_last_log_entry_is_the_run_summary(tmp_path, tokenizer):
     losses = _logged(trainer, "loss")
     assert len(losses) == 2 and last["train_loss"] == pytest.approx(sum(losses) / 2)
     assert "reward" not in last and "train_loss" not in trainer.state.log_history[-2]
+
+
+def test_chat_template_kwargs_reach_the_chat_template(tmp_path):
+    tokenizer = tiny_tokenizer(padding_side="left")
+    tokenizer.chat_template = (
+        "{% for m in messages %}{{ m['content'] }} {% endfor %}{% if think %}<think>{% endif %}"
+    )
+    messages = [[{"role": "user", "content": text}] for text in ["the film was", "a story about"] * 4]
+    dataset = Dataset.from_dict({"prompt": messages})
+    plain = _trainer(tmp_path, tokenizer, dataset=dataset)
+    thinking = _trainer(tmp_path, tokenizer, dataset=dataset, chat_template_kwargs={"think": True})
+    plain_ids, thinking_ids = plain.train_dataset["input_ids"][0], thinking.train_dataset["input_ids"][0]
+    assert len(thinking_ids) > len(plain_ids) and thinking_ids[: len(plain_ids)] == plain_ids

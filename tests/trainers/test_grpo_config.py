@@ -79,3 +79,13 @@ def test_generation_sizes_are_derived_once():
 def test_bad_values_name_the_field(kwargs, match):
     with pytest.raises(ValueError, match=match):
         _config(**kwargs)
+
+
+def test_sequence_ratios_with_a_token_summed_loss_warn_as_trl_does():
+    with pytest.warns(UserWarning, match="loss_type='dapo'.*for GSPO as published use loss_type='grpo'"):
+        _config(importance_sampling_level="sequence", loss_type="dapo")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _config(importance_sampling_level="sequence", loss_type="grpo")

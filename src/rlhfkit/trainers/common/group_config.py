@@ -58,6 +58,9 @@ class GroupRollouts:
         "rlhfkit only: hold the frozen reference copy in this dtype ('bfloat16' or 'float16'; None: the "
         "policy's). Halves a float32 reference's memory; its logprobs then come from rounded weights.",
     )
+    chat_template_kwargs: dict | None = option(
+        None, "Extra keywords for the chat template of chat prompts, e.g. {'enable_thinking': False}."
+    )
     shuffle_dataset: bool = option(True, "Draw the prompts in a new order each epoch (False: in order).")
     log_completions: bool = option(
         False, "Print a table of sampled completions and rewards every logging step."

@@ -22,11 +22,17 @@ def _context_length(model: Any) -> int | None:
 
 
 def tokenize_prompts(
-    dataset: Any, tokenizer: Any, num_proc: int | None, what: str, keep_columns: bool = False
+    dataset: Any,
+    tokenizer: Any,
+    num_proc: int | None,
+    what: str,
+    keep_columns: bool = False,
+    chat_template_kwargs: dict | None = None,
 ) -> Any:
     """A dataset with an "input_ids" column: kept as is, or built from a "prompt" column.
 
-    A "prompt" may be a string or a list of chat messages (rendered with the tokenizer's chat template).
+    A "prompt" may be a string or a list of chat messages (rendered with the tokenizer's chat template and
+    `chat_template_kwargs`, e.g. `{"enable_thinking": False}`).
     `keep_columns` keeps the other columns next to "input_ids" (GRPO hands them to reward functions).
     """
     if dataset is None:
@@ -49,7 +55,9 @@ def tokenize_prompts(
     def encode(row: dict) -> dict:
         prompt = row["prompt"]
         if isinstance(prompt, list):
-            ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
+            ids = tokenizer.apply_chat_template(
+                prompt, add_generation_prompt=True, tokenize=True, **(chat_template_kwargs or {})
+            )
             ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
         else:
             ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
@@ -60,20 +68,26 @@ def tokenize_prompts(
 
 
 def tokenize_datasets(
-    train_dataset: Any, eval_dataset: Any, tokenizer: Any, num_proc: int | None, keep_columns: bool = False
+    train_dataset: Any,
+    eval_dataset: Any,
+    tokenizer: Any,
+    num_proc: int | None,
+    keep_columns: bool = False,
+    chat_template_kwargs: dict | None = None,
 ) -> tuple[Any, Any]:
     """`tokenize_prompts` over the train set and the evaluation set(s): None, one dataset, or a dict by
     name."""
-    train_dataset = tokenize_prompts(train_dataset, tokenizer, num_proc, "train_dataset", keep_columns)
+    options = dict(keep_columns=keep_columns, chat_template_kwargs=chat_template_kwargs)
+    train_dataset = tokenize_prompts(train_dataset, tokenizer, num_proc, "train_dataset", **options)
     if isinstance(eval_dataset, dict):  # named evaluation sets: one sample table each
         if not eval_dataset:
             raise ValueError("eval_dataset is an empty dict; give at least one named dataset, or None")
         eval_dataset = {
-            name: tokenize_prompts(ds, tokenizer, num_proc, f"eval_dataset[{name!r}]", keep_columns)
+            name: tokenize_prompts(ds, tokenizer, num_proc, f"eval_dataset[{name!r}]", **options)
             for name, ds in eval_dataset.items()
         }
     elif eval_dataset is not None:
-        eval_dataset = tokenize_prompts(eval_dataset, tokenizer, num_proc, "eval_dataset", keep_columns)
+        eval_dataset = tokenize_prompts(eval_dataset, tokenizer, num_proc, "eval_dataset", **options)
     return train_dataset, eval_dataset
 
 

@@ -9,6 +9,7 @@ batch must hold whole groups (TRL lets a group span two micro-batches or two pro
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 from rlhfkit.core.policy_losses import POLICY_LOSSES
@@ -23,6 +24,7 @@ from rlhfkit.trainers.common.config import (
 from rlhfkit.trainers.common.group_config import GroupRollouts
 
 SCALE_REWARDS = ("group", "batch", "none")
+TOKEN_SUMMED_LOSSES = ("bnpo", "dr_grpo", "dapo", "cispo")  # normalised over tokens, not per sequence
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 
 
@@ -93,3 +95,11 @@ class GRPOConfig(GroupRollouts, GenerationOptions, HealthChecks, ModelInitKwargs
         for name, (value, ok, expected) in checks.items():
             if not ok(value):
                 raise ValueError(f"{name} must be {expected}, got {value!r}")
+        if self.importance_sampling_level == "sequence" and self.loss_type in TOKEN_SUMMED_LOSSES:
+            warnings.warn(
+                f"importance_sampling_level='sequence' with loss_type={self.loss_type!r}: this loss sums the "
+                "per-token terms, so long completions weigh more and the objective is not GSPO's "
+                "per-sequence one; for GSPO as published use loss_type='grpo'",
+                UserWarning,
+                stacklevel=3,
+            )

@@ -69,8 +69,9 @@ def prepare_datasets(train_dataset, eval_dataset, tokenizer, args, models) -> tu
     """The prompt datasets tokenised (every other column kept), truncated to `max_prompt_length` and
     checked against the context of each of `models` (name -> model)."""
     train_dataset, eval_dataset = tokenize_datasets(
-        train_dataset, eval_dataset, tokenizer, None, keep_columns=True
-    )
+        train_dataset, eval_dataset, tokenizer, None, keep_columns=True,
+        chat_template_kwargs=args.chat_template_kwargs,
+    )  # fmt: skip
     train_dataset = _truncate_prompts(train_dataset, args.max_prompt_length)
     if isinstance(eval_dataset, dict):
         eval_dataset = {k: _truncate_prompts(v, args.max_prompt_length) for k, v in eval_dataset.items()}
