@@ -365,3 +365,39 @@ def test_chat_template_kwargs_reach_the_chat_template(tmp_path):
     thinking = _trainer(tmp_path, tokenizer, dataset=dataset, chat_template_kwargs={"think": True})
     plain_ids, thinking_ids = plain.train_dataset["input_ids"][0], thinking.train_dataset["input_ids"][0]
     assert len(thinking_ids) > len(plain_ids) and thinking_ids[: len(plain_ids)] == plain_ids
+
+
+def test_evaluate_scores_num_generations_eval_completions_of_every_prompt(tmp_path, tokenizer):
+    rows_seen = []
+
+    def counting(completions, **kwargs):
+        rows_seen.append(len(completions))
+        return count_e(completions)
+
+    evaluation = toy_prompt_dataset("test", n=5)
+    trainer = _trainer(tmp_path, tokenizer, reward=counting, num_generations_eval=3,
+                       per_device_eval_batch_size=6)  # fmt: skip
+    trainer.eval_dataset = None
+    with pytest.raises(ValueError, match="needs an eval_dataset"):
+        trainer.evaluate()
+    metrics = trainer.evaluate(evaluation)
+    assert sum(rows_seen) == 5 * 3 and max(rows_seen) <= 6  # 2 prompts x 3 completions a call at most
+    assert {"eval_reward", "eval_reward_std", "eval_rewards/counting/mean", "eval_completions/mean_length",
+            "eval_runtime"} <= set(metrics)  # fmt: skip
+    assert (
+        0 <= metrics["eval_reward"] <= 5
+        and trainer.state.log_history[-1]["eval_reward"] == metrics["eval_reward"]
+    )
+    named = trainer.evaluate({"a": evaluation, "b": toy_prompt_dataset("test", n=2)})
+    assert "eval_a_reward" in named and "eval_b_completions/mean_length" in named
+
+
+def test_eval_strategy_steps_evaluates_during_training(tmp_path, tokenizer):
+    trainer = GRPOTrainer(
+        tiny_model("llama"), count_e,
+        args=_config(tmp_path, max_steps=2, eval_strategy="steps", eval_steps=1, num_generations_eval=2),
+        train_dataset=toy_prompt_dataset(n=16), eval_dataset=toy_prompt_dataset("test", n=4),
+        processing_class=tokenizer,
+    )  # fmt: skip
+    trainer.train()
+    assert len([h for h in trainer.state.log_history if "eval_reward" in h]) == 2

@@ -58,6 +58,9 @@ class GroupRollouts:
         "rlhfkit only: hold the frozen reference copy in this dtype ('bfloat16' or 'float16'; None: the "
         "policy's). Halves a float32 reference's memory; its logprobs then come from rounded weights.",
     )
+    num_generations_eval: int | None = option(
+        None, "Completions per prompt in evaluate() (default: num_generations)."
+    )
     chat_template_kwargs: dict | None = option(
         None, "Extra keywords for the chat template of chat prompts, e.g. {'enable_thinking': False}."
     )
@@ -77,6 +80,7 @@ class GroupRollouts:
                 "steps_per_generation",
                 "generation_batch_size",
                 "num_completions_to_print",
+                "num_generations_eval",
             ),
         )
         if self.num_generations < 2:

@@ -48,6 +48,8 @@ class OnlineTrainerLoop:
     # end with transformers' summary entry (train_loss, train_runtime, ...): TRL 1.x's trainers do, TRL 0.x's
     # RLOO did not
     _summary_log = False
+    # run `evaluate()` when the Trainer's evaluation schedule (eval_strategy, eval_steps) says so
+    _evaluates = False
     health: HealthMonitor | None = None  # built by train(); set one first for other thresholds
 
     # ------------------------------------------------------------------ hooks
@@ -145,6 +147,9 @@ class OnlineTrainerLoop:
                 if self.control.should_log:
                     self.log(metrics)
                     self.control.should_log = False
+                if self.control.should_evaluate and self._evaluates:
+                    self.evaluate()
+                    self.control.should_evaluate = False
                 if self.control.should_save:
                     self._save_checkpoint(model, trial=None)
                     self.control = self.callback_handler.on_save(args, self.state, self.control)

@@ -22,6 +22,7 @@ generation batch they are the detached current ones, as in TRL, and the gap betw
 from __future__ import annotations
 
 import contextlib
+import time
 from collections import defaultdict
 from typing import Any
 
@@ -43,6 +44,7 @@ from rlhfkit.trainers.common.progress import RichProgressCallback
 from rlhfkit.trainers.common.prompts import PromptSchedule
 from rlhfkit.trainers.common.trainer_setup import disable_dropout, load_policy, resolve_args
 from rlhfkit.trainers.grpo.config import GRPOConfig
+from rlhfkit.trainers.grpo.evaluation import evaluation_metrics
 from rlhfkit.trainers.grpo.groups import (
     SampledGroups,
     completion_stats,
@@ -73,6 +75,7 @@ class GRPOTrainer(ReportingMethods, OnlineTrainerLoop, RobustTrainerMixin, Train
     _tag_names = ["rlhfkit", "grpo"]
     _health_metrics = "grpo"
     _summary_log = True
+    _evaluates = True
     _owner, _config_class = OWNER, GRPOConfig  # a subclass trainer (RLOO's current form) names its own
 
     def __init__(
@@ -310,10 +313,14 @@ class GRPOTrainer(ReportingMethods, OnlineTrainerLoop, RobustTrainerMixin, Train
 
     def _sample_groups(self) -> SampledGroups:
         """One round: the next batch of prompts, `num_generations` completions each, decoded and scored."""
-        args = self.args
         rows = self.train_dataset[self.schedule.indices(self._prompt_batches)]
         self._prompt_batches += 1
-        repeat = [i for i in range(len(rows["input_ids"])) for _ in range(args.num_generations)]
+        return self._score_groups(rows, self.args.num_generations)
+
+    def _score_groups(self, rows: dict[str, list], num_generations: int) -> SampledGroups:
+        """`num_generations` completions of each prompt of `rows` (dataset columns), decoded and scored."""
+        args = self.args
+        repeat = [i for i in range(len(rows["input_ids"])) for _ in range(num_generations)]
         query_ids, query_mask = self._pad_prompts([rows["input_ids"][i] for i in repeat])
         out = self._sampler().generate(
             query_ids, query_mask, self.sampling_params, logprob_temperature=args.temperature
@@ -350,10 +357,28 @@ class GRPOTrainer(ReportingMethods, OnlineTrainerLoop, RobustTrainerMixin, Train
             return batch.response_mask.sum(1) >= self.args.max_completion_length
         return ~((batch.responses == eos) & batch.response_mask.bool()).any(1)
 
-    def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
-        raise NotImplementedError(
-            f"{self._owner} has no evaluation loop yet; log_completions shows sampled completions"
-        )
+    def evaluate(
+        self, eval_dataset: Any = None, ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval"
+    ) -> dict[str, float]:
+        """Sample `num_generations_eval` completions of every evaluation prompt and log their rewards and
+        lengths under `metric_key_prefix` (each set of a dict of datasets under `<prefix>_<name>`)."""
+        dataset = self.eval_dataset if eval_dataset is None else eval_dataset
+        if dataset is None:
+            raise ValueError(f"{self._owner}.evaluate needs an eval_dataset (given here or to the trainer)")
+        if isinstance(dataset, dict):
+            metrics = {}
+            for name, part in dataset.items():
+                metrics.update(self.evaluate(part, ignore_keys, f"{metric_key_prefix}_{name}"))
+            return metrics
+        if eval_dataset is not None:  # raw prompts given here: tokenised like the trainer's own
+            dataset, _ = prepare_datasets(dataset, None, self.processing_class, self.args, {})
+        start = time.time()
+        metrics = evaluation_metrics(self, dataset)
+        metrics = {f"{metric_key_prefix}_{k}": v for k, v in metrics.items()}
+        metrics[f"{metric_key_prefix}_runtime"] = round(time.time() - start, 4)
+        self.log(metrics)
+        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
+        return metrics
 
     # ------------------------------------------------------------------ the update
     def _optimize(self, model: nn.Module, batch: RolloutBatch) -> dict[str, float]:

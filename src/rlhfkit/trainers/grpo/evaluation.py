@@ -1,0 +1,47 @@
+"""GRPOTrainer.evaluate: the policy's completions of held-out prompts, scored by the training rewards.
+
+Each process takes every `num_processes`-th prompt; per prompt `num_generations_eval` completions (default
+`num_generations`) are sampled with the training sampling options, `per_device_eval_batch_size` completions
+at a time, and scored. Reported over every process: TRL's reward and completion statistics (`reward`,
+`reward_std`, `rewards/<name>/mean|std`, `frac_reward_zero_std`, `completions/*`), no update and no loss.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from accelerate.utils import gather_object
+
+from rlhfkit.trainers.grpo.groups import completion_stats, reward_stats
+
+
+@torch.no_grad()
+def evaluation_metrics(trainer: Any, dataset: Any) -> dict[str, float]:
+    """Reward and completion statistics of `trainer`'s policy on the tokenised prompt `dataset`."""
+    args, accelerator = trainer.args, trainer.accelerator
+    group = args.num_generations_eval or args.num_generations
+    mine = list(range(accelerator.process_index, len(dataset), accelerator.num_processes))
+    per_call = max(1, args.per_device_eval_batch_size // group)
+    scores, per_source, lengths, truncated = [], [], [], []
+    was_training = trainer.model.training
+    trainer.model.eval()
+    try:
+        for start in range(0, len(mine), per_call):
+            groups = trainer._score_groups(dataset[mine[start : start + per_call]], group)
+            batch = groups.batch
+            scores += batch.scores.tolist()
+            per_source += groups.per_source.T.tolist()
+            lengths += batch.response_mask.sum(1).tolist()
+            truncated += trainer._truncated(batch).tolist()
+    finally:
+        trainer.model.train(was_training)
+    rows = gather_object([list(row) for row in zip(scores, per_source, lengths, truncated)])
+    if not rows:
+        return {}
+    all_scores, all_sources, all_lengths, all_truncated = zip(*rows)
+    stats = reward_stats(
+        torch.tensor(all_scores), torch.tensor(all_sources).T, trainer.reward_func_names, group
+    )
+    stats.update(completion_stats(torch.tensor(all_lengths), torch.tensor(all_truncated)))
+    return {k: v.item() for k, v in stats.items()}
