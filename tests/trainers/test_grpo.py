@@ -401,3 +401,22 @@ def test_eval_strategy_steps_evaluates_during_training(tmp_path, tokenizer):
     )  # fmt: skip
     trainer.train()
     assert len([h for h in trainer.state.log_history if "eval_reward" in h]) == 2
+
+
+def test_log_unique_prompts_keeps_one_completion_per_prompt(tmp_path, tokenizer):
+    trainer = _trainer(tmp_path, tokenizer, log_completions=True, log_unique_prompts=True, max_steps=1)
+    trainer.train()
+    rows = (tmp_path / "out" / "samples.jsonl").read_text().splitlines()
+    assert len(rows) == 8 // 4  # 8 completions, 4 per prompt
+
+
+@pytest.mark.parametrize("disable", [True, False])
+def test_disable_dropout_false_keeps_the_policy_dropout(tmp_path, tokenizer, disable):
+    model = tiny_model("gpt2")
+    dropouts = [m for m in model.modules() if isinstance(m, torch.nn.Dropout)]
+    for module in dropouts:  # the tiny GPT-2 is built without dropout: give it some to keep or remove
+        module.p = 0.1
+    assert dropouts
+    trainer = _trainer(tmp_path, tokenizer, model=model, disable_dropout=disable)
+    kept = {m.p for m in trainer.model.modules() if isinstance(m, torch.nn.Dropout)}
+    assert kept == ({0.0} if disable else {0.1})

@@ -69,6 +69,12 @@ class GroupRollouts:
         False, "Print a table of sampled completions and rewards every logging step."
     )
     num_completions_to_print: int | None = option(None, "Rows of that table (None: all).")
+    log_unique_prompts: bool = option(False, "That table shows one completion per prompt.")
+    disable_dropout: bool = option(
+        True,
+        "Dropout off in the policy: sampling and training then score a completion alike. TRL defaults to "
+        "False; rlhfkit to True.",
+    )
 
     def check_groups(self) -> None:
         """ValueError naming the field for a bad group setting (`compute_group_sizes` fills in the sizes)."""

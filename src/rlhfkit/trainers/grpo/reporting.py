@@ -25,23 +25,25 @@ class ReportingMethods:
             or not self.is_world_process_zero()
         ):
             return
-        n = args.num_completions_to_print or len(groups)
-        prompts = self.processing_class.batch_decode(batch.query_ids[:n], skip_special_tokens=True)
-        scores = batch.scores[:n].tolist()
-        print_sample_table(
-            prompts, groups.completions[:n], scores, title=f"completions, update {self.state.global_step}"
-        )
+        # the first completion of each prompt only, with log_unique_prompts
+        rows = range(0, len(groups), args.num_generations) if args.log_unique_prompts else range(len(groups))
+        rows = list(rows)[: args.num_completions_to_print or None]
+        prompts = self.processing_class.batch_decode(batch.query_ids[rows], skip_special_tokens=True)
+        completions = [groups.completions[i] for i in rows]
+        scores = batch.scores[rows].tolist()
+        title = f"completions, update {self.state.global_step}"
+        print_sample_table(prompts, completions, scores, title=title)
         per_source = None
         if len(self.reward_func_names) > 1:  # each reward function's own score, next to the weighted sum
             per_source = {
-                f"score/{name}": values[:n].tolist()
+                f"score/{name}": values[rows].tolist()
                 for name, values in zip(self.reward_func_names, groups.per_source)
             }
         save_samples(
             args.output_dir,
             self.state.global_step,
             prompts,
-            groups.completions[:n],
+            completions,
             scores,
             table="completions",
             columns=per_source,

@@ -130,7 +130,7 @@ class GRPOTrainer(ReportingMethods, OnlineTrainerLoop, RobustTrainerMixin, Train
         )  # a reward model path brings its own tokenizer
         ref_model = None if self.reference is None else self.reference.model
         # dropout off: the logprobs taken while sampling must equal those of the training forward pass
-        for module in (policy, ref_model, *sources):
+        for module in (policy if args.disable_dropout else None, ref_model, *sources):
             if isinstance(module, nn.Module):
                 disable_dropout(module)
         models = {"model": policy}
