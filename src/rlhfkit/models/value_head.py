@@ -79,20 +79,31 @@ class PreTrainedModelWrapper(nn.Module):
 
     transformers_parent_class: Any = None
     is_encoder_decoder = False
+    lm_head_namings: tuple[str, ...] = ("lm_head", "embed_out")  # TRL's names of a language-model head
 
     def __init__(
         self,
         pretrained_model: nn.Module,
-        summary_dropout_prob: float = 0.1,
+        summary_dropout_prob: float | None = None,
         v_head_init_strategy: str | None = None,
         v_head_initializer_range: float = 0.2,
     ):
+        """`summary_dropout_prob`: the value head's dropout; None takes the model config's
+        `summary_dropout_prob` when it has one, else 0.1 (TRL's rule)."""
         super().__init__()
         if not isinstance(pretrained_model, nn.Module) or not hasattr(pretrained_model, "config"):
             raise TypeError(
                 "pretrained_model must be a transformers PreTrainedModel or PeftModel, "
                 f"got {type(pretrained_model)}"
             )
+        if not any(hasattr(pretrained_model, name) for name in self.lm_head_namings):
+            raise ValueError(
+                f"{type(pretrained_model).__name__} has no language-model head (none of "
+                f"{', '.join(self.lm_head_namings)}); load it with {self.transformers_parent_class.__name__}"
+            )
+        if summary_dropout_prob is None:
+            summary_dropout_prob = getattr(pretrained_model.config, "summary_dropout_prob", None)
+            summary_dropout_prob = 0.1 if summary_dropout_prob is None else summary_dropout_prob
         _check_head_args(summary_dropout_prob, v_head_init_strategy)
         self.pretrained_model = pretrained_model
         self.v_head = ValueHead(_hidden_size(pretrained_model.config), summary_dropout_prob)
@@ -271,7 +282,7 @@ class PreTrainedModelWrapper(nn.Module):
         reward_adapter_name: str = "reward_adapter",
         load_in_8bit: bool = False,
         load_in_4bit: bool = False,
-        summary_dropout_prob: float = 0.1,
+        summary_dropout_prob: float | None = None,
         v_head_init_strategy: str | None = None,
         v_head_initializer_range: float = 0.2,
         is_trainable: bool = True,
@@ -291,7 +302,8 @@ class PreTrainedModelWrapper(nn.Module):
         `reward_adapter` loads a frozen LoRA reward adapter + score head (needs a PEFT policy).
         `load_in_8bit` / `load_in_4bit` quantise the base with bitsandbytes (`rlhfkit[quant]`).
         """
-        _check_head_args(summary_dropout_prob, v_head_init_strategy)  # fail before loading weights
+        # fail before loading weights (None: the config's value or 0.1, settled once the model is loaded)
+        _check_head_args(0.1 if summary_dropout_prob is None else summary_dropout_prob, v_head_init_strategy)
         if reward_adapter is not None and cls.is_encoder_decoder:
             raise ValueError("reward_adapter is supported for causal language models only")
         model, source = value_head_io.base_model(
@@ -347,6 +359,7 @@ class AutoModelForSeq2SeqLMWithValueHead(PreTrainedModelWrapper):
     from transformers import AutoModelForSeq2SeqLM as transformers_parent_class  # noqa: N813
 
     is_encoder_decoder = True
+    lm_head_namings = ("lm_head", "embed_out", "output_projection")
 
     def _last_hidden_state(self, outputs: Any) -> torch.Tensor:
         return outputs.decoder_hidden_states[-1]

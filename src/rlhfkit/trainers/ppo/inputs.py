@@ -7,7 +7,7 @@ these helpers validate them and name the offending argument and index in every e
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -146,8 +146,12 @@ def ppo_collator(features: Sequence[dict[str, Any]]) -> dict[str, list]:
     """Batch dataset rows into lists, one entry per sample (queries may differ in length).
 
     Token-id columns stored as Python lists become 1-D long tensors, so `batch["input_ids"]` can go
-    straight to `generate()` and `step()` without `dataset.set_format("torch")`.
+    straight to `generate()` and `step()` without `dataset.set_format("torch")`. Rows that are not
+    mappings (a dataset of `(query, response)` tuples, as in TRL's tests) get torch's default collation,
+    which TRL's dataloader used.
     """
+    if not isinstance(features[0], Mapping):
+        return torch.utils.data.default_collate(list(features))
     batch: dict[str, list] = {key: [row[key] for row in features] for key in features[0]}
     for key in ("input_ids", "attention_mask"):
         if key in batch:

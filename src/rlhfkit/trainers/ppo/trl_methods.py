@@ -11,14 +11,43 @@ import torch
 from torch import nn
 
 from rlhfkit.core.advantages import whitened_gae
+from rlhfkit.core.kl import kl_penalty
 from rlhfkit.core.rewards import compute_token_rewards
 from rlhfkit.rollout.batch import RolloutBatch
 from rlhfkit.trainers.common.guards import any_across_ranks
 from rlhfkit.trainers.ppo.update import minibatch_loss
 
+MODEL_INPUT_KEYS = ("input_ids", "attention_mask", "decoder_input_ids", "decoder_attention_mask")
+
 
 class TRLMethods:
     """Mixed into `PPOTrainer`; relies on its `config`, `kl_ctl`, `accelerator` and forward helpers."""
+
+    def prepare_model_inputs(self, queries: torch.Tensor, responses: torch.Tensor) -> dict[str, torch.Tensor]:
+        """TRL's model inputs for lists of 1-D query and response ids: query + response padded on the
+        tokenizer's padding side (an encoder-decoder: the queries, and the responses as decoder inputs), on
+        the trainer's device; no labels."""
+        pad = self.tokenizer.pad
+        if self.is_encoder_decoder:
+            encoder = pad({"input_ids": [q.tolist() for q in queries]}, return_tensors="pt")
+            decoder = pad({"input_ids": [r.tolist() for r in responses]}, return_tensors="pt")
+            inputs = {
+                **encoder,
+                "decoder_input_ids": decoder["input_ids"],
+                "decoder_attention_mask": decoder["attention_mask"],
+            }
+        else:
+            joined = [torch.cat([q, r]).tolist() for q, r in zip(queries, responses)]
+            inputs = dict(pad({"input_ids": joined}, return_tensors="pt"))
+        return {k: v.to(self.current_device) for k, v in inputs.items() if k in MODEL_INPUT_KEYS}
+
+    def _kl_penalty(self, logprob: torch.Tensor, ref_logprob: torch.Tensor) -> torch.Tensor:
+        """TRL's per-token KL of `config.kl_penalty` ("kl", "abs", "mse"; "full" reads (B, T, V) log-softmax
+        tensors and sums over the vocabulary), through `core.kl.kl_penalty`."""
+        if self.config.kl_penalty == "full":
+            sampled = logprob[..., 0]  # (B, T), unread by the full estimator
+            return kl_penalty(sampled, ref_logprob[..., 0], "full", logits=logprob, ref_logits=ref_logprob)
+        return kl_penalty(logprob, ref_logprob, self.config.kl_penalty)
 
     @torch.no_grad()
     def batched_forward_pass(
