@@ -197,3 +197,32 @@ def test_a_keyword_of_another_trainer_is_refused_by_name(tmp_path, tok):
     )
     assert (trainer.args.max_seq_length, trainer.args.dataset_batch_size) == (16, 2)
     assert max(len(row["input_ids"]) for row in trainer.train_dataset) <= 16
+
+
+def test_trl1_names_max_length_pad_and_eos_tokens(tmp_path):
+    tok = tiny_tokenizer(padding_side="right")
+    bos, eos = tok.bos_token, tok.eos_token
+    config = few_step_args(SFTConfig, tmp_path / "out", per_device_train_batch_size=2, max_length=12,
+                           eos_token=bos, pad_token=eos)  # fmt: skip
+    assert config.max_seq_length == 12
+    model = tiny_model("llama")
+    trainer = SFTTrainer(model=model, args=config, train_dataset=_text_ds(), processing_class=tok)
+    ids = trainer.train_dataset["input_ids"]
+    assert max(len(row) for row in ids) <= 12
+    short = [row for row in ids if len(row) < 12]  # rows that were not cut end with the chosen eos token
+    assert short and all(row[-1] == tok.convert_tokens_to_ids(bos) for row in short)
+    assert trainer.processing_class.pad_token == eos
+    with pytest.raises(ValueError, match="name one setting"):
+        few_step_args(SFTConfig, tmp_path / "out", max_length=6, max_seq_length=8)
+    with pytest.raises(ValueError, match="eos_token='<nope>' is not in the tokenizer's vocabulary"):
+        SFTTrainer(model=model, train_dataset=_text_ds(), processing_class=tiny_tokenizer(),
+                   args=few_step_args(SFTConfig, tmp_path / "out", eos_token="<nope>"))  # fmt: skip
+
+
+def test_skip_prepare_dataset_uses_the_tokenised_rows_as_given(tmp_path, tok):
+    rows = datasets.Dataset.from_dict({"input_ids": [[5, 6, 7, 8], [9, 10, 11]]})
+    config = _config(tmp_path, dataset_kwargs={"skip_prepare_dataset": True}, max_steps=1)
+    trainer = SFTTrainer(model=tiny_model("llama"), args=config, train_dataset=rows, processing_class=tok)
+    assert trainer.train_dataset["input_ids"] == [[5, 6, 7, 8], [9, 10, 11]]
+    trainer.train()
+    assert trainer.state.global_step == 1

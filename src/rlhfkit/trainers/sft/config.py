@@ -18,6 +18,16 @@ class SFTConfig(ModelInitKwargs, TokenizesDatasets, HFTrainerConfig):
     max_seq_length: int | None = option(
         None, "Tokens per example (or per packed block). None: min(tokenizer.model_max_length, 1024)."
     )
+    max_length: int | None = option(None, "TRL 1.x's name for max_seq_length (give one of them).")
+    pad_token: str | None = option(
+        None, "Padding token (in the tokenizer's vocabulary). None: its pad token, else its eos token."
+    )
+    eos_token: str | None = option(
+        None, "Token appended at the end of each example (in the vocabulary). None: the tokenizer's eos."
+    )
+    dataset_kwargs: dict | None = option(
+        None, "{'skip_prepare_dataset': True}: the datasets are already tokenised; use them as given."
+    )
     infinite: bool = option(False, "With packing: cycle through the dataset forever (max_steps must be set).")
     num_of_sequences: int = option(1024, "With packing: documents read into the buffer before tokenising it.")
     chars_per_token: float = option(
@@ -34,6 +44,13 @@ class SFTConfig(ModelInitKwargs, TokenizesDatasets, HFTrainerConfig):
     )
 
     def validate(self) -> None:
+        if self.max_length is not None:  # TRL 1.x's spelling of max_seq_length
+            if self.max_seq_length not in (None, self.max_length):
+                raise ValueError(
+                    f"max_length={self.max_length} and max_seq_length={self.max_seq_length} name one "
+                    "setting; give one of them"
+                )
+            self.max_seq_length = self.max_length
         if self.max_seq_length is not None and self.max_seq_length < 2:
             raise ValueError(f"max_seq_length must be >= 2 or None, got {self.max_seq_length}")
         if self.num_of_sequences < 1:

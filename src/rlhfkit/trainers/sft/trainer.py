@@ -58,6 +58,12 @@ class SFTTrainer(OfflineTrainer):
         owner = type(self).__name__
         if processing_class is None:
             raise ValueError(f"{owner}: `processing_class` (or `tokenizer`) is required")
+        for name in ("pad_token", "eos_token"):  # SFTConfig's own choice of either, checked against the vocab
+            token = getattr(args, name)
+            if token is not None:
+                if processing_class.convert_tokens_to_ids(token) in (None, processing_class.unk_token_id):
+                    raise ValueError(f"{owner}: {name}={token!r} is not in the tokenizer's vocabulary")
+                setattr(processing_class, name, token)
         if processing_class.pad_token is None:
             processing_class.pad_token = processing_class.eos_token
         model = load_policy(
@@ -74,6 +80,8 @@ class SFTTrainer(OfflineTrainer):
     def _prepare(self, dataset: Any, tokenizer: Any, args: SFTConfig, arg: str) -> Any:
         if dataset is None or isinstance(dataset, IterableDataset) or not hasattr(dataset, "column_names"):
             return dataset  # already packed / custom torch dataset: used as given
+        if (args.dataset_kwargs or {}).get("skip_prepare_dataset"):
+            return dataset  # tokenised by the caller
         check_not_empty(dataset, "SFTTrainer", arg)
         if not args.packing:
             return prepare_sft_dataset(
