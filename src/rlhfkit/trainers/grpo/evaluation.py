@@ -1,8 +1,9 @@
 """GRPOTrainer.evaluate: the policy's completions of held-out prompts, scored by the training rewards.
 
-Each process takes every `num_processes`-th prompt; per prompt `num_generations_eval` completions (default
-`num_generations`) are sampled with the training sampling options, `per_device_eval_batch_size` completions
-at a time, and scored. Reported over every process: TRL's reward and completion statistics (`reward`,
+Each process takes every `num_processes`-th prompt (a shorter share is topped up with repeats that are
+dropped after, so every process samples the same number of times: ZeRO-3 gathers weights for each);
+per prompt `num_generations_eval` completions (default `num_generations`) are sampled with the training
+sampling options, `per_device_eval_batch_size` completions at a time, and scored. Reported over every process: TRL's reward and completion statistics (`reward`,
 `reward_std`, `rewards/<name>/mean|std`, `frac_reward_zero_std`, `completions/*`), no update and no loss.
 """
 
@@ -22,6 +23,9 @@ def evaluation_metrics(trainer: Any, dataset: Any) -> dict[str, float]:
     args, accelerator = trainer.args, trainer.accelerator
     group = args.num_generations_eval or args.num_generations
     mine = list(range(accelerator.process_index, len(dataset), accelerator.num_processes))
+    real = len(mine) * group  # completions kept
+    share = -(-len(dataset) // accelerator.num_processes)
+    mine += [mine[-1] if mine else 0] * (share - len(mine))
     per_call = max(1, args.per_device_eval_batch_size // group)
     scores, per_source, lengths, truncated = [], [], [], []
     was_training = trainer.model.training
@@ -36,7 +40,7 @@ def evaluation_metrics(trainer: Any, dataset: Any) -> dict[str, float]:
             truncated += trainer._truncated(batch).tolist()
     finally:
         trainer.model.train(was_training)
-    rows = gather_object([list(row) for row in zip(scores, per_source, lengths, truncated)])
+    rows = gather_object([list(row) for row in zip(scores, per_source, lengths, truncated)][:real])
     if not rows:
         return {}
     all_scores, all_sources, all_lengths, all_truncated = zip(*rows)
