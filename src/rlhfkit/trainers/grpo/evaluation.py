@@ -3,8 +3,9 @@
 Each process takes every `num_processes`-th prompt (a shorter share is topped up with repeats that are
 dropped after, so every process samples the same number of times: ZeRO-3 gathers weights for each);
 per prompt `num_generations_eval` completions (default `num_generations`) are sampled with the training
-sampling options, `per_device_eval_batch_size` completions at a time, and scored. Reported over every process: TRL's reward and completion statistics (`reward`,
-`reward_std`, `rewards/<name>/mean|std`, `frac_reward_zero_std`, `completions/*`), no update and no loss.
+sampling options, `per_device_eval_batch_size` completions at a time, and scored. Reported over every
+process: TRL's reward and completion statistics (`reward`, `reward_std`, `rewards/<name>/mean|std`,
+`frac_reward_zero_std`, `completions/*`); no update and no loss.
 """
 
 from __future__ import annotations
