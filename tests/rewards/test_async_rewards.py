@@ -43,7 +43,7 @@ def test_async_functions_are_awaited_and_mixed_with_plain_ones():
 def test_an_async_none_leaves_the_row_to_the_other_functions():
     result = _score(only_long, length)
     assert result.applies[0].tolist() == [True, True, False, False]
-    assert result.scores.tolist() == [10.0, 14.0, 3.0, 0.0]
+    assert result[0].tolist() == [10.0, 14.0, 3.0, 0.0]  # (scores, per_source)
 
 
 def test_async_functions_run_concurrently():
