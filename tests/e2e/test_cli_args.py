@@ -74,3 +74,13 @@ def test_ppo_shares_the_model_and_lora_flags(tmp_path):
         4,
         ModelArguments().lora_alpha,
     )  # one default alpha for every command
+
+
+def test_a_field_of_the_config_and_the_model_arguments_is_one_flag(tmp_path):
+    # DPOConfig and ModelArguments both declare trust_remote_code: one flag, both get its value
+    types = (ScriptArguments, DPOConfig, ModelArguments)
+    base = ["--output_dir", str(tmp_path), "--report_to", "none"]
+    _, config, model_args = parse_args(types, [*base, "--trust_remote_code", "true"], "rlhfkit dpo", "")
+    assert config.trust_remote_code is True and model_args.trust_remote_code is True
+    _, config, model_args = parse_args(types, base, "rlhfkit dpo", "")
+    assert config.trust_remote_code is False and model_args.trust_remote_code is False

@@ -21,6 +21,7 @@ Set RLHFKIT_DEBUG=1 to get the full traceback instead of the one-line error.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import math
@@ -104,13 +105,20 @@ def _split_config_flag(argv: list[str]) -> tuple[str | None, list[str]]:
 def parse_args(
     dataclass_types: tuple[type, ...], argv: list[str] | None, prog: str, description: str
 ) -> tuple:
-    """Parse argv (plus an optional `--config file.yaml`) into one instance of each dataclass."""
+    """Parse argv (plus an optional `--config file.yaml`) into one instance of each dataclass
+    (`HfArgumentParser`'s flags).
+
+    A field that several dataclasses declare (`trust_remote_code`: the trainer's config and the model
+    arguments) is one flag, and every dataclass gets its value.
+    """
     import yaml
     from transformers import HfArgumentParser
 
     argv = list(sys.argv[1:] if argv is None else argv)
     config_path, argv = _split_config_flag(argv)
-    parser = HfArgumentParser(dataclass_types, prog=prog, description=description, allow_abbrev=False)
+    parser = HfArgumentParser(
+        dataclass_types, prog=prog, description=description, allow_abbrev=False, conflict_handler="resolve"
+    )
     parser.add_argument("--config", help="YAML file of flag values; flags on the command line override it.")
     if config_path is not None:
         path = Path(config_path)
@@ -124,11 +132,14 @@ def parse_args(
         if unknown:
             raise SystemExit(f"error: unknown keys in {config_path}: {', '.join(unknown)}")
         parser.set_defaults(**values)
-    *parsed, remaining = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
+    namespace, remaining = parser.parse_known_args(args=argv)
     if remaining:
         parser.error(f"unrecognised arguments: {' '.join(remaining)}{_did_you_mean(parser, remaining)}")
-    # the extra --config flag comes back as a trailing Namespace; only the dataclasses are returned
-    return tuple(parsed[: len(dataclass_types)])
+    values = vars(namespace)  # each dataclass takes its fields' values; a shared field's go to every one
+    return tuple(
+        dtype(**{f.name: values[f.name] for f in dataclasses.fields(dtype) if f.init and f.name in values})
+        for dtype in dataclass_types
+    )
 
 
 def _did_you_mean(parser: Any, remaining: list[str]) -> str:
