@@ -147,15 +147,7 @@ class OnlineTrainerLoop:
                 if self.control.should_log:
                     self.log(metrics)
                     self.control.should_log = False
-                if self.control.should_evaluate and self._evaluates:
-                    self.evaluate()
-                    self.control.should_evaluate = False
-                if self.control.should_save:
-                    self._save_checkpoint(model, trial=None)
-                    self.control = self.callback_handler.on_save(args, self.state, self.control)
-                freq = self._sample_generations_freq()
-                if freq and self.state.global_step % freq == 0:
-                    self.generate_completions()
+                self._after_update(model)
                 if self.control.should_training_stop:
                     break
 
@@ -166,6 +158,18 @@ class OnlineTrainerLoop:
         self.control = self.callback_handler.on_train_end(args, self.state, self.control)
         self.is_in_train = False
         return TrainOutput(self.state.global_step, mean_loss, {"train_loss": mean_loss})
+
+    def _after_update(self, model: nn.Module) -> None:
+        """What the Trainer's schedule asks for after an update: evaluation, a checkpoint, sample tables."""
+        if self.control.should_evaluate and self._evaluates:
+            self.evaluate()
+            self.control.should_evaluate = False
+        if self.control.should_save:
+            self._save_checkpoint(model, trial=None)
+            self.control = self.callback_handler.on_save(self.args, self.state, self.control)
+        freq = self._sample_generations_freq()
+        if freq and self.state.global_step % freq == 0:
+            self.generate_completions()
 
     def _summary(self, seconds: float, updates: int, mean_loss: float) -> dict[str, float]:
         """The run's last log entry, as transformers' Trainer writes it: speed and the mean loss."""

@@ -70,7 +70,9 @@ class DPOConfig(ModelInitKwargs, TokenizesDatasets, MaxLength, HFTrainerConfig):
             self.loss_type = [self.loss_type]
         unknown = [name for name in self.loss_type if name not in DPO_LOSSES]
         if unknown or not self.loss_type:
-            raise ValueError(f"loss_type must be among {sorted(DPO_LOSSES)}, got {self.loss_type!r}")
+            raise ValueError(
+                f"loss_type must be one of {sorted(DPO_LOSSES)} (or a list of them), got {self.loss_type!r}"
+            )
         if self.loss_weights is not None and len(self.loss_weights) != len(self.loss_type):
             raise ValueError(
                 f"loss_weights has {len(self.loss_weights)} entries for {len(self.loss_type)} loss_type "

@@ -112,19 +112,7 @@ class GRPOTrainer(ReportingMethods, OnlineTrainerLoop, RobustTrainerMixin, Train
         policy = load_policy(
             model, AutoModelForCausalLM, args.from_pretrained_kwargs(), peft_config, owner, args.seed
         )
-        # beta = 0: no reference at all (no copy, no adapter switching)
-        self.reference = choose_reference(policy) if args.beta > 0 else None
-        if args.sync_ref_model and self.reference.kind != "model":
-            raise ValueError(
-                f"{owner}: sync_ref_model needs a frozen-copy reference; a PEFT policy's is its base"
-            )
-        if args.ref_model_dtype is not None and self.reference is not None:
-            if self.reference.kind != "model":
-                raise ValueError(
-                    f"{owner}: ref_model_dtype casts a frozen-copy reference; a PEFT policy's reference is "
-                    "its own base weights"
-                )
-            self.reference.model.to(getattr(torch, args.ref_model_dtype))
+        self.reference = self._build_reference(policy, args)
         sources, self.reward_func_names, reward_processing_classes = reward_sources(
             reward_funcs, args.from_pretrained_kwargs(), reward_processing_classes, owner
         )  # a reward model path brings its own tokenizer
@@ -160,6 +148,21 @@ class GRPOTrainer(ReportingMethods, OnlineTrainerLoop, RobustTrainerMixin, Train
         if not args.disable_tqdm:
             self.remove_callback(ProgressCallback)
             self.add_callback(RichProgressCallback())
+
+    def _build_reference(self, policy: nn.Module, args: Any) -> Any:
+        """The KL reference (`choose_reference`), in `ref_model_dtype`; None with beta = 0 (no copy, no
+        adapter switching)."""
+        if args.beta == 0:
+            return None
+        reference, owner = choose_reference(policy), self._owner
+        if reference.kind != "model" and (args.sync_ref_model or args.ref_model_dtype is not None):
+            what = "sync_ref_model mixes" if args.sync_ref_model else "ref_model_dtype casts"
+            raise ValueError(
+                f"{owner}: {what} a frozen-copy reference; a PEFT policy's reference is its own base weights"
+            )
+        if args.ref_model_dtype is not None:
+            reference.model.to(getattr(torch, args.ref_model_dtype))
+        return reference
 
     def _settle(self, args: Any) -> None:
         """Last adjustments of the resolved config before anything is loaded (none for GRPO)."""
