@@ -92,3 +92,17 @@ def test_sft_command_bad_input(tmp_path, capsys):
     assert code == 2 and "not a local folder" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # argparse: unknown flag
         main(["--dataset_name", str(data), "--no_such_flag", "1"])
+
+
+def test_sft_command_trains_with_trl1_flags(tmp_path, capsys):
+    data = tmp_path / "docs.jsonl"
+    data.write_text("".join(json.dumps({"text": d}) + "\n" for d in DOCS))
+    code = main([
+        "--model_name_or_path", str(tiny_model_path("llama")), "--dataset_name", str(data),
+        "--output_dir", str(tmp_path / "o"), "--use_cpu", "--report_to", "none", "--max_steps", "2",
+        "--per_device_train_batch_size", "2", "--loss_type", "dft", "--max_length", "16",
+        "--save_strategy", "no", "--disable_tqdm", "true",
+    ])  # fmt: skip
+    assert code == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["train_loss"] is not None and 0 < summary["train_loss"] < 10

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import datasets
 import pytest
 import torch
@@ -226,3 +228,31 @@ def test_skip_prepare_dataset_uses_the_tokenised_rows_as_given(tmp_path, tok):
     assert trainer.train_dataset["input_ids"] == [[5, 6, 7, 8], [9, 10, 11]]
     trainer.train()
     assert trainer.state.global_step == 1
+
+
+def test_dft_loss_weights_each_token_by_its_probability(tmp_path, tok):
+    model = tiny_model("llama").eval()
+    rows = [{"prompt": "Q: hi ", "completion": "fine thanks"}, {"prompt": "Q: name ", "completion": "bob"}]
+    trainer = SFTTrainer(
+        model=model,
+        args=_config(tmp_path, completion_only_loss=True, loss_type="dft"),
+        train_dataset=datasets.Dataset.from_list(rows),
+        processing_class=tok,
+    )
+    batch = trainer.data_collator([trainer.train_dataset[i] for i in range(2)])
+    loss = trainer.compute_loss(model, batch)
+    # by hand: -p log p of every completion token, averaged over them
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for row in trainer.train_dataset:
+            logp = F.log_softmax(model(input_ids=torch.tensor([row["input_ids"]])).logits[0], -1)
+            for t in range(1, len(row["input_ids"])):
+                if row["completion_mask"][t]:
+                    lp = logp[t - 1, row["input_ids"][t]].item()
+                    total -= math.exp(lp) * lp
+                    count += 1
+    assert loss.item() == pytest.approx(total / count, rel=1e-4)
+    loss.backward()  # the weight p is a constant of the backward pass
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+    with pytest.raises(ValueError, match="loss_type must be 'nll' or 'dft'"):
+        _config(tmp_path, loss_type="dpo")

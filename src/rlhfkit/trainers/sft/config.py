@@ -25,6 +25,11 @@ class SFTConfig(ModelInitKwargs, TokenizesDatasets, HFTrainerConfig):
     eos_token: str | None = option(
         None, "Token appended at the end of each example (in the vocabulary). None: the tokenizer's eos."
     )
+    loss_type: str = option(
+        "nll",
+        "'nll': cross-entropy. 'dft': Dynamic Fine-Tuning (Wu et al. 2025), each token's -log p weighted by "
+        "its probability p (no gradient through the weight).",
+    )
     dataset_kwargs: dict | None = option(
         None, "{'skip_prepare_dataset': True}: the datasets are already tokenised; use them as given."
     )
@@ -44,6 +49,8 @@ class SFTConfig(ModelInitKwargs, TokenizesDatasets, HFTrainerConfig):
     )
 
     def validate(self) -> None:
+        if self.loss_type not in ("nll", "dft"):
+            raise ValueError(f"loss_type must be 'nll' or 'dft', got {self.loss_type!r}")
         if self.max_length is not None:  # TRL 1.x's spelling of max_seq_length
             if self.max_seq_length not in (None, self.max_length):
                 raise ValueError(

@@ -135,6 +135,8 @@ class SFTTrainer(OfflineTrainer):
         # a training forward needs no KV cache (building one costs memory); for a packed block an empty
         # cache would also hide the document boundaries from the mask builder
         inputs = {**inputs, "use_cache": False}
+        if self.args.loss_type == "dft" and not return_outputs:
+            return self._dft_loss(model, inputs, num_items_in_batch)
         chunked = None
         if (
             not return_outputs
@@ -152,9 +154,30 @@ class SFTTrainer(OfflineTrainer):
                 model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
             )
         logprobs, mask, _ = chunked
+        return self._token_mean(-logprobs, mask, num_items_in_batch)
+
+    def _dft_loss(self, model, inputs, num_items_in_batch):
+        """Dynamic Fine-Tuning: sum over label tokens of -p * log p, p = exp(log p) without gradient, reduced
+        like the cross-entropy. Chunked from the hidden states when the model allows, else from its logits."""
+        labels = inputs["labels"]
+        forward = {k: v for k, v in inputs.items() if k != "labels"}
+        chunked = chunked_label_logprobs(model, labels, **forward)
+        if chunked is None:
+            logits = model(**forward).logits[:, :-1].float()
+            targets = labels[:, 1:]
+            mask = targets != -100
+            logprobs = torch.log_softmax(logits, -1).gather(-1, targets.clamp(min=0)[..., None])[..., 0]
+            logprobs = logprobs * mask
+        else:
+            logprobs, mask, _ = chunked
+        return self._token_mean(-logprobs.exp().detach() * logprobs, mask, num_items_in_batch)
+
+    def _token_mean(self, token_losses, mask, num_items_in_batch):
+        """transformers 5's reduction: summed and divided by the label tokens of the whole accumulated batch
+        when the Trainer passes them to a model that accepts loss kwargs, else by this batch's."""
         if not (self.model_accepts_loss_kwargs and num_items_in_batch is not None):
-            return -logprobs.sum() / mask.sum()
-        loss = -logprobs.sum() / torch.as_tensor(num_items_in_batch, device=logprobs.device)
+            return token_losses.sum() / mask.sum()
+        loss = token_losses.sum() / torch.as_tensor(num_items_in_batch, device=token_losses.device)
         if self.args.average_tokens_across_devices:  # Trainer.compute_loss rescales the model's loss so
             n_gpu = self.args.n_gpu
             loss = loss * (self.accelerator.num_processes // self.get_tp_size() if n_gpu <= 1 else n_gpu)
