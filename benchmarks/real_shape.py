@@ -153,10 +153,9 @@ def _grpo(library: str, work: Path, steps: int, phases: Phases, marks: list, var
     name = "GRPO" if algo == "grpo" else "RLOO"
     if library == "rlhfkit":
         import rlhfkit.trainers.grpo.trainer as grpo
-        import rlhfkit.trainers.rloo.current as rloo
 
         phases.wrap(grpo.GRPOTrainer, "_reference_logprobs", "reference")
-        phases.wrap(grpo if algo == "grpo" else rloo, "forward_response", "policy forward")
+        phases.wrap(grpo, "forward_response", "policy forward")  # both trainers' training forward
     else:
         trainer_module = importlib.import_module(f"trl.trainer.{name.lower()}_trainer")
         phases.wrap(getattr(trainer_module, f"{name}Trainer"), "_get_per_token_logps_and_entropies",

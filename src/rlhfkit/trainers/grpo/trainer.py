@@ -413,11 +413,7 @@ class GRPOTrainer(ReportingMethods, OnlineTrainerLoop, RobustTrainerMixin, Train
         self, model: nn.Module, rows: RolloutBatch, step_tokens: float, step_sequences: int
     ) -> dict:
         args, mask = self.args, rows.loss_mask
-        with self.accelerator.autocast():
-            out = forward_response(
-                model, *self._rollout_tensors(rows), temperature=args.temperature, with_entropy=True
-            )
-        old = out.logprobs.detach() if self._on_policy else rows.logprobs
+        out, old = self._policy_logprobs(model, rows)
         kl = None
         if args.beta > 0:
             sampling = old if args.use_bias_correction_kl else None
@@ -454,11 +450,29 @@ class GRPOTrainer(ReportingMethods, OnlineTrainerLoop, RobustTrainerMixin, Train
         }
         if result.kl_mean is not None:
             stats["kl"] = result.kl_mean
-        if self._on_policy:  # sampling vs training numerics, same weights: ~0 unless the engines differ
-            gap = (out.logprobs.detach() - rows.logprobs).abs()[mask.bool()]
-            stats["sampling/sampling_logp_difference/mean"] = gap.mean() if gap.numel() else gap.new_zeros(())
-            stats["sampling/sampling_logp_difference/max"] = gap.max() if gap.numel() else gap.new_zeros(())
-        return stats
+        return {**stats, **self._sampling_gap(out.logprobs, rows)}
+
+    def _policy_logprobs(self, model: nn.Module, rows: RolloutBatch) -> tuple[Any, torch.Tensor]:
+        """The training forward over `rows` (logprobs and entropy) and the old logprobs: the detached current
+        ones on the first update of a generation batch, else those streamed out of sampling."""
+        with self.accelerator.autocast():
+            out = forward_response(
+                model, *self._rollout_tensors(rows), temperature=self.args.temperature, with_entropy=True
+            )
+        return out, out.logprobs.detach() if self._on_policy else rows.logprobs
+
+    @torch.no_grad()
+    def _sampling_gap(self, logprobs: torch.Tensor, rows: RolloutBatch) -> dict[str, torch.Tensor]:
+        """|training - sampling| logprob over the trained tokens, on the first update of a generation batch
+        (same weights: ~0 unless the two engines differ); {} on later ones."""
+        if not self._on_policy:
+            return {}
+        gap = (logprobs.detach() - rows.logprobs).abs()[rows.loss_mask.bool()]
+        zero = gap.new_zeros(())
+        return {
+            "sampling/sampling_logp_difference/mean": gap.mean() if gap.numel() else zero,
+            "sampling/sampling_logp_difference/max": gap.max() if gap.numel() else zero,
+        }
 
     @torch.no_grad()
     def _sync_reference(self) -> None:

@@ -20,7 +20,6 @@ from torch import nn
 from rlhfkit.core.advantages import leave_one_out_advantages
 from rlhfkit.core.losses import ppo_policy_loss
 from rlhfkit.core.masking import masked_mean
-from rlhfkit.rollout import forward_response
 from rlhfkit.rollout.batch import RolloutBatch
 from rlhfkit.trainers.grpo.groups import SampledGroups
 from rlhfkit.trainers.grpo.trainer import GRPOTrainer
@@ -62,11 +61,7 @@ class GroupRLOOTrainer(RLOOTrainer, GRPOTrainer):
         self, model: nn.Module, rows: RolloutBatch, step_tokens: float, step_sequences: int
     ) -> dict:
         args, mask = self.args, rows.loss_mask
-        with self.accelerator.autocast():
-            out = forward_response(
-                model, *self._rollout_tensors(rows), temperature=args.temperature, with_entropy=True
-            )
-        old = out.logprobs.detach() if self._on_policy else rows.logprobs
+        out, old = self._policy_logprobs(model, rows)
         weights = mask.to(out.logprobs.dtype)
         new_seq, old_seq = (out.logprobs * weights).sum(1), (old * weights).sum(1)
         epsilon_high = args.epsilon if args.epsilon_high is None else args.epsilon_high
@@ -84,15 +79,7 @@ class GroupRLOOTrainer(RLOOTrainer, GRPOTrainer):
                 "clip_ratio/high_mean": high,
                 "clip_ratio/region_mean": low + high,
             }
-            if self._on_policy:  # sampling vs training numerics, same weights: ~0 unless the engines differ
-                gap = (out.logprobs.detach() - rows.logprobs).abs()[mask.bool()]
-                stats["sampling/sampling_logp_difference/mean"] = (
-                    gap.mean() if gap.numel() else gap.new_zeros(())
-                )
-                stats["sampling/sampling_logp_difference/max"] = (
-                    gap.max() if gap.numel() else gap.new_zeros(())
-                )
-        return stats
+        return {**stats, **self._sampling_gap(out.logprobs, rows)}
 
     def _model_card_lines(self) -> list[str]:
         args = self.args
