@@ -31,6 +31,7 @@ _LAZY: dict[str, str] = {
     "RewardConfig": "rlhfkit.trainers.reward_model.config",
     "RewardTrainer": "rlhfkit.trainers.reward_model.trainer",
     "RewardDataCollatorWithPadding": "rlhfkit.data.collators",
+    "DataCollatorForPreference": "rlhfkit.data.collators",
     "SFTConfig": "rlhfkit.trainers.sft.config",
     "SFTTrainer": "rlhfkit.trainers.sft.trainer",
     "ConstantLengthDataset": "rlhfkit.data.packing",

@@ -100,24 +100,105 @@ class DPODataCollatorWithPadding:
 
     pad_token_id: int = 0
     label_pad_token_id: int = -100
+    pad_to_multiple_of: int | None = None
 
     def __call__(self, features: list[dict]) -> dict[str, Any]:
-        prompts = [list(f["prompt_input_ids"]) for f in features]
+        prompts = [list(_either(f, "prompt_input_ids", "prompt_ids")) for f in features]
         batch: dict[str, Any] = {
             "prompt_input_ids": pad_sequences(prompts, self.pad_token_id, "left"),
             "prompt_attention_mask": pad_sequences([[1] * len(p) for p in prompts], 0, "left"),
         }
+        multiple = self.pad_to_multiple_of
         for side in ("chosen", "rejected"):
-            responses = [list(f[f"{side}_input_ids"]) for f in features]
+            responses = [list(_either(f, f"{side}_input_ids", f"{side}_ids")) for f in features]
             full = [p + r for p, r in zip(prompts, responses)]
             labels = [[self.label_pad_token_id] * len(p) + r for p, r in zip(prompts, responses)]
-            batch[f"{side}_input_ids"] = pad_sequences(full, self.pad_token_id)
-            batch[f"{side}_attention_mask"] = pad_sequences([[1] * len(x) for x in full], 0)
-            batch[f"{side}_labels"] = pad_sequences(labels, self.label_pad_token_id)
-        for key in ("reference_chosen_logps", "reference_rejected_logps"):
-            if key in features[0]:
-                batch[key] = torch.tensor([float(f[key]) for f in features])
+            batch[f"{side}_input_ids"] = pad_sequences(full, self.pad_token_id, "right", multiple)
+            batch[f"{side}_attention_mask"] = pad_sequences(
+                [[1] * len(x) for x in full], 0, "right", multiple
+            )
+            batch[f"{side}_labels"] = pad_sequences(labels, self.label_pad_token_id, "right", multiple)
+        batch.update(_reference_logps(features))
         return batch
+
+
+def _either(row: dict, name: str, other: str) -> Any:
+    """row[name], else row[other]: rlhfkit's prepared columns or TRL 1.x's names for the same tokens."""
+    if name in row:
+        return row[name]
+    if other in row:
+        return row[other]
+    raise ValueError(f"a preference example needs {name!r} (or {other!r}); it has {sorted(row)}")
+
+
+def _reference_logps(features: list[dict]) -> dict[str, torch.Tensor]:
+    """Precomputed reference log-probs under both spellings (TRL 0.x `reference_*`, TRL 1.x `ref_*`)."""
+    out = {}
+    for side in ("chosen", "rejected"):
+        for key in (f"reference_{side}_logps", f"ref_{side}_logps"):
+            if key in features[0]:
+                values = torch.tensor([float(f[key]) for f in features])
+                out[f"reference_{side}_logps"] = out[f"ref_{side}_logps"] = values
+    return out
+
+
+@dataclass
+class DataCollatorForPreference:
+    """TRL 1.x's preference batch: chosen rows then rejected rows, one padded (2B, T) tensor.
+
+    DPO examples (`prompt_ids`, `chosen_ids`, `rejected_ids`) give `input_ids` = prompt + response,
+    `attention_mask` and `completion_mask` (1 on response tokens), each sequence first cut to `max_length`
+    ("keep_start" keeps its beginning, "keep_end" its end); precomputed `ref_chosen_logps` /
+    `ref_rejected_logps` pass through. Reward examples (`chosen_ids`, `rejected_ids`, optional `margin`)
+    give `input_ids`, `attention_mask` (and `margin`). rlhfkit's prepared column names
+    (`prompt_input_ids`, `input_ids_chosen`, ...) are read as well, so this collator fits any dataset the
+    trainers have prepared.
+    """
+
+    pad_token_id: int
+    max_length: int | None = None
+    truncation_mode: str = "keep_start"
+    pad_to_multiple_of: int | None = None
+    return_tensors: str = "pt"
+
+    def __post_init__(self) -> None:
+        if self.truncation_mode not in ("keep_start", "keep_end"):
+            raise ValueError(
+                f"truncation_mode must be 'keep_start' or 'keep_end', got {self.truncation_mode!r}"
+            )
+        if self.return_tensors != "pt":
+            raise ValueError(f"return_tensors must be 'pt' (PyTorch), got {self.return_tensors!r}")
+
+    def __call__(self, examples: list[dict]) -> dict[str, Any]:
+        if not examples:
+            raise ValueError("DataCollatorForPreference: got an empty list of examples")
+        first = examples[0]
+        has_prompt = "prompt_ids" in first or "prompt_input_ids" in first
+        rows, masks = [], []
+        for side in ("chosen", "rejected"):
+            for ex in examples:
+                prompt = list(_either(ex, "prompt_ids", "prompt_input_ids")) if has_prompt else []
+                response = list(
+                    _either(ex, f"{side}_ids", f"{side}_input_ids" if has_prompt else f"input_ids_{side}")
+                )
+                rows.append(self._cut(prompt + response))
+                masks.append(self._cut([0] * len(prompt) + [1] * len(response)))
+        multiple = self.pad_to_multiple_of
+        batch: dict[str, Any] = {
+            "input_ids": pad_sequences(rows, self.pad_token_id, "right", multiple),
+            "attention_mask": pad_sequences([[1] * len(r) for r in rows], 0, "right", multiple),
+        }
+        if has_prompt:
+            batch["completion_mask"] = pad_sequences(masks, 0, "right", multiple)
+            batch.update({k: v for k, v in _reference_logps(examples).items() if k.startswith("ref_")})
+        if "margin" in first:
+            batch["margin"] = torch.tensor([float(ex["margin"]) for ex in examples])
+        return batch
+
+    def _cut(self, seq: list[int]) -> list[int]:
+        if self.max_length is None or len(seq) <= self.max_length:
+            return seq
+        return seq[: self.max_length] if self.truncation_mode == "keep_start" else seq[-self.max_length :]
 
 
 @dataclass

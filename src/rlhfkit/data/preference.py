@@ -21,6 +21,7 @@ from rlhfkit.data.preparation import (
     render_chat,
     require_columns,
     row_is_chat,
+    row_tools,
     split_prompt_completion_text,
     with_eos,
 )
@@ -63,7 +64,7 @@ def _reward_text(example: dict, key: str, tokenizer: Any) -> str:
     value = example[key]
     prompt = example.get("prompt")
     if is_conversational(value):
-        return render_chat(tokenizer, list(prompt or []) + list(value))
+        return render_chat(tokenizer, list(prompt or []) + list(value), tools=row_tools(example))
     if prompt is not None:
         prompt_text, completion = as_prompt_completion(example, tokenizer, completion_key=key)
         return prompt_text + completion
@@ -83,6 +84,17 @@ def _tokenise_reward_row(example: dict, tokenizer: Any) -> dict:
     return out
 
 
+TRL1_REWARD_TOKENISED = ("chosen_ids", "rejected_ids")  # TRL 1.x's tokenised reward columns
+
+
+def _masked_reward_row(example: dict) -> dict:
+    out = {}
+    for side in ("chosen", "rejected"):
+        ids = list(example[f"{side}_ids"])
+        out[f"input_ids_{side}"], out[f"attention_mask_{side}"] = ids, [1] * len(ids)
+    return out
+
+
 def prepare_reward_dataset(
     dataset: Any,
     tokenizer: Any,
@@ -94,10 +106,15 @@ def prepare_reward_dataset(
 ) -> tuple[Any, dict[str, int]]:
     """Tokenise if needed, apply the length policy, validate. Returns (dataset, {"dropped", "truncated"})."""
     check_not_empty(dataset, owner, arg)
-    found = require_columns(dataset, [REWARD_TOKENISED, ("chosen", "rejected")], owner, arg)
+    options = [REWARD_TOKENISED, TRL1_REWARD_TOKENISED, ("chosen", "rejected")]
+    found = require_columns(dataset, options, owner, arg)
     names = columns_of(dataset)
     keep = set(REWARD_TOKENISED) | {"margin"}
-    if found == ("chosen", "rejected"):
+    if found == TRL1_REWARD_TOKENISED:  # token ids only: every token is real
+        dataset = dataset.map(
+            _masked_reward_row, remove_columns=[c for c in names if c not in keep], num_proc=num_proc
+        )
+    elif found == ("chosen", "rejected"):
         if tokenizer is None:
             raise ValueError(
                 f"{owner}: `processing_class` (a tokenizer) is needed to tokenise raw chosen/rejected text"
@@ -147,24 +164,39 @@ def prepare_reward_dataset(
 # --- DPO ----------------------------------------------------------------------------------------------
 
 
-def _dpo_texts(example: dict, tokenizer: Any) -> tuple[str, str, str]:
-    """(prompt, chosen completion, rejected completion) as text, for plain or chat rows."""
+def extract_prompt(example: dict) -> dict:
+    """Split an implicit prompt off a pair: the longest shared start of `chosen` and `rejected`.
+
+    Chats share their first messages; plain text shares its first characters, and a space just before
+    the point where they differ goes to the responses (" blue." rather than "blue."), as TRL's
+    `extract_prompt` does. Returns {"prompt", "chosen", "rejected"}.
+    """
     chosen, rejected = example["chosen"], example["rejected"]
+    shared = 0
+    for a, b in zip(chosen, rejected):
+        if a != b:
+            break
+        shared += 1
+    if isinstance(chosen, str) and shared and chosen[shared - 1] == " ":
+        shared -= 1
+    return {"prompt": chosen[:shared], "chosen": chosen[shared:], "rejected": rejected[shared:]}
+
+
+def _dpo_texts(example: dict, tokenizer: Any) -> tuple[str, str, str]:
+    """(prompt, chosen completion, rejected completion) as text, for plain or chat rows; without a prompt
+    column the prompt is the pair's shared start (`extract_prompt`)."""
+    if example.get("prompt") is None:
+        example = {**example, **extract_prompt(example)}
+    prompt, chosen, rejected = example["prompt"], example["chosen"], example["rejected"]
     if is_conversational(chosen):
-        prompt = example.get("prompt")
-        if prompt is None:  # implicit prompt: everything before the final message, shared by both sides
-            if chosen[:-1] != rejected[:-1]:
-                raise ValueError(
-                    "without a 'prompt' column, chosen and rejected chats must share all but the last message"
-                )
-            prompt, chosen, rejected = chosen[:-1], chosen[-1:], rejected[-1:]
-        prompt_text, chosen_text = split_prompt_completion_text(tokenizer, list(prompt), list(chosen))
-        _, rejected_text = split_prompt_completion_text(tokenizer, list(prompt), list(rejected))
+        tools = row_tools(example)
+        prompt_text, chosen_text = split_prompt_completion_text(tokenizer, list(prompt), list(chosen), tools)
+        _, rejected_text = split_prompt_completion_text(tokenizer, list(prompt), list(rejected), tools)
         return prompt_text, chosen_text, rejected_text
-    for key in ("prompt", "chosen", "rejected"):
-        if not isinstance(example.get(key), str):
+    for key, value in (("prompt", prompt), ("chosen", chosen), ("rejected", rejected)):
+        if not isinstance(value, str):
             raise ValueError(f"DPO column {key!r} must hold strings or role/content message lists")
-    return example["prompt"], chosen, rejected
+    return prompt, chosen, rejected
 
 
 def truncate_dpo_row(
@@ -208,6 +240,10 @@ def _tokenise_dpo_row(
     return {"prompt_input_ids": p, "chosen_input_ids": c, "rejected_input_ids": r}
 
 
+DPO_TOKENISED = ("prompt_input_ids", "chosen_input_ids", "rejected_input_ids")
+TRL1_DPO_TOKENISED = ("prompt_ids", "chosen_ids", "rejected_ids")  # TRL 1.x's names for the same columns
+
+
 def prepare_dpo_dataset(
     dataset: Any,
     tokenizer: Any,
@@ -218,37 +254,62 @@ def prepare_dpo_dataset(
     owner: str = "DPOTrainer",
     arg: str = "train_dataset",
 ):
-    """Tokenise a DPO dataset; already-tokenised rows (prompt_/chosen_/rejected_input_ids) pass through."""
+    """Tokenise a DPO dataset into prompt_/chosen_/rejected_input_ids.
+
+    Already-tokenised rows pass through; TRL 1.x's prompt_ids / chosen_ids / rejected_ids are renamed and
+    cut to max_length. Text or chats with a prompt column, or only chosen/rejected (implicit prompt), are
+    tokenised. A `datasets.IterableDataset` is prepared lazily, row by row.
+    """
     check_not_empty(dataset, owner, arg)
-    tokenised = ("prompt_input_ids", "chosen_input_ids", "rejected_input_ids")
-    found = require_columns(
-        dataset, [tokenised, ("prompt", "chosen", "rejected"), ("chosen", "rejected")], owner, arg
-    )
+    options = [DPO_TOKENISED, TRL1_DPO_TOKENISED, ("prompt", "chosen", "rejected"), ("chosen", "rejected")]
+    found = require_columns(dataset, options, owner, arg)
     names = columns_of(dataset)
-    keep = set(tokenised) | {"reference_chosen_logps", "reference_rejected_logps"}
-    if found == ("chosen", "rejected") and not is_conversational(dataset[0]["chosen"]):
-        raise ValueError(
-            f"{owner}: `{arg}` has plain-text chosen/rejected but no 'prompt' column; DPO needs the prompt "
-            "separately (or give chats as role/content message lists)"
+    keep = set(DPO_TOKENISED) | {
+        f"{p}_{s}_logps" for p in ("reference", "ref") for s in ("chosen", "rejected")
+    }
+    map_kwargs = (
+        {} if _is_iterable(dataset) else {"num_proc": num_proc}
+    )  # IterableDataset.map has no num_proc
+    cut = {
+        "max_length": max_length,
+        "max_prompt_length": max_prompt_length,
+        "truncation_mode": truncation_mode,
+    }
+    if found == TRL1_DPO_TOKENISED:
+        dataset = dataset.map(
+            _cut_tokenised_row,
+            fn_kwargs=cut,
+            remove_columns=[c for c in names if c not in keep],
+            **map_kwargs,
         )
-    if found != tokenised:
+    elif found != DPO_TOKENISED:
         if tokenizer is None:
             raise ValueError(f"{owner}: `processing_class` (a tokenizer) is needed to tokenise raw text")
         dataset = dataset.map(
             _tokenise_dpo_row,
-            fn_kwargs={
-                "tokenizer": tokenizer,
-                "max_length": max_length,
-                "max_prompt_length": max_prompt_length,
-                "truncation_mode": truncation_mode,
-            },
+            fn_kwargs={"tokenizer": tokenizer, **cut},
             remove_columns=[c for c in names if c not in keep],
-            num_proc=num_proc,
+            **map_kwargs,
         )
     else:
         dataset = dataset.remove_columns([c for c in names if c not in keep])
-    _check_not_all_identical(dataset, "chosen_input_ids", "rejected_input_ids", owner, arg)
+    if not _is_iterable(dataset):  # an iterable dataset cannot be scanned up front
+        _check_not_all_identical(dataset, "chosen_input_ids", "rejected_input_ids", owner, arg)
     return dataset
+
+
+def _is_iterable(dataset: Any) -> bool:
+    return not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__")
+
+
+def _cut_tokenised_row(
+    example: dict, max_length: int | None, max_prompt_length: int | None, truncation_mode: str
+) -> dict:
+    p, c, r = truncate_dpo_row(
+        list(example["prompt_ids"]), list(example["chosen_ids"]), list(example["rejected_ids"]),
+        max_length, max_prompt_length, truncation_mode,
+    )  # fmt: skip
+    return {"prompt_input_ids": p, "chosen_input_ids": c, "rejected_input_ids": r}
 
 
 def label_preference_pairs(

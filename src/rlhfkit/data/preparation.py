@@ -33,6 +33,8 @@ def check_not_empty(dataset: Any, owner: str, arg: str) -> None:
 
 def columns_of(dataset: Any) -> list[str]:
     names = getattr(dataset, "column_names", None)
+    if names is None and hasattr(dataset, "take"):  # a datasets.IterableDataset whose features are unknown
+        names = list(next(iter(dataset), {}))
     if names is None:
         raise TypeError(f"expected a datasets.Dataset with named columns, got {type(dataset).__name__}")
     return list(names)
@@ -52,34 +54,48 @@ def require_columns(dataset: Any, options: list[tuple[str, ...]], owner: str, ar
 
 
 def is_conversational(value: Any) -> bool:
-    """True for a list of {"role": ..., "content": ...} messages."""
+    """True for a list of {"role": ..., "content": ...} messages (an assistant turn may carry `tool_calls`
+    in place of content)."""
     return (
         isinstance(value, list)
         and len(value) > 0
-        and all(isinstance(m, dict) and "role" in m and "content" in m for m in value)
+        and all(isinstance(m, dict) and "role" in m and ("content" in m or "tool_calls" in m) for m in value)
     )
 
 
-def render_chat(tokenizer: Any, messages: list[dict], add_generation_prompt: bool = False) -> str:
+def row_tools(example: dict) -> list | None:
+    """A row's `tools` column (the tool schemas the chat template renders), parsed when stored as JSON."""
+    tools = example.get("tools")
+    if isinstance(tools, str):
+        import json
+
+        tools = json.loads(tools)
+    return tools or None
+
+
+def render_chat(
+    tokenizer: Any, messages: list[dict], add_generation_prompt: bool = False, tools: list | None = None
+) -> str:
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError(
             "the dataset is conversational (lists of role/content messages) but the tokenizer has no "
             "chat_template; set tokenizer.chat_template or give plain text columns"
         )
+    extra = {"tools": tools} if tools else {}  # only when given: older templates take no `tools`
     return tokenizer.apply_chat_template(
-        messages, tokenize=False, add_generation_prompt=add_generation_prompt
+        messages, tokenize=False, add_generation_prompt=add_generation_prompt, **extra
     )
 
 
 def split_prompt_completion_text(
-    tokenizer: Any, prompt: list[dict], completion: list[dict]
+    tokenizer: Any, prompt: list[dict], completion: list[dict], tools: list | None = None
 ) -> tuple[str, str]:
     """Render prompt messages (+ generation prompt) and the remaining completion text of the full chat."""
-    prompt_text = render_chat(tokenizer, prompt, add_generation_prompt=True)
-    full_text = render_chat(tokenizer, prompt + completion)
+    prompt_text = render_chat(tokenizer, prompt, add_generation_prompt=True, tools=tools)
+    full_text = render_chat(tokenizer, prompt + completion, tools=tools)
     if not full_text.startswith(prompt_text):
         # some templates render the generation prompt differently from a real assistant turn
-        prompt_text = render_chat(tokenizer, prompt)
+        prompt_text = render_chat(tokenizer, prompt, tools=tools)
         if not full_text.startswith(prompt_text):
             raise ValueError(
                 "the chat template does not render the prompt as a prefix of prompt + completion"

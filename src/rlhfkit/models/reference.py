@@ -270,3 +270,19 @@ __all__ = [
     "shared_parameter_names",
     "unique_parameter_bytes",
 ]
+
+
+@torch.no_grad()
+def mix_into_reference(reference: nn.Module, policy: nn.Module, alpha: float) -> None:
+    """TR-DPO's soft update, parameter by parameter: ref <- alpha * policy + (1 - alpha) * ref.
+
+    The two networks must have the same parameters in the same order; the reference keeps its dtype.
+    """
+    ref_params, policy_params = list(reference.parameters()), list(policy.parameters())
+    if len(ref_params) != len(policy_params):
+        raise ValueError(
+            f"cannot sync the reference: it has {len(ref_params)} parameter tensors, the policy "
+            f"{len(policy_params)}; sync_ref_model needs a reference of the policy's architecture"
+        )
+    for ref_param, param in zip(ref_params, policy_params):
+        ref_param.mul_(1 - alpha).add_(param.to(ref_param.dtype), alpha=alpha)

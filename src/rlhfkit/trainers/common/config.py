@@ -211,3 +211,28 @@ class MaxLength:
     max_length: int | None = option(
         512, "Longest tokenised sequence, prompt included (each side of a pair). None: no limit."
     )
+
+
+@dataclass
+class PadToMultipleOf:
+    """Mixin field for configs whose collator can round the padded width up (TRL 1.x's field)."""
+
+    pad_to_multiple_of: int | None = option(
+        None,
+        "Pad each batch to a multiple of this many tokens (None: to its longest row). TRL 1.x's 'auto' means "
+        "None here: it rounds to 128 only on AWS Neuron devices.",
+    )
+
+    def __post_init__(self):
+        value = self.pad_to_multiple_of
+        if isinstance(value, str):  # TRL 1.x's default "auto", or a number given as text
+            text = value.strip().lower()
+            if text in ("auto", "none", "null"):
+                self.pad_to_multiple_of = None
+            elif text.isdigit():
+                self.pad_to_multiple_of = int(text)
+            else:
+                raise ValueError(f"pad_to_multiple_of must be an integer, 'auto' or None, got {value!r}")
+        if self.pad_to_multiple_of is not None and self.pad_to_multiple_of < 1:
+            raise ValueError(f"pad_to_multiple_of must be a positive integer or None, got {value!r}")
+        super().__post_init__()

@@ -158,6 +158,22 @@ def wrap_peft(model: nn.Module, peft_config: Any, owner: str) -> nn.Module:
     return get_peft_model(model, peft_config)
 
 
+def set_special_tokens(
+    tokenizer: Any, owner: str, pad_token: str | None = None, eos_token: str | None = None
+) -> None:
+    """A config's own pad/eos token (each checked against the vocabulary) onto the tokenizer; a tokenizer
+    left without a pad token then pads with its eos token, as TRL does."""
+    if tokenizer is None:
+        return
+    for name, token in (("eos_token", eos_token), ("pad_token", pad_token)):
+        if token is not None:
+            if tokenizer.convert_tokens_to_ids(token) in (None, tokenizer.unk_token_id):
+                raise ValueError(f"{owner}: {name}={token!r} is not in the tokenizer's vocabulary")
+            setattr(tokenizer, name, token)
+    if tokenizer.pad_token is None and tokenizer.eos_token is not None:
+        tokenizer.pad_token = tokenizer.eos_token
+
+
 def disable_dropout(model: nn.Module | None) -> None:
     """Dropout makes the chosen/rejected log-probabilities noisy; preference losses prefer it off."""
     if model is None:

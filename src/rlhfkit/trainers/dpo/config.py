@@ -8,6 +8,7 @@ from rlhfkit.trainers.common.config import (
     HFTrainerConfig,
     MaxLength,
     ModelInitKwargs,
+    PadToMultipleOf,
     TokenizesDatasets,
     option,
 )
@@ -16,7 +17,7 @@ TRUNCATION_MODES = ("keep_end", "keep_start")
 
 
 @dataclass
-class DPOConfig(ModelInitKwargs, TokenizesDatasets, MaxLength, HFTrainerConfig):
+class DPOConfig(PadToMultipleOf, ModelInitKwargs, TokenizesDatasets, MaxLength, HFTrainerConfig):
     """Configuration for `DPOTrainer`; every `transformers.TrainingArguments` field also applies."""
 
     beta: float = option(
@@ -58,6 +59,35 @@ class DPOConfig(ModelInitKwargs, TokenizesDatasets, MaxLength, HFTrainerConfig):
     precompute_ref_log_probs: bool = option(
         False, "Compute reference log-probs once over the datasets, so a step runs only the policy."
     )
+    precompute_ref_batch_size: int | None = option(
+        None,
+        "Pairs per batch while precomputing reference log-probs (None: per_device_train_batch_size for the "
+        "train set, per_device_eval_batch_size for eval sets).",
+    )
+    use_weighting: bool = option(
+        False,
+        "Weight each pair's loss by WPO's w(chosen) * w(rejected) (Zhou et al. 2024): the policy's "
+        "length-normalised probability of each response, relative to its own sampling distribution.",
+    )
+    ld_alpha: float | None = option(
+        None,
+        "LD-DPO (Liu et al. 2024): response tokens past the shorter side's length count with this weight in "
+        "[0, 1] in the sequence log-probs (policy and reference). None: all count fully.",
+    )
+    sync_ref_model: bool = option(
+        False,
+        "Mix the reference toward the policy every ref_model_sync_steps (TR-DPO, Gorbatovski et al. 2024).",
+    )
+    ref_model_mixup_alpha: float = option(0.6, "ref = alpha * policy + (1 - alpha) * ref at each sync.")
+    ref_model_sync_steps: int = option(512, "Optimizer steps between two reference syncs.")
+    padding_free: bool = option(
+        False,
+        "TRL 1.x's flattened, pad-free batches. As in TRL 1.16, accepted but not applied: a warning, and the "
+        "batches stay padded.",
+    )
+    pad_token: str | None = option(
+        None, "Padding token (in the tokenizer's vocabulary). None: the tokenizer's pad token, else its eos."
+    )
     generate_during_eval: bool = option(
         False, "Log a few policy and reference generations at every evaluation."
     )
@@ -92,9 +122,35 @@ class DPOConfig(ModelInitKwargs, TokenizesDatasets, MaxLength, HFTrainerConfig):
             raise ValueError(
                 f"truncation_mode must be one of {TRUNCATION_MODES}, got {self.truncation_mode!r}"
             )
+        self._validate_trl1_options()
         if self.max_length is not None and self.max_prompt_length is not None:
             if self.max_prompt_length >= self.max_length:
                 raise ValueError(
                     f"max_prompt_length ({self.max_prompt_length}) must be smaller than max_length "
                     f"({self.max_length}) to leave room for the response"
                 )
+
+    def _validate_trl1_options(self) -> None:
+        """The options TRL 1.x added: WPO, LD-DPO, TR-DPO syncing, the precompute batch size."""
+        if self.ld_alpha is not None and not 0.0 <= self.ld_alpha <= 1.0:
+            raise ValueError(f"ld_alpha must be in [0, 1] or None, got {self.ld_alpha}")
+        if self.use_weighting and {"aot", "aot_unpaired"} & set(self.loss_type):
+            raise ValueError(
+                "use_weighting cannot be combined with loss_type 'aot' or 'aot_unpaired': those losses sort "
+                "the pairs, so a per-pair weight would land on another pair"
+            )
+        if not 0.0 <= self.ref_model_mixup_alpha <= 1.0:
+            raise ValueError(f"ref_model_mixup_alpha must be in [0, 1], got {self.ref_model_mixup_alpha}")
+        if self.ref_model_sync_steps < 1:
+            raise ValueError(f"ref_model_sync_steps must be >= 1, got {self.ref_model_sync_steps}")
+        if self.sync_ref_model and (self.precompute_ref_log_probs or self.reference_free):
+            what = "precompute_ref_log_probs" if self.precompute_ref_log_probs else "reference_free"
+            raise ValueError(
+                f"sync_ref_model cannot be combined with {what}=True: a synced reference changes during "
+                "training, so there must be a reference model and its log-probs cannot be computed once"
+            )
+        if self.precompute_ref_batch_size is not None and self.precompute_ref_batch_size < 1:
+            raise ValueError(
+                "precompute_ref_batch_size must be a positive integer or None, got "
+                f"{self.precompute_ref_batch_size}"
+            )

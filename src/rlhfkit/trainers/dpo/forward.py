@@ -8,21 +8,70 @@ and the reference pass use, scores the label tokens in chunks from the final hid
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
 from rlhfkit.core.logprobs import selective_log_softmax
+from rlhfkit.core.preference_weights import length_desensitised_logps, log_sum_squared_probs, wpo_pair_weights
 from rlhfkit.data.collators import cat_padded
 from rlhfkit.rollout.lm_head import chunked_label_logprobs
 from rlhfkit.rollout.scoring import forward_accepts, prefers_chunked_head
 
 
+def pair_count(batch: dict[str, torch.Tensor]) -> int:
+    """B, the number of pairs: rlhfkit's batch has chosen_* rows, TRL 1.x's stacks 2B rows in input_ids."""
+    if "chosen_input_ids" in batch:
+        return batch["chosen_input_ids"].shape[0]
+    return batch["input_ids"].shape[0] // 2
+
+
+@dataclass
+class ScoredPairs:
+    """What one forward pass over a pair batch yields, (B,) each: sequence log-probs of both sides, their
+    mean logits (logged) and WPO's pair weights, the last two None unless asked for."""
+
+    chosen: torch.Tensor
+    rejected: torch.Tensor
+    mean_chosen: torch.Tensor | None = None
+    mean_rejected: torch.Tensor | None = None
+    weights: torch.Tensor | None = None
+
+    @classmethod
+    def split(
+        cls,
+        logps: torch.Tensor,
+        n: int,
+        means: torch.Tensor | None = None,
+        weights: torch.Tensor | None = None,
+    ) -> ScoredPairs:
+        """From stacked (2B,) rows, chosen first."""
+        mean_chosen, mean_rejected = (None, None) if means is None else (means[:n], means[n:])
+        return cls(logps[:n], logps[n:], mean_chosen, mean_rejected, weights)
+
+
 class ForwardMethods:
-    """Mixed into `DPOTrainer`; relies on its `padding_value` and `label_pad_token_id`. A subclass may
-    override `concatenated_forward`: the chunked path is then left alone."""
+    """Mixed into `DPOTrainer`; relies on its `padding_value`, `label_pad_token_id` and `ld_alpha`. A
+    subclass may override `concatenated_forward`: the chunked path is then left alone."""
+
+    ld_alpha: float | None = None  # LD-DPO's weight of the tokens past the shorter response's length
 
     def concatenated_inputs(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Stack chosen (first B rows) and rejected (last B rows), padded to one width."""
+        """Stack chosen (first B rows) and rejected (last B rows), padded to one width.
+
+        A batch of TRL 1.x's `DataCollatorForPreference` (input_ids, attention_mask, completion_mask) is
+        stacked already; its labels are the completion tokens.
+        """
+        if "completion_mask" in batch:
+            ids = batch["input_ids"]
+            return {
+                "concatenated_input_ids": ids,
+                "concatenated_attention_mask": batch["attention_mask"],
+                "concatenated_labels": ids.masked_fill(
+                    batch["completion_mask"] == 0, self.label_pad_token_id
+                ),
+            }
         out = {}
         for key, pad in (
             ("input_ids", self.padding_value),
@@ -37,11 +86,16 @@ class ForwardMethods:
 
         The token at t is scored by the logits at t-1; label_pad positions contribute nothing.
         """
-        labels = labels[:, 1:]
-        logits = logits[:, :-1]
-        response_mask = labels != self.label_pad_token_id
-        logprobs = selective_log_softmax(logits, torch.where(response_mask, labels, 0))
+        logprobs, response_mask = self.token_logps(logits, labels)
         return (logprobs * response_mask).sum(-1)
+
+    def token_logps(self, logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-token log-probs of the label tokens and their mask: logits (N, T, V), labels (N, T) ->
+        (N, T-1) each; position t scores labels[t + 1], 0 where the label is label_pad."""
+        labels = labels[:, 1:]
+        response_mask = labels != self.label_pad_token_id
+        logprobs = selective_log_softmax(logits[:, :-1], torch.where(response_mask, labels, 0))
+        return logprobs * response_mask, response_mask
 
     def concatenated_forward(
         self, model: nn.Module, batch: dict[str, torch.Tensor]
@@ -67,25 +121,33 @@ class ForwardMethods:
             **kwargs,
         ).logits
         logps = self.sequence_logps(logits, labels)
-        n = batch["chosen_input_ids"].shape[0]
+        n = pair_count(batch)
         return logps[:n], logps[n:], logits[:n], logits[n:]
 
     def _concatenated_logps(
         self, model: nn.Module, batch: dict[str, torch.Tensor], with_mean_logits: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """(chosen_logps, rejected_logps, chosen mean logit, rejected mean logit), (B,) each; the means are
-        None unless asked for.
+        None unless asked for. Training and the reference pass use it (`_scored_pass`)."""
+        scored = self._scored_pass(model, batch, with_mean_logits)
+        return scored.chosen, scored.rejected, scored.mean_chosen, scored.mean_rejected
 
-        Training and the reference pass use it. When the (2B, T, V) logits would be large
-        (`prefers_chunked_head`) and the head is a plain linear layer, the label tokens are scored in chunks
-        from the final hidden states (`rollout.lm_head`): no (2B, T', V) tensor. Otherwise, or when a
-        subclass overrides `concatenated_forward`, it is `concatenated_forward` plus `_mean_response_logit`:
-        same numbers.
+    def _scored_pass(
+        self, model: nn.Module, batch: dict[str, torch.Tensor], with_mean_logits: bool = False,
+        with_weights: bool = False,
+    ) -> ScoredPairs:  # fmt: skip
+        """One forward over both sides: sequence log-probs (LD-DPO's when `ld_alpha` is set), optionally the
+        logged mean logits and WPO's pair weights.
+
+        When the (2B, T, V) logits would be large (`prefers_chunked_head`) and the head is a plain linear
+        layer, the label tokens are scored in chunks from the final hidden states (`rollout.lm_head`): no
+        (2B, T', V) tensor. WPO's weights need the full distribution, so they take the full-logits path, as
+        does a subclass that overrides `concatenated_forward`: same numbers.
         """
         inputs = self.concatenated_inputs(batch)
-        labels, n, chunked = inputs["concatenated_labels"], batch["chosen_input_ids"].shape[0], None
+        labels, n, chunked = inputs["concatenated_labels"], pair_count(batch), None
         own_forward = type(self).concatenated_forward is ForwardMethods.concatenated_forward
-        if own_forward and prefers_chunked_head(model, labels.numel()):
+        if own_forward and not with_weights and prefers_chunked_head(model, labels.numel()):
             chunked = chunked_label_logprobs(
                 model,
                 labels,
@@ -95,20 +157,34 @@ class ForwardMethods:
                 attention_mask=inputs["concatenated_attention_mask"],
                 use_cache=False,
             )
-        if chunked is None:  # full logits: small enough, a custom forward, or a head the chunked path lacks
-            chosen, rejected, logits_chosen, logits_rejected = self.concatenated_forward(model, batch)
-            if not with_mean_logits:
-                return chosen, rejected, None, None
-            # taken now, so the (B, T', V) logits are not alive during the reference pass
-            mean_chosen = self._mean_response_logit(logits_chosen, labels[:n])
-            return chosen, rejected, mean_chosen, self._mean_response_logit(logits_rejected, labels[n:])
-        logprobs, mask, mean_logits = chunked
-        logps = logprobs.sum(-1)
-        if not with_mean_logits:
-            return logps[:n], logps[n:], None, None
-        # over the positions that predict response tokens, as `_mean_response_logit` averages them
-        means = (mean_logits * mask).sum(1) / mask.sum(1).clamp(min=1)
-        return logps[:n], logps[n:], means[:n], means[n:]
+        if chunked is not None:
+            logprobs, mask, mean_logits = chunked
+            # over the positions that predict response tokens, as `_mean_response_logit` averages them
+            means = None if mean_logits is None else (mean_logits * mask).sum(1) / mask.sum(1).clamp(min=1)
+            return ScoredPairs.split(self._reduce(logprobs, mask, None), n, means)
+        # full logits: small enough, a custom forward, WPO, or a head the chunked path lacks
+        chosen, rejected, logits_chosen, logits_rejected = self.concatenated_forward(model, batch)
+        logps, means, weights = torch.cat([chosen, rejected]), None, None
+        if with_mean_logits:  # taken now, so the (B, T', V) logits are not alive during the reference pass
+            means = torch.cat(
+                [
+                    self._mean_response_logit(logits_chosen, labels[:n]),
+                    self._mean_response_logit(logits_rejected, labels[n:]),
+                ]
+            )
+        if self.ld_alpha is not None or with_weights:
+            logits = torch.cat([logits_chosen, logits_rejected])
+            logprobs, mask = self.token_logps(logits, labels[:, -logits.shape[1] :])
+            logps = self._reduce(logprobs, mask, logps)
+            if with_weights:
+                weights = wpo_pair_weights(logprobs, log_sum_squared_probs(logits[:, :-1]), mask)
+        return ScoredPairs.split(logps, n, means, weights)
+
+    def _reduce(self, logprobs: torch.Tensor, mask: torch.Tensor, sums: torch.Tensor | None) -> torch.Tensor:
+        """Sequence log-probs from per-token ones (2B, T) -> (2B,): LD-DPO's weighting, else the sums."""
+        if self.ld_alpha is not None:
+            return length_desensitised_logps(logprobs, mask, self.ld_alpha)
+        return logprobs.sum(-1) if sums is None else sums
 
     def _mean_response_logit(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Mean logit over the vocabulary at the positions that predict response tokens: (N, T', V) -> (N,).

@@ -20,18 +20,34 @@ from typing import Any
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, TrainerCallback
 
 from rlhfkit.core.losses import dpo_loss
-from rlhfkit.data.collators import DPODataCollatorWithPadding
+from rlhfkit.data.collators import DataCollatorForPreference, DPODataCollatorWithPadding, pad_sequences
 from rlhfkit.data.preference import prepare_dpo_dataset
-from rlhfkit.models.reference import Reference, choose_reference
+from rlhfkit.models.reference import Reference, choose_reference, mix_into_reference
 from rlhfkit.trainers.common import trainer_setup
 from rlhfkit.trainers.common.trainer_setup import MetricBuffer, OfflineTrainer, load_model, load_policy
 from rlhfkit.trainers.dpo.config import DPOConfig
-from rlhfkit.trainers.dpo.forward import ForwardMethods
+from rlhfkit.trainers.dpo.forward import ForwardMethods, pair_count
 
 logger = logging.getLogger(__name__)
+
+__all__ = ["DPOTrainer", "DataCollatorForPreference", "SyncReferenceCallback"]
+
+
+class SyncReferenceCallback(TrainerCallback):
+    """TR-DPO: every `ref_model_sync_steps` optimizer steps, ref <- alpha * policy + (1 - alpha) * ref."""
+
+    def __init__(self, trainer: DPOTrainer):
+        self.trainer = trainer
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step % args.ref_model_sync_steps == 0:
+            trainer = self.trainer
+            reference = trainer.accelerator.unwrap_model(trainer.ref_model)
+            policy = trainer.accelerator.unwrap_model(trainer.model)
+            mix_into_reference(reference, policy, args.ref_model_mixup_alpha)
 
 
 class DPOTrainer(ForwardMethods, OfflineTrainer):
@@ -79,6 +95,8 @@ class DPOTrainer(ForwardMethods, OfflineTrainer):
         )
         if self.ref_model is not None:
             self.ref_model = self.accelerator.prepare_model(self.ref_model, evaluation_mode=True)
+        if self.args.sync_ref_model:
+            self.add_callback(SyncReferenceCallback(self))
 
     def _setup(self, model: Any, args: DPOConfig, processing_class: Any, peft_config: Any) -> tuple[Any, Any]:
         owner, ref_model = type(self).__name__, self._ref_model_argument
@@ -88,12 +106,22 @@ class DPOTrainer(ForwardMethods, OfflineTrainer):
             raise ValueError(
                 f"{owner}: with `model_init` and no `model`, pass `ref_model` or reference_free=True"
             )
-        if processing_class is not None and processing_class.pad_token is None:
-            processing_class.pad_token = processing_class.eos_token
+        trainer_setup.set_special_tokens(processing_class, owner, pad_token=args.pad_token)
+        if args.padding_free:
+            logger.warning(
+                "%s: padding_free=True is not applied (as in TRL 1.16, where it is temporarily disabled); "
+                "the batches stay padded",
+                owner,
+            )
         model = load_policy(
             model, AutoModelForCausalLM, args.from_pretrained_kwargs(), peft_config, owner, args.seed
         )
         self.reference = self._build_reference(model, ref_model, args)
+        if args.sync_ref_model and (self.reference is None or self.reference.kind != "model"):
+            raise ValueError(
+                f"{owner}: sync_ref_model mixes the policy into a separate reference model; a PEFT policy's "
+                "reference is its own base weights (or adapter), so there is nothing to sync"
+            )
         if args.disable_dropout:
             trainer_setup.disable_dropout(model)
             trainer_setup.disable_dropout(self.ref_model)
@@ -102,12 +130,15 @@ class DPOTrainer(ForwardMethods, OfflineTrainer):
         self.label_pad_token_id = args.label_pad_token_id
         self.beta = args.beta
         self.loss_type = args.loss_type
+        self.ld_alpha = args.ld_alpha
         self._metrics = MetricBuffer()
         self.eval_samples: list[dict[str, str]] = []
         return model, args
 
     def _default_collator(self, args: DPOConfig, processing_class: Any) -> Callable:
-        return DPODataCollatorWithPadding(self.padding_value, self.label_pad_token_id)
+        return DPODataCollatorWithPadding(
+            self.padding_value, self.label_pad_token_id, args.pad_to_multiple_of
+        )
 
     @staticmethod
     def _padding_value(args: DPOConfig, processing_class: Any) -> int:
@@ -178,10 +209,12 @@ class DPOTrainer(ForwardMethods, OfflineTrainer):
 
     def reference_logps(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """(ref_chosen_logps, ref_rejected_logps), (B,) each: precomputed, zeros, or a no-grad forward."""
-        if "reference_chosen_logps" in batch:
-            return batch["reference_chosen_logps"], batch["reference_rejected_logps"]
+        for prefix in ("reference", "ref"):  # rlhfkit's / TRL 0.x's columns, TRL 1.x's
+            if f"{prefix}_chosen_logps" in batch:
+                return batch[f"{prefix}_chosen_logps"], batch[f"{prefix}_rejected_logps"]
         if self.args.reference_free:
-            zeros = torch.zeros(batch["chosen_input_ids"].shape[0], device=batch["chosen_input_ids"].device)
+            device = self.concatenated_inputs(batch)["concatenated_input_ids"].device
+            zeros = torch.zeros(pair_count(batch), device=device)
             return zeros, zeros
         with torch.no_grad(), self._reference() as ref:
             chosen, rejected, _, _ = self._concatenated_logps(ref, batch)
@@ -233,18 +266,19 @@ class DPOTrainer(ForwardMethods, OfflineTrainer):
         self, model: nn.Module, batch: dict[str, torch.Tensor], train_eval: str
     ) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
         """`get_batch_metrics` plus the per-pair implicit rewards (B, 2) [chosen, rejected]."""
-        # 1. policy log-probs of both responses and their logged mean logits, one forward pass
-        policy_chosen, policy_rejected, logits_chosen, logits_rejected = self._concatenated_logps(
-            model, batch, with_mean_logits=True
-        )
+        # 1. policy log-probs of both responses, their logged mean logits (and WPO weights), one forward pass
+        policy = self._scored_pass(model, batch, with_mean_logits=True, with_weights=self.args.use_weighting)
+        policy_chosen, policy_rejected = policy.chosen, policy.rejected
         # 2. reference log-probs (precomputed, or a no-grad forward)
         ref_chosen, ref_rejected = self.reference_logps(batch)
-        # 3. DPO loss and implicit rewards beta * (log pi - log ref)
-        pad = self.label_pad_token_id  # completion tokens: the labelled positions after the first
-        lengths = [(batch[f"{side}_labels"][:, 1:] != pad).sum(1) for side in ("chosen", "rejected")]
+        # 3. DPO loss and implicit rewards beta * (log pi - log ref); WPO reweights each pair's loss
+        labels = self.concatenated_inputs(batch)["concatenated_labels"]
+        lengths = (labels[:, 1:] != self.label_pad_token_id).sum(1).chunk(2)  # completion tokens per row
         losses, chosen_rewards, rejected_rewards = self.dpo_loss(
             policy_chosen, policy_rejected, ref_chosen, ref_rejected, False, *lengths
         )
+        if policy.weights is not None:
+            losses = losses * policy.weights
         # 4. metrics
         prefix = "eval_" if train_eval == "eval" else ""
         metrics = {
@@ -254,8 +288,8 @@ class DPOTrainer(ForwardMethods, OfflineTrainer):
             f"{prefix}rewards/margins": (chosen_rewards - rejected_rewards).mean().item(),
             f"{prefix}logps/chosen": policy_chosen.detach().mean().item(),
             f"{prefix}logps/rejected": policy_rejected.detach().mean().item(),
-            f"{prefix}logits/chosen": logits_chosen.mean().item(),
-            f"{prefix}logits/rejected": logits_rejected.mean().item(),
+            f"{prefix}logits/chosen": policy.mean_chosen.mean().item(),
+            f"{prefix}logits/rejected": policy.mean_rejected.mean().item(),
         }
         return losses.mean(), metrics, torch.stack([chosen_rewards, rejected_rewards], dim=1)
 
@@ -285,16 +319,24 @@ class DPOTrainer(ForwardMethods, OfflineTrainer):
 
     # --- reference precomputation -------------------------------------------------------------------
 
-    def _with_reference_logps(self, dataset: Any) -> Any:
-        """Add reference_chosen_logps / reference_rejected_logps columns, computed once."""
-        if (
-            dataset is None
-            or not hasattr(dataset, "add_column")
-            or "reference_chosen_logps" in dataset.column_names
-        ):
+    def _with_reference_logps(self, dataset: Any, split: str = "eval") -> Any:
+        """Add reference_chosen_logps / reference_rejected_logps columns, computed once, in batches of
+        precompute_ref_batch_size (default: the split's per-device batch size)."""
+        if dataset is None or isinstance(dataset, torch.utils.data.IterableDataset):
             return dataset
+        if not hasattr(dataset, "add_column"):
+            if hasattr(dataset, "column_names"):  # a datasets.IterableDataset: no table to add columns to
+                raise ValueError(
+                    "DPOTrainer: precompute_ref_log_probs needs a map-style datasets.Dataset, not an "
+                    "iterable one; set precompute_ref_log_probs=False"
+                )
+            return dataset
+        if {"reference_chosen_logps", "ref_chosen_logps"} & set(dataset.column_names):
+            return dataset
+        args = self.args
+        default = args.per_device_train_batch_size if split == "train" else args.per_device_eval_batch_size
         loader = DataLoader(
-            dataset, batch_size=self.args.per_device_eval_batch_size, collate_fn=self.data_collator
+            dataset, batch_size=args.precompute_ref_batch_size or default, collate_fn=self.data_collator
         )
         chosen, rejected = [], []
         for batch in loader:
@@ -307,7 +349,7 @@ class DPOTrainer(ForwardMethods, OfflineTrainer):
         )
 
     def _precompute_all(self) -> None:
-        self.train_dataset = self._with_reference_logps(self.train_dataset)
+        self.train_dataset = self._with_reference_logps(self.train_dataset, "train")
         if isinstance(self.eval_dataset, dict):
             self.eval_dataset = {k: self._with_reference_logps(v) for k, v in self.eval_dataset.items()}
         else:
@@ -344,7 +386,7 @@ class DPOTrainer(ForwardMethods, OfflineTrainer):
     def _generate_samples(
         self, model: nn.Module, batch: dict[str, torch.Tensor]
     ) -> tuple[list[str], list[str]]:
-        prompt_ids, prompt_mask = batch["prompt_input_ids"], batch["prompt_attention_mask"]
+        prompt_ids, prompt_mask = self._prompt_batch(batch)
         gen = {
             "attention_mask": prompt_mask,
             "max_new_tokens": self.args.max_new_tokens_eval,
@@ -365,12 +407,26 @@ class DPOTrainer(ForwardMethods, OfflineTrainer):
             decode(reference[:, width:], skip_special_tokens=True),
         )
 
+    def _prompt_batch(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(prompt ids, mask), left-padded for generation; TRL 1.x's batches hold the prompt only inside
+        input_ids (the real, non-completion tokens of the chosen rows)."""
+        if "prompt_input_ids" in batch:
+            return batch["prompt_input_ids"], batch["prompt_attention_mask"]
+        n = pair_count(batch)
+        keep = (batch["attention_mask"][:n] == 1) & (batch["completion_mask"][:n] == 0)
+        prompts = [row[k].tolist() for row, k in zip(batch["input_ids"][:n], keep)]
+        device = batch["input_ids"].device
+        ids = pad_sequences(prompts, self.padding_value, "left").to(device)
+        return ids, pad_sequences([[1] * len(p) for p in prompts], 0, "left").to(device)
+
     def evaluation_loop(self, dataloader, *args: Any, **kwargs: Any):
         output = super().evaluation_loop(dataloader, *args, **kwargs)
         if self.args.generate_during_eval and self.processing_class is not None:
             batch = self._prepare_inputs(next(iter(dataloader)))
             policy, reference = self._generate_samples(self.model, batch)
-            prompts = self.processing_class.batch_decode(batch["prompt_input_ids"], skip_special_tokens=True)
+            prompts = self.processing_class.batch_decode(
+                self._prompt_batch(batch)[0], skip_special_tokens=True
+            )
             self.eval_samples = [
                 {"prompt": p, "policy": a, "reference": b} for p, a, b in zip(prompts, policy, reference)
             ]

@@ -34,7 +34,7 @@ from rlhfkit.core.advantages import group_advantages
 from rlhfkit.core.kl import per_token_kl
 from rlhfkit.core.masking import masked_mean
 from rlhfkit.core.policy_losses import entropy_mask, policy_loss
-from rlhfkit.models.reference import choose_reference
+from rlhfkit.models.reference import choose_reference, mix_into_reference
 from rlhfkit.rewards.scoring import RewardScorer, source_name
 from rlhfkit.rollout import forward_response
 from rlhfkit.rollout.batch import RolloutBatch
@@ -477,7 +477,5 @@ class GRPOTrainer(ReportingMethods, OnlineTrainerLoop, RobustTrainerMixin, Train
     @torch.no_grad()
     def _sync_reference(self) -> None:
         """TR-DPO: ref <- alpha * policy + (1 - alpha) * ref, parameter by parameter."""
-        alpha = self.args.ref_model_mixup_alpha
         policy = self.accelerator.unwrap_model(self.model)
-        for ref_param, param in zip(self.reference.model.parameters(), policy.parameters()):
-            ref_param.mul_(1 - alpha).add_(param.to(ref_param.dtype), alpha=alpha)
+        mix_into_reference(self.reference.model, policy, self.args.ref_model_mixup_alpha)

@@ -8,6 +8,7 @@ from rlhfkit.trainers.common.config import (
     HFTrainerConfig,
     MaxLength,
     ModelInitKwargs,
+    PadToMultipleOf,
     TokenizesDatasets,
     option,
 )
@@ -16,7 +17,7 @@ OVERLONG_POLICIES = ("drop", "truncate")
 
 
 @dataclass
-class RewardConfig(ModelInitKwargs, TokenizesDatasets, MaxLength, HFTrainerConfig):
+class RewardConfig(PadToMultipleOf, ModelInitKwargs, TokenizesDatasets, MaxLength, HFTrainerConfig):
     """Configuration for `RewardTrainer`; every `transformers.TrainingArguments` field also applies."""
 
     overlong_policy: str = option(
@@ -30,6 +31,13 @@ class RewardConfig(ModelInitKwargs, TokenizesDatasets, MaxLength, HFTrainerConfi
         "near zero mean (Eisenstein et al. 2023). None or 0 disables it.",
     )
     disable_dropout: bool = option(False, "Set every dropout probability in the model to 0.")
+    pad_token: str | None = option(
+        None, "Padding token (in the tokenizer's vocabulary). None: the tokenizer's pad token, else its eos."
+    )
+    eos_token: str | None = option(
+        None,
+        "End-of-sequence token (in the tokenizer's vocabulary), set on the tokenizer and the model config.",
+    )
 
     def validate(self) -> None:
         if self.max_length is not None and self.max_length < 2:

@@ -19,17 +19,20 @@ from torch import nn
 from transformers import AutoModelForSequenceClassification
 
 from rlhfkit.core.losses import pairwise_reward_loss
-from rlhfkit.data.collators import RewardDataCollatorWithPadding, cat_padded
+from rlhfkit.data.collators import DataCollatorForPreference, RewardDataCollatorWithPadding, cat_padded
 from rlhfkit.data.preference import prepare_reward_dataset
 from rlhfkit.trainers.common.trainer_setup import (
     MetricBuffer,
     OfflineTrainer,
     disable_dropout,
     load_policy,
+    set_special_tokens,
 )
 from rlhfkit.trainers.reward_model.config import RewardConfig
 
 logger = logging.getLogger(__name__)
+
+__all__ = ["DataCollatorForPreference", "RewardTrainer", "compute_accuracy"]
 
 
 def compute_accuracy(eval_pred) -> dict[str, float]:
@@ -64,6 +67,8 @@ class RewardTrainer(OfflineTrainer):
     def _setup(
         self, model: Any, args: RewardConfig, processing_class: Any, peft_config: Any
     ) -> tuple[Any, Any]:
+        owner = type(self).__name__
+        set_special_tokens(processing_class, owner, pad_token=args.pad_token, eos_token=args.eos_token)
         model = load_policy(
             model,
             AutoModelForSequenceClassification,
@@ -76,6 +81,8 @@ class RewardTrainer(OfflineTrainer):
             if args.disable_dropout:
                 disable_dropout(model)
             self._ensure_pad_token(model, processing_class)
+            if args.eos_token is not None and getattr(model, "config", None) is not None:
+                model.config.eos_token_id = processing_class.eos_token_id
         self.overlong_counts: dict[str, dict[str, int]] = {}
         self._metrics = MetricBuffer()
         return model, args
@@ -86,7 +93,7 @@ class RewardTrainer(OfflineTrainer):
                 f"{type(self).__name__}: the default RewardDataCollatorWithPadding needs `processing_class` "
                 "(or `tokenizer`)"
             )
-        return RewardDataCollatorWithPadding(processing_class)
+        return RewardDataCollatorWithPadding(processing_class, pad_to_multiple_of=args.pad_to_multiple_of)
 
     @staticmethod
     def _ensure_pad_token(model: nn.Module, tokenizer: Any) -> None:
@@ -125,9 +132,13 @@ class RewardTrainer(OfflineTrainer):
         """(rewards_chosen (B,), rewards_rejected (B,)) from one forward pass over both sides."""
         pad = getattr(getattr(model, "config", None), "pad_token_id", None)
         pad = 0 if pad is None else pad
-        n = inputs["input_ids_chosen"].shape[0]
-        ids = cat_padded(inputs["input_ids_chosen"], inputs["input_ids_rejected"], pad)
-        mask = cat_padded(inputs["attention_mask_chosen"], inputs["attention_mask_rejected"], 0)
+        if "input_ids_chosen" in inputs:
+            n = inputs["input_ids_chosen"].shape[0]
+            ids = cat_padded(inputs["input_ids_chosen"], inputs["input_ids_rejected"], pad)
+            mask = cat_padded(inputs["attention_mask_chosen"], inputs["attention_mask_rejected"], 0)
+        else:  # TRL 1.x's DataCollatorForPreference: chosen rows, then rejected rows, stacked already
+            ids, mask = inputs["input_ids"], inputs["attention_mask"]
+            n = ids.shape[0] // 2
         scores = model(input_ids=ids, attention_mask=mask, use_cache=False).logits  # no KV cache to keep
         if scores.dim() != 2 or scores.shape[-1] != 1:
             raise ValueError(
