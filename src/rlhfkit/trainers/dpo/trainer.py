@@ -187,6 +187,11 @@ class DPOTrainer(ForwardMethods, OfflineTrainer):
     def _prepare(dataset: Any, tokenizer: Any, args: DPOConfig, arg: str) -> Any:
         if dataset is None or not hasattr(dataset, "column_names"):
             return dataset
+        if args.precompute_ref_log_probs and not hasattr(dataset, "__len__"):  # a datasets.IterableDataset
+            raise ValueError(
+                f"DPOTrainer: precompute_ref_log_probs needs a map-style datasets.Dataset as `{arg}`, not an "
+                "iterable one (its rows cannot be given new columns); set precompute_ref_log_probs=False"
+            )
         return prepare_dpo_dataset(
             dataset,
             tokenizer,
@@ -322,14 +327,8 @@ class DPOTrainer(ForwardMethods, OfflineTrainer):
     def _with_reference_logps(self, dataset: Any, split: str = "eval") -> Any:
         """Add reference_chosen_logps / reference_rejected_logps columns, computed once, in batches of
         precompute_ref_batch_size (default: the split's per-device batch size)."""
-        if dataset is None or isinstance(dataset, torch.utils.data.IterableDataset):
-            return dataset
-        if not hasattr(dataset, "add_column"):
-            if hasattr(dataset, "column_names"):  # a datasets.IterableDataset: no table to add columns to
-                raise ValueError(
-                    "DPOTrainer: precompute_ref_log_probs needs a map-style datasets.Dataset, not an "
-                    "iterable one; set precompute_ref_log_probs=False"
-                )
+        if dataset is None or not hasattr(dataset, "add_column") or not hasattr(dataset, "__len__"):
+            # a custom torch dataset (its rows are the caller's); `_prepare` refused iterable ones
             return dataset
         if {"reference_chosen_logps", "ref_chosen_logps"} & set(dataset.column_names):
             return dataset
