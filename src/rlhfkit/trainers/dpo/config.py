@@ -14,6 +14,7 @@ from rlhfkit.trainers.common.config import (
 )
 
 TRUNCATION_MODES = ("keep_end", "keep_start")
+DEFAULT_MAX_PROMPT_LENGTH = 128  # TRL 0.x's
 
 
 @dataclass
@@ -44,7 +45,9 @@ class DPOConfig(PadToMultipleOf, ModelInitKwargs, TokenizesDatasets, MaxLength, 
         False, "Use a uniform reference (reference log-probs = 0) instead of a model."
     )
     max_prompt_length: int | None = option(
-        128, "Prompt tokens kept when prompt + response is longer than max_length. None: no limit."
+        DEFAULT_MAX_PROMPT_LENGTH,
+        "Prompt tokens kept when prompt + response is longer than max_length. None: no limit. TRL 1.x has no "
+        "such field: left at its default with max_length <= 128, it becomes max_length // 2.",
     )
     truncation_mode: str = option(
         "keep_end", "Which prompt tokens to keep when truncating: 'keep_end' (latest) or 'keep_start'."
@@ -124,6 +127,8 @@ class DPOConfig(PadToMultipleOf, ModelInitKwargs, TokenizesDatasets, MaxLength, 
             )
         self._validate_trl1_options()
         if self.max_length is not None and self.max_prompt_length is not None:
+            if self.max_prompt_length == DEFAULT_MAX_PROMPT_LENGTH >= self.max_length:  # a TRL 1.x config
+                self.max_prompt_length = self.max_length // 2
             if self.max_prompt_length >= self.max_length:
                 raise ValueError(
                     f"max_prompt_length ({self.max_prompt_length}) must be smaller than max_length "
