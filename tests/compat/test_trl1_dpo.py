@@ -261,3 +261,12 @@ def test_tool_call_conversations(tmp_path, tokenizer):
     )
     assert "tools: weather" in tokenizer.decode(trainer.train_dataset[0]["prompt_input_ids"])
     _train_and_check_it_learned(trainer)
+
+
+def test_positional_model_ref_model_args(tmp_path, tokenizer):
+    """TRL 1.x's positional order is (model, ref_model, args, data_collator, train_dataset, eval_dataset,
+    processing_class)."""
+    dataset = datasets.Dataset.from_list(_text_pairs())
+    trainer = DPOTrainer(tiny_model("llama"), None, _args(tmp_path), None, dataset, dataset, tokenizer)
+    assert trainer.args.max_length == 256 and trainer.beta == 0.1 and trainer.eval_dataset is not None
+    _train_and_check_it_learned(trainer)

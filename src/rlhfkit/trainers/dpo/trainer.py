@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
-from transformers import AutoModelForCausalLM, TrainerCallback
+from transformers import AutoModelForCausalLM, TrainerCallback, TrainingArguments
 
 from rlhfkit.core.losses import dpo_loss
 from rlhfkit.data.collators import DataCollatorForPreference, DPODataCollatorWithPadding, pad_sequences
@@ -83,6 +83,16 @@ class DPOTrainer(ForwardMethods, OfflineTrainer):
         """TRL 0.x's leading arguments in its order; the rest (train_dataset=, processing_class=/tokenizer=,
         max_length=, peft_config=, compute_metrics=, ...) by keyword, as `OfflineTrainer` takes them."""
         self._ref_model_argument = ref_model
+        if isinstance(beta, TrainingArguments):  # TRL 1.x's positional order: shift the slots back
+            shifted = (args, data_collator, label_pad_token_id, padding_value, truncation_mode)
+            names = ("data_collator", "train_dataset", "eval_dataset", "processing_class", "compute_metrics")
+            for name, value in zip(names[1:], shifted[1:]):
+                if value is not None:
+                    if kwargs.get(name) is not None:
+                        raise TypeError(f"DPOTrainer got two values for {name!r} (by position and keyword)")
+                    kwargs[name] = value
+            args, data_collator, beta = beta, shifted[0], None
+            label_pad_token_id = padding_value = truncation_mode = None
         super().__init__(
             model,
             args,
