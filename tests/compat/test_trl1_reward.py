@@ -131,3 +131,14 @@ def test_pad_to_multiple_of(tmp_path, tokenizer):
         v.shape[-1] % 16 == 0 for k, v in batch.items() if k.startswith(("input_ids", "attention_mask"))
     )
     _train_and_check_it_learned(trainer)
+
+
+def test_iterable_dataset(tmp_path, tokenizer):
+    dataset = datasets.Dataset.from_list(_text_pairs()).to_iterable_dataset()
+    trainer = RewardTrainer(
+        model=tiny_model("llama-reward"),
+        args=_args(tmp_path, dataset_num_proc=2),
+        train_dataset=dataset,
+        processing_class=tokenizer,
+    )
+    _train_and_check_it_learned(trainer)

@@ -100,3 +100,21 @@ def test_pretokenised_chosen_ids_train(tmp_path):
     assert trainer.train_dataset[0]["input_ids_chosen"] == [5, 20, 21, 22]  # the given ids, not re-tokenised
     trainer.train()
     assert all(not torch.equal(p, before[n]) for n, p in model.named_parameters())
+
+
+def test_iterable_dataset_trains_and_drops_overlong_pairs_lazily(tmp_path):
+    tok = tiny_tokenizer(padding_side="right")
+    rows = [{"chosen": "was excellent fun " * 20, "rejected": "bad"}] + _pairs(8).to_list()
+    model = tiny_model("llama-reward")
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    trainer = RewardTrainer(
+        model=model,
+        args=_config(tmp_path, max_length=32, dataset_num_proc=2),
+        train_dataset=datasets.Dataset.from_list(rows).to_iterable_dataset(),
+        processing_class=tok,
+    )
+    kept = list(trainer.train_dataset)
+    assert len(kept) == 8 and all(len(r["input_ids_chosen"]) <= 32 for r in kept)  # the long pair is gone
+    assert trainer.overlong_counts["train_dataset"] == {"dropped": None, "truncated": None}  # not counted
+    trainer.train()
+    assert all(not torch.equal(p, before[n]) for n, p in model.named_parameters())

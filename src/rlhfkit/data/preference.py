@@ -103,61 +103,82 @@ def prepare_reward_dataset(
     num_proc: int | None = None,
     owner: str = "RewardTrainer",
     arg: str = "train_dataset",
-) -> tuple[Any, dict[str, int]]:
-    """Tokenise if needed, apply the length policy, validate. Returns (dataset, {"dropped", "truncated"})."""
+) -> tuple[Any, dict[str, int | None]]:
+    """Tokenise if needed, apply the length policy, validate. Returns (dataset, {"dropped", "truncated"}).
+
+    A `datasets.IterableDataset` is prepared lazily: its over-long pairs are dropped or cut as they stream
+    past, uncounted (None).
+    """
     check_not_empty(dataset, owner, arg)
     options = [REWARD_TOKENISED, TRL1_REWARD_TOKENISED, ("chosen", "rejected")]
     found = require_columns(dataset, options, owner, arg)
     names = columns_of(dataset)
-    keep = set(REWARD_TOKENISED) | {"margin"}
+    lazy = _is_iterable(dataset)
+    map_kwargs = {} if lazy else {"num_proc": num_proc}  # IterableDataset.map has no num_proc
+    remove = [c for c in names if c not in set(REWARD_TOKENISED) | {"margin"}]
     if found == TRL1_REWARD_TOKENISED:  # token ids only: every token is real
-        dataset = dataset.map(
-            _masked_reward_row, remove_columns=[c for c in names if c not in keep], num_proc=num_proc
-        )
+        dataset = dataset.map(_masked_reward_row, remove_columns=remove, **map_kwargs)
     elif found == ("chosen", "rejected"):
         if tokenizer is None:
             raise ValueError(
                 f"{owner}: `processing_class` (a tokenizer) is needed to tokenise raw chosen/rejected text"
             )
         dataset = dataset.map(
-            _tokenise_reward_row,
-            fn_kwargs={"tokenizer": tokenizer},
-            remove_columns=[c for c in names if c not in keep],
-            num_proc=num_proc,
+            _tokenise_reward_row, fn_kwargs={"tokenizer": tokenizer}, remove_columns=remove, **map_kwargs
         )
     else:
-        dataset = dataset.remove_columns([c for c in names if c not in keep])
+        dataset = dataset.remove_columns(remove)
+    if lazy:
+        return _cut_overlong_lazily(dataset, max_length, overlong_policy), {
+            "dropped": None,
+            "truncated": None,
+        }
     _check_not_all_identical(dataset, "input_ids_chosen", "input_ids_rejected", owner, arg)
+    return _apply_length_policy(dataset, max_length, overlong_policy, num_proc, owner, arg)
 
-    stats = {"dropped": 0, "truncated": 0}
-    if max_length is not None:
 
-        def too_long(row):
-            return max(len(row["input_ids_chosen"]), len(row["input_ids_rejected"])) > max_length
+def _too_long(row: dict, max_length: int) -> bool:
+    return max(len(row["input_ids_chosen"]), len(row["input_ids_rejected"])) > max_length
 
-        n_long = sum(too_long(r) for r in dataset.select_columns(["input_ids_chosen", "input_ids_rejected"]))
-        if n_long and overlong_policy == "drop":
-            dataset = dataset.filter(lambda r: not too_long(r), num_proc=num_proc)
-            stats["dropped"] = n_long
-        elif n_long:
-            dataset = dataset.map(
-                lambda r: {k: r[k][:max_length] for k in REWARD_TOKENISED}, num_proc=num_proc
-            )
-            stats["truncated"] = n_long
-        if n_long:
-            logger.warning(
-                "%s: %d pairs of %s were longer than max_length=%d tokens and were %s",
-                owner,
-                n_long,
-                arg,
-                max_length,
-                "dropped" if overlong_policy == "drop" else "truncated",
-            )
-        if len(dataset) == 0:
-            raise ValueError(
-                f"{owner}: every pair of `{arg}` is longer than max_length={max_length}; raise max_length "
-                "or use overlong_policy='truncate'"
-            )
+
+def _cut_row(row: dict, max_length: int) -> dict:
+    return {k: row[k][:max_length] for k in REWARD_TOKENISED}
+
+
+def _cut_overlong_lazily(dataset: Any, max_length: int | None, overlong_policy: str) -> Any:
+    if max_length is None:
+        return dataset
+    if overlong_policy == "drop":
+        return dataset.filter(lambda r: not _too_long(r, max_length))
+    return dataset.map(_cut_row, fn_kwargs={"max_length": max_length})
+
+
+def _apply_length_policy(
+    dataset: Any, max_length: int | None, overlong_policy: str, num_proc: int | None, owner: str, arg: str
+) -> tuple[Any, dict[str, int | None]]:
+    """Drop or cut the pairs longer than max_length, counted and logged."""
+    stats: dict[str, int | None] = {"dropped": 0, "truncated": 0}
+    if max_length is None:
+        return dataset, stats
+    columns = dataset.select_columns(["input_ids_chosen", "input_ids_rejected"])
+    n_long = sum(_too_long(r, max_length) for r in columns)
+    if n_long and overlong_policy == "drop":
+        dataset = dataset.filter(lambda r: not _too_long(r, max_length), num_proc=num_proc)
+        stats["dropped"] = n_long
+    elif n_long:
+        dataset = dataset.map(_cut_row, fn_kwargs={"max_length": max_length}, num_proc=num_proc)
+        stats["truncated"] = n_long
+    if n_long:
+        what = "dropped" if overlong_policy == "drop" else "truncated"
+        logger.warning(
+            "%s: %d pairs of %s were longer than max_length=%d tokens and were %s", owner, n_long, arg,
+            max_length, what,
+        )  # fmt: skip
+    if len(dataset) == 0:
+        raise ValueError(
+            f"{owner}: every pair of `{arg}` is longer than max_length={max_length}; raise max_length "
+            "or use overlong_policy='truncate'"
+        )
     return dataset, stats
 
 
