@@ -204,3 +204,18 @@ def test_option_errors_name_the_field(tmp_path):
         _config(tmp_path, ref_model_sync_steps=0)
     with pytest.raises(ValueError, match="precompute_ref_batch_size must be a positive integer"):
         _config(tmp_path, precompute_ref_batch_size=0)
+
+
+def test_ld_alpha_on_the_chunked_head_path_and_wpo_off_it(tmp_path, tok, chunk_calls):
+    trainer = _trainer(tmp_path, tok, ld_alpha=0.25)
+    batch = trainer.data_collator([trainer.train_dataset[i] for i in range(2)])
+    with torch.no_grad():
+        logps, mask, _ = _naive_token_logps(trainer.model, batch)
+        scored = trainer._scored_pass(trainer.model, batch)
+    assert len(chunk_calls) == 1  # large-vocabulary path: no (2B, T, V) logits
+    expected = length_desensitised_logps(logps, mask, 0.25)
+    torch.testing.assert_close(torch.cat([scored.chosen, scored.rejected]), expected, atol=1e-5, rtol=1e-5)
+    with torch.no_grad():
+        weighted = trainer._scored_pass(trainer.model, batch, with_weights=True)
+    assert len(chunk_calls) == 1 and weighted.weights.shape == (2,)  # WPO needs the full distribution
+    torch.testing.assert_close(weighted.chosen, scored.chosen, atol=1e-5, rtol=1e-5)
