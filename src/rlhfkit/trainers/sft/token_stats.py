@@ -1,9 +1,10 @@
 """Per-label-token log-probabilities for SFT's loss, and the statistics TRL logs beside it.
 
 Position t of a (B, T) batch is scored on labels[t + 1] (transformers' causal-LM shift); -100 is not
-scored. The statistics are sums over scored tokens, without gradient: (entropy sum, top-1 hits, count),
-from which the trainer logs `entropy` and `mean_token_accuracy` (the fraction of label tokens that are the
-model's most likely next token).
+scored. PEFT's prompt tuning prepends virtual tokens to the model's positions: only the last T positions,
+those of the batch, are read. The statistics are sums over scored tokens, without gradient: (entropy sum,
+top-1 hits, count), from which the trainer logs `entropy` and `mean_token_accuracy` (the fraction of
+label tokens that are the model's most likely next token).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ def logits_label_stats(
 ) -> tuple[torch.Tensor, torch.Tensor, Stats]:
     """From full (B, T, V) logits: (logprobs (B, T-1) float32, 0 where not scored, with gradient;
     mask (B, T-1) bool, True = scored; stats)."""
+    logits = logits[:, logits.shape[1] - labels.shape[1] :]  # PEFT prompt tuning prepends virtual tokens
     logits, targets = logits[:, :-1], labels[:, 1:].to(logits.device)
     mask = targets != -100
     logprobs = torch.log_softmax(logits.float(), -1).gather(-1, targets.clamp(min=0)[..., None])[..., 0]
@@ -37,6 +39,7 @@ def chunked_label_stats(
     """`logits_label_stats` from the final hidden states, projecting only the scored rows, in chunks: no
     (B, T, V) logits. The top-1 hits take one more projection of those rows, without gradient."""
     _, hidden = forward_hidden(model, head, **forward)
+    hidden = hidden[:, hidden.shape[1] - labels.shape[1] :]  # PEFT prompt tuning prepends virtual tokens
     hidden, targets = hidden[:, :-1], labels[:, 1:].to(hidden.device)
     mask = targets != -100
     rows, row_targets = hidden[mask], targets[mask]

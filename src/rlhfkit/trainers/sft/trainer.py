@@ -22,7 +22,13 @@ from rlhfkit.data.packing import ConstantLengthDataset, pack_dataset
 from rlhfkit.data.preparation import check_not_empty, is_iterable_dataset, prepare_sft_dataset
 from rlhfkit.rollout.lm_head import find_lm_head
 from rlhfkit.rollout.scoring import prefers_chunked_head
-from rlhfkit.trainers.common.trainer_setup import MetricBuffer, OfflineTrainer, apply_overrides, load_policy
+from rlhfkit.trainers.common.trainer_setup import (
+    MetricBuffer,
+    OfflineTrainer,
+    apply_overrides,
+    load_policy,
+    prepare_splits,
+)
 from rlhfkit.trainers.sft.config import SFTConfig
 from rlhfkit.trainers.sft.token_stats import chunked_label_stats, logits_label_stats
 
@@ -120,6 +126,20 @@ class SFTTrainer(OfflineTrainer):
             if args.shuffle_dataset:
                 prepared = prepared.shuffle(seed=args.seed)
         return prepared
+
+    def evaluate(self, eval_dataset: Any = None, ignore_keys: Any = None, metric_key_prefix: str = "eval"):
+        """`Trainer.evaluate`; a raw dataset (or dict of them) passed here is prepared like `eval_dataset`."""
+        if eval_dataset is not None and not isinstance(eval_dataset, str):
+            _, eval_dataset = prepare_splits(
+                None, eval_dataset, lambda ds, arg: ds if ds is None else self._prepare_raw(ds, arg)
+            )
+        return super().evaluate(eval_dataset, ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix)
+
+    def _prepare_raw(self, dataset: Any, arg: str) -> Any:
+        """`_prepare`, except for a dataset already tokenised (or packed): used as it is."""
+        if "input_ids" in (getattr(dataset, "column_names", None) or []):
+            return dataset
+        return self._prepare(dataset, self.processing_class, self.args, arg)
 
     def _constant_length(self, dataset: Any, tokenizer: Any, args: SFTConfig, arg: str) -> Any:
         """TRL 0.x's packing: raw text into ConstantLengthDataset blocks, materialised unless infinite."""
