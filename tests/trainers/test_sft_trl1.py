@@ -94,7 +94,7 @@ def test_bfd_packing_is_padding_free_and_gives_the_padded_loss(tmp_path, tok, mo
         monkeypatch.setattr(scoring, "CHUNKED_HEAD_MIN_LOGITS", 8)
     rows = [{"text": d} for d in DOCS]
     trainer = _trainer(tmp_path, tok, rows, packing=True, max_length=16)
-    assert trainer.args.strategy() == "bfd" and trainer.data_collator.padding_free
+    assert trainer.args.resolved_packing_strategy() == "bfd" and trainer.data_collator.padding_free
     lengths = [len(tok(d)["input_ids"]) + 1 for d in DOCS]  # + EOS
     assert sorted(n for row in trainer.train_dataset["seq_lengths"] for n in row) == sorted(lengths)
     assert all(sum(row) <= 16 for row in trainer.train_dataset["seq_lengths"])
@@ -217,3 +217,19 @@ def test_prompt_tuning_trains_only_the_virtual_tokens(tmp_path, tok, monkeypatch
     )
     assert all(torch.equal(params[n], v) for n, v in frozen.items())
     assert 0 <= trainer.state.log_history[0]["mean_token_accuracy"] <= 1
+
+
+def test_constant_length_training_with_an_unpacked_eval_set(tmp_path, tok):
+    rows = datasets.Dataset.from_list([{"text": d} for d in DOCS * 2])
+    args = few_step_args(SFTConfig, tmp_path / "o", packing=True, max_seq_length=8, eval_packing=False)
+    trainer = SFTTrainer(
+        tiny_model("llama"), args, train_dataset=rows, eval_dataset=rows, processing_class=tok
+    )
+    assert trainer.args.resolved_packing_strategy() == "constant_length"  # TRL 0.x's spelling of the length
+    assert trainer.train_dataset.column_names == ["input_ids", "position_ids", "labels"]
+    assert len(trainer.eval_dataset) == len(rows)  # rows, padded by the same collator
+    assert "eval_loss" in trainer.evaluate()
+    with pytest.raises(ValueError, match="assistant_only_loss=True cannot be combined with packing=True"):
+        few_step_args(SFTConfig, tmp_path / "o", packing=True, max_seq_length=8, assistant_only_loss=True)
+    with pytest.raises(ValueError, match=r"packing_strategy must be one of \('bfd', 'bfd_split', 'wrapped'"):
+        few_step_args(SFTConfig, tmp_path / "o", packing_strategy="first_fit")

@@ -103,21 +103,20 @@ class SFTConfig(ModelInitKwargs, TokenizesDatasets, HFTrainerConfig):
             raise ValueError(f"num_of_sequences must be >= 1, got {self.num_of_sequences}")
         if self.chars_per_token <= 0:
             raise ValueError(f"chars_per_token must be > 0, got {self.chars_per_token}")
-        if self.packing and self.completion_only_loss and self.strategy() == "constant_length":
-            raise ValueError(
-                "completion_only_loss=True cannot be combined with packing=True and the 'constant_length' "
-                "packing strategy (it packs raw text). Use packing_strategy='bfd' or turn one of them off."
-            )
-        if self.assistant_only_loss and self.strategy() == "constant_length" and self.packing:
-            raise ValueError(
-                "assistant_only_loss=True needs packing_strategy 'bfd', 'bfd_split' or 'wrapped' with packing"
-            )
+        text_packing = self.packing and self.resolved_packing_strategy() == "constant_length"
+        for name in ("completion_only_loss", "assistant_only_loss"):
+            if text_packing and getattr(self, name):
+                raise ValueError(
+                    f"{name}=True cannot be combined with packing=True and the 'constant_length' packing "
+                    "strategy, which packs raw text without masks; use packing_strategy='bfd' or turn one "
+                    "of them off"
+                )
         if self.infinite and not self.packing:
             raise ValueError("infinite=True only applies with packing=True")
         if self.infinite and self.max_steps <= 0:
             raise ValueError("infinite=True makes the dataset endless: set max_steps > 0 to say when to stop")
 
-    def strategy(self) -> str:
+    def resolved_packing_strategy(self) -> str:
         """The packing strategy in force (packing_strategy, or its default for the way lengths were given)."""
         if self.packing_strategy is not None:
             return self.packing_strategy
@@ -127,4 +126,4 @@ class SFTConfig(ModelInitKwargs, TokenizesDatasets, HFTrainerConfig):
     def uses_padding_free(self, packing: bool | None = None) -> bool:
         """Whether batches are concatenated without padding (TRL 1.x: forced by the 'bfd' strategies)."""
         packing = self.packing if packing is None else packing
-        return self.padding_free or (packing and self.strategy() in ("bfd", "bfd_split"))
+        return self.padding_free or (packing and self.resolved_packing_strategy() in ("bfd", "bfd_split"))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -39,6 +40,17 @@ def packed_collator(features: list[dict]) -> dict[str, torch.Tensor]:
     """Stack packed blocks. No attention_mask on purpose: restarting position_ids define the documents."""
     keys = ("input_ids", "position_ids", "labels")
     return {k: torch.stack([torch.as_tensor(f[k], dtype=torch.long) for f in features]) for k in keys}
+
+
+@dataclass
+class ConstantLengthCollator:
+    """`packed_collator` for ConstantLengthDataset blocks; rows that are not blocks (an eval set with
+    eval_packing=False) go to `unpacked`."""
+
+    unpacked: Callable
+
+    def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
+        return packed_collator(features) if "position_ids" in features[0] else self.unpacked(features)
 
 
 class SFTTrainer(OfflineTrainer):
@@ -91,13 +103,14 @@ class SFTTrainer(OfflineTrainer):
         return model, args
 
     def _default_collator(self, args: SFTConfig, processing_class: Any) -> Callable:
-        if args.packing and args.strategy() == "constant_length":
-            return packed_collator
-        return DataCollatorForLanguageModeling(
+        collator = DataCollatorForLanguageModeling(
             processing_class.pad_token_id,
             padding_free=args.uses_padding_free(),
             pad_to_multiple_of=args.pad_to_multiple_of,
         )
+        if args.packing and args.resolved_packing_strategy() == "constant_length":
+            return ConstantLengthCollator(collator)
+        return collator
 
     def _prepare(self, dataset: Any, tokenizer: Any, args: SFTConfig, arg: str) -> Any:
         hf_iterable = is_iterable_dataset(dataset)
@@ -107,7 +120,8 @@ class SFTTrainer(OfflineTrainer):
             return dataset  # tokenised by the caller
         check_not_empty(dataset, "SFTTrainer", arg)
         packing = args.packing if arg == "train_dataset" or args.eval_packing is None else args.eval_packing
-        if packing and args.strategy() == "constant_length":
+        strategy = args.resolved_packing_strategy()
+        if packing and strategy == "constant_length":
             return self._constant_length(dataset, tokenizer, args, arg)
         formatting = self.formatting_func
         completion_only = args.completion_only_loss  # None: by the columns, except for formatted text
@@ -122,7 +136,9 @@ class SFTTrainer(OfflineTrainer):
             prepared = prepared.shuffle(seed=args.seed)
         if packing:
             map_kwargs = {} if hf_iterable else {"num_proc": args.dataset_num_proc}
-            prepared = pack_dataset(prepared, args.max_seq_length, args.strategy(), map_kwargs)
+            prepared = pack_dataset(
+                prepared, args.max_seq_length, args.resolved_packing_strategy(), map_kwargs
+            )
             if args.shuffle_dataset:
                 prepared = prepared.shuffle(seed=args.seed)
         return prepared
