@@ -88,6 +88,11 @@ class SFTTrainer(OfflineTrainer):
                 setattr(processing_class, name, token)
         if processing_class.pad_token is None:
             processing_class.pad_token = processing_class.eos_token
+        if processing_class.pad_token_id is None:
+            raise ValueError(
+                f"{owner}: the tokenizer has neither a pad nor an eos token; set tokenizer.pad_token or "
+                "SFTConfig(pad_token=...)"
+            )
         apply_chat_template_path(processing_class, args.chat_template_path, owner)
         if args.completion_only_loss and self.formatting_func is not None:
             raise ValueError(
