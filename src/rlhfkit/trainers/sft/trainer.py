@@ -246,10 +246,13 @@ class SFTTrainer(OfflineTrainer):
         self._num_tokens += int(self.accelerator.gather_for_metrics(local.reshape(1)).sum())
 
     def _record(self, stats: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> None:
-        entropy_sum, correct, count = (float(x) for x in stats)
+        """Log this step's entropy and top-1 accuracy over the label tokens of every process (sums gathered,
+        then divided, so two processes log what one process with both batches would)."""
+        local = torch.stack([torch.as_tensor(x, dtype=torch.float32, device=stats[0].device) for x in stats])
+        entropy_sum, hits, count = self.accelerator.gather_for_metrics(local[None]).sum(0).tolist()
         split = "train" if self.model.training else "eval"
         if count > 0:
-            self._metrics.add(split, {"entropy": entropy_sum / count, "mean_token_accuracy": correct / count})
+            self._metrics.add(split, {"entropy": entropy_sum / count, "mean_token_accuracy": hits / count})
         self._metrics.add(split, {"num_tokens": self._num_tokens})
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
