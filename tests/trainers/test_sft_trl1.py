@@ -192,6 +192,7 @@ def test_iterable_dataset_and_conversations_train(tmp_path, tok):
     trainer.train()
     assert trainer.state.global_step == 2
     assert all(not torch.equal(p, before[n]) for n, p in trainer.model.named_parameters())
+    assert trainer.args.accelerator_config.dispatch_batches is False  # each process reads its own rows
 
 
 @pytest.mark.parametrize("chunked", [False, True])

@@ -124,6 +124,9 @@ class SFTTrainer(OfflineTrainer):
         if (args.dataset_kwargs or {}).get("skip_prepare_dataset"):
             return dataset  # tokenised by the caller
         check_not_empty(dataset, "SFTTrainer", arg)
+        if hf_iterable and getattr(args.accelerator_config, "dispatch_batches", None) is not False:
+            # with several processes, dispatching would concatenate batches of different widths
+            args.accelerator_config.dispatch_batches = False
         packing = args.packing if arg == "train_dataset" or args.eval_packing is None else args.eval_packing
         strategy = args.resolved_packing_strategy()
         if packing and strategy == "constant_length":
@@ -141,9 +144,7 @@ class SFTTrainer(OfflineTrainer):
             prepared = prepared.shuffle(seed=args.seed)
         if packing:
             map_kwargs = {} if hf_iterable else {"num_proc": args.dataset_num_proc}
-            prepared = pack_dataset(
-                prepared, args.max_seq_length, args.resolved_packing_strategy(), map_kwargs
-            )
+            prepared = pack_dataset(prepared, args.max_seq_length, strategy, map_kwargs)
             if args.shuffle_dataset:
                 prepared = prepared.shuffle(seed=args.seed)
         return prepared
