@@ -234,3 +234,16 @@ def test_constant_length_training_with_an_unpacked_eval_set(tmp_path, tok):
         few_step_args(SFTConfig, tmp_path / "o", packing=True, max_seq_length=8, assistant_only_loss=True)
     with pytest.raises(ValueError, match=r"packing_strategy must be one of \('bfd', 'bfd_split', 'wrapped'"):
         few_step_args(SFTConfig, tmp_path / "o", packing_strategy="first_fit")
+
+
+def test_pad_to_multiple_of_values(tmp_path):
+    def multiple(value):
+        return few_step_args(SFTConfig, tmp_path / "o", pad_to_multiple_of=value).pad_to_multiple_of
+
+    assert [multiple(v) for v in ("auto", None, 8, "16", "none")] == [None, None, 8, 16, None]
+    with pytest.raises(ValueError, match="pad_to_multiple_of must be >= 1, None or 'auto', got 0"):
+        multiple(0)
+    with pytest.raises(
+        ValueError, match="pad_to_multiple_of must be a positive int, None or 'auto', got 'x'"
+    ):
+        multiple("x")
