@@ -18,19 +18,30 @@ from rlhfkit.rollout.lm_head import LMHead, forward_hidden, head_token_logprobs
 Stats = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
+def _shifted(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(logits (B, T-1, V) of the batch's own positions, targets (B, T-1), mask (B, T-1) True = scored)."""
+    logits = logits[:, logits.shape[1] - labels.shape[1] :]  # PEFT prompt tuning prepends virtual tokens
+    targets = labels[:, 1:].to(logits.device)
+    return logits[:, :-1], targets, targets != -100
+
+
+def logits_token_stats(logits: torch.Tensor, labels: torch.Tensor) -> Stats:
+    """The statistics alone, from full (B, T, V) logits, without gradient."""
+    with torch.no_grad():
+        logits, targets, mask = _shifted(logits.detach(), labels)
+        entropy = entropy_from_logits(logits)[mask].sum()
+        hits = (logits.argmax(-1) == targets)[mask].sum()
+    return entropy, hits, mask.sum()
+
+
 def logits_label_stats(
     logits: torch.Tensor, labels: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, Stats]:
     """From full (B, T, V) logits: (logprobs (B, T-1) float32, 0 where not scored, with gradient;
     mask (B, T-1) bool, True = scored; stats)."""
-    logits = logits[:, logits.shape[1] - labels.shape[1] :]  # PEFT prompt tuning prepends virtual tokens
-    logits, targets = logits[:, :-1], labels[:, 1:].to(logits.device)
-    mask = targets != -100
-    logprobs = torch.log_softmax(logits.float(), -1).gather(-1, targets.clamp(min=0)[..., None])[..., 0]
-    with torch.no_grad():
-        entropy = entropy_from_logits(logits.detach())[mask].sum()
-        hits = (logits.detach().argmax(-1) == targets)[mask].sum()
-    return logprobs * mask, mask, (entropy, hits, mask.sum())
+    shifted, targets, mask = _shifted(logits, labels)
+    logprobs = torch.log_softmax(shifted.float(), -1).gather(-1, targets.clamp(min=0)[..., None])[..., 0]
+    return logprobs * mask, mask, logits_token_stats(logits, labels)
 
 
 def chunked_label_stats(

@@ -31,7 +31,7 @@ from rlhfkit.trainers.common.trainer_setup import (
     prepare_splits,
 )
 from rlhfkit.trainers.sft.config import SFTConfig
-from rlhfkit.trainers.sft.token_stats import chunked_label_stats, logits_label_stats
+from rlhfkit.trainers.sft.token_stats import chunked_label_stats, logits_label_stats, logits_token_stats
 
 logger = logging.getLogger(__name__)
 
@@ -230,7 +230,7 @@ class SFTTrainer(OfflineTrainer):
             loss, outputs = super().compute_loss(
                 model, inputs, return_outputs=True, num_items_in_batch=num_items_in_batch
             )
-            self._record(logits_label_stats(outputs.logits, labels)[2])
+            self._record(logits_token_stats(outputs.logits, labels))
             return (loss, outputs) if return_outputs else loss
         self._record(stats)
         token_losses = -logprobs.exp().detach() * logprobs if dft else -logprobs  # DFT: weighted by p
