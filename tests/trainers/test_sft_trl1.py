@@ -247,3 +247,18 @@ def test_pad_to_multiple_of_values(tmp_path):
         ValueError, match="pad_to_multiple_of must be a positive int, None or 'auto', got 'x'"
     ):
         multiple("x")
+
+
+def test_remove_unused_columns_keeps_what_the_collator_reads(tmp_path, tok):
+    args = {
+        "remove_unused_columns": True,
+        "packing": True,
+        "max_length": 32,
+        "per_device_train_batch_size": 1,
+    }
+    trainer = _trainer(tmp_path, tok, PAIRS[:1], **args)
+    batch = next(iter(trainer.get_train_dataloader()))
+    want = trainer.data_collator([trainer.train_dataset[0]])  # every prepared column
+    assert batch.keys() == want.keys() and all(torch.equal(batch[k], want[k]) for k in want)
+    n_prompt = len(tok(PAIRS[0]["prompt"])["input_ids"])
+    assert (batch["labels"][0, :n_prompt] == X).all() and (batch["labels"][0, n_prompt:] != X).all()

@@ -35,6 +35,12 @@ from rlhfkit.trainers.sft.token_stats import chunked_label_stats, logits_label_s
 
 logger = logging.getLogger(__name__)
 
+# what `_prepare` and the packing produce, for the collators
+PREPARED_COLUMNS = (
+    "input_ids", "labels", "attention_mask", "position_ids", "completion_mask", "assistant_masks",
+    "seq_lengths",
+)  # fmt: skip
+
 
 def packed_collator(features: list[dict]) -> dict[str, torch.Tensor]:
     """Stack packed blocks. No attention_mask on purpose: restarting position_ids define the documents."""
@@ -148,6 +154,12 @@ class SFTTrainer(OfflineTrainer):
             if args.shuffle_dataset:
                 prepared = prepared.shuffle(seed=args.seed)
         return prepared
+
+    def _set_signature_columns_if_needed(self) -> None:
+        """With remove_unused_columns=True, keep the prepared columns the collator reads (not all of them are
+        forward() arguments): dropping the masks or seq_lengths would silently train on every token."""
+        if self._signature_columns is None:
+            self._signature_columns = list(PREPARED_COLUMNS)
 
     def evaluate(self, eval_dataset: Any = None, ignore_keys: Any = None, metric_key_prefix: str = "eval"):
         """`Trainer.evaluate`; a raw dataset (or dict of them) passed here is prepared like `eval_dataset`."""
