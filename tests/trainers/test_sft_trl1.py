@@ -262,3 +262,18 @@ def test_remove_unused_columns_keeps_what_the_collator_reads(tmp_path, tok):
     assert batch.keys() == want.keys() and all(torch.equal(batch[k], want[k]) for k in want)
     n_prompt = len(tok(PAIRS[0]["prompt"])["input_ids"])
     assert (batch["labels"][0, :n_prompt] == X).all() and (batch["labels"][0, n_prompt:] != X).all()
+
+
+def test_padding_free_refuses_a_padding_collator(tmp_path, tok):
+    args = few_step_args(SFTConfig, tmp_path / "o", packing=True, max_length=16)
+    data = datasets.Dataset.from_list([{"text": d} for d in DOCS])
+    padding = DataCollatorForLanguageModeling(tok.pad_token_id)
+    with pytest.raises(
+        ValueError, match="needs a padding-free collator, and the data_collator given is Data"
+    ):
+        SFTTrainer(tiny_model("llama"), args, data_collator=padding, train_dataset=data, processing_class=tok)
+    free = DataCollatorForLanguageModeling(tok.pad_token_id, padding_free=True)
+    trainer = SFTTrainer(
+        tiny_model("llama"), args, data_collator=free, train_dataset=data, processing_class=tok
+    )
+    assert trainer.data_collator is free

@@ -55,6 +55,11 @@ class ConstantLengthCollator:
 
     unpacked: Callable
 
+    @property
+    def padding_free(self) -> bool:
+        """Blocks carry restarting position ids and no attention mask; other rows as `unpacked` does."""
+        return bool(getattr(self.unpacked, "padding_free", False))
+
     def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
         return packed_collator(features) if "position_ids" in features[0] else self.unpacked(features)
 
@@ -81,6 +86,13 @@ class SFTTrainer(OfflineTrainer):
         self._metrics = MetricBuffer()
         self._num_tokens = 0
         super().__init__(*args, **kwargs)
+        collator = self.data_collator
+        if self.args.uses_padding_free() and not getattr(collator, "padding_free", False):
+            raise ValueError(
+                "SFTTrainer: padding_free=True (or packing with packing_strategy 'bfd'/'bfd_split') needs a "
+                f"padding-free collator, and the data_collator given is {type(collator).__name__}; leave "
+                "data_collator unset or pass DataCollatorForLanguageModeling(pad_token_id, padding_free=True)"
+            )
 
     def _setup(self, model: Any, args: SFTConfig, processing_class: Any, peft_config: Any) -> tuple[Any, Any]:
         owner = type(self).__name__
