@@ -103,6 +103,10 @@ def test_sharegpt_conversations_are_messages(tok):
     assert to_chatml({"conversations": sharegpt, "id": 3}) == {"messages": CHAT[:2], "id": 3}
     row = prepare_sft_dataset(_ds([{"conversations": sharegpt}]), tok, 64)[0]
     assert row["input_ids"] == tok.apply_chat_template(CHAT[:2], tokenize=True, return_dict=True)["input_ids"]
+    seen = prepare_sft_dataset(
+        _ds([{"conversations": sharegpt}]), tok, 64, formatting_func=lambda r: str(sorted(r))
+    )
+    assert tok.decode(seen[0]["input_ids"]) == "['conversations']<|endoftext|>"  # the row as given
 
 
 def test_iterable_dataset_is_prepared_lazily(tok):

@@ -240,7 +240,8 @@ def truncate(values: list, limit: int | None, mode: str = "keep_start") -> list:
 
 def _sft_row(example: dict, tokenizer: Any, args: dict) -> dict:
     """input_ids (+EOS for plain text, truncated) and completion_mask (1 = a token the loss trains on)."""
-    example = to_chatml(example)
+    if args["formatting_func"] is None:  # a formatting function sees the row as it is
+        example = to_chatml(example)
     chat = args["formatting_func"] is None and row_is_chat(example, args["dataset_text_field"])
     eos = None if chat else tokenizer.eos_token_id
     if args.get("assistant_only_loss"):
