@@ -71,6 +71,8 @@ def test_bad_arguments_are_named():
     collate = DataCollatorForLanguageModeling(pad_token_id=0)
     with pytest.raises(ValueError, match="does not match input_ids"):
         collate([{"input_ids": [1, 2], "completion_mask": [1]}])
+    with pytest.raises(ValueError, match=r"seq_lengths \[2, 2\] sum to 4, but the row has 3 input_ids"):
+        collate([{"input_ids": [1, 2, 3], "seq_lengths": [2, 2]}])
     with pytest.raises(ValueError, match="'input_ids'"):
         collate([{"text": "x"}])
     assert collate([{"input_ids": torch.tensor([3, 4])}])["input_ids"].tolist() == [[3, 4]]

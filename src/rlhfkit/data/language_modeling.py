@@ -77,6 +77,9 @@ class DataCollatorForLanguageModeling:
         ids = [list(e["input_ids"]) for e in examples]
         labels = [loss_labels(e, self.completion_only_loss) for e in examples]
         lengths = [list(e["seq_lengths"]) if "seq_lengths" in e else [len(x)] for e, x in zip(examples, ids)]
+        for n, x in zip(lengths, ids):
+            if sum(n) != len(x):
+                raise ValueError(f"seq_lengths {n} sum to {sum(n)}, but the row has {len(x)} input_ids")
         positions = [restarting_positions(n) for n in lengths]
         multiple = self.pad_to_multiple_of
         if self.padding_free:
@@ -84,7 +87,9 @@ class DataCollatorForLanguageModeling:
             flat_positions = [p for row in positions for p in row]
             flat_labels = [IGNORE_INDEX if p == 0 else t for t, p in zip(flat_labels, flat_positions)]
             return {
-                "input_ids": pad_sequences([sum(ids, [])], self.pad_token_id, "right", multiple),
+                "input_ids": pad_sequences(
+                    [[t for row in ids for t in row]], self.pad_token_id, "right", multiple
+                ),
                 "labels": pad_sequences([flat_labels], IGNORE_INDEX, "right", multiple),
                 "position_ids": pad_sequences([flat_positions], 0, "right", multiple),
             }
