@@ -35,6 +35,8 @@ _LAZY: dict[str, str] = {
     "SFTConfig": "rlhfkit.trainers.sft.config",
     "SFTTrainer": "rlhfkit.trainers.sft.trainer",
     "ConstantLengthDataset": "rlhfkit.data.packing",
+    "DataCollatorForLanguageModeling": "rlhfkit.data.language_modeling",
+    "pack_dataset": "rlhfkit.data.packing",
     "DPOConfig": "rlhfkit.trainers.dpo.config",
     "DPOTrainer": "rlhfkit.trainers.dpo.trainer",
     # DDPO

@@ -106,3 +106,56 @@ def test_formatting_func_and_errors(tok):
         ConstantLengthDataset(tok, ds)
     with pytest.raises(ValueError, match="seq_length"):
         ConstantLengthDataset(tok, ds, dataset_text_field="q", seq_length=1)
+
+
+# --- TRL 1.x's strategies on tokenised examples ------------------------------------------------------------
+
+
+def test_best_fit_decreasing_bins_by_hand():
+    from rlhfkit.data.packing import best_fit_decreasing
+
+    # longest first: 5 -> bin0 (room 1); 4 -> bin1 (room 2); 3 -> bin2 (room 3); 2 -> tightest fit is
+    # bin1 (room 2 -> 0); 1 -> bin0 (room 1 -> 0); 1 -> bin2 (room 3 -> 2)
+    assert best_fit_decreasing([1, 5, 3, 2, 4, 1], 6) == [[1, 0], [4, 3], [2, 5]]
+    assert best_fit_decreasing([2, 2], 4) == [[0, 1]]  # equal lengths keep their order
+    assert best_fit_decreasing([], 4) == []
+    with pytest.raises(ValueError, match="longer than the capacity 3"):
+        best_fit_decreasing([4], 3)
+    with pytest.raises(ValueError, match="capacity must be >= 1"):
+        best_fit_decreasing([1], 0)
+
+
+def test_pack_examples_strategies_by_hand():
+    from rlhfkit.data.packing import pack_examples
+
+    rows = {
+        "input_ids": [[1, 2, 3, 4, 5], [6, 7], [8, 9, 10], [11]],
+        "mask": [[1, 1, 1, 0, 0], [1, 0], [1, 1, 0], [1]],
+    }
+    # bfd: [1..5] cut to 4; bins by length 4, 3, 2, 1 -> [4], [3, 1], [2]
+    assert pack_examples(rows, 4, "bfd") == {
+        "input_ids": [[1, 2, 3, 4], [8, 9, 10, 11], [6, 7]],
+        "mask": [[1, 1, 1, 0], [1, 1, 0, 1], [1, 0]],
+        "seq_lengths": [[4], [3, 1], [2]],
+    }
+    # bfd_split: [5] goes on as its own piece and fills [8, 9, 10]'s bin
+    split = pack_examples(rows, 4, "bfd_split")
+    assert split["input_ids"] == [[1, 2, 3, 4], [8, 9, 10, 5], [6, 7, 11]]
+    assert split["seq_lengths"] == [[4], [3, 1], [2, 1]]
+    # wrapped: the stream of 11 tokens cut every 4, the last row shorter, no boundaries
+    wrapped = pack_examples(rows, 4, "wrapped")
+    assert wrapped["input_ids"] == [[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11]] and "seq_lengths" not in wrapped
+    assert wrapped["mask"] == [[1, 1, 1, 0], [0, 1, 0, 1], [1, 0, 1]]
+    with pytest.raises(ValueError, match="packing strategy must be"):
+        pack_examples(rows, 4, "ffd")
+
+
+def test_pack_dataset_on_map_and_iterable_datasets():
+    import datasets
+
+    from rlhfkit import pack_dataset
+
+    ds = datasets.Dataset.from_dict({"input_ids": [[1, 2, 3], [4], [5, 6]]})
+    assert pack_dataset(ds, 4)[:] == {"input_ids": [[1, 2, 3, 4], [5, 6]], "seq_lengths": [[3, 1], [2]]}
+    streamed = pack_dataset(ds.to_iterable_dataset(), 4, "wrapped")
+    assert [row["input_ids"] for row in streamed] == [[1, 2, 3, 4], [5, 6]]

@@ -106,3 +106,51 @@ def test_sft_command_trains_with_trl1_flags(tmp_path, capsys):
     assert code == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["train_loss"] is not None and 0 < summary["train_loss"] < 10
+
+
+def _run(tmp_path, capsys, data, *flags):
+    code = main([
+        "--model_name_or_path", str(tiny_model_path("llama")), "--dataset_name", str(data),
+        "--output_dir", str(tmp_path / "o"), "--use_cpu", "--report_to", "none", "--max_steps", "2",
+        "--per_device_train_batch_size", "2", "--save_strategy", "no", "--disable_tqdm", "true", *flags,
+    ])  # fmt: skip
+    captured = capsys.readouterr()
+    return code, captured
+
+
+def test_sft_command_trl1_packing_and_padding_flags(tmp_path, capsys):
+    data = tmp_path / "docs.jsonl"
+    data.write_text("".join(json.dumps({"text": d}) + "\n" for d in DOCS * 2))
+    code, out = _run(tmp_path, capsys, data, "--packing", "--packing_strategy", "bfd", "--max_length", "16",
+                     "--shuffle_dataset", "--pad_to_multiple_of", "8", "--eval_packing", "false")  # fmt: skip
+    assert code == 0, out.err[-2000:]
+    summary = json.loads(out.out.strip().splitlines()[-1])
+    assert 0 <= summary["mean_token_accuracy"] <= 1 and summary["num_tokens"] > 0
+    code, out = _run(tmp_path, capsys, data, "--padding_free", "--truncation_mode", "keep_end",
+                     "--packing_strategy", "wrapped")  # fmt: skip
+    assert code == 0, out.err[-2000:]
+    code, out = _run(tmp_path, capsys, data, "--packing", "--packing_strategy", "first_fit")
+    assert code == 2 and "packing_strategy must be one of" in out.err
+
+
+def test_sft_command_completion_and_assistant_only_flags(tmp_path, capsys):
+    from rlhfkit.testing.tokenizer import GENERATION_CHAT_TEMPLATE
+
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps({"prompt": d[:8], "completion": d[8:]}) + "\n" for d in DOCS))
+    code, out = _run(tmp_path, capsys, pairs, "--completion_only_loss", "false")
+    assert code == 0, out.err[-2000:]
+    chats = tmp_path / "chats.jsonl"
+    rows = [
+        {"conversations": [{"from": "user", "value": d[:8]}, {"from": "assistant", "value": d[8:]}]}
+        for d in DOCS
+    ]
+    chats.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    code, out = _run(
+        tmp_path, capsys, chats, "--assistant_only_loss"
+    )  # the tiny template has no generation blocks
+    assert code == 2 and "{% generation %}" in out.err
+    template = tmp_path / "chat.jinja"
+    template.write_text(GENERATION_CHAT_TEMPLATE)
+    code, out = _run(tmp_path, capsys, chats, "--assistant_only_loss", "--chat_template_path", str(template))
+    assert code == 0, out.err[-2000:]

@@ -1,4 +1,9 @@
-"""ConstantLengthDataset: pack many documents into fixed-length blocks so no compute goes to padding.
+"""Packing: many examples per row, so no compute goes to padding.
+
+`ConstantLengthDataset` (TRL 0.x) packs raw text; `pack_examples` / `pack_dataset` (TRL 1.x's strategies, at
+the end of this module) pack tokenised examples, best-fit-decreasing or wrapped.
+
+ConstantLengthDataset:
 
 Documents are tokenised a buffer at a time, joined with EOS, and cut into `seq_length` blocks.
 Every block carries:
@@ -15,6 +20,7 @@ The remainder shorter than a block is carried into the next buffer; the final re
 
 from __future__ import annotations
 
+import bisect
 import logging
 import random
 from collections.abc import Callable, Iterator
@@ -149,3 +155,71 @@ class ConstantLengthDataset(IterableDataset):
             if self.shuffle:
                 rng.shuffle(blocks)
             yield from blocks
+
+
+# --- packing tokenised examples (TRL 1.x's packing strategies) -------------------------------------------
+
+
+def best_fit_decreasing(lengths: list[int], capacity: int) -> list[list[int]]:
+    """Bins of item indices, each summing to at most `capacity`: items longest first (ties in index order),
+    each into the bin it fills most tightly (the least room that still fits; the oldest such bin), else
+    into a new bin. Bins are returned in the order they were opened, items in the order they were added."""
+    if capacity < 1:
+        raise ValueError(f"capacity must be >= 1, got {capacity}")
+    if any(n > capacity for n in lengths):
+        raise ValueError(f"an item is longer than the capacity {capacity}; cut or split it first")
+    bins: list[list[int]] = []
+    room: list[tuple[int, int]] = []  # (space left, bin index), sorted: bisection finds the tightest fit
+    for index in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        n = lengths[index]
+        at = bisect.bisect_left(room, (n, -1))
+        if at < len(room):
+            space, b = room.pop(at)
+        else:
+            space, b = capacity, len(bins)
+            bins.append([])
+        bins[b].append(index)
+        if space - n > 0:
+            bisect.insort(room, (space - n, b))
+    return bins
+
+
+def _pieces(rows: dict[str, list], seq_length: int, split: bool) -> dict[str, list]:
+    """Each example cut to seq_length ('bfd'), or split into seq_length pieces ('bfd_split'); empty ones
+    dropped."""
+    out: dict[str, list] = {k: [] for k in rows}
+    for i, ids in enumerate(rows["input_ids"]):
+        starts = range(0, len(ids), seq_length) if split else range(0, min(len(ids), 1))
+        for lo in starts:
+            for k in rows:
+                out[k].append(list(rows[k][i][lo : lo + seq_length]))
+    return out
+
+
+def pack_examples(rows: dict[str, list], seq_length: int, strategy: str = "bfd") -> dict[str, list]:
+    """Pack a batch of tokenised examples (aligned list columns such as input_ids, completion_mask, labels).
+
+    'bfd' / 'bfd_split': whole examples into rows of at most seq_length (`best_fit_decreasing`); each row
+    also gets `seq_lengths`, the lengths of the examples in it, from which position ids restart. 'wrapped':
+    the examples concatenated and cut every seq_length tokens (the last row shorter), no boundaries kept.
+    """
+    if strategy == "wrapped":
+        flat = {k: [t for row in v for t in row] for k, v in rows.items()}
+        total = len(flat["input_ids"])
+        return {k: [v[lo : lo + seq_length] for lo in range(0, total, seq_length)] for k, v in flat.items()}
+    if strategy not in ("bfd", "bfd_split"):
+        raise ValueError(f"packing strategy must be 'bfd', 'bfd_split' or 'wrapped', got {strategy!r}")
+    pieces = _pieces(rows, seq_length, split=strategy == "bfd_split")
+    lengths = [len(ids) for ids in pieces["input_ids"]]
+    bins = best_fit_decreasing(lengths, seq_length)
+    packed = {k: [[t for i in b for t in v[i]] for b in bins] for k, v in pieces.items()}
+    packed["seq_lengths"] = [[lengths[i] for i in b] for b in bins]
+    return packed
+
+
+def pack_dataset(dataset: Any, seq_length: int, strategy: str = "bfd", map_kwargs: dict | None = None) -> Any:
+    """`pack_examples` over a `datasets.Dataset` or `IterableDataset`, a map batch (1000 rows) at a time."""
+    if seq_length < 1:
+        raise ValueError(f"seq_length must be >= 1, got {seq_length}")
+    kwargs = {"seq_length": seq_length, "strategy": strategy}
+    return dataset.map(pack_examples, batched=True, fn_kwargs=kwargs, **(map_kwargs or {}))

@@ -11,6 +11,7 @@ SFT preparation lives here; the paired (reward / DPO) preparation is in `rlhfkit
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -42,7 +43,14 @@ def columns_of(dataset: Any) -> list[str]:
 
 def require_columns(dataset: Any, options: list[tuple[str, ...]], owner: str, arg: str) -> tuple[str, ...]:
     """Return the first column set in `options` that `dataset` has, else raise naming all of them."""
-    have = set(columns_of(dataset))
+    return require_columns_in(columns_of(dataset), options, owner, arg)
+
+
+def require_columns_in(
+    names: list[str], options: list[tuple[str, ...]], owner: str, arg: str
+) -> tuple[str, ...]:
+    """`require_columns` on a list of column names."""
+    have = set(names)
     for option in options:
         if set(option) <= have:
             return option
@@ -164,37 +172,104 @@ def row_is_chat(example: dict, dataset_text_field: str | None = None) -> bool:
     return any(k in example and is_conversational(example[k]) for k in keys if k)
 
 
+GENERATION_BLOCK = re.compile(r"\{%-?\s*generation\s*-?%\}")
+
+
+def to_chatml(example: dict) -> dict:
+    """TRL's ShareGPT form, a `conversations` column of {"from", "value"} messages, as `messages` of
+    {"role", "content"}; the other columns of the row, and rows already in that form, are unchanged."""
+    renamed = {"conversations": "messages"}
+    out = {}
+    for key, value in example.items():
+        if isinstance(value, list) and value and all(isinstance(m, dict) and "from" in m for m in value):
+            value = [{"role": m["from"], "content": m["value"]} for m in value]
+        out[renamed.get(key, key)] = value
+    return out
+
+
+def assistant_token_mask(tokenizer: Any, messages: list[dict]) -> tuple[list[int], list[int]]:
+    """(input_ids, mask) of a rendered chat, mask 1 on the assistant tokens the chat template marks with
+    {% generation %} blocks (transformers' `return_assistant_tokens_mask`)."""
+    template = getattr(tokenizer, "chat_template", None) or ""
+    if isinstance(template, dict):
+        template = template.get("default", "")
+    if not GENERATION_BLOCK.search(template):
+        raise ValueError(
+            "assistant_only_loss=True needs a chat template that marks the assistant turns with "
+            "{% generation %} ... {% endgeneration %} blocks, and the tokenizer's has none; give one with "
+            "`chat_template_path` (a .jinja file) or set tokenizer.chat_template"
+        )
+    out = tokenizer.apply_chat_template(
+        messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+    )
+    ids, mask = list(out["input_ids"]), list(out["assistant_masks"])
+    if not any(mask):
+        raise ValueError(
+            "assistant_only_loss=True: a conversation has no assistant token inside the chat template's "
+            "{% generation %} blocks (no assistant message, or the blocks are empty)"
+        )
+    return ids, mask
+
+
+def _assistant_row(example: dict, tokenizer: Any, completion_only: bool) -> tuple[list[int], list[int]]:
+    if "messages" in example and is_conversational(example["messages"]):
+        return assistant_token_mask(tokenizer, example["messages"])
+    if is_conversational(example.get("completion")):
+        ids, mask = assistant_token_mask(tokenizer, list(example.get("prompt") or []) + example["completion"])
+        if completion_only:  # the completion part only, as well
+            prompt = tokenizer.apply_chat_template(
+                list(example.get("prompt") or []), tokenize=True, add_generation_prompt=True, return_dict=True
+            )["input_ids"]
+            mask = [0] * len(prompt) + mask[len(prompt) :]
+        return ids, mask
+    raise ValueError(
+        "assistant_only_loss=True needs conversational rows: a 'messages' (or 'conversations') column, or "
+        "'prompt'/'completion' lists of role/content messages"
+    )
+
+
+def _completion_row(example: dict, tokenizer: Any, eos: int | None) -> tuple[list[int], list[int]]:
+    if "messages" in example and is_conversational(example["messages"]):
+        messages = example["messages"]
+        if messages[-1].get("role") != "assistant":
+            raise ValueError(
+                "completion_only_loss needs the last message of each conversation to be 'assistant'"
+            )
+        prompt, completion = split_prompt_completion_text(tokenizer, messages[:-1], messages[-1:])
+    elif "prompt" in example and "completion" in example:
+        prompt, completion = as_prompt_completion(example, tokenizer)
+    else:
+        raise ValueError(
+            "completion_only_loss needs 'prompt'+'completion' columns or a 'messages' chat column"
+        )
+    prompt_ids = tokenizer(prompt)["input_ids"] if prompt else []
+    completion_ids = with_eos(tokenizer(completion, add_special_tokens=False)["input_ids"], eos)
+    return prompt_ids + completion_ids, [0] * len(prompt_ids) + [1] * len(completion_ids)
+
+
+def truncate(values: list, limit: int | None, mode: str = "keep_start") -> list:
+    """The first (keep_start) or last (keep_end) `limit` items of `values`; all of them for None."""
+    if limit is None or len(values) <= limit:
+        return list(values)
+    return list(values[:limit] if mode == "keep_start" else values[-limit:])
+
+
 def _sft_row(example: dict, tokenizer: Any, args: dict) -> dict:
     """input_ids (+EOS for plain text, truncated) and completion_mask (1 = a token the loss trains on)."""
-    eos = (
-        None
-        if args["formatting_func"] is None and row_is_chat(example, args["dataset_text_field"])
-        else (tokenizer.eos_token_id)
-    )
-    if args["completion_only_loss"]:
-        if "messages" in example and is_conversational(example["messages"]):
-            messages = example["messages"]
-            if messages[-1].get("role") != "assistant":
-                raise ValueError(
-                    "completion_only_loss needs the last message of each conversation to be 'assistant'"
-                )
-            prompt, completion = split_prompt_completion_text(tokenizer, messages[:-1], messages[-1:])
-        elif "prompt" in example and "completion" in example:
-            prompt, completion = as_prompt_completion(example, tokenizer)
-        else:
-            raise ValueError(
-                "completion_only_loss needs 'prompt'+'completion' columns or a 'messages' chat column"
-            )
-        prompt_ids = tokenizer(prompt)["input_ids"] if prompt else []
-        completion_ids = with_eos(tokenizer(completion, add_special_tokens=False)["input_ids"], eos)
-        ids = prompt_ids + completion_ids
-        mask = [0] * len(prompt_ids) + [1] * len(completion_ids)
+    if args["formatting_func"] is None:  # a formatting function sees the row as it is
+        example = to_chatml(example)
+    chat = args["formatting_func"] is None and row_is_chat(example, args["dataset_text_field"])
+    eos = None if chat else tokenizer.eos_token_id
+    if args.get("assistant_only_loss"):
+        ids, mask = _assistant_row(example, tokenizer, bool(args["completion_only_loss"]))
+    elif args["completion_only_loss"]:
+        ids, mask = _completion_row(example, tokenizer, eos)
     else:
         text = example_to_text(example, tokenizer, args["dataset_text_field"], args["formatting_func"])
         ids = with_eos(tokenizer(text)["input_ids"], eos)
         mask = [1] * len(ids)
-    limit = args["max_seq_length"]
-    return {"input_ids": ids[:limit], "completion_mask": mask[:limit]}
+    limit, mode = args["max_seq_length"], args.get("truncation_mode", "keep_start")
+    return {"input_ids": truncate(ids, limit, mode), "completion_mask": truncate(mask, limit, mode)}
 
 
 def _sft_batch(batch: dict, tokenizer: Any, args: dict) -> dict:
@@ -206,50 +281,80 @@ def _sft_batch(batch: dict, tokenizer: Any, args: dict) -> dict:
     }
 
 
+def is_iterable_dataset(dataset: Any) -> bool:
+    """A `datasets.IterableDataset`: no len(), no random access, and no num_proc in its map."""
+    return type(dataset).__name__ == "IterableDataset" and hasattr(dataset, "map")
+
+
+def dataset_columns(dataset: Any) -> list[str]:
+    """Column names; an iterable dataset whose features are unknown is asked for its first row."""
+    names = getattr(dataset, "column_names", None)
+    if names is None and is_iterable_dataset(dataset):
+        names = list(next(iter(dataset)).keys())
+    if names is None:
+        raise TypeError(f"expected a datasets.Dataset with named columns, got {type(dataset).__name__}")
+    return list(names)
+
+
 def prepare_sft_dataset(
     dataset: Any,
     tokenizer: Any,
-    max_seq_length: int,
+    max_seq_length: int | None,
     dataset_text_field: str | None = "text",
     formatting_func: Callable | None = None,
-    completion_only_loss: bool = False,
+    completion_only_loss: bool | None = False,
     num_proc: int | None = None,
     batch_size: int | None = 1000,
     owner: str = "SFTTrainer",
     arg: str = "train_dataset",
+    assistant_only_loss: bool = False,
+    truncation_mode: str = "keep_start",
 ):
-    """Tokenise an SFT dataset into `input_ids` + `completion_mask`; pre-tokenised data passes through."""
+    """Tokenise an SFT dataset (`datasets.Dataset` or `IterableDataset`) into `input_ids` + `completion_mask`
+    (1 = trained on), cut to `max_seq_length` by `truncation_mode`; pre-tokenised data passes through.
+
+    completion_only_loss None: on for prompt/completion data. Rows left with no trained token (all prompt
+    after truncation) are dropped.
+    """
     check_not_empty(dataset, owner, arg)
-    names = columns_of(dataset)
+    names = dataset_columns(dataset)
     if "input_ids" in names:
         extra = [c for c in names if c not in ("input_ids", "attention_mask", "completion_mask", "labels")]
-        return dataset.remove_columns(extra)
-    if formatting_func is None and not completion_only_loss:
-        require_columns(
-            dataset, [(dataset_text_field or "text",), ("messages",), ("prompt", "completion")], owner, arg
+        return dataset.remove_columns(extra) if extra else dataset
+    if completion_only_loss is None:
+        completion_only_loss = "prompt" in names and "completion" in names
+    if formatting_func is None and not completion_only_loss and not assistant_only_loss:
+        require_columns_in(
+            names,
+            [(dataset_text_field or "text",), ("messages",), ("conversations",), ("prompt", "completion")],
+            owner,
+            arg,
         )
     args = {
         "completion_only_loss": completion_only_loss,
+        "assistant_only_loss": assistant_only_loss,
         "dataset_text_field": dataset_text_field,
         "formatting_func": formatting_func,
         "max_seq_length": max_seq_length,
+        "truncation_mode": truncation_mode,
     }
+    iterable = is_iterable_dataset(dataset)
+    map_kwargs = {} if iterable else {"num_proc": num_proc}
     out = dataset.map(
         _sft_batch,
         fn_kwargs={"tokenizer": tokenizer, "args": args},
         batched=True,
-        batch_size=batch_size if batch_size and batch_size > 0 else None,
+        batch_size=batch_size if batch_size and batch_size > 0 else (1000 if iterable else None),
         remove_columns=names,
-        num_proc=num_proc,
+        **map_kwargs,
     )
-    if completion_only_loss:
-        before = len(out)
-        out = out.filter(lambda row: any(row["completion_mask"]))
-        if len(out) < before:
+    out = out.filter(lambda row: any(row["completion_mask"]))
+    if not iterable:
+        if len(out) < len(dataset):
             logger.warning(
-                "%s: dropped %d examples whose completion was cut off by max_seq_length",
+                "%s: dropped %d examples left with no trained token after truncation to max_seq_length",
                 owner,
-                before - len(out),
+                len(dataset) - len(out),
             )
-        check_not_empty(out, owner, arg + " (after dropping rows with no completion token)")
+        check_not_empty(out, owner, arg + " (after dropping rows with no trained token)")
     return out

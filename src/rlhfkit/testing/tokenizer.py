@@ -30,6 +30,18 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}"
 )
 
+# The same rendering, with the assistant turns (content and closing EOS) inside {% generation %} blocks, which
+# transformers' return_assistant_tokens_mask (and so SFTConfig(assistant_only_loss=True)) needs.
+GENERATION_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if message['role'] == 'assistant' %}"
+    "{{ '<|assistant|>\n' }}{% generation %}{{ message['content'] + '<|endoftext|>' }}{% endgeneration %}"
+    "{{ '\n' }}"
+    "{% else %}{{ '<|' + message['role'] + '|>\n' + message['content'] + '<|endoftext|>\n' }}{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}"
+)
+
 CORPUS_FILE = "corpus.txt"
 
 

@@ -1,10 +1,27 @@
-"""SFTConfig: TrainingArguments plus supervised fine-tuning options (TRL 0.x's SFTTrainer keywords)."""
+"""SFTConfig: TrainingArguments plus supervised fine-tuning options (TRL 0.x's keywords, TRL 1.x's fields)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from rlhfkit.trainers.common.config import HFTrainerConfig, ModelInitKwargs, TokenizesDatasets, option
+
+PACKING_STRATEGIES = ("bfd", "bfd_split", "wrapped", "constant_length")
+
+
+def _multiple(value: int | str | None) -> int | None:
+    """pad_to_multiple_of as an int or None: TRL 1.x's "auto" pads only on AWS Neuron, so None here; the
+    command line gives strings ("8", "none")."""
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in ("auto", "none", "null"):
+            return None
+        if not text.isdigit():
+            raise ValueError(f"pad_to_multiple_of must be a positive int, None or 'auto', got {value!r}")
+        value = int(text)
+    if value is not None and value < 1:
+        raise ValueError(f"pad_to_multiple_of must be >= 1, None or 'auto', got {value}")
+    return value
 
 
 @dataclass
@@ -14,7 +31,31 @@ class SFTConfig(ModelInitKwargs, TokenizesDatasets, HFTrainerConfig):
     dataset_text_field: str = option(
         "text", "Column holding the training text (ignored for formatting_func/chat data)."
     )
-    packing: bool = option(False, "Pack documents into fixed max_seq_length blocks (ConstantLengthDataset).")
+    packing: bool = option(False, "Pack several tokenised examples into each row of max_length tokens.")
+    packing_strategy: str | None = option(
+        None,
+        "'bfd': best-fit decreasing, whole examples into bins of max_length (a longer one is cut), "
+        "trained padding-free; 'bfd_split': the same, a longer example split over bins; 'wrapped': the "
+        "token stream cut every max_length tokens; 'constant_length': TRL 0.x's ConstantLengthDataset. "
+        "None: 'constant_length' when TRL 0.x's max_seq_length or infinite is given, else 'bfd'.",
+    )
+    padding_free: bool = option(
+        False,
+        "Concatenate a batch into one row without padding; position_ids restart at each example (implied by "
+        "packing_strategy 'bfd'/'bfd_split').",
+    )
+    pad_to_multiple_of: int | str | None = option(
+        None, "Pad each batch's length up to a multiple of this. 'auto' (TRL 1.x's default): None here."
+    )
+    eval_packing: bool | None = option(None, "Pack the eval datasets too. None: as `packing`.")
+    shuffle_dataset: bool = option(False, "Shuffle each prepared dataset (before packing too) with `seed`.")
+    truncation_mode: str = option(
+        "keep_start", "Where a sequence longer than max_length is cut: 'keep_start' or 'keep_end'."
+    )
+    chat_template_path: str | None = option(
+        None,
+        "A Jinja file (.jinja/.j2) or a tokenizer folder whose chat template replaces the tokenizer's.",
+    )
     max_seq_length: int | None = option(
         None, "Tokens per example (or per packed block). None: min(tokenizer.model_max_length, 1024)."
     )
@@ -39,10 +80,15 @@ class SFTConfig(ModelInitKwargs, TokenizesDatasets, HFTrainerConfig):
         3.6, "With packing: estimated characters per token, sizing the text buffer."
     )
     append_concat_token: bool = option(True, "With packing: put the EOS token between packed documents.")
-    completion_only_loss: bool = option(
-        False,
+    completion_only_loss: bool | None = option(
+        None,
         "Train only on completion tokens: the 'completion' column of prompt/completion data, or the last "
-        "assistant message of conversational data. Not available with packing.",
+        "assistant message of conversational data. None: on for prompt/completion data, off otherwise.",
+    )
+    assistant_only_loss: bool = option(
+        False,
+        "Conversational data: train only on the assistant turns, as marked by the chat template's "
+        "{% generation %} blocks.",
     )
     dataset_batch_size: int = option(
         1000, "Examples tokenised per batch; <= 0 tokenises the whole dataset at once."
@@ -51,6 +97,15 @@ class SFTConfig(ModelInitKwargs, TokenizesDatasets, HFTrainerConfig):
     def validate(self) -> None:
         if self.loss_type not in ("nll", "dft"):
             raise ValueError(f"loss_type must be 'nll' or 'dft', got {self.loss_type!r}")
+        if self.truncation_mode not in ("keep_start", "keep_end"):
+            raise ValueError(
+                f"truncation_mode must be 'keep_start' or 'keep_end', got {self.truncation_mode!r}"
+            )
+        if self.packing_strategy not in (None, *PACKING_STRATEGIES):
+            raise ValueError(
+                f"packing_strategy must be one of {PACKING_STRATEGIES} or None, got {self.packing_strategy!r}"
+            )
+        self.pad_to_multiple_of = _multiple(self.pad_to_multiple_of)
         if self.max_length is not None:  # TRL 1.x's spelling of max_seq_length
             if self.max_seq_length not in (None, self.max_length):
                 raise ValueError(
@@ -64,13 +119,27 @@ class SFTConfig(ModelInitKwargs, TokenizesDatasets, HFTrainerConfig):
             raise ValueError(f"num_of_sequences must be >= 1, got {self.num_of_sequences}")
         if self.chars_per_token <= 0:
             raise ValueError(f"chars_per_token must be > 0, got {self.chars_per_token}")
-        if self.packing and self.completion_only_loss:
-            raise ValueError(
-                "completion_only_loss=True cannot be combined with packing=True: packed blocks mix prompts "
-                "and "
-                "completions of several documents. Turn one of them off."
-            )
+        text_packing = self.packing and self.resolved_packing_strategy() == "constant_length"
+        for name in ("completion_only_loss", "assistant_only_loss"):
+            if text_packing and getattr(self, name):
+                raise ValueError(
+                    f"{name}=True cannot be combined with packing=True and the 'constant_length' packing "
+                    "strategy, which packs raw text without masks; use packing_strategy='bfd' or turn one "
+                    "of them off"
+                )
         if self.infinite and not self.packing:
             raise ValueError("infinite=True only applies with packing=True")
         if self.infinite and self.max_steps <= 0:
             raise ValueError("infinite=True makes the dataset endless: set max_steps > 0 to say when to stop")
+
+    def resolved_packing_strategy(self) -> str:
+        """The packing strategy in force (packing_strategy, or its default for the way lengths were given)."""
+        if self.packing_strategy is not None:
+            return self.packing_strategy
+        legacy = (self.max_length is None and self.max_seq_length is not None) or self.infinite
+        return "constant_length" if legacy else "bfd"  # TRL 0.x's spelling keeps TRL 0.x's packing
+
+    def uses_padding_free(self, packing: bool | None = None) -> bool:
+        """Whether batches are concatenated without padding (TRL 1.x: forced by the 'bfd' strategies)."""
+        packing = self.packing if packing is None else packing
+        return self.padding_free or (packing and self.resolved_packing_strategy() in ("bfd", "bfd_split"))

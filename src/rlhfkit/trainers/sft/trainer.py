@@ -1,31 +1,45 @@
 """SFTTrainer: supervised fine-tuning (next-token cross-entropy) of a causal language model.
 
 Text comes from a column, a formatting function, prompt/completion columns or a chat column
-rendered with the tokenizer's chat template. Examples are either padded one per row, or packed
-into fixed-length blocks (`ConstantLengthDataset`) whose position ids restart at every document
-so that supporting models never attend across documents. With `completion_only_loss` only the
-completion tokens are trained on.
+rendered with the tokenizer's chat template. Examples are padded one per row, concatenated padding-free,
+or packed (TRL 1.x's best-fit-decreasing / wrapped rows, or TRL 0.x's `ConstantLengthDataset` blocks);
+position ids restart at every document so that supporting models never attend across documents. With
+`completion_only_loss` / `assistant_only_loss` only completion / assistant tokens are trained on.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils.data import IterableDataset
 from transformers import AutoModelForCausalLM
 
-from rlhfkit.data.collators import SFTDataCollator
-from rlhfkit.data.packing import ConstantLengthDataset
-from rlhfkit.data.preparation import check_not_empty, prepare_sft_dataset
-from rlhfkit.rollout.lm_head import chunked_label_logprobs
+from rlhfkit.data.chat_templates import apply_chat_template_path
+from rlhfkit.data.language_modeling import DataCollatorForLanguageModeling
+from rlhfkit.data.packing import ConstantLengthDataset, pack_dataset
+from rlhfkit.data.preparation import check_not_empty, is_iterable_dataset, prepare_sft_dataset
+from rlhfkit.rollout.lm_head import find_lm_head
 from rlhfkit.rollout.scoring import prefers_chunked_head
-from rlhfkit.trainers.common.trainer_setup import OfflineTrainer, apply_overrides, load_policy
+from rlhfkit.trainers.common.trainer_setup import (
+    MetricBuffer,
+    OfflineTrainer,
+    apply_overrides,
+    load_policy,
+    prepare_splits,
+)
 from rlhfkit.trainers.sft.config import SFTConfig
+from rlhfkit.trainers.sft.token_stats import chunked_label_stats, logits_label_stats, logits_token_stats
 
 logger = logging.getLogger(__name__)
+
+# what `_prepare` and the packing produce, for the collators
+PREPARED_COLUMNS = (
+    "input_ids", "labels", "attention_mask", "position_ids", "completion_mask", "assistant_masks",
+    "seq_lengths",
+)  # fmt: skip
 
 
 def packed_collator(features: list[dict]) -> dict[str, torch.Tensor]:
@@ -34,12 +48,29 @@ def packed_collator(features: list[dict]) -> dict[str, torch.Tensor]:
     return {k: torch.stack([torch.as_tensor(f[k], dtype=torch.long) for f in features]) for k in keys}
 
 
+@dataclass
+class ConstantLengthCollator:
+    """`packed_collator` for ConstantLengthDataset blocks; rows that are not blocks (an eval set with
+    eval_packing=False) go to `unpacked`."""
+
+    unpacked: Callable
+
+    @property
+    def padding_free(self) -> bool:
+        """Blocks carry restarting position ids and no attention mask; other rows as `unpacked` does."""
+        return bool(getattr(self.unpacked, "padding_free", False))
+
+    def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
+        return packed_collator(features) if "position_ids" in features[0] else self.unpacked(features)
+
+
 class SFTTrainer(OfflineTrainer):
     """`transformers.Trainer` for supervised fine-tuning; TRL 0.x's keyword arguments override `args`.
 
     `model` may be a local path (loaded with AutoModelForCausalLM and `args.model_init_kwargs`, float32
-    unless they name a dtype); `peft_config` wraps it with LoRA; `formatting_func(example) -> str` builds
-    the text of a row. TRL 0.x's `tokenizer=` is another name for `processing_class=`.
+    unless they name a dtype); `peft_config` wraps it with any PEFT method (LoRA, prompt tuning, ...);
+    `formatting_func(example) -> str` builds the text of a row. TRL 0.x's `tokenizer=` is another name for
+    `processing_class=`. Datasets may be `datasets.Dataset` or `datasets.IterableDataset`.
     """
 
     config_class = SFTConfig
@@ -52,7 +83,16 @@ class SFTTrainer(OfflineTrainer):
     def __init__(self, *args: Any, formatting_func: Callable | None = None, **kwargs: Any):
         """The arguments of `OfflineTrainer`, the `override_keywords`, and `formatting_func`."""
         self.formatting_func = formatting_func
+        self._metrics = MetricBuffer()
+        self._num_tokens = 0
         super().__init__(*args, **kwargs)
+        collator = self.data_collator
+        if self.args.uses_padding_free() and not getattr(collator, "padding_free", False):
+            raise ValueError(
+                "SFTTrainer: padding_free=True (or packing with packing_strategy 'bfd'/'bfd_split') needs a "
+                f"padding-free collator, and the data_collator given is {type(collator).__name__}; leave "
+                "data_collator unset or pass DataCollatorForLanguageModeling(pad_token_id, padding_free=True)"
+            )
 
     def _setup(self, model: Any, args: SFTConfig, processing_class: Any, peft_config: Any) -> tuple[Any, Any]:
         owner = type(self).__name__
@@ -66,35 +106,89 @@ class SFTTrainer(OfflineTrainer):
                 setattr(processing_class, name, token)
         if processing_class.pad_token is None:
             processing_class.pad_token = processing_class.eos_token
+        if processing_class.pad_token_id is None:
+            raise ValueError(
+                f"{owner}: the tokenizer has neither a pad nor an eos token; set tokenizer.pad_token or "
+                "SFTConfig(pad_token=...)"
+            )
+        apply_chat_template_path(processing_class, args.chat_template_path, owner)
+        if args.completion_only_loss and self.formatting_func is not None:
+            raise ValueError(
+                f"{owner}: completion_only_loss=True and a formatting_func were both given; the function "
+                "turns each row into one text, which has no completion part. Drop one of them."
+            )
         model = load_policy(
             model, AutoModelForCausalLM, args.from_pretrained_kwargs(), peft_config, owner, args.seed
         )
-        if args.max_seq_length is None:
+        if args.max_seq_length is None:  # set as max_length: TRL 1.x's packing strategy stays the default
             default_length = min(int(getattr(processing_class, "model_max_length", 1024) or 1024), 1024)
-            args = apply_overrides(args, owner, max_seq_length=default_length)
+            args = apply_overrides(args, owner, max_length=default_length)
         return model, args
 
     def _default_collator(self, args: SFTConfig, processing_class: Any) -> Callable:
-        return packed_collator if args.packing else SFTDataCollator(processing_class.pad_token_id)
+        collator = DataCollatorForLanguageModeling(
+            processing_class.pad_token_id,
+            padding_free=args.uses_padding_free(),
+            pad_to_multiple_of=args.pad_to_multiple_of,
+        )
+        if args.packing and args.resolved_packing_strategy() == "constant_length":
+            return ConstantLengthCollator(collator)
+        return collator
 
     def _prepare(self, dataset: Any, tokenizer: Any, args: SFTConfig, arg: str) -> Any:
-        if dataset is None or isinstance(dataset, IterableDataset) or not hasattr(dataset, "column_names"):
+        hf_iterable = is_iterable_dataset(dataset)
+        if dataset is None or not (hf_iterable or hasattr(dataset, "column_names")):
             return dataset  # already packed / custom torch dataset: used as given
         if (args.dataset_kwargs or {}).get("skip_prepare_dataset"):
             return dataset  # tokenised by the caller
         check_not_empty(dataset, "SFTTrainer", arg)
-        if not args.packing:
-            return prepare_sft_dataset(
-                dataset,
-                tokenizer,
-                args.max_seq_length,
-                args.dataset_text_field,
-                self.formatting_func,
-                args.completion_only_loss,
-                num_proc=args.dataset_num_proc,
-                batch_size=args.dataset_batch_size,
-                arg=arg,
+        if hf_iterable and getattr(args.accelerator_config, "dispatch_batches", None) is not False:
+            # with several processes, dispatching would concatenate batches of different widths
+            args.accelerator_config.dispatch_batches = False
+        packing = args.packing if arg == "train_dataset" or args.eval_packing is None else args.eval_packing
+        strategy = args.resolved_packing_strategy()
+        if packing and strategy == "constant_length":
+            return self._constant_length(dataset, tokenizer, args, arg)
+        formatting = self.formatting_func
+        completion_only = args.completion_only_loss  # None: by the columns, except for formatted text
+        completion_only = False if formatting is not None and completion_only is None else completion_only
+        prepared = prepare_sft_dataset(
+            dataset, tokenizer, None if packing else args.max_seq_length, args.dataset_text_field, formatting,
+            completion_only,
+            num_proc=args.dataset_num_proc, batch_size=args.dataset_batch_size, arg=arg,
+            assistant_only_loss=args.assistant_only_loss, truncation_mode=args.truncation_mode,
+        )  # fmt: skip
+        if args.shuffle_dataset:  # before packing too: documents packed together are then unrelated
+            prepared = prepared.shuffle(seed=args.seed)
+        if packing:
+            map_kwargs = {} if hf_iterable else {"num_proc": args.dataset_num_proc}
+            prepared = pack_dataset(prepared, args.max_seq_length, strategy, map_kwargs)
+            if args.shuffle_dataset:
+                prepared = prepared.shuffle(seed=args.seed)
+        return prepared
+
+    def _set_signature_columns_if_needed(self) -> None:
+        """With remove_unused_columns=True, keep the prepared columns the collator reads (not all of them are
+        forward() arguments): dropping the masks or seq_lengths would silently train on every token."""
+        if self._signature_columns is None:
+            self._signature_columns = list(PREPARED_COLUMNS)
+
+    def evaluate(self, eval_dataset: Any = None, ignore_keys: Any = None, metric_key_prefix: str = "eval"):
+        """`Trainer.evaluate`; a raw dataset (or dict of them) passed here is prepared like `eval_dataset`."""
+        if eval_dataset is not None and not isinstance(eval_dataset, str):
+            _, eval_dataset = prepare_splits(
+                None, eval_dataset, lambda ds, arg: ds if ds is None else self._prepare_raw(ds, arg)
             )
+        return super().evaluate(eval_dataset, ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix)
+
+    def _prepare_raw(self, dataset: Any, arg: str) -> Any:
+        """`_prepare`, except for a dataset already tokenised (or packed): used as it is."""
+        if "input_ids" in (getattr(dataset, "column_names", None) or []):
+            return dataset
+        return self._prepare(dataset, self.processing_class, self.args, arg)
+
+    def _constant_length(self, dataset: Any, tokenizer: Any, args: SFTConfig, arg: str) -> Any:
+        """TRL 0.x's packing: raw text into ConstantLengthDataset blocks, materialised unless infinite."""
         packed = ConstantLengthDataset(
             tokenizer,
             dataset,
@@ -124,53 +218,73 @@ class SFTTrainer(OfflineTrainer):
         return datasets.Dataset.from_list(blocks)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        """transformers' causal-LM loss; without (B, T, V) logits when they would be large.
+        """transformers' causal-LM loss ('nll') or DFT's; without (B, T, V) logits when they would be large.
 
         Then the label tokens are scored in chunks from the final hidden states (`rollout.lm_head`), with the
         same reduction as transformers 5: summed and divided by `num_items_in_batch` (the label tokens of the
         whole accumulated batch) when the Trainer passes it to a model that accepts loss kwargs, else a mean
         over this batch's label tokens. Label smoothing, `compute_loss_func`, `return_outputs` (evaluation
         and predictions want the logits) and heads that are not plain linear layers keep the logits path.
+        Either way the label tokens' entropy and top-1 accuracy are logged (TRL's `entropy`,
+        `mean_token_accuracy`), with the running count of trained-on input tokens (`num_tokens`).
         """
         # a training forward needs no KV cache (building one costs memory); for a packed block an empty
         # cache would also hide the document boundaries from the mask builder
         inputs = {**inputs, "use_cache": False}
-        if self.args.loss_type == "dft" and not return_outputs:
-            return self._dft_loss(model, inputs, num_items_in_batch)
-        chunked = None
+        self._count_tokens(inputs)
+        labels = inputs["labels"]
+        forward = {k: v for k, v in inputs.items() if k != "labels"}
+        dft = self.args.loss_type == "dft" and not return_outputs
+        head = None
         if (
             not return_outputs
             and self.label_smoother is None
             and self.compute_loss_func is None
-            and "labels" in inputs
             and "shift_labels" not in inputs
             and not getattr(getattr(self.accelerator, "parallelism_config", None), "sp_enabled", False)
-            and prefers_chunked_head(model, inputs["labels"].numel())
+            and (dft or prefers_chunked_head(model, labels.numel()))
         ):
-            forward = {k: v for k, v in inputs.items() if k != "labels"}
-            chunked = chunked_label_logprobs(model, inputs["labels"], **forward)
-        if chunked is None:
-            return super().compute_loss(
-                model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
-            )
-        logprobs, mask, _ = chunked
-        return self._token_mean(-logprobs, mask, num_items_in_batch)
-
-    def _dft_loss(self, model, inputs, num_items_in_batch):
-        """Dynamic Fine-Tuning: sum over label tokens of -p * log p, p = exp(log p) without gradient, reduced
-        like the cross-entropy. Chunked from the hidden states when the model allows, else from its logits."""
-        labels = inputs["labels"]
-        forward = {k: v for k, v in inputs.items() if k != "labels"}
-        chunked = chunked_label_logprobs(model, labels, **forward)
-        if chunked is None:
-            logits = model(**forward).logits[:, :-1].float()
-            targets = labels[:, 1:]
-            mask = targets != -100
-            logprobs = torch.log_softmax(logits, -1).gather(-1, targets.clamp(min=0)[..., None])[..., 0]
-            logprobs = logprobs * mask
+            head = find_lm_head(model)
+        if head is not None:
+            logprobs, mask, stats = chunked_label_stats(model, head, labels, forward)
+        elif dft:
+            logits = model(**forward).logits
+            logprobs, mask, stats = logits_label_stats(logits, labels)
         else:
-            logprobs, mask, _ = chunked
-        return self._token_mean(-logprobs.exp().detach() * logprobs, mask, num_items_in_batch)
+            loss, outputs = super().compute_loss(
+                model, inputs, return_outputs=True, num_items_in_batch=num_items_in_batch
+            )
+            self._record(logits_token_stats(outputs.logits, labels))
+            return (loss, outputs) if return_outputs else loss
+        self._record(stats)
+        token_losses = -logprobs.exp().detach() * logprobs if dft else -logprobs  # DFT: weighted by p
+        return self._token_mean(token_losses, mask, num_items_in_batch)
+
+    def _count_tokens(self, inputs: dict) -> None:
+        """TRL's `num_tokens`: input tokens trained on so far (padding excluded), summed over processes."""
+        if not self.model.training:
+            return
+        if "attention_mask" in inputs:
+            local = inputs["attention_mask"].sum()
+        else:
+            local = torch.tensor(inputs["input_ids"].numel(), device=inputs["input_ids"].device)
+        self._num_tokens += int(self.accelerator.gather_for_metrics(local.reshape(1)).sum())
+
+    def _record(self, stats: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> None:
+        """Log this step's entropy and top-1 accuracy over the label tokens of every process (sums gathered,
+        then divided, so two processes log what one process with both batches would)."""
+        local = torch.stack([torch.as_tensor(x, dtype=torch.float32, device=stats[0].device) for x in stats])
+        entropy_sum, hits, count = self.accelerator.gather_for_metrics(local[None]).sum(0).tolist()
+        split = "train" if self.model.training else "eval"
+        if count > 0:
+            self._metrics.add(split, {"entropy": entropy_sum / count, "mean_token_accuracy": hits / count})
+        self._metrics.add(split, {"num_tokens": self._num_tokens})
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        split = "eval" if any(k.startswith("eval_") for k in logs) else "train"
+        prefix = "eval_" if split == "eval" else ""
+        logs.update(self._metrics.pop_means(split, prefix=prefix, accelerator=self.accelerator))
+        super().log(logs, start_time)
 
     def _token_mean(self, token_losses, mask, num_items_in_batch):
         """transformers 5's reduction: summed and divided by the label tokens of the whole accumulated batch

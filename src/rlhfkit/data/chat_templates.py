@@ -1,0 +1,53 @@
+"""`apply_chat_template_path`: replace a tokenizer's chat template by one from a file or another tokenizer.
+
+TRL 1.x's `chat_template_path` (SFT and reward configs) names either a Jinja file (`.jinja` / `.j2`) or a
+tokenizer folder whose template is taken. Only the template is taken: tokens it mentions must already be
+in the tokenizer's vocabulary (checked for the other tokenizer's special tokens, which would otherwise
+be split into pieces), so the model's embeddings never need resizing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def read_chat_template(path: str | Path) -> tuple[str, list[str]]:
+    """(template, the special tokens it comes with) from a .jinja/.j2 file or a tokenizer folder."""
+    path = Path(path).expanduser()
+    if path.is_file() and path.suffix in (".jinja", ".j2"):
+        return path.read_text(encoding="utf-8"), []
+    if path.is_dir():
+        from transformers import AutoTokenizer
+
+        source = AutoTokenizer.from_pretrained(str(path))
+        template = getattr(source, "chat_template", None)
+        if not template:
+            raise ValueError(f"chat_template_path={str(path)!r}: that tokenizer has no chat template")
+        return template, list(getattr(source, "all_special_tokens", []))
+    raise ValueError(
+        f"chat_template_path={str(path)!r} must be a .jinja/.j2 file or a local tokenizer folder; "
+        f"{'no such file or folder' if not path.exists() else 'it is neither'}"
+    )
+
+
+def apply_chat_template_path(tokenizer: Any, path: str | Path | None, owner: str = "") -> Any:
+    """Set `tokenizer.chat_template` from `path` (None: leave it) and return the tokenizer.
+
+    A template taken from another tokenizer is refused when that tokenizer's special tokens are not
+    all in this vocabulary: the rendered chats would not contain them as single tokens.
+    """
+    if path is None:
+        return tokenizer
+    template, specials = read_chat_template(path)
+    vocab = tokenizer.get_vocab()
+    missing = [t for t in specials if t not in vocab]
+    if missing:
+        where = f"{owner}: " if owner else ""
+        raise ValueError(
+            f"{where}chat_template_path={str(path)!r}: its tokenizer's special tokens {missing} are not in "
+            "this tokenizer's vocabulary; add them (tokenizer.add_special_tokens, then resize the model's "
+            "embeddings) or use a template written for this tokenizer"
+        )
+    tokenizer.chat_template = template
+    return tokenizer
