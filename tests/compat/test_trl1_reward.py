@@ -142,3 +142,22 @@ def test_iterable_dataset(tmp_path, tokenizer):
         processing_class=tokenizer,
     )
     _train_and_check_it_learned(trainer)
+
+
+def test_chat_template_path_renders_the_pairs(tmp_path, tokenizer):
+    template = "{% for m in messages %}{{ m['role'] }} says {{ m['content'] }}\n{% endfor %}"
+    (tmp_path / "chat.jinja").write_text(template)
+    user = {"role": "user", "content": "the movie"}
+    pair = {
+        "chosen": [user, {"role": "assistant", "content": "was excellent"}],
+        "rejected": [user, {"role": "assistant", "content": "was terrible"}],
+    }
+    trainer = RewardTrainer(
+        model=tiny_model("llama-reward"),
+        args=_args(tmp_path, chat_template_path=str(tmp_path / "chat.jinja")),
+        train_dataset=datasets.Dataset.from_list([pair] * 8),
+        processing_class=tokenizer,
+    )
+    assert trainer.processing_class.chat_template == template
+    expected = tokenizer("user says the movie\nassistant says was excellent\n", add_special_tokens=False)
+    assert trainer.train_dataset[0]["input_ids_chosen"][: len(expected["input_ids"])] == expected["input_ids"]

@@ -8,7 +8,6 @@ import torch
 from rlhfkit.data.collators import (
     DPODataCollatorWithPadding,
     RewardDataCollatorWithPadding,
-    SFTDataCollator,
     pad_sequences,
 )
 
@@ -88,20 +87,6 @@ def test_dpo_collator_passes_reference_logps():
     batch = DPODataCollatorWithPadding()(features)
     assert batch["reference_chosen_logps"].tolist() == [-1.5]
     assert batch["reference_rejected_logps"].tolist() == [-2.0]
-
-
-def test_sft_collator_labels_follow_completion_mask():
-    features = [
-        {"input_ids": [1, 2, 3], "completion_mask": [0, 1, 1]},
-        {"input_ids": [4], "completion_mask": [1]},
-    ]
-    batch = SFTDataCollator(pad_token_id=9)(features)
-    assert batch["input_ids"].tolist() == [[1, 2, 3], [4, 9, 9]]
-    assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
-    assert batch["labels"].tolist() == [[-100, 2, 3], [4, -100, -100]]
-    # without a completion mask every real token is a label
-    plain = SFTDataCollator(pad_token_id=9)([{"input_ids": [1, 2]}, {"input_ids": [3]}])
-    assert plain["labels"].tolist() == [[1, 2], [3, -100]]
 
 
 def test_cat_padded_right_pads_to_the_wider_batch():

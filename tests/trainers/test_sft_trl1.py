@@ -241,11 +241,10 @@ def test_pad_to_multiple_of_values(tmp_path):
         return few_step_args(SFTConfig, tmp_path / "o", pad_to_multiple_of=value).pad_to_multiple_of
 
     assert [multiple(v) for v in ("auto", None, 8, "16", "none")] == [None, None, 8, 16, None]
-    with pytest.raises(ValueError, match="pad_to_multiple_of must be >= 1, None or 'auto', got 0"):
+    message = "pad_to_multiple_of must be a positive integer, 'auto' or None, got"
+    with pytest.raises(ValueError, match=f"{message} 0"):
         multiple(0)
-    with pytest.raises(
-        ValueError, match="pad_to_multiple_of must be a positive int, None or 'auto', got 'x'"
-    ):
+    with pytest.raises(ValueError, match=f"{message} 'x'"):
         multiple("x")
 
 

@@ -199,29 +199,3 @@ class DataCollatorForPreference:
         if self.max_length is None or len(seq) <= self.max_length:
             return seq
         return seq[: self.max_length] if self.truncation_mode == "keep_start" else seq[-self.max_length :]
-
-
-@dataclass
-class SFTDataCollator:
-    """Pads `input_ids` and builds `labels`: a token is trained on iff it is real and in `completion_mask`.
-
-    Rows that already carry `labels` keep them (padded with -100).
-    """
-
-    pad_token_id: int
-    label_pad_token_id: int = -100
-    pad_to_multiple_of: int | None = None
-
-    def __call__(self, features: list[dict]) -> dict[str, Any]:
-        ids = [list(f["input_ids"]) for f in features]
-        real = [[1] * len(x) for x in ids]
-        if "labels" in features[0]:
-            labels = [list(f["labels"]) for f in features]
-        else:
-            keep = [list(f.get("completion_mask") or r) for f, r in zip(features, real)]
-            labels = [[t if k else self.label_pad_token_id for t, k in zip(x, m)] for x, m in zip(ids, keep)]
-        return {
-            "input_ids": pad_sequences(ids, self.pad_token_id, "right", self.pad_to_multiple_of),
-            "attention_mask": pad_sequences(real, 0, "right", self.pad_to_multiple_of),
-            "labels": pad_sequences(labels, self.label_pad_token_id, "right", self.pad_to_multiple_of),
-        }

@@ -217,7 +217,7 @@ class MaxLength:
 class PadToMultipleOf:
     """Mixin field for configs whose collator can round the padded width up (TRL 1.x's field)."""
 
-    pad_to_multiple_of: int | None = option(
+    pad_to_multiple_of: int | str | None = option(
         None,
         "Pad each batch to a multiple of this many tokens (None: to its longest row). TRL 1.x's 'auto' means "
         "None here: it rounds to 128 only on AWS Neuron devices.",
@@ -231,8 +231,17 @@ class PadToMultipleOf:
                 self.pad_to_multiple_of = None
             elif text.isdigit():
                 self.pad_to_multiple_of = int(text)
-            else:
-                raise ValueError(f"pad_to_multiple_of must be an integer, 'auto' or None, got {value!r}")
-        if self.pad_to_multiple_of is not None and self.pad_to_multiple_of < 1:
-            raise ValueError(f"pad_to_multiple_of must be a positive integer or None, got {value!r}")
+        multiple = self.pad_to_multiple_of
+        if multiple is not None and (isinstance(multiple, str) or multiple < 1):
+            raise ValueError(f"pad_to_multiple_of must be a positive integer, 'auto' or None, got {value!r}")
         super().__post_init__()
+
+
+@dataclass
+class ChatTemplatePath:
+    """Mixin field for configs that render chats: a template to use instead of the tokenizer's."""
+
+    chat_template_path: str | None = option(
+        None,
+        "A Jinja file (.jinja/.j2) or a tokenizer folder whose chat template replaces the tokenizer's.",
+    )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rlhfkit.trainers.common.config import (
+    ChatTemplatePath,
     HFTrainerConfig,
     MaxLength,
     ModelInitKwargs,
@@ -17,7 +18,9 @@ OVERLONG_POLICIES = ("drop", "truncate")
 
 
 @dataclass
-class RewardConfig(PadToMultipleOf, ModelInitKwargs, TokenizesDatasets, MaxLength, HFTrainerConfig):
+class RewardConfig(
+    ChatTemplatePath, PadToMultipleOf, ModelInitKwargs, TokenizesDatasets, MaxLength, HFTrainerConfig
+):
     """Configuration for `RewardTrainer`; every `transformers.TrainingArguments` field also applies."""
 
     overlong_policy: str = option(

@@ -19,6 +19,7 @@ from torch import nn
 from transformers import AutoModelForSequenceClassification
 
 from rlhfkit.core.losses import pairwise_reward_loss
+from rlhfkit.data.chat_templates import apply_chat_template_path
 from rlhfkit.data.collators import DataCollatorForPreference, RewardDataCollatorWithPadding, cat_padded
 from rlhfkit.data.preference import prepare_reward_dataset
 from rlhfkit.trainers.common.trainer_setup import (
@@ -69,6 +70,8 @@ class RewardTrainer(OfflineTrainer):
     ) -> tuple[Any, Any]:
         owner = type(self).__name__
         set_special_tokens(processing_class, owner, pad_token=args.pad_token, eos_token=args.eos_token)
+        if processing_class is not None:
+            apply_chat_template_path(processing_class, args.chat_template_path, owner)
         model = load_policy(
             model,
             AutoModelForSequenceClassification,

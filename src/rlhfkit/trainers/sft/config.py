@@ -4,28 +4,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlhfkit.trainers.common.config import HFTrainerConfig, ModelInitKwargs, TokenizesDatasets, option
+from rlhfkit.trainers.common.config import (
+    ChatTemplatePath,
+    HFTrainerConfig,
+    ModelInitKwargs,
+    PadToMultipleOf,
+    TokenizesDatasets,
+    option,
+)
 
 PACKING_STRATEGIES = ("bfd", "bfd_split", "wrapped", "constant_length")
 
 
-def _multiple(value: int | str | None) -> int | None:
-    """pad_to_multiple_of as an int or None: TRL 1.x's "auto" pads only on AWS Neuron, so None here; the
-    command line gives strings ("8", "none")."""
-    if isinstance(value, str):
-        text = value.strip().lower()
-        if text in ("auto", "none", "null"):
-            return None
-        if not text.isdigit():
-            raise ValueError(f"pad_to_multiple_of must be a positive int, None or 'auto', got {value!r}")
-        value = int(text)
-    if value is not None and value < 1:
-        raise ValueError(f"pad_to_multiple_of must be >= 1, None or 'auto', got {value}")
-    return value
-
-
 @dataclass
-class SFTConfig(ModelInitKwargs, TokenizesDatasets, HFTrainerConfig):
+class SFTConfig(ChatTemplatePath, PadToMultipleOf, ModelInitKwargs, TokenizesDatasets, HFTrainerConfig):
     """Configuration for `SFTTrainer`; every `transformers.TrainingArguments` field also applies."""
 
     dataset_text_field: str = option(
@@ -44,17 +36,10 @@ class SFTConfig(ModelInitKwargs, TokenizesDatasets, HFTrainerConfig):
         "Concatenate a batch into one row without padding; position_ids restart at each example (implied by "
         "packing_strategy 'bfd'/'bfd_split').",
     )
-    pad_to_multiple_of: int | str | None = option(
-        None, "Pad each batch's length up to a multiple of this. 'auto' (TRL 1.x's default): None here."
-    )
     eval_packing: bool | None = option(None, "Pack the eval datasets too. None: as `packing`.")
     shuffle_dataset: bool = option(False, "Shuffle each prepared dataset (before packing too) with `seed`.")
     truncation_mode: str = option(
         "keep_start", "Where a sequence longer than max_length is cut: 'keep_start' or 'keep_end'."
-    )
-    chat_template_path: str | None = option(
-        None,
-        "A Jinja file (.jinja/.j2) or a tokenizer folder whose chat template replaces the tokenizer's.",
     )
     max_seq_length: int | None = option(
         None, "Tokens per example (or per packed block). None: min(tokenizer.model_max_length, 1024)."
@@ -105,7 +90,6 @@ class SFTConfig(ModelInitKwargs, TokenizesDatasets, HFTrainerConfig):
             raise ValueError(
                 f"packing_strategy must be one of {PACKING_STRATEGIES} or None, got {self.packing_strategy!r}"
             )
-        self.pad_to_multiple_of = _multiple(self.pad_to_multiple_of)
         if self.max_length is not None:  # TRL 1.x's spelling of max_seq_length
             if self.max_seq_length not in (None, self.max_length):
                 raise ValueError(

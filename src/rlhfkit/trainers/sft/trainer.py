@@ -29,6 +29,7 @@ from rlhfkit.trainers.common.trainer_setup import (
     apply_overrides,
     load_policy,
     prepare_splits,
+    set_special_tokens,
 )
 from rlhfkit.trainers.sft.config import SFTConfig
 from rlhfkit.trainers.sft.token_stats import chunked_label_stats, logits_label_stats, logits_token_stats
@@ -98,14 +99,7 @@ class SFTTrainer(OfflineTrainer):
         owner = type(self).__name__
         if processing_class is None:
             raise ValueError(f"{owner}: `processing_class` (or `tokenizer`) is required")
-        for name in ("pad_token", "eos_token"):  # SFTConfig's own choice of either, checked against the vocab
-            token = getattr(args, name)
-            if token is not None:
-                if processing_class.convert_tokens_to_ids(token) in (None, processing_class.unk_token_id):
-                    raise ValueError(f"{owner}: {name}={token!r} is not in the tokenizer's vocabulary")
-                setattr(processing_class, name, token)
-        if processing_class.pad_token is None:
-            processing_class.pad_token = processing_class.eos_token
+        set_special_tokens(processing_class, owner, pad_token=args.pad_token, eos_token=args.eos_token)
         if processing_class.pad_token_id is None:
             raise ValueError(
                 f"{owner}: the tokenizer has neither a pad nor an eos token; set tokenizer.pad_token or "
