@@ -11,6 +11,7 @@ from rlhfkit.rewards.reward_models import folder_tokenizer
 from rlhfkit.rollout import SamplingParams
 from rlhfkit.trainers.common.prompts import check_prompts, datasets_by_argument, tokenize_datasets
 from rlhfkit.trainers.common.trainer_setup import load_model
+from rlhfkit.trainers.grpo.prompt_stream import is_stream
 
 OWNER = "GRPOTrainer"
 
@@ -67,19 +68,40 @@ def _truncate_prompts(dataset: Any, max_length: int | None) -> Any:
 
 def prepare_datasets(train_dataset, eval_dataset, tokenizer, args, models) -> tuple[Any, Any]:
     """The prompt datasets tokenised (every other column kept), truncated to `max_prompt_length` and
-    checked against the context of each of `models` (name -> model)."""
+    checked against the context of each of `models` (name -> model). A streamed train set (`IterableDataset`)
+    is left as it is: its rows are prepared as they are drawn (`prompt_stream.stream_preparer`)."""
+    stream = train_dataset if is_stream(train_dataset) else None
+    _check_streams(stream, eval_dataset, args)
     train_dataset, eval_dataset = tokenize_datasets(
-        train_dataset, eval_dataset, tokenizer, None, keep_columns=True,
+        None if stream is not None else train_dataset, eval_dataset, tokenizer, None, keep_columns=True,
         chat_template_kwargs=args.chat_template_kwargs,
     )  # fmt: skip
+    if stream is not None:
+        train_dataset = None  # left out of the checks below
     train_dataset = _truncate_prompts(train_dataset, args.max_prompt_length)
     if isinstance(eval_dataset, dict):
         eval_dataset = {k: _truncate_prompts(v, args.max_prompt_length) for k, v in eval_dataset.items()}
     else:
         eval_dataset = _truncate_prompts(eval_dataset, args.max_prompt_length)
     for what, dataset in datasets_by_argument(train_dataset, eval_dataset).items():
-        check_prompts(dataset, what, args.max_completion_length, models)
-    return train_dataset, eval_dataset
+        if dataset is not None:
+            check_prompts(dataset, what, args.max_completion_length, models)
+    return (stream if stream is not None else train_dataset), eval_dataset
+
+
+def _check_streams(stream: Any, eval_dataset: Any, args: Any) -> None:
+    """A streamed train set needs `max_steps` (it has no length); evaluation sets must have one."""
+    if stream is not None and args.max_steps <= 0:
+        raise ValueError(
+            "train_dataset is an IterableDataset, which has no length: set max_steps (> 0) to say how many "
+            f"updates to train for (got max_steps={args.max_steps})"
+        )
+    evals = eval_dataset.values() if isinstance(eval_dataset, dict) else [eval_dataset]
+    if any(is_stream(ds) for ds in evals):
+        raise ValueError(
+            "eval_dataset must be a datasets.Dataset (or a dict of them), not an IterableDataset: evaluation "
+            "scores every prompt; stream only the train_dataset"
+        )
 
 
 def sampling_params(args: Any, tokenizer: Any) -> SamplingParams:

@@ -41,7 +41,6 @@ from rlhfkit.rollout.batch import RolloutBatch
 from rlhfkit.trainers.common.guards import RobustTrainerMixin, any_across_ranks
 from rlhfkit.trainers.common.online_loop import OnlineTrainerLoop
 from rlhfkit.trainers.common.progress import RichProgressCallback
-from rlhfkit.trainers.common.prompts import PromptSchedule
 from rlhfkit.trainers.common.trainer_setup import disable_dropout, load_policy, resolve_args
 from rlhfkit.trainers.grpo.config import GRPOConfig
 from rlhfkit.trainers.grpo.evaluation import evaluation_metrics
@@ -52,6 +51,7 @@ from rlhfkit.trainers.grpo.groups import (
     reward_problem,
     reward_stats,
 )
+from rlhfkit.trainers.grpo.prompt_stream import is_stream, prompt_source, stream_preparer
 from rlhfkit.trainers.grpo.reporting import ReportingMethods
 from rlhfkit.trainers.grpo.setup import (
     OWNER,
@@ -133,6 +133,7 @@ class GRPOTrainer(ReportingMethods, OnlineTrainerLoop, RobustTrainerMixin, Train
         train_dataset, eval_dataset = prepare_datasets(
             train_dataset, eval_dataset, processing_class, args, models
         )
+        self._prepare_stream_rows = stream_preparer(processing_class, args, models)
         super().__init__(
             model=policy,
             args=args,
@@ -176,15 +177,8 @@ class GRPOTrainer(ReportingMethods, OnlineTrainerLoop, RobustTrainerMixin, Train
         # why the current generation batch must not be trained on (see `groups.reward_problem`), or None
         self._reward_problem: str | None = None
         processes, rank = self.accelerator.num_processes, self.accelerator.process_index
-        if len(self.train_dataset) < args.local_prompts_per_generation * processes:
-            raise ValueError(
-                f"train_dataset has {len(self.train_dataset)} prompts but one generation batch needs "
-                f"{args.local_prompts_per_generation * processes} (generation_batch_size / num_generations)"
-            )
-        self.schedule = PromptSchedule(
-            len(self.train_dataset), args.local_prompts_per_generation, processes, rank, args.seed,
-            shuffle=args.shuffle_dataset,
-        )  # fmt: skip
+        # the rows of each generation batch: indexed (Dataset) or read in order (IterableDataset)
+        self.prompts = prompt_source(self.train_dataset, args, processes, rank, self._prepare_stream_rows)
         self.sampling_params = sampling_params(args, tok)
         self._buffer: RolloutBatch | None = None
         self._buffer_metrics: dict[str, float] = {}
@@ -195,7 +189,7 @@ class GRPOTrainer(ReportingMethods, OnlineTrainerLoop, RobustTrainerMixin, Train
     # ------------------------------------------------------------------ the shared loop's hooks
     def _num_updates(self) -> int:
         args = self.args
-        if args.max_steps > 0:
+        if args.max_steps > 0 or is_stream(self.train_dataset):  # a stream has no length: max_steps is set
             return args.max_steps
         completions = (
             args.num_train_epochs * len(self.train_dataset) * args.num_generations * args.num_iterations
@@ -316,7 +310,7 @@ class GRPOTrainer(ReportingMethods, OnlineTrainerLoop, RobustTrainerMixin, Train
 
     def _sample_groups(self) -> SampledGroups:
         """One round: the next batch of prompts, `num_generations` completions each, decoded and scored."""
-        rows = self.train_dataset[self.schedule.indices(self._prompt_batches)]
+        rows = self.prompts.rows(self._prompt_batches)
         self._prompt_batches += 1
         return self._score_groups(rows, self.args.num_generations)
 
