@@ -6,7 +6,6 @@ what TRL says, not just that it is accepted."""
 from __future__ import annotations
 
 import pytest
-import torch
 from datasets import Dataset
 
 from rlhfkit import GRPOConfig, GRPOTrainer
@@ -54,3 +53,18 @@ def test_iterable_dataset_with_max_steps(tmp_path):
     trainer = _train(tmp_path, train_dataset=stream, max_steps=3)
     assert trainer.state.global_step == 3
     assert len(_logged(trainer, "reward")) >= 3
+
+
+def test_entropy_coef_adds_an_entropy_bonus(tmp_path):
+    trainer = _train(tmp_path, entropy_coef=0.01)
+    assert _logged(trainer, "entropy_coef") == [0.01, 0.01]
+    for loss, policy_loss in zip(_logged(trainer, "loss"), _logged(trainer, "policy_loss")):
+        assert loss < policy_loss  # loss = policy_loss - 0.01 * mean entropy
+
+
+def test_adaptive_entropy_moves_the_coefficient_toward_the_target(tmp_path):
+    trainer = _train(
+        tmp_path, use_adaptive_entropy=True, entropy_coef=0.0, entropy_target=50.0, entropy_coef_delta=0.005,
+        entropy_coef_min=0.0, entropy_coef_max=1.0, max_steps=3,
+    )  # fmt: skip
+    assert _logged(trainer, "entropy_coef") == pytest.approx([0.005, 0.01, 0.015])

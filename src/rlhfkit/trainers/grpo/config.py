@@ -59,6 +59,23 @@ class GRPOConfig(GroupRollouts, GenerationOptions, HealthChecks, ModelInitKwargs
     use_bias_correction_kl: bool = option(
         True, "Weight the per-token KL by the importance ratio (unbiased reverse-KL gradient)."
     )
+    # ---------------------------------------------------------------- entropy bonus
+    entropy_coef: float = option(
+        0.0,
+        "Entropy bonus: the loss loses entropy_coef * the mean per-token entropy of the trained tokens (the "
+        "same for every loss_type). With use_adaptive_entropy, the starting coefficient.",
+    )
+    use_adaptive_entropy: bool = option(
+        False,
+        "Skywork-OR1: each update, raise entropy_coef by entropy_coef_delta while the entropy is at or below "
+        "entropy_target, lower it above; the bonus applies only at or below the target.",
+    )
+    entropy_coef_min: float = option(0.0, "Adaptive entropy: lowest coefficient.")
+    entropy_coef_max: float = option(1.0, "Adaptive entropy: highest coefficient.")
+    entropy_coef_delta: float = option(0.005, "Adaptive entropy: change of the coefficient per update.")
+    entropy_target: float = option(
+        0.2, "Adaptive entropy: target mean per-token entropy (nats) of the trained tokens."
+    )
     # ---------------------------------------------------------------- DAPO dynamic sampling (not in TRL)
     dynamic_sampling: bool = option(
         False,
@@ -90,6 +107,12 @@ class GRPOConfig(GroupRollouts, GenerationOptions, HealthChecks, ModelInitKwargs
                 raise ValueError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
         checks = {
             "delta": (self.delta, lambda v: v is None or v > 1, "> 1 or None"),
+            "entropy_coef_delta": (self.entropy_coef_delta, lambda v: v >= 0, ">= 0"),
+            "entropy_coef_max": (
+                self.entropy_coef_max,
+                lambda v: v >= self.entropy_coef_min,
+                ">= entropy_coef_min",
+            ),
             "top_entropy_quantile": (self.top_entropy_quantile, lambda v: 0 <= v <= 1, "in [0, 1]"),
         }
         for name, (value, ok, expected) in checks.items():

@@ -54,7 +54,8 @@ class ReportingMethods:
         """Micro-batch statistics -> one number each, over micro-batches and processes (TRL's min/max
         extras)."""
         local = {k: torch.stack(v).float() for k, v in stats.items()}
-        rows = torch.stack([local[k].sum() if k == "loss" else local[k].mean() for k in local])
+        summed = ("loss", "policy_loss")  # each micro-batch's loss is its share of the step's
+        rows = torch.stack([local[k].sum() if k in summed else local[k].mean() for k in local])
         extremes = torch.stack([local[k].max() for k in local])
         everywhere = self.accelerator.gather(torch.stack([rows, extremes])[None])  # (P, 2, K)
         out = dict(zip(local, everywhere[:, 0].mean(0).tolist()))

@@ -22,7 +22,6 @@ generation batch they are the detached current ones, as in TRL, and the gap betw
 from __future__ import annotations
 
 import contextlib
-import time
 from collections import defaultdict
 from typing import Any
 
@@ -31,6 +30,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM, ProgressCallback, Trainer
 
 from rlhfkit.core.advantages import group_advantages
+from rlhfkit.core.entropy_bonus import entropy_bonus
 from rlhfkit.core.kl import per_token_kl
 from rlhfkit.core.masking import masked_mean
 from rlhfkit.core.policy_losses import entropy_mask, policy_loss
@@ -43,7 +43,8 @@ from rlhfkit.trainers.common.online_loop import OnlineTrainerLoop
 from rlhfkit.trainers.common.progress import RichProgressCallback
 from rlhfkit.trainers.common.trainer_setup import disable_dropout, load_policy, resolve_args
 from rlhfkit.trainers.grpo.config import GRPOConfig
-from rlhfkit.trainers.grpo.evaluation import evaluation_metrics
+from rlhfkit.trainers.grpo.entropy import EntropyControl
+from rlhfkit.trainers.grpo.evaluation import EvaluationMethods
 from rlhfkit.trainers.grpo.groups import (
     SampledGroups,
     completion_stats,
@@ -62,7 +63,7 @@ from rlhfkit.trainers.grpo.setup import (
 )
 
 
-class GRPOTrainer(ReportingMethods, OnlineTrainerLoop, RobustTrainerMixin, Trainer):
+class GRPOTrainer(EvaluationMethods, ReportingMethods, OnlineTrainerLoop, RobustTrainerMixin, Trainer):
     """Trains `model` with GRPO on `reward_funcs`; see `GRPOConfig` for every option.
 
     `model`: a causal LM or a local path. `reward_funcs`: a callable `(prompts, completions, **columns) ->
@@ -185,6 +186,7 @@ class GRPOTrainer(ReportingMethods, OnlineTrainerLoop, RobustTrainerMixin, Train
         # prompt batches drawn so far (dynamic sampling draws several per generation)
         self._prompt_batches = 0
         self._on_policy = True
+        self.entropy_control = EntropyControl(args)
 
     # ------------------------------------------------------------------ the shared loop's hooks
     def _num_updates(self) -> int:
@@ -223,7 +225,7 @@ class GRPOTrainer(ReportingMethods, OnlineTrainerLoop, RobustTrainerMixin, Train
         ]
 
     def _loop_state(self) -> dict[str, Any]:
-        state: dict[str, Any] = {"prompt_batches": self._prompt_batches}
+        state: dict[str, Any] = {"prompt_batches": self._prompt_batches, **self.entropy_control.state()}
         if self.state.global_step % self._cycle() and self._buffer is not None:  # resumed mid-way through it
             # cloned: no shared storage
             state["buffer"] = {k: v.clone() for k, v in vars(self._buffer).items() if v is not None}
@@ -233,6 +235,8 @@ class GRPOTrainer(ReportingMethods, OnlineTrainerLoop, RobustTrainerMixin, Train
 
     def _load_loop_state(self, state: dict[str, Any]) -> None:
         self._prompt_batches = int(state["prompt_batches"])
+        if "entropy_coef" in state and self.entropy_control.adaptive:  # a fixed coefficient is the config's
+            self.entropy_control.load(state)
         if "buffer" in state:
             self._buffer = RolloutBatch(**state["buffer"]).to(self.accelerator.device)
             self._buffer_metrics = dict(state["buffer_metrics"])
@@ -354,29 +358,6 @@ class GRPOTrainer(ReportingMethods, OnlineTrainerLoop, RobustTrainerMixin, Train
             return batch.response_mask.sum(1) >= self.args.max_completion_length
         return ~((batch.responses == eos) & batch.response_mask.bool()).any(1)
 
-    def evaluate(
-        self, eval_dataset: Any = None, ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval"
-    ) -> dict[str, float]:
-        """Sample `num_generations_eval` completions of every evaluation prompt and log their rewards and
-        lengths under `metric_key_prefix` (each set of a dict of datasets under `<prefix>_<name>`)."""
-        dataset = self.eval_dataset if eval_dataset is None else eval_dataset
-        if dataset is None:
-            raise ValueError(f"{self._owner}.evaluate needs an eval_dataset (given here or to the trainer)")
-        if isinstance(dataset, dict):
-            metrics = {}
-            for name, part in dataset.items():
-                metrics.update(self.evaluate(part, ignore_keys, f"{metric_key_prefix}_{name}"))
-            return metrics
-        if eval_dataset is not None:  # raw prompts given here: tokenised like the trainer's own
-            dataset, _ = prepare_datasets(dataset, None, self.processing_class, self.args, {})
-        start = time.time()
-        metrics = evaluation_metrics(self, dataset)
-        metrics = {f"{metric_key_prefix}_{k}": v for k, v in metrics.items()}
-        metrics[f"{metric_key_prefix}_runtime"] = round(time.time() - start, 4)
-        self.log(metrics)
-        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
-        return metrics
-
     # ------------------------------------------------------------------ the update
     def _optimize(self, model: nn.Module, batch: RolloutBatch) -> dict[str, float]:
         args = self.args
@@ -401,13 +382,18 @@ class GRPOTrainer(ReportingMethods, OnlineTrainerLoop, RobustTrainerMixin, Train
         self.optimizer.zero_grad()
         if args.sync_ref_model and (self.state.global_step + 1) % args.ref_model_sync_steps == 0:
             self._sync_reference()
-        return self._reduce(stats)
+        metrics = self._reduce(stats)
+        if self.entropy_control.enabled:  # the step's entropy sets the next step's coefficient
+            device = self.accelerator.device
+            reduce_sum = lambda t: self.accelerator.reduce(t.to(device), reduction="sum").cpu()  # noqa: E731
+            metrics["entropy_coef"] = self.entropy_control.end_step(reduce_sum)
+        return metrics
 
     def _micro_step(
         self, model: nn.Module, rows: RolloutBatch, step_tokens: float, step_sequences: int
     ) -> dict:
-        args, mask = self.args, rows.loss_mask
-        out, old = self._policy_logprobs(model, rows)
+        args, mask, entropy = self.args, rows.loss_mask, self.entropy_control
+        out, old = self._policy_logprobs(model, rows, entropy_grad=entropy.enabled)
         kl = None
         if args.beta > 0:
             sampling = old if args.use_bias_correction_kl else None
@@ -434,10 +420,18 @@ class GRPOTrainer(ReportingMethods, OnlineTrainerLoop, RobustTrainerMixin, Train
             step_sequences=step_sequences,
             entropy_mask=keep,
         )
-        self.accelerator.backward(result.loss)
+        loss, stats = result.loss, {}
+        if entropy.enabled:  # the mean entropy of the trained tokens, this micro-batch's share of the step
+            trained = mask.bool() if keep is None else mask.bool() & keep
+            share = len(rows) / step_sequences
+            loss = loss + entropy_bonus(out.entropy, trained, entropy.applied()) * share
+            entropy.observe(out.entropy, trained)
+            stats["policy_loss"] = result.loss.detach()
+        self.accelerator.backward(loss)
         stats = {
-            "loss": result.loss.detach(),
-            "entropy": masked_mean(out.entropy, rows.response_mask),  # every generated token, as TRL
+            **stats,
+            "loss": loss.detach(),
+            "entropy": masked_mean(out.entropy.detach(), rows.response_mask),  # every generated token, as TRL
             "clip_ratio/low_mean": result.clip_ratio_low,
             "clip_ratio/high_mean": result.clip_ratio_high,
             "clip_ratio/region_mean": result.clip_ratio_region,
@@ -446,13 +440,17 @@ class GRPOTrainer(ReportingMethods, OnlineTrainerLoop, RobustTrainerMixin, Train
             stats["kl"] = result.kl_mean
         return {**stats, **self._sampling_gap(out.logprobs, rows)}
 
-    def _policy_logprobs(self, model: nn.Module, rows: RolloutBatch) -> tuple[Any, torch.Tensor]:
-        """The training forward over `rows` (logprobs and entropy) and the old logprobs: the detached current
-        ones on the first update of a generation batch, else those streamed out of sampling."""
+    def _policy_logprobs(
+        self, model: nn.Module, rows: RolloutBatch, entropy_grad: bool = False
+    ) -> tuple[Any, torch.Tensor]:
+        """The training forward over `rows` (logprobs and entropy, differentiable with `entropy_grad`) and the
+        old logprobs: the detached current ones on the first update of a generation batch, else those
+        streamed out of sampling."""
         with self.accelerator.autocast():
             out = forward_response(
-                model, *self._rollout_tensors(rows), temperature=self.args.temperature, with_entropy=True
-            )
+                model, *self._rollout_tensors(rows), temperature=self.args.temperature, with_entropy=True,
+                entropy_grad=entropy_grad,
+            )  # fmt: skip
         return out, out.logprobs.detach() if self._on_policy else rows.logprobs
 
     @torch.no_grad()
