@@ -6,6 +6,7 @@ what TRL says, not just that it is accepted."""
 from __future__ import annotations
 
 import pytest
+import torch
 from datasets import Dataset
 
 from rlhfkit import GRPOConfig, GRPOTrainer
@@ -68,3 +69,24 @@ def test_adaptive_entropy_moves_the_coefficient_toward_the_target(tmp_path):
         entropy_coef_min=0.0, entropy_coef_max=1.0, max_steps=3,
     )  # fmt: skip
     assert _logged(trainer, "entropy_coef") == pytest.approx([0.005, 0.01, 0.015])
+
+
+def test_multi_objective_aggregation_normalize_then_sum(tmp_path):
+    def reward_big(completions, **kwargs):  # a reward on a far larger scale than reward_e
+        return [1000.0 * len(completion) for completion in completions]
+
+    trainer = _train(
+        tmp_path,
+        reward_funcs=[reward_e, reward_big],
+        multi_objective_aggregation="normalize_then_sum",
+        max_steps=1,
+    )
+    summed = _train(
+        tmp_path, reward_funcs=[reward_e, reward_big], max_steps=1
+    )  # same completions (same seed)
+    gdpo, plain = trainer._buffer.advantages, summed._buffer.advantages
+    # GDPO standardises the weighted sum of group-normalised rewards over the whole batch
+    assert gdpo.mean().item() == pytest.approx(0.0, abs=1e-5) and gdpo.std().item() == pytest.approx(
+        1.0, abs=1e-3
+    )
+    assert not torch.allclose(gdpo, plain)  # reward_e counts as much as reward_big, not 1000 times less

@@ -26,6 +26,7 @@ from rlhfkit.trainers.common.group_config import GroupRollouts
 SCALE_REWARDS = ("group", "batch", "none")
 TOKEN_SUMMED_LOSSES = ("bnpo", "dr_grpo", "dapo", "cispo")  # normalised over tokens, not per sequence
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
+MULTI_OBJECTIVE_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
 
 
 @dataclass
@@ -52,6 +53,12 @@ class GRPOConfig(GroupRollouts, GenerationOptions, HealthChecks, ModelInitKwargs
     )
     scale_rewards: str = option(
         "group", "Divide advantages by the reward std of the 'group', the 'batch', or 'none' (True/False)."
+    )
+    multi_objective_aggregation: str = option(
+        "sum_then_normalize",
+        "How several reward functions combine: 'sum_then_normalize' (weighted sum, then advantages as "
+        "scale_rewards says) or 'normalize_then_sum' (GDPO: each reward normalised in its group, weighted "
+        "sum, standardised over the batch; scale_rewards unused).",
     )
     top_entropy_quantile: float = option(
         1.0, "Train only on the top quantile of tokens by entropy (1.0: all; the paper uses 0.2)."
@@ -101,6 +108,7 @@ class GRPOConfig(GroupRollouts, GenerationOptions, HealthChecks, ModelInitKwargs
             "loss_type": (self.loss_type, tuple(POLICY_LOSSES)),  # read now: the registry is the one list
             "scale_rewards": (self.scale_rewards, SCALE_REWARDS),
             "importance_sampling_level": (self.importance_sampling_level, IMPORTANCE_SAMPLING_LEVELS),
+            "multi_objective_aggregation": (self.multi_objective_aggregation, MULTI_OBJECTIVE_AGGREGATIONS),
         }
         for name, (value, allowed) in choices.items():
             if value not in allowed:

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, ProgressCallback, Trainer
 
-from rlhfkit.core.advantages import group_advantages
+from rlhfkit.core.advantages import decoupled_group_advantages, group_advantages
 from rlhfkit.core.entropy_bonus import entropy_bonus
 from rlhfkit.core.kl import per_token_kl
 from rlhfkit.core.masking import masked_mean
@@ -271,7 +271,7 @@ class GRPOTrainer(EvaluationMethods, ReportingMethods, OnlineTrainerLoop, Robust
         gather = self.accelerator.gather
         scores, per_source = gather(batch.scores), gather(groups.per_source.T.contiguous()).T
         applies = gather(groups.applies.T.to(torch.uint8).contiguous()).T.bool()
-        advantages, advantage_metrics = self._advantages(batch, scores)
+        advantages, advantage_metrics = self._advantages(batch, scores, per_source)  # per_source: NaN = n/a
         # NaN/inf rewards, no reward at all, overflowing advantages: every update of this batch is skipped
         self._reward_problem = reward_problem(per_source, applies, advantages, self._source_names)
         rank, n = self.accelerator.process_index, len(batch)
@@ -307,9 +307,15 @@ class GRPOTrainer(EvaluationMethods, ReportingMethods, OnlineTrainerLoop, Robust
             any_process=lambda short: any_across_ranks(short, self.accelerator),
         )
 
-    def _advantages(self, batch: RolloutBatch, scores: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
-        """(advantages of every process's rows, extra metrics) from the gathered `scores`."""
+    def _advantages(
+        self, batch: RolloutBatch, scores: torch.Tensor, per_source: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """(advantages of every process's rows, extra metrics) from the gathered weighted `scores` (N,), or
+        from each source's rewards `per_source` (S, N; NaN: does not apply) with "normalize_then_sum"."""
         args = self.args
+        if args.multi_objective_aggregation == "normalize_then_sum":
+            weights = torch.tensor(self.scorer.weights, device=per_source.device)
+            return decoupled_group_advantages(per_source, weights, args.num_generations), {}
         return group_advantages(scores, args.num_generations, scale_rewards=args.scale_rewards), {}
 
     def _sample_groups(self) -> SampledGroups:

