@@ -5,6 +5,8 @@ what TRL says, not just that it is accepted."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from datasets import Dataset
@@ -90,3 +92,32 @@ def test_multi_objective_aggregation_normalize_then_sum(tmp_path):
         1.0, abs=1e-3
     )
     assert not torch.allclose(gdpo, plain)  # reward_e counts as much as reward_big, not 1000 times less
+
+
+@pytest.mark.parametrize(
+    "loss_options",
+    [
+        {"loss_type": "sapo", "sapo_temperature_pos": 1.0, "sapo_temperature_neg": 1.05},
+        {
+            "loss_type": "vespo",
+            "vespo_k_pos": 2.0,
+            "vespo_lambda_pos": 3.0,
+            "vespo_k_neg": 3.0,
+            "vespo_lambda_neg": 2.0,
+        },
+        {"loss_type": "luspo", "importance_sampling_level": "sequence"},
+    ],
+    ids=lambda options: options["loss_type"],
+)
+def test_loss_types_sapo_vespo_luspo(tmp_path, loss_options):
+    trainer = GRPOTrainer(
+        model=str(tiny_model_path("llama")),
+        reward_funcs=reward_len,
+        args=_config(tmp_path, num_iterations=2, **loss_options),
+        train_dataset=_prompts(),
+    )
+    before = {name: param.clone() for name, param in trainer.model.named_parameters()}
+    trainer.train()
+    assert all(math.isfinite(loss) for loss in _logged(trainer, "loss"))
+    moved = [not torch.equal(before[name], param) for name, param in trainer.model.named_parameters()]
+    assert all(moved)

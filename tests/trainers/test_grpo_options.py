@@ -69,3 +69,37 @@ def test_normalize_then_sum_trains_on_batch_standardised_advantages(tmp_path, to
 def test_multi_objective_aggregation_is_checked(tmp_path):
     with pytest.raises(ValueError, match="multi_objective_aggregation must be one of sum_then_normalize, "):
         GRPOConfig(output_dir=str(tmp_path), multi_objective_aggregation="sum")
+
+
+# ---------------------------------------------------------------- loss types sapo, vespo, luspo
+@pytest.mark.parametrize("loss_type", ["sapo", "vespo", "luspo"])
+def test_new_loss_types_train_with_their_options(tmp_path, tokenizer, monkeypatch, loss_type):
+    import rlhfkit.trainers.grpo.trainer as grpo_module
+
+    seen, real = [], grpo_module.policy_loss
+    monkeypatch.setattr(
+        grpo_module, "policy_loss", lambda *a, **k: seen.append(k["loss_options"]) or real(*a, **k)
+    )
+    model = tiny_model("llama")
+    before = {k: v.clone() for k, v in model.named_parameters()}
+    options = dict(sapo_temperature_pos=0.5, vespo_k_neg=4.0, num_iterations=2)  # off-policy on pass 2
+    level = "sequence" if loss_type == "luspo" else "token"
+    _trainer(
+        tmp_path, tokenizer, model=model, loss_type=loss_type, importance_sampling_level=level, **options
+    ).train()
+    assert any(not torch.equal(before[k], v) for k, v in model.named_parameters())
+    expected = {
+        "sapo": {"sapo_temperature_pos": 0.5, "sapo_temperature_neg": 1.05},
+        "vespo": {"vespo_k_pos": 2.0, "vespo_lambda_pos": 3.0, "vespo_k_neg": 4.0, "vespo_lambda_neg": 2.0},
+        "luspo": {},
+    }[loss_type]
+    assert seen and all(options == expected for options in seen)
+
+
+def test_loss_types_meant_for_the_other_level_warn(tmp_path):
+    with pytest.warns(UserWarning, match="'luspo' is meant with importance_sampling_level='sequence'"):
+        GRPOConfig(output_dir=str(tmp_path), loss_type="luspo")
+    with pytest.warns(UserWarning, match="'vespo' forms its own sequence-level weight"):
+        GRPOConfig(output_dir=str(tmp_path), loss_type="vespo", importance_sampling_level="sequence")
+    with pytest.raises(ValueError, match="sapo_temperature_neg must be > 0"):
+        GRPOConfig(output_dir=str(tmp_path), sapo_temperature_neg=0.0)

@@ -51,6 +51,12 @@ class GRPOConfig(GroupRollouts, GenerationOptions, HealthChecks, ModelInitKwargs
     loss_type: str = option(
         "dapo", f"The policy loss, a key of core.policy_losses.POLICY_LOSSES: {', '.join(POLICY_LOSSES)}."
     )
+    sapo_temperature_pos: float = option(1.0, "loss_type='sapo': temperature of the gate for A > 0.")
+    sapo_temperature_neg: float = option(1.05, "loss_type='sapo': temperature of the gate for A <= 0.")
+    vespo_k_pos: float = option(2.0, "loss_type='vespo': power k of the gamma weight for A >= 0.")
+    vespo_lambda_pos: float = option(3.0, "loss_type='vespo': decay lambda of the gamma weight for A >= 0.")
+    vespo_k_neg: float = option(3.0, "loss_type='vespo': power k of the gamma weight for A < 0.")
+    vespo_lambda_neg: float = option(2.0, "loss_type='vespo': decay lambda of the gamma weight for A < 0.")
     scale_rewards: str = option(
         "group", "Divide advantages by the reward std of the 'group', the 'batch', or 'none' (True/False)."
     )
@@ -115,6 +121,8 @@ class GRPOConfig(GroupRollouts, GenerationOptions, HealthChecks, ModelInitKwargs
                 raise ValueError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
         checks = {
             "delta": (self.delta, lambda v: v is None or v > 1, "> 1 or None"),
+            "sapo_temperature_pos": (self.sapo_temperature_pos, lambda v: v > 0, "> 0"),
+            "sapo_temperature_neg": (self.sapo_temperature_neg, lambda v: v > 0, "> 0"),
             "entropy_coef_delta": (self.entropy_coef_delta, lambda v: v >= 0, ">= 0"),
             "entropy_coef_max": (
                 self.entropy_coef_max,
@@ -126,11 +134,29 @@ class GRPOConfig(GroupRollouts, GenerationOptions, HealthChecks, ModelInitKwargs
         for name, (value, ok, expected) in checks.items():
             if not ok(value):
                 raise ValueError(f"{name} must be {expected}, got {value!r}")
+        self._warn_level_mismatch()
+
+    def _warn_level_mismatch(self) -> None:
+        """Settings TRL also warns about: a loss meant for the other importance-sampling level."""
+        if self.loss_type == "luspo" and self.importance_sampling_level != "sequence":
+            warnings.warn(
+                "loss_type='luspo' is meant with importance_sampling_level='sequence' (the paper's setup); "
+                "at token level each token's clipped term is summed instead",
+                UserWarning,
+                stacklevel=4,
+            )
+        if self.loss_type == "vespo" and self.importance_sampling_level != "token":
+            warnings.warn(
+                "loss_type='vespo' forms its own sequence-level weight from the token log-ratios; "
+                "importance_sampling_level has no effect on it (leave it 'token')",
+                UserWarning,
+                stacklevel=4,
+            )
         if self.importance_sampling_level == "sequence" and self.loss_type in TOKEN_SUMMED_LOSSES:
             warnings.warn(
                 f"importance_sampling_level='sequence' with loss_type={self.loss_type!r}: this loss sums the "
                 "per-token terms, so long completions weigh more and the objective is not GSPO's "
                 "per-sequence one; for GSPO as published use loss_type='grpo'",
                 UserWarning,
-                stacklevel=3,
+                stacklevel=4,
             )

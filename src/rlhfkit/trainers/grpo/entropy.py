@@ -1,6 +1,6 @@
 """GRPOTrainer's entropy bonus state: the coefficient (`entropy_coef`, adapted with `use_adaptive_entropy`),
 the entropy measured over the current optimizer step, and what a checkpoint keeps of them. The maths is
-`core.entropy_bonus`."""
+`core.entropy`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from rlhfkit.core.entropy_bonus import adapt_entropy_coef, applied_entropy_coef
+from rlhfkit.core.entropy import adapt_entropy_coef, applied_entropy_coef
 
 
 class EntropyControl:

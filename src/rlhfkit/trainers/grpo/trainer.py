@@ -30,10 +30,10 @@ from torch import nn
 from transformers import AutoModelForCausalLM, ProgressCallback, Trainer
 
 from rlhfkit.core.advantages import decoupled_group_advantages, group_advantages
-from rlhfkit.core.entropy_bonus import entropy_bonus
+from rlhfkit.core.entropy import entropy_bonus, entropy_mask
 from rlhfkit.core.kl import per_token_kl
 from rlhfkit.core.masking import masked_mean
-from rlhfkit.core.policy_losses import entropy_mask, policy_loss
+from rlhfkit.core.policy_losses import POLICY_LOSSES, policy_loss
 from rlhfkit.models.reference import choose_reference
 from rlhfkit.rewards.scoring import RewardScorer, source_name
 from rlhfkit.rollout import forward_response
@@ -425,6 +425,7 @@ class GRPOTrainer(EvaluationMethods, ReportingMethods, OnlineTrainerLoop, Robust
             step_tokens=step_tokens,
             step_sequences=step_sequences,
             entropy_mask=keep,
+            loss_options={name: getattr(args, name) for name in POLICY_LOSSES[args.loss_type].options},
         )
         loss, stats = result.loss, {}
         if entropy.enabled:  # the mean entropy of the trained tokens, this micro-batch's share of the step

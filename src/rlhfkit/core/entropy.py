@@ -1,4 +1,5 @@
-"""The entropy bonus of GRPO-style losses and Skywork-OR1's adaptive coefficient (He et al. 2025, §3.2).
+"""Entropy in GRPO-style losses: the high-entropy token mask (Wang et al. 2025, "80/20"), the entropy bonus
+and Skywork-OR1's adaptive coefficient (He et al. 2025, §3.2).
 
 The loss becomes L_policy - c * H, with H the mean per-token entropy of the trained tokens: a bonus that
 keeps the policy from collapsing to near-deterministic outputs. With adaptive control c moves by a fixed
@@ -45,3 +46,24 @@ def applied_entropy_coef(coef: float, last_entropy: float, target: float, adapti
     if adaptive and not last_entropy <= target:
         return 0.0
     return coef
+
+
+def entropy_mask(entropies: torch.Tensor, loss_mask: torch.Tensor, quantile: float) -> torch.Tensor:
+    """Keep the loss tokens whose entropy is in the top `quantile` (Wang et al. 2025, "80/20").
+
+    entropies, loss_mask: (N, T). quantile in [0, 1]: 1.0 keeps every loss token, 0.2 the 20% most
+    uncertain ones; the threshold is the (1 - quantile) quantile of the loss tokens' entropies
+    (linear interpolation), and ties with it are kept. Returns (N, T) bool, False off the mask.
+    """
+    if not 0.0 <= quantile <= 1.0:
+        raise ValueError(f"quantile must be in [0, 1], got {quantile}")
+    if entropies.shape != loss_mask.shape:
+        raise ValueError(
+            f"loss_mask shape {tuple(loss_mask.shape)} must equal entropies {tuple(entropies.shape)}"
+        )
+    mask = loss_mask.bool()
+    values = entropies.detach().float()[mask]
+    if values.numel() == 0:
+        return mask.clone()
+    threshold = torch.quantile(values, 1.0 - quantile)
+    return (entropies.detach().float() >= threshold) & mask

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from rlhfkit.core.entropy_bonus import adapt_entropy_coef, applied_entropy_coef, entropy_bonus
+from rlhfkit.core.entropy import adapt_entropy_coef, applied_entropy_coef, entropy_bonus
 
 
 def test_entropy_bonus_is_minus_coef_times_the_masked_mean_and_carries_its_gradient():
