@@ -121,3 +121,15 @@ def test_loss_types_sapo_vespo_luspo(tmp_path, loss_options):
     assert all(math.isfinite(loss) for loss in _logged(trainer, "loss"))
     moved = [not torch.equal(before[name], param) for name, param in trainer.model.named_parameters()]
     assert all(moved)
+
+
+def test_off_policy_mask_threshold(tmp_path):
+    # a large first step makes the second pass over the same completions off-policy
+    options = dict(num_iterations=2, learning_rate=0.05, max_steps=2)
+    masked = _train(tmp_path, off_policy_mask_threshold=1e-3, **options)
+    plain = _train(tmp_path, **options)
+    assert _logged(masked, "loss")[0] == pytest.approx(
+        _logged(plain, "loss")[0]
+    )  # on-policy: nothing dropped
+    drifted = [not torch.equal(a, b) for a, b in zip(masked.model.parameters(), plain.model.parameters())]
+    assert any(drifted)  # the second pass left drifted negative completions out

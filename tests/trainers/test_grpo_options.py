@@ -103,3 +103,30 @@ def test_loss_types_meant_for_the_other_level_warn(tmp_path):
         GRPOConfig(output_dir=str(tmp_path), loss_type="vespo", importance_sampling_level="sequence")
     with pytest.raises(ValueError, match="sapo_temperature_neg must be > 0"):
         GRPOConfig(output_dir=str(tmp_path), sapo_temperature_neg=0.0)
+
+
+# ---------------------------------------------------------------- off_policy_mask_threshold
+def test_off_policy_mask_drops_drifted_negative_completions_on_a_reused_batch(
+    tmp_path, tokenizer, monkeypatch
+):
+    import rlhfkit.trainers.grpo.trainer as grpo_module
+
+    seen, real = [], grpo_module.policy_loss
+    monkeypatch.setattr(
+        grpo_module, "policy_loss", lambda *a, **k: seen.append((a[3], k["sequence_mask"])) or real(*a, **k)
+    )
+    # a large step, then a second pass over the same completions: their sampling policy is now stale
+    trainer = _trainer(tmp_path, tokenizer, max_steps=2, num_iterations=2, learning_rate=0.05,
+                       off_policy_mask_threshold=1e-3)  # fmt: skip
+    trainer.train()
+    (first_adv, first), (second_adv, second) = seen
+    assert first.all()  # first pass: sampling and training logprobs agree (drift ~1e-7)
+    assert not second.all()  # second pass: drifted completions are dropped ...
+    assert (second_adv[~second] < 0).all()  # ... only those with a negative advantage
+    assert torch.equal(first_adv, second_adv)
+
+
+def test_off_policy_mask_is_off_by_default_and_checked(tmp_path, tokenizer):
+    assert _trainer(tmp_path, tokenizer)._off_policy_mask(torch.zeros(1, 1), None) is None
+    with pytest.raises(ValueError, match="off_policy_mask_threshold must be >= 0 or None"):
+        GRPOConfig(output_dir=str(tmp_path), off_policy_mask_threshold=-0.5)

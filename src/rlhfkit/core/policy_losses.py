@@ -203,15 +203,15 @@ def _check_inputs(loss_type, logprobs, old_logprobs, advantages, loss_mask, extr
         raise ValueError(f"unknown loss_type {loss_type!r}; valid: {', '.join(POLICY_LOSSES)}")
     if logprobs.dim() != 2:
         raise ValueError(f"logprobs must be (N, T), got shape {tuple(logprobs.shape)}")
-    for name, tensor in {"old_logprobs": old_logprobs, "loss_mask": loss_mask, **extra}.items():
+    per_token = {k: v for k, v in extra.items() if k != "sequence_mask"}
+    for name, tensor in {"old_logprobs": old_logprobs, "loss_mask": loss_mask, **per_token}.items():
         if tensor is not None and tensor.shape != logprobs.shape:
             raise ValueError(
                 f"{name} shape {tuple(tensor.shape)} must equal logprobs {tuple(logprobs.shape)}"
             )
-    if advantages.shape != logprobs.shape[:1]:
-        raise ValueError(
-            f"advantages must be (N,) = ({logprobs.size(0)},), got shape {tuple(advantages.shape)}"
-        )
+    for name, tensor in {"advantages": advantages, "sequence_mask": extra.get("sequence_mask")}.items():
+        if tensor is not None and tensor.shape != logprobs.shape[:1]:
+            raise ValueError(f"{name} must be (N,) = ({logprobs.size(0)},), got shape {tuple(tensor.shape)}")
 
 
 def _masked_stat(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -239,6 +239,7 @@ def policy_loss(
     step_tokens: float | None = None,
     step_sequences: float | None = None,
     entropy_mask: torch.Tensor | None = None,
+    sequence_mask: torch.Tensor | None = None,
     loss_options: dict[str, float] | None = None,
 ) -> PolicyLossResult:
     """This micro-batch's share of a GRPO-family loss (see the module docstring per loss_type).
@@ -246,10 +247,11 @@ def policy_loss(
     logprobs (with gradient), old_logprobs, loss_mask: (N, T); advantages: (N,). per_token_kl: (N, T),
     added as beta * per_token_kl when beta > 0 (build it with `core.kl.per_token_kl`). entropy_mask:
     (N, T) bool from `entropy_mask`, drops low-entropy tokens from the policy term only (not from the
-    normaliser nor the KL term, as TRL). step_tokens / step_sequences: loss tokens / sequences of the
-    whole optimizer step (default: this micro-batch's). epsilon_high None -> epsilon_low. loss_options:
-    the loss type's own hyperparameters (`POLICY_LOSSES[loss_type].options`; missing ones take TRL's
-    defaults, unknown ones are an error).
+    normaliser nor the KL term, as TRL). sequence_mask: (N,) bool, likewise drops whole sequences from
+    the policy term (`core.off_policy.off_policy_sequence_mask`). step_tokens / step_sequences: loss
+    tokens / sequences of the whole optimizer step (default: this micro-batch's). epsilon_high None ->
+    epsilon_low. loss_options: the loss type's own hyperparameters (`POLICY_LOSSES[loss_type].options`;
+    missing ones take TRL's defaults, unknown ones are an error).
     """
     _check_inputs(
         loss_type,
@@ -257,7 +259,7 @@ def policy_loss(
         old_logprobs,
         advantages,
         loss_mask,
-        {"per_token_kl": per_token_kl, "entropy_mask": entropy_mask},
+        {"per_token_kl": per_token_kl, "entropy_mask": entropy_mask, "sequence_mask": sequence_mask},
     )
     if importance_sampling_level not in ("token", "sequence"):
         raise ValueError(
@@ -293,6 +295,8 @@ def policy_loss(
     per_token_loss = surrogate.per_token_loss
     if entropy_mask is not None:
         per_token_loss = per_token_loss * entropy_mask.to(per_token_loss.dtype)
+    if sequence_mask is not None:
+        per_token_loss = per_token_loss * sequence_mask.to(per_token_loss.dtype).unsqueeze(-1)
     if beta > 0:
         per_token_loss = per_token_loss + beta * per_token_kl
     loss = spec.normaliser(per_token_loss * mask, x)

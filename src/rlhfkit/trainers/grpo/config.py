@@ -72,6 +72,11 @@ class GRPOConfig(GroupRollouts, GenerationOptions, HealthChecks, ModelInitKwargs
     use_bias_correction_kl: bool = option(
         True, "Weight the per-token KL by the importance ratio (unbiased reverse-KL gradient)."
     )
+    off_policy_mask_threshold: float | None = option(
+        None,
+        "DeepSeek-V3.2's off-policy sequence mask: leave out of the policy loss the completions with a "
+        "negative advantage whose mean log pi_sampling - log pi exceeds this (e.g. 0.5; None: off).",
+    )
     # ---------------------------------------------------------------- entropy bonus
     entropy_coef: float = option(
         0.0,
@@ -121,6 +126,11 @@ class GRPOConfig(GroupRollouts, GenerationOptions, HealthChecks, ModelInitKwargs
                 raise ValueError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
         checks = {
             "delta": (self.delta, lambda v: v is None or v > 1, "> 1 or None"),
+            "off_policy_mask_threshold": (
+                self.off_policy_mask_threshold,
+                lambda v: v is None or v >= 0,
+                ">= 0 or None",
+            ),
             "sapo_temperature_pos": (self.sapo_temperature_pos, lambda v: v > 0, "> 0"),
             "sapo_temperature_neg": (self.sapo_temperature_neg, lambda v: v > 0, "> 0"),
             "entropy_coef_delta": (self.entropy_coef_delta, lambda v: v >= 0, ">= 0"),

@@ -66,3 +66,16 @@ class ReportingMethods:
         if "sampling/sampling_logp_difference/max" in local:
             out["sampling/sampling_logp_difference/max"] = highs["sampling/sampling_logp_difference/max"]
         return out
+
+    @torch.no_grad()
+    def _sampling_gap(self, logprobs: torch.Tensor, rows: RolloutBatch) -> dict[str, torch.Tensor]:
+        """|training - sampling| logprob over the trained tokens, on the first update of a generation batch
+        (same weights: ~0 unless the two engines differ); {} on later ones."""
+        if not self._on_policy:
+            return {}
+        gap = (logprobs.detach() - rows.logprobs).abs()[rows.loss_mask.bool()]
+        zero = gap.new_zeros(())
+        return {
+            "sampling/sampling_logp_difference/mean": gap.mean() if gap.numel() else zero,
+            "sampling/sampling_logp_difference/max": gap.max() if gap.numel() else zero,
+        }

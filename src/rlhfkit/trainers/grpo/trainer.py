@@ -33,6 +33,7 @@ from rlhfkit.core.advantages import decoupled_group_advantages, group_advantages
 from rlhfkit.core.entropy import entropy_bonus, entropy_mask
 from rlhfkit.core.kl import per_token_kl
 from rlhfkit.core.masking import masked_mean
+from rlhfkit.core.off_policy import off_policy_sequence_mask
 from rlhfkit.core.policy_losses import POLICY_LOSSES, policy_loss
 from rlhfkit.models.reference import choose_reference
 from rlhfkit.rewards.scoring import RewardScorer, source_name
@@ -425,6 +426,7 @@ class GRPOTrainer(EvaluationMethods, ReportingMethods, OnlineTrainerLoop, Robust
             step_tokens=step_tokens,
             step_sequences=step_sequences,
             entropy_mask=keep,
+            sequence_mask=self._off_policy_mask(out.logprobs, rows),
             loss_options={name: getattr(args, name) for name in POLICY_LOSSES[args.loss_type].options},
         )
         loss, stats = result.loss, {}
@@ -460,18 +462,13 @@ class GRPOTrainer(EvaluationMethods, ReportingMethods, OnlineTrainerLoop, Robust
             )  # fmt: skip
         return out, out.logprobs.detach() if self._on_policy else rows.logprobs
 
-    @torch.no_grad()
-    def _sampling_gap(self, logprobs: torch.Tensor, rows: RolloutBatch) -> dict[str, torch.Tensor]:
-        """|training - sampling| logprob over the trained tokens, on the first update of a generation batch
-        (same weights: ~0 unless the two engines differ); {} on later ones."""
-        if not self._on_policy:
-            return {}
-        gap = (logprobs.detach() - rows.logprobs).abs()[rows.loss_mask.bool()]
-        zero = gap.new_zeros(())
-        return {
-            "sampling/sampling_logp_difference/mean": gap.mean() if gap.numel() else zero,
-            "sampling/sampling_logp_difference/max": gap.max() if gap.numel() else zero,
-        }
+    def _off_policy_mask(self, logprobs: torch.Tensor, rows: RolloutBatch) -> torch.Tensor | None:
+        """(N,) keep-mask of `off_policy_mask_threshold` (None when off): the drift is measured from the
+        sampling logprobs, so it sees both earlier updates and any sampling/training engine gap."""
+        threshold = self.args.off_policy_mask_threshold
+        if threshold is None:
+            return None
+        return off_policy_sequence_mask(rows.advantages, logprobs, rows.logprobs, rows.loss_mask, threshold)
 
     @torch.no_grad()
     def _sync_reference(self) -> None:
