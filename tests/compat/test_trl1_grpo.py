@@ -133,3 +133,13 @@ def test_off_policy_mask_threshold(tmp_path):
     )  # on-policy: nothing dropped
     drifted = [not torch.equal(a, b) for a, b in zip(masked.model.parameters(), plain.model.parameters())]
     assert any(drifted)  # the second pass left drifted negative completions out
+
+
+def test_cast_lm_head_to_fp32(tmp_path):
+    trainer = _train(
+        tmp_path, cast_lm_head_to_fp32=True, model_init_kwargs={"dtype": "bfloat16"}, max_steps=1
+    )
+    assert trainer.model.lm_head.weight.dtype == torch.float32
+    assert trainer.model.model.embed_tokens.weight.dtype == torch.bfloat16
+    hidden = torch.randn(1, 2, trainer.model.config.hidden_size, dtype=torch.bfloat16)
+    assert trainer.model.lm_head(hidden).dtype == torch.float32

@@ -130,3 +130,46 @@ def test_off_policy_mask_is_off_by_default_and_checked(tmp_path, tokenizer):
     assert _trainer(tmp_path, tokenizer)._off_policy_mask(torch.zeros(1, 1), None) is None
     with pytest.raises(ValueError, match="off_policy_mask_threshold must be >= 0 or None"):
         GRPOConfig(output_dir=str(tmp_path), off_policy_mask_threshold=-0.5)
+
+
+# ---------------------------------------------------------------- cast_lm_head_to_fp32
+@pytest.mark.parametrize("name", ["llama", "qwen2"])  # untied and tied embeddings
+def test_cast_lm_head_to_fp32_gives_float32_logits_from_a_bfloat16_model(tmp_path, tokenizer, name):
+    from rlhfkit.core.masking import position_ids_from_mask
+    from rlhfkit.rollout import forward_response
+    from rlhfkit.trainers.grpo.setup import Float32Head
+
+    model = tiny_model(name).to(torch.bfloat16)
+    keys = set(model.state_dict())
+    trainer = _trainer(tmp_path, tokenizer, model=model, cast_lm_head_to_fp32=True, beta=0.1, max_steps=1)
+    policy, reference = trainer.model, trainer.reference.model
+    for module in (policy, reference):
+        head = module.get_output_embeddings()
+        assert type(head) is Float32Head and head.weight.dtype == torch.float32
+        assert module.model.layers[0].mlp.up_proj.weight.dtype == torch.bfloat16  # the rest unchanged
+    assert set(policy.state_dict()) == keys  # saved checkpoints keep their names
+    batch, _ = trainer._rollout(0)
+    out = forward_response(policy, *trainer._rollout_tensors(batch))
+    # the logprobs are those of float32 logits over the bfloat16 hidden states
+    ids = torch.cat([batch.query_ids, batch.responses], 1)
+    mask = torch.cat([batch.query_mask, batch.response_mask], 1).long()
+    positions = position_ids_from_mask(mask)
+    hidden = policy.model(input_ids=ids, attention_mask=mask, position_ids=positions).last_hidden_state
+    assert hidden.dtype == torch.bfloat16
+    logits = hidden.float() @ policy.get_output_embeddings().weight.T
+    width = batch.responses.shape[1]
+    expected = torch.log_softmax(logits[:, -width - 1 : -1], -1).gather(-1, batch.responses[..., None])[
+        ..., 0
+    ]
+    real = batch.response_mask.bool()
+    torch.testing.assert_close(out.logprobs[real], expected[real], atol=1e-4, rtol=1e-4)
+    trainer.train()
+    assert trainer.state.global_step == 1
+
+
+def test_cast_lm_head_to_fp32_refuses_an_adapter_on_the_head(tmp_path, tokenizer):
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(tiny_model("llama"), LoraConfig(r=2, target_modules=["lm_head", "q_proj"]))
+    with pytest.raises(ValueError, match="cast_lm_head_to_fp32 needs a plain nn.Linear output projection"):
+        _trainer(tmp_path, tokenizer, model=model, cast_lm_head_to_fp32=True)

@@ -94,6 +94,11 @@ class GRPOConfig(GroupRollouts, GenerationOptions, HealthChecks, ModelInitKwargs
     entropy_target: float = option(
         0.2, "Adaptive entropy: target mean per-token entropy (nats) of the trained tokens."
     )
+    cast_lm_head_to_fp32: bool = option(
+        False,
+        "Hold the output projection (lm_head) of the policy and reference in float32 and compute the logits "
+        "in float32 (ScaleRL). Full logits then: the memory-lean chunked head is not used.",
+    )
     # ---------------------------------------------------------------- DAPO dynamic sampling (not in TRL)
     dynamic_sampling: bool = option(
         False,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import nn
 from transformers import AutoModelForSequenceClassification
 
@@ -117,3 +118,35 @@ def sampling_params(args: Any, tokenizer: Any) -> SamplingParams:
     named.update({k: extra.pop(k) for k in list(extra) if k in named})  # generation_kwargs win
     stops = None if tokenizer.eos_token_id is None else (tokenizer.eos_token_id,)
     return SamplingParams(args.max_completion_length, stop_token_ids=stops, extra=extra, **named)
+
+
+class Float32Head(nn.Linear):
+    """An output projection whose float32 weights give float32 logits from any hidden states, autocast or
+    not (ScaleRL's recipe: a low-precision head distorts the logprobs of the importance ratio)."""
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(device_type=hidden.device.type, enabled=False):
+            bias = None if self.bias is None else self.bias.float()
+            return nn.functional.linear(hidden.float(), self.weight.float(), bias)
+
+
+def cast_lm_head_to_fp32(model: nn.Module, owner: str = OWNER) -> None:
+    """Make `model`'s output projection a `Float32Head` in float32, in place (state-dict keys unchanged).
+
+    A head tied to the input embeddings shares its weight: the embeddings become float32 too, and their
+    output is cast back to the model's dtype so the rest of the network is unchanged. The chunked
+    log-prob path does not take such a head: logprobs then come from full logits (more memory).
+    """
+    head = model.get_output_embeddings()
+    if type(head) is Float32Head:  # already cast (a PEFT policy is its own reference)
+        return
+    if type(head) is not nn.Linear:  # a PEFT layer on the head, or an exotic projection
+        raise ValueError(
+            f"{owner}: cast_lm_head_to_fp32 needs a plain nn.Linear output projection, got "
+            f"{type(head).__name__} (a PEFT adapter on lm_head? remove 'lm_head' from its target_modules)"
+        )
+    dtype, embeddings = head.weight.dtype, model.get_input_embeddings()
+    head.float()
+    head.__class__ = Float32Head
+    if embeddings is not None and embeddings.weight is head.weight and dtype != torch.float32:
+        embeddings.register_forward_hook(lambda module, inputs, output: output.to(dtype))

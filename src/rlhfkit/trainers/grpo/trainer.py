@@ -57,6 +57,7 @@ from rlhfkit.trainers.grpo.prompt_stream import is_stream, prompt_source, stream
 from rlhfkit.trainers.grpo.reporting import ReportingMethods
 from rlhfkit.trainers.grpo.setup import (
     OWNER,
+    cast_lm_head_to_fp32,
     default_output_dir,
     prepare_datasets,
     reward_sources,
@@ -115,6 +116,10 @@ class GRPOTrainer(EvaluationMethods, ReportingMethods, OnlineTrainerLoop, Robust
             model, AutoModelForCausalLM, args.from_pretrained_kwargs(), peft_config, owner, args.seed
         )
         self.reference = self._build_reference(policy, args)
+        if getattr(args, "cast_lm_head_to_fp32", False):
+            for module in (policy, None if self.reference is None else self.reference.model):
+                if module is not None:
+                    cast_lm_head_to_fp32(module, self._owner)
         sources, self.reward_func_names, reward_processing_classes = reward_sources(
             reward_funcs, args.from_pretrained_kwargs(), reward_processing_classes, owner
         )  # a reward model path brings its own tokenizer
