@@ -143,3 +143,22 @@ def test_cast_lm_head_to_fp32(tmp_path):
     assert trainer.model.model.embed_tokens.weight.dtype == torch.bfloat16
     hidden = torch.randn(1, 2, trainer.model.config.hidden_size, dtype=torch.bfloat16)
     assert trainer.model.lm_head(hidden).dtype == torch.float32
+
+
+def test_pad_to_multiple_of(tmp_path):
+    trainer = _train(tmp_path, pad_to_multiple_of=16, max_steps=1)
+    assert trainer._buffer.query_ids.shape[1] % 16 == 0 and trainer._buffer.responses.shape[1] == 16
+
+
+def test_cache_implementation(tmp_path, monkeypatch):
+    from transformers import GenerationMixin
+
+    seen, generate = [], GenerationMixin.generate
+
+    def spy(self, *args, **kwargs):
+        seen.append(kwargs["generation_config"].cache_implementation)
+        return generate(self, *args, **kwargs)
+
+    monkeypatch.setattr(GenerationMixin, "generate", spy)
+    _train(tmp_path, cache_implementation="static", max_steps=1)
+    assert seen and set(seen) == {"static"}

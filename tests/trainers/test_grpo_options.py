@@ -173,3 +173,69 @@ def test_cast_lm_head_to_fp32_refuses_an_adapter_on_the_head(tmp_path, tokenizer
     model = get_peft_model(tiny_model("llama"), LoraConfig(r=2, target_modules=["lm_head", "q_proj"]))
     with pytest.raises(ValueError, match="cast_lm_head_to_fp32 needs a plain nn.Linear output projection"):
         _trainer(tmp_path, tokenizer, model=model, cast_lm_head_to_fp32=True)
+
+
+# ---------------------------------------------------------------- pad_to_multiple_of, cache_implementation
+def test_pad_to_multiple_of_pads_the_batch_without_changing_what_trains(tmp_path, tokenizer):
+    plain = _trainer(tmp_path, tokenizer, max_steps=1)
+    plain.train()
+    padded = _trainer(tmp_path, tokenizer, max_steps=1, pad_to_multiple_of=8)
+    padded.train()  # same seed: the same completions
+    batch, reference = padded._buffer, plain._buffer
+    assert batch.query_ids.shape[1] % 8 == 0 and batch.responses.shape[1] % 8 == 0
+    assert batch.responses.shape[1] > reference.responses.shape[1]  # 5 generated tokens at most -> 8
+    assert (batch.query_ids[:, 0] == tokenizer.pad_token_id).all()  # prompts padded on the left
+    torch.testing.assert_close(batch.advantages, reference.advantages)
+    for a, b in zip(padded.model.parameters(), plain.model.parameters()):  # the same update
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "value, expected", [("auto", None), ("none", None), ("16", 16), (64, 64), (None, None)]
+)
+def test_pad_to_multiple_of_takes_tr_ls_spellings(tmp_path, value, expected):
+    assert GRPOConfig(output_dir=str(tmp_path), pad_to_multiple_of=value).pad_to_multiple_of == expected
+
+
+@pytest.mark.parametrize("value", [0, "x", -8])
+def test_pad_to_multiple_of_rejects_the_rest(tmp_path, value):
+    with pytest.raises(ValueError, match="pad_to_multiple_of must be a positive integer, 'auto' or None"):
+        GRPOConfig(output_dir=str(tmp_path), pad_to_multiple_of=value)
+
+
+def test_cache_implementation_reaches_generate(tmp_path, tokenizer, monkeypatch):
+    from transformers import GenerationMixin
+
+    seen, real = [], GenerationMixin.generate
+
+    def generate(self, *args, **kwargs):
+        seen.append(kwargs["generation_config"].cache_implementation)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(GenerationMixin, "generate", generate)
+    trainer = _trainer(tmp_path, tokenizer, cache_implementation="static", max_steps=1)
+    assert trainer.sampling_params.extra["cache_implementation"] == "static"
+    trainer.train()
+    assert seen and set(seen) == {"static"}  # the decode loop handed sampling to generate
+    kept = _trainer(
+        tmp_path,
+        tokenizer,
+        cache_implementation="static",
+        generation_kwargs={"cache_implementation": "dynamic"},
+    )
+    assert kept.sampling_params.extra["cache_implementation"] == "dynamic"  # generation_kwargs win
+
+
+def test_rloo_current_form_pads_and_passes_the_cache_implementation(tmp_path, tokenizer):
+    from rlhfkit import RLOOConfig, RLOOTrainer
+
+    args = RLOOConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True, per_device_train_batch_size=8,
+                      num_generations=4, max_completion_length=5, max_steps=1, save_strategy="no",
+                      disable_tqdm=True, pad_to_multiple_of="8", cache_implementation="static")  # fmt: skip
+    trainer = RLOOTrainer(model=tiny_model("llama"), reward_funcs=count_e, args=args,
+                          train_dataset=toy_prompt_dataset(n=16), processing_class=tokenizer)  # fmt: skip
+    assert (
+        trainer.args.form == "current" and trainer.sampling_params.extra["cache_implementation"] == "static"
+    )
+    trainer.train()
+    assert trainer._buffer.query_ids.shape[1] % 8 == 0 and trainer._buffer.responses.shape[1] == 8

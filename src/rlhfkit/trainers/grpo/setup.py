@@ -115,6 +115,8 @@ def sampling_params(args: Any, tokenizer: Any) -> SamplingParams:
         repetition_penalty=args.repetition_penalty,
     )
     extra = dict(args.generation_kwargs or {})
+    if getattr(args, "cache_implementation", None) is not None:  # generation_kwargs win here too
+        extra.setdefault("cache_implementation", args.cache_implementation)
     named.update({k: extra.pop(k) for k in list(extra) if k in named})  # generation_kwargs win
     stops = None if tokenizer.eos_token_id is None else (tokenizer.eos_token_id,)
     return SamplingParams(args.max_completion_length, stop_token_ids=stops, extra=extra, **named)

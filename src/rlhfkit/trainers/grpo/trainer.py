@@ -50,6 +50,7 @@ from rlhfkit.trainers.grpo.groups import (
     SampledGroups,
     completion_stats,
     fill_batch,
+    padded_to_multiple,
     reward_problem,
     reward_stats,
 )
@@ -269,7 +270,7 @@ class GRPOTrainer(EvaluationMethods, ReportingMethods, OnlineTrainerLoop, Robust
         args = self.args
         # 1-2. groups of completions, scored
         groups, metrics = self._sample_batch()
-        batch = groups.batch
+        batch = padded_to_multiple(groups.batch, args.pad_to_multiple_of, self.processing_class.pad_token_id)
         # 3. reference logprobs, only with a KL term
         if self.reference is not None:
             batch = batch.replace(ref_logprobs=self._reference_logprobs(batch))
