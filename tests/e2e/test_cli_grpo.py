@@ -148,7 +148,7 @@ def test_trl1_grpo_fields_are_flags(tmp_path):
 
 
 def test_grpo_command_trains_with_the_trl1_flags(tmp_path, monkeypatch, capsys):
-    (tmp_path / "my_rewards.py").write_text(
+    (tmp_path / "trl1_rewards.py").write_text(
         "def has_e(prompts, completions, **columns):\n    return [float('e' in c) for c in completions]\n"
         "def length(prompts, completions, **columns):\n    return [float(len(c)) for c in completions]\n"
     )
@@ -156,7 +156,7 @@ def test_grpo_command_trains_with_the_trl1_flags(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     code = main([
         "--model_name_or_path", str(tiny_model_path("llama")), "--dataset_name", str(tmp_path / "data.jsonl"),
-        "--output_dir", str(tmp_path / "run"), "--reward_funcs", "my_rewards.has_e", "my_rewards.length",
+        "--output_dir", str(tmp_path / "run"), "--reward_funcs", "trl1_rewards.has_e", "trl1_rewards.length",
         "--num_iterations", "2", *TRL1_FLAGS, *TINY_RUN,
     ])  # fmt: skip
     assert code == 0

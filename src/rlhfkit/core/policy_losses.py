@@ -214,6 +214,18 @@ def _check_inputs(loss_type, logprobs, old_logprobs, advantages, loss_mask, extr
             raise ValueError(f"{name} must be (N,) = ({logprobs.size(0)},), got shape {tuple(tensor.shape)}")
 
 
+def _check_spec_inputs(loss_type, spec, max_completion_length, loss_options) -> None:
+    """What a loss type needs: dr_grpo a max_completion_length; loss_options only of its own names."""
+    if spec.normaliser is constant_length_mean and not max_completion_length:
+        raise ValueError(f"loss_type={loss_type!r} needs max_completion_length (its constant normaliser)")
+    unknown = set(loss_options or {}) - set(spec.options)
+    if unknown:
+        raise ValueError(
+            f"loss_type={loss_type!r} has no option {', '.join(sorted(unknown))}; "
+            f"its options: {', '.join(spec.options) or 'none'}"
+        )
+
+
 def _masked_stat(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean over loss tokens, or over sequences for (N, 1) sequence-level values."""
     values = values.detach().float()
@@ -268,14 +280,7 @@ def policy_loss(
     if beta > 0 and per_token_kl is None:
         raise ValueError(f"beta={beta} > 0 needs per_token_kl (N, T)")
     spec = POLICY_LOSSES[loss_type]
-    if spec.normaliser is constant_length_mean and not max_completion_length:
-        raise ValueError(f"loss_type={loss_type!r} needs max_completion_length (its constant normaliser)")
-    unknown = set(loss_options or {}) - set(spec.options)
-    if unknown:
-        raise ValueError(
-            f"loss_type={loss_type!r} has no option {', '.join(sorted(unknown))}; "
-            f"its options: {', '.join(spec.options) or 'none'}"
-        )
+    _check_spec_inputs(loss_type, spec, max_completion_length, loss_options)
     mask = loss_mask.to(logprobs.dtype)
     x = LossInputs(
         logprobs=logprobs,
