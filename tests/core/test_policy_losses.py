@@ -173,7 +173,9 @@ def _micro_batch_sum(loss_type, logprobs, old, advantages, mask, kl, **kwargs):
     return total, torch.autograd.grad(total, logprobs)[0]
 
 
-@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dapo", "dr_grpo", "gspo", "cispo"])
+@pytest.mark.parametrize(
+    "loss_type", ["grpo", "bnpo", "dapo", "dr_grpo", "gspo", "cispo", "sapo", "vespo", "luspo"]
+)
 def test_micro_batch_losses_sum_to_the_step_loss(loss_type):
     gen = torch.Generator().manual_seed(0)
     logprobs = (-torch.rand(4, 5, generator=gen)).requires_grad_(True)
@@ -191,7 +193,17 @@ def test_micro_batch_losses_sum_to_the_step_loss(loss_type):
 
 
 def test_registry_has_every_loss_type():
-    assert set(POLICY_LOSSES) == {"grpo", "bnpo", "dapo", "dr_grpo", "gspo", "cispo"}
+    assert set(POLICY_LOSSES) == {
+        "grpo",
+        "bnpo",
+        "dapo",
+        "dr_grpo",
+        "gspo",
+        "cispo",
+        "sapo",
+        "vespo",
+        "luspo",
+    }
 
 
 @pytest.mark.parametrize(

@@ -112,3 +112,53 @@ def test_examples_script_is_the_command():
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "--num_generations" in result.stdout and "--reward_funcs" in result.stdout
+
+
+TRL1_FLAGS = [
+    "--loss_type", "sapo", "--sapo_temperature_pos", "0.9", "--sapo_temperature_neg", "1.1",
+    "--vespo_k_pos", "1.5", "--vespo_lambda_pos", "2.5", "--vespo_k_neg", "2.5", "--vespo_lambda_neg", "1.5",
+    "--entropy_coef", "0.01", "--use_adaptive_entropy", "true", "--entropy_target", "50",
+    "--entropy_coef_delta", "0.02", "--entropy_coef_min", "0.0", "--entropy_coef_max", "0.5",
+    "--multi_objective_aggregation", "normalize_then_sum", "--off_policy_mask_threshold", "0.5",
+    "--cast_lm_head_to_fp32", "true", "--pad_to_multiple_of", "8", "--cache_implementation", "static",
+]  # fmt: skip
+
+
+def test_trl1_grpo_fields_are_flags(tmp_path):
+    from rlhfkit.commands._args import parse_args
+    from rlhfkit.commands.grpo import GRPOScriptArguments
+    from rlhfkit.trainers.grpo.config import GRPOConfig
+
+    _, config = parse_args((GRPOScriptArguments, GRPOConfig), [*TRL1_FLAGS, "--output_dir", str(tmp_path)],
+                           "test", "")  # fmt: skip
+    assert (config.loss_type, config.sapo_temperature_pos, config.sapo_temperature_neg) == ("sapo", 0.9, 1.1)
+    assert (config.vespo_k_pos, config.vespo_lambda_pos, config.vespo_k_neg, config.vespo_lambda_neg) == (
+        1.5, 2.5, 2.5, 1.5,
+    )  # fmt: skip
+    assert config.entropy_coef == 0.01 and config.use_adaptive_entropy and config.entropy_target == 50
+    assert (config.entropy_coef_delta, config.entropy_coef_min, config.entropy_coef_max) == (0.02, 0.0, 0.5)
+    assert (
+        config.multi_objective_aggregation == "normalize_then_sum" and config.off_policy_mask_threshold == 0.5
+    )
+    assert (
+        config.cast_lm_head_to_fp32
+        and config.pad_to_multiple_of == 8
+        and config.cache_implementation == "static"
+    )
+
+
+def test_grpo_command_trains_with_the_trl1_flags(tmp_path, monkeypatch, capsys):
+    (tmp_path / "trl1_rewards.py").write_text(
+        "def has_e(prompts, completions, **columns):\n    return [float('e' in c) for c in completions]\n"
+        "def length(prompts, completions, **columns):\n    return [float(len(c)) for c in completions]\n"
+    )
+    Dataset.from_dict({"prompt": ["the film was", "a story about"] * 4}).to_json(str(tmp_path / "data.jsonl"))
+    monkeypatch.chdir(tmp_path)
+    code = main([
+        "--model_name_or_path", str(tiny_model_path("llama")), "--dataset_name", str(tmp_path / "data.jsonl"),
+        "--output_dir", str(tmp_path / "run"), "--reward_funcs", "trl1_rewards.has_e", "trl1_rewards.length",
+        "--num_iterations", "2", *TRL1_FLAGS, *TINY_RUN,
+    ])  # fmt: skip
+    assert code == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["updates"] == 2

@@ -131,7 +131,7 @@ def test_conversational_prompts_use_the_chat_template(tmp_path, tokenizer):
         tmp_path, tokenizer, reward=reply_length, dataset=Dataset.from_dict({"prompt": messages}), max_steps=1
     )
     trainer.train()
-    assert seen["prompts"][0] == messages[trainer.schedule.indices(0)[0]]
+    assert seen["prompts"][0] == messages[trainer.prompts.schedule.indices(0)[0]]
     assert all(c[0]["role"] == "assistant" and isinstance(c[0]["content"], str) for c in seen["completions"])
     rendered = tokenizer.decode(trainer._buffer.query_ids[0], skip_special_tokens=False)
     assert "<|assistant|>" in rendered  # add_generation_prompt

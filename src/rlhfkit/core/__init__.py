@@ -15,6 +15,7 @@ from rlhfkit.core.advantages import (
     rloo_advantages,
     whitened_gae,
 )
+from rlhfkit.core.entropy import entropy_mask
 from rlhfkit.core.kl import (
     KL_ESTIMATORS,
     AdaptiveKLController,
@@ -44,7 +45,6 @@ from rlhfkit.core.policy_losses import (
     POLICY_LOSSES,
     PolicyLossResult,
     PolicyLossSpec,
-    entropy_mask,
     policy_loss,
 )
 from rlhfkit.core.rewards import (

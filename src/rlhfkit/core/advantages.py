@@ -154,6 +154,39 @@ def group_advantages(
     return torch.where(defined, advantages, 0.0).flatten()
 
 
+def decoupled_group_advantages(
+    per_source: torch.Tensor, weights: torch.Tensor, group_size: int
+) -> torch.Tensor:
+    """GDPO's advantages for several rewards (arXiv:2601.05242): normalise each reward within its group, sum
+    them with their weights, then standardise the sum over the batch. TRL's
+    `multi_objective_aggregation="normalize_then_sum"` (it ignores `scale_rewards`).
+
+    per_source: (S, N), source s's reward of row n, NaN where it does not apply; groups of `group_size` on
+    consecutive rows. weights: (S,). Each source: (r - group mean) / (group std + 1e-4), over its scored
+    rows (NaN with fewer than two, then left out of the sum); the weighted sum of a row: over the sources
+    that apply; then (x - batch mean) / (batch std + 1e-4). Stds unbiased. Returns (N,), detached; 0 for
+    a row no source applies to, or when the batch has fewer than two such rows.
+    """
+    if per_source.dim() != 2 or weights.shape != per_source.shape[:1]:
+        raise ValueError(
+            f"per_source must be (S, N) and weights (S,), got {tuple(per_source.shape)} and "
+            f"{tuple(weights.shape)}"
+        )
+    if group_size < 2 or per_source.size(1) % group_size != 0:
+        raise ValueError(
+            f"per_source has {per_source.size(1)} rows, not a multiple of group_size={group_size} (>= 2)"
+        )
+    with torch.no_grad():
+        dtype = torch.promote_types(per_source.dtype, torch.float32)
+        grouped = per_source.detach().to(dtype).reshape(per_source.size(0), -1, group_size)  # (S, B, G)
+        rows = grouped.flatten(0, 1)  # (S * B, G): one source's rewards of one group per row
+        normalised = _group_mean_baseline(rows) / (_nan_std(rows, 1) + _STD_EPS)
+        summed = (normalised.reshape_as(per_source) * weights.to(dtype)[:, None]).nansum(0)  # (N,)
+        summed = summed.masked_fill(per_source.isnan().all(0), float("nan"))  # no source applies
+        advantages = (summed - torch.nanmean(summed)) / (_nan_std(summed).squeeze() + _STD_EPS)
+    return advantages.masked_fill(advantages.isnan(), 0.0)  # inf stays: the trainers skip such a batch
+
+
 def leave_one_out_advantages(rewards: torch.Tensor, group_size: int, normalize: bool = False) -> torch.Tensor:
     """RLOO's advantages, TRL 1.x's form: each reward minus the mean of the other scored rewards of its group.
 

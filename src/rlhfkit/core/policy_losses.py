@@ -1,9 +1,10 @@
 """GRPO-family policy losses: one surrogate and one normaliser per `loss_type`.
 
 Every loss type is a `PolicyLossSpec` in `POLICY_LOSSES`: a per-token surrogate (PPO's clipped
-ratio, or CISPO's clipped-and-detached weight), a normaliser that turns the per-token losses of a
-micro-batch into its share of the optimizer step's loss, and optionally a forced importance-sampling
-level. A new variant is one function (surrogate or normaliser) plus one registry entry.
+ratio, CISPO's clipped-and-detached weight, SAPO's soft gate, VESPO's gamma weight), a normaliser that
+turns the per-token losses of a micro-batch into its share of the optimizer step's loss, optionally a
+forced importance-sampling level, and the loss's own hyperparameters with TRL's defaults. A new variant
+is one function (surrogate or normaliser) plus one registry entry.
 
 The normalisers follow TRL 1.16's definitions, written so that the losses of the micro-batches of
 one optimizer step add up to the step's loss (`step_tokens`, `step_sequences` count the whole step):
@@ -14,14 +15,23 @@ one optimizer step add up to the step's loss (`step_tokens`, `step_sequences` co
   gspo     grpo with the sequence-level ratio exp(mean log-ratio) (Zheng et al. 2025)
   cispo    -clip(ratio, max=epsilon_high).detach() * A * logprob, normalised as dapo (MiniMax 2025);
            as in TRL, epsilon_high is the absolute cap on the weight (ScaleRL's eps_max, e.g. 5.0)
+  sapo     -f(r) A with the soft gate f(r) = 4 sigmoid(tau (r - 1)) / tau, tau = sapo_temperature_pos
+           for A > 0 else _neg (its gradient weight 4 s (1 - s) is 1 at r = 1), normalised as grpo
+           (Gao et al. 2025, arXiv:2511.20347)
+  vespo    -phi(w) A logprob, phi(w) = exp(lam + k log w - lam w) detached, w = exp(sum of the token
+           log-ratios) of the sequence, (k, lam) = vespo_k/lambda_pos for A >= 0 else _neg; normalised
+           as dapo (arXiv:2602.10693). As in TRL: log-ratios clamped to [-20, 20], log w to [log 1e-8, 20]
+  luspo    the clipped surrogate, each sequence's token sum (at sequence level: its loss times its
+           length) / step_sequences (arXiv:2602.05261; meant with importance_sampling_level="sequence")
 Where micro-batches are of equal size these equal TRL's values exactly (TRL divides grpo, bnpo and
 dr_grpo by the number of accumulation steps; dapo by the step's tokens).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
@@ -51,6 +61,7 @@ class LossInputs:
     max_completion_length: int | None
     step_tokens: float
     step_sequences: float
+    options: dict[str, float]  # the loss type's own hyperparameters (`PolicyLossSpec.options`)
 
 
 @dataclass
@@ -99,6 +110,38 @@ def cispo_surrogate(x: LossInputs) -> Surrogate:
     return Surrogate(per_token_loss, ratio, torch.zeros_like(high), high)
 
 
+def sapo_surrogate(x: LossInputs) -> Surrogate:
+    """-4 sigmoid(tau (r - 1)) / tau * A: a smooth gate instead of the clip, tau by the advantage's sign."""
+    ratio = torch.exp(_log_importance_weights(x))
+    positive = x.advantages > 0
+    tau = torch.where(positive, x.options["sapo_temperature_pos"], x.options["sapo_temperature_neg"])
+    per_token_loss = -torch.sigmoid(tau * (ratio - 1)) * 4 / tau * x.advantages
+    no_clip = torch.zeros_like(ratio, dtype=torch.bool)
+    return Surrogate(per_token_loss, ratio.detach(), no_clip, no_clip)
+
+
+_LOG_W_MIN = math.log(1e-8)
+
+
+def vespo_weights(x: LossInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """(phi, w), both (N, 1) and detached: VESPO's gamma weight of each sequence's ratio w."""
+    log_ratio = (x.logprobs - x.old_logprobs).detach().clamp(-20.0, 20.0)
+    log_w = (log_ratio * x.loss_mask).sum(-1, keepdim=True).clamp(_LOG_W_MIN, 20.0)
+    positive = x.advantages >= 0
+    k = torch.where(positive, x.options["vespo_k_pos"], x.options["vespo_k_neg"])
+    lam = torch.where(positive, x.options["vespo_lambda_pos"], x.options["vespo_lambda_neg"]).clamp(min=1e-4)
+    phi = torch.exp(lam + k * log_w - lam * torch.exp(log_w))  # phi(1) = 1
+    return torch.nan_to_num(phi, nan=0.0, posinf=0.0, neginf=0.0), torch.exp(log_w)
+
+
+def vespo_surrogate(x: LossInputs) -> Surrogate:
+    """-phi(w) * A * logprob: every token keeps a gradient, scaled by its sequence's gamma weight."""
+    phi, w = vespo_weights(x)
+    per_token_loss = -phi * x.advantages * x.logprobs
+    no_clip = torch.zeros_like(w, dtype=torch.bool)
+    return Surrogate(per_token_loss, w, no_clip, no_clip)
+
+
 def mean_of_sequence_means(masked_loss: torch.Tensor, x: LossInputs) -> torch.Tensor:
     """grpo: each sequence's token mean, summed and divided by the step's sequences."""
     sequence_means = masked_loss.sum(-1) / x.loss_mask.sum(-1).clamp(min=1.0)
@@ -116,6 +159,11 @@ def step_token_mean(masked_loss: torch.Tensor, x: LossInputs) -> torch.Tensor:
     return masked_loss.sum() / x.step_tokens
 
 
+def sequence_sum_mean(masked_loss: torch.Tensor, x: LossInputs) -> torch.Tensor:
+    """luspo: each sequence's token sum, summed and divided by the step's sequences."""
+    return masked_loss.sum() / x.step_sequences
+
+
 def constant_length_mean(masked_loss: torch.Tensor, x: LossInputs) -> torch.Tensor:
     """dr_grpo: token sum over a constant, step sequences * max_completion_length."""
     return masked_loss.sum() / (x.step_sequences * x.max_completion_length)
@@ -126,6 +174,7 @@ class PolicyLossSpec:
     surrogate: Callable[[LossInputs], Surrogate]
     normaliser: Callable[[torch.Tensor, LossInputs], torch.Tensor]
     importance_sampling_level: str | None = None  # None: the caller's choice
+    options: dict[str, float] = field(default_factory=dict)  # hyperparameter -> TRL's default
 
 
 POLICY_LOSSES: dict[str, PolicyLossSpec] = {
@@ -135,6 +184,17 @@ POLICY_LOSSES: dict[str, PolicyLossSpec] = {
     "dr_grpo": PolicyLossSpec(clipped_surrogate, constant_length_mean),
     "gspo": PolicyLossSpec(clipped_surrogate, mean_of_sequence_means, importance_sampling_level="sequence"),
     "cispo": PolicyLossSpec(cispo_surrogate, step_token_mean),
+    "sapo": PolicyLossSpec(
+        sapo_surrogate,
+        mean_of_sequence_means,
+        options={"sapo_temperature_pos": 1.0, "sapo_temperature_neg": 1.05},
+    ),
+    "vespo": PolicyLossSpec(
+        vespo_surrogate,
+        step_token_mean,
+        options={"vespo_k_pos": 2.0, "vespo_lambda_pos": 3.0, "vespo_k_neg": 3.0, "vespo_lambda_neg": 2.0},
+    ),
+    "luspo": PolicyLossSpec(clipped_surrogate, sequence_sum_mean),
 }
 
 
@@ -143,14 +203,26 @@ def _check_inputs(loss_type, logprobs, old_logprobs, advantages, loss_mask, extr
         raise ValueError(f"unknown loss_type {loss_type!r}; valid: {', '.join(POLICY_LOSSES)}")
     if logprobs.dim() != 2:
         raise ValueError(f"logprobs must be (N, T), got shape {tuple(logprobs.shape)}")
-    for name, tensor in {"old_logprobs": old_logprobs, "loss_mask": loss_mask, **extra}.items():
+    per_token = {k: v for k, v in extra.items() if k != "sequence_mask"}
+    for name, tensor in {"old_logprobs": old_logprobs, "loss_mask": loss_mask, **per_token}.items():
         if tensor is not None and tensor.shape != logprobs.shape:
             raise ValueError(
                 f"{name} shape {tuple(tensor.shape)} must equal logprobs {tuple(logprobs.shape)}"
             )
-    if advantages.shape != logprobs.shape[:1]:
+    for name, tensor in {"advantages": advantages, "sequence_mask": extra.get("sequence_mask")}.items():
+        if tensor is not None and tensor.shape != logprobs.shape[:1]:
+            raise ValueError(f"{name} must be (N,) = ({logprobs.size(0)},), got shape {tuple(tensor.shape)}")
+
+
+def _check_spec_inputs(loss_type, spec, max_completion_length, loss_options) -> None:
+    """What a loss type needs: dr_grpo a max_completion_length; loss_options only of its own names."""
+    if spec.normaliser is constant_length_mean and not max_completion_length:
+        raise ValueError(f"loss_type={loss_type!r} needs max_completion_length (its constant normaliser)")
+    unknown = set(loss_options or {}) - set(spec.options)
+    if unknown:
         raise ValueError(
-            f"advantages must be (N,) = ({logprobs.size(0)},), got shape {tuple(advantages.shape)}"
+            f"loss_type={loss_type!r} has no option {', '.join(sorted(unknown))}; "
+            f"its options: {', '.join(spec.options) or 'none'}"
         )
 
 
@@ -179,14 +251,19 @@ def policy_loss(
     step_tokens: float | None = None,
     step_sequences: float | None = None,
     entropy_mask: torch.Tensor | None = None,
+    sequence_mask: torch.Tensor | None = None,
+    loss_options: dict[str, float] | None = None,
 ) -> PolicyLossResult:
     """This micro-batch's share of a GRPO-family loss (see the module docstring per loss_type).
 
     logprobs (with gradient), old_logprobs, loss_mask: (N, T); advantages: (N,). per_token_kl: (N, T),
     added as beta * per_token_kl when beta > 0 (build it with `core.kl.per_token_kl`). entropy_mask:
     (N, T) bool from `entropy_mask`, drops low-entropy tokens from the policy term only (not from the
-    normaliser nor the KL term, as TRL). step_tokens / step_sequences: loss tokens / sequences of the
-    whole optimizer step (default: this micro-batch's). epsilon_high None -> epsilon_low.
+    normaliser nor the KL term, as TRL). sequence_mask: (N,) bool, likewise drops whole sequences from
+    the policy term (`core.off_policy.off_policy_sequence_mask`). step_tokens / step_sequences: loss
+    tokens / sequences of the whole optimizer step (default: this micro-batch's). epsilon_high None ->
+    epsilon_low. loss_options: the loss type's own hyperparameters (`POLICY_LOSSES[loss_type].options`;
+    missing ones take TRL's defaults, unknown ones are an error).
     """
     _check_inputs(
         loss_type,
@@ -194,7 +271,7 @@ def policy_loss(
         old_logprobs,
         advantages,
         loss_mask,
-        {"per_token_kl": per_token_kl, "entropy_mask": entropy_mask},
+        {"per_token_kl": per_token_kl, "entropy_mask": entropy_mask, "sequence_mask": sequence_mask},
     )
     if importance_sampling_level not in ("token", "sequence"):
         raise ValueError(
@@ -203,8 +280,7 @@ def policy_loss(
     if beta > 0 and per_token_kl is None:
         raise ValueError(f"beta={beta} > 0 needs per_token_kl (N, T)")
     spec = POLICY_LOSSES[loss_type]
-    if spec.normaliser is constant_length_mean and not max_completion_length:
-        raise ValueError(f"loss_type={loss_type!r} needs max_completion_length (its constant normaliser)")
+    _check_spec_inputs(loss_type, spec, max_completion_length, loss_options)
     mask = loss_mask.to(logprobs.dtype)
     x = LossInputs(
         logprobs=logprobs,
@@ -218,11 +294,14 @@ def policy_loss(
         max_completion_length=max_completion_length,
         step_tokens=float(step_tokens) if step_tokens is not None else max(float(mask.sum()), 1.0),
         step_sequences=float(step_sequences) if step_sequences is not None else float(logprobs.size(0)),
+        options={**spec.options, **(loss_options or {})},
     )
     surrogate = spec.surrogate(x)
     per_token_loss = surrogate.per_token_loss
     if entropy_mask is not None:
         per_token_loss = per_token_loss * entropy_mask.to(per_token_loss.dtype)
+    if sequence_mask is not None:
+        per_token_loss = per_token_loss * sequence_mask.to(per_token_loss.dtype).unsqueeze(-1)
     if beta > 0:
         per_token_loss = per_token_loss + beta * per_token_kl
     loss = spec.normaliser(per_token_loss * mask, x)
@@ -235,24 +314,3 @@ def policy_loss(
         ratio_mean=_masked_stat(surrogate.ratio, mask),
         kl_mean=None if per_token_kl is None else _masked_stat(per_token_kl, mask),
     )
-
-
-def entropy_mask(entropies: torch.Tensor, loss_mask: torch.Tensor, quantile: float) -> torch.Tensor:
-    """Keep the loss tokens whose entropy is in the top `quantile` (Wang et al. 2025, "80/20").
-
-    entropies, loss_mask: (N, T). quantile in [0, 1]: 1.0 keeps every loss token, 0.2 the 20% most
-    uncertain ones; the threshold is the (1 - quantile) quantile of the loss tokens' entropies
-    (linear interpolation), and ties with it are kept. Returns (N, T) bool, False off the mask.
-    """
-    if not 0.0 <= quantile <= 1.0:
-        raise ValueError(f"quantile must be in [0, 1], got {quantile}")
-    if entropies.shape != loss_mask.shape:
-        raise ValueError(
-            f"loss_mask shape {tuple(loss_mask.shape)} must equal entropies {tuple(entropies.shape)}"
-        )
-    mask = loss_mask.bool()
-    values = entropies.detach().float()[mask]
-    if values.numel() == 0:
-        return mask.clone()
-    threshold = torch.quantile(values, 1.0 - quantile)
-    return (entropies.detach().float() >= threshold) & mask

@@ -6,6 +6,7 @@ query gets the same logprobs whatever its padding or the chunk it is scored in.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from dataclasses import dataclass
 
@@ -123,6 +124,7 @@ def forward_response(
     with_entropy: bool = False,
     return_logits: bool = False,
     packed: bool | None = None,
+    entropy_grad: bool = False,
 ) -> ForwardOutput:
     """One forward pass over query+response; outputs aligned with the response tokens.
 
@@ -132,7 +134,8 @@ def forward_response(
         temperature: logits are divided by it, matching the sampling distribution.
     Returns:
         ForwardOutput with logprobs (B, R) float32, and values / entropy / logits when requested.
-        Values are those of the state before each response token; entropy is a statistic (no gradient).
+        Values are those of the state before each response token; entropy is a statistic (no gradient)
+        unless `entropy_grad` (an entropy bonus in the loss).
         Masked positions hold junk; mask them. Without `return_logits`, a batch with more than
         CHUNKED_HEAD_MIN_LOGITS logits goes through the memory-lean chunked path (`rollout.lm_head`): same
         numbers, no (B, R, V).
@@ -159,7 +162,8 @@ def forward_response(
             )
             if chunked is not None:  # None: a head the chunked path does not handle (reason logged once)
                 logprobs, values, entropy = chunked
-                entropy = None if entropy is None else entropy.detach()
+                if entropy is not None and not entropy_grad:
+                    entropy = entropy.detach()
                 return ForwardOutput(logprobs=logprobs, values=values, entropy=entropy)
         if rows is not None:
             logits, values = packed_logits_and_values(model, rows, with_values=with_values)
@@ -176,9 +180,9 @@ def forward_response(
                 "with_values=True needs a model with a value head (e.g. AutoModelForCausalLMWithValueHead)"
             )
         result.values = values.float()
-    if with_entropy:  # a statistic: no graph through the vocabulary softmax
-        with torch.no_grad():
-            result.entropy = entropy_from_logits(logits.detach())
+    if with_entropy:  # a statistic, unless asked for: no graph through the vocabulary softmax
+        with torch.no_grad() if not entropy_grad else contextlib.nullcontext():
+            result.entropy = entropy_from_logits(logits if entropy_grad else logits.detach())
     if return_logits:
         result.logits = logits
     return result

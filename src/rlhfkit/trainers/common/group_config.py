@@ -18,6 +18,19 @@ from rlhfkit.trainers.common.config import check_positive_integers, exact_div, o
 REFERENCE_DTYPES = (None, "bfloat16", "float16", "float32")
 
 
+def _pad_multiple(value: int | str | None) -> int | None:
+    """`pad_to_multiple_of` as an int or None: 'auto' and 'none' (the command line's strings) are None."""
+    if isinstance(value, str):
+        if value.lower() in ("auto", "none", "null"):
+            return None
+        if not value.strip().isdigit():
+            raise ValueError(f"pad_to_multiple_of must be a positive integer, 'auto' or None, got {value!r}")
+        value = int(value)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"pad_to_multiple_of must be a positive integer, 'auto' or None, got {value!r}")
+    return value
+
+
 @dataclass
 class GroupRollouts:
     """Sampling, sizes, clipping and logging shared by the group trainers; checked by `check_groups`."""
@@ -40,6 +53,16 @@ class GroupRollouts:
     repetition_penalty: float = option(1.0, "Penalise tokens seen in prompt or completion; >1 repeats less.")
     generation_kwargs: dict | None = option(
         None, "Further transformers GenerationConfig settings; they win over the above."
+    )
+    cache_implementation: str | None = option(
+        None,
+        "transformers KV-cache implementation for sampling (e.g. 'static'); rlhfkit's decode loop then hands "
+        "sampling to model.generate, which honours it.",
+    )
+    pad_to_multiple_of: int | str | None = option(
+        "auto",
+        "Pad prompts (left) and completions (right) to a multiple of this many tokens: fixed shapes for "
+        "compilers. 'auto': none (TRL pads to 128 on AWS Neuron, which rlhfkit does not run on).",
     )
     num_iterations: int = option(1, "Passes over each generation batch (mu in the GRPO paper).")
     epsilon: float = option(0.2, "Lower clipping range of the ratio (and upper by default).")
@@ -78,6 +101,7 @@ class GroupRollouts:
 
     def check_groups(self) -> None:
         """ValueError naming the field for a bad group setting (`compute_group_sizes` fills in the sizes)."""
+        self.pad_to_multiple_of = _pad_multiple(self.pad_to_multiple_of)
         check_positive_integers(
             self,
             ("num_generations", "max_completion_length", "num_iterations", "ref_model_sync_steps"),

@@ -115,7 +115,9 @@ class OnlineTrainerLoop:
         self._resume(checkpoint)
         per_update = self._episodes_per_update()
         self.state.max_steps = num_updates
-        self.state.num_train_epochs = math.ceil(num_updates * per_update / len(self.train_dataset))
+        # a streamed dataset has no length: one "epoch" is then the whole run
+        rows = len(self.train_dataset) if hasattr(self.train_dataset, "__len__") else num_updates * per_update
+        self.state.num_train_epochs = math.ceil(num_updates * per_update / rows)
         self.state.compute_steps(args, num_updates)
         self.state.train_batch_size = args.per_device_train_batch_size
         self.is_in_train = True
@@ -134,7 +136,7 @@ class OnlineTrainerLoop:
                 self.lr_scheduler.step()
                 self.state.global_step += 1
                 episodes = self.state.global_step * per_update
-                self.state.epoch = episodes / len(self.train_dataset)
+                self.state.epoch = episodes / rows
                 metrics["eps"] = int(
                     (self.state.global_step - start_update) * per_update / (time.time() - start_time)
                 )

@@ -21,6 +21,19 @@ def _context_length(model: Any) -> int | None:
     return None
 
 
+def prompt_ids(prompt: Any, tokenizer: Any, chat_template_kwargs: dict | None = None) -> list[int]:
+    """The token ids of one prompt: text as is, chat messages through the chat template (generation prompt
+    added)."""
+    if isinstance(prompt, list):
+        ids = tokenizer.apply_chat_template(
+            prompt, add_generation_prompt=True, tokenize=True, **(chat_template_kwargs or {})
+        )
+        ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+    else:
+        ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    return list(ids)
+
+
 def tokenize_prompts(
     dataset: Any,
     tokenizer: Any,
@@ -53,15 +66,7 @@ def tokenize_prompts(
         )
 
     def encode(row: dict) -> dict:
-        prompt = row["prompt"]
-        if isinstance(prompt, list):
-            ids = tokenizer.apply_chat_template(
-                prompt, add_generation_prompt=True, tokenize=True, **(chat_template_kwargs or {})
-            )
-            ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
-        else:
-            ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        return {"input_ids": list(ids)}
+        return {"input_ids": prompt_ids(row["prompt"], tokenizer, chat_template_kwargs)}
 
     removed = [] if keep_columns else columns
     return dataset.map(encode, remove_columns=removed, num_proc=num_proc, desc=f"tokenising {what}")
@@ -76,9 +81,10 @@ def tokenize_datasets(
     chat_template_kwargs: dict | None = None,
 ) -> tuple[Any, Any]:
     """`tokenize_prompts` over the train set and the evaluation set(s): None, one dataset, or a dict by
-    name."""
+    name. `train_dataset` None: the evaluation sets only (a streamed train set is tokenised as it is read)."""
     options = dict(keep_columns=keep_columns, chat_template_kwargs=chat_template_kwargs)
-    train_dataset = tokenize_prompts(train_dataset, tokenizer, num_proc, "train_dataset", **options)
+    if train_dataset is not None:
+        train_dataset = tokenize_prompts(train_dataset, tokenizer, num_proc, "train_dataset", **options)
     if isinstance(eval_dataset, dict):  # named evaluation sets: one sample table each
         if not eval_dataset:
             raise ValueError("eval_dataset is an empty dict; give at least one named dataset, or None")

@@ -26,6 +26,7 @@ from rlhfkit.trainers.common.group_config import GroupRollouts
 SCALE_REWARDS = ("group", "batch", "none")
 TOKEN_SUMMED_LOSSES = ("bnpo", "dr_grpo", "dapo", "cispo")  # normalised over tokens, not per sequence
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
+MULTI_OBJECTIVE_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
 
 
 @dataclass
@@ -50,14 +51,53 @@ class GRPOConfig(GroupRollouts, GenerationOptions, HealthChecks, ModelInitKwargs
     loss_type: str = option(
         "dapo", f"The policy loss, a key of core.policy_losses.POLICY_LOSSES: {', '.join(POLICY_LOSSES)}."
     )
+    sapo_temperature_pos: float = option(1.0, "loss_type='sapo': temperature of the gate for A > 0.")
+    sapo_temperature_neg: float = option(1.05, "loss_type='sapo': temperature of the gate for A <= 0.")
+    vespo_k_pos: float = option(2.0, "loss_type='vespo': power k of the gamma weight for A >= 0.")
+    vespo_lambda_pos: float = option(3.0, "loss_type='vespo': decay lambda of the gamma weight for A >= 0.")
+    vespo_k_neg: float = option(3.0, "loss_type='vespo': power k of the gamma weight for A < 0.")
+    vespo_lambda_neg: float = option(2.0, "loss_type='vespo': decay lambda of the gamma weight for A < 0.")
     scale_rewards: str = option(
         "group", "Divide advantages by the reward std of the 'group', the 'batch', or 'none' (True/False)."
+    )
+    multi_objective_aggregation: str = option(
+        "sum_then_normalize",
+        "How several reward functions combine: 'sum_then_normalize' (weighted sum, then advantages as "
+        "scale_rewards says) or 'normalize_then_sum' (GDPO: each reward normalised in its group, weighted "
+        "sum, standardised over the batch; scale_rewards unused).",
     )
     top_entropy_quantile: float = option(
         1.0, "Train only on the top quantile of tokens by entropy (1.0: all; the paper uses 0.2)."
     )
     use_bias_correction_kl: bool = option(
         True, "Weight the per-token KL by the importance ratio (unbiased reverse-KL gradient)."
+    )
+    off_policy_mask_threshold: float | None = option(
+        None,
+        "DeepSeek-V3.2's off-policy sequence mask: leave out of the policy loss the completions with a "
+        "negative advantage whose mean log pi_sampling - log pi exceeds this (e.g. 0.5; None: off).",
+    )
+    # ---------------------------------------------------------------- entropy bonus
+    entropy_coef: float = option(
+        0.0,
+        "Entropy bonus: the loss loses entropy_coef * the mean per-token entropy of the trained tokens (the "
+        "same for every loss_type). With use_adaptive_entropy, the starting coefficient.",
+    )
+    use_adaptive_entropy: bool = option(
+        False,
+        "Skywork-OR1: each update, raise entropy_coef by entropy_coef_delta while the entropy is at or below "
+        "entropy_target, lower it above; the bonus applies only at or below the target.",
+    )
+    entropy_coef_min: float = option(0.0, "Adaptive entropy: lowest coefficient.")
+    entropy_coef_max: float = option(1.0, "Adaptive entropy: highest coefficient.")
+    entropy_coef_delta: float = option(0.005, "Adaptive entropy: change of the coefficient per update.")
+    entropy_target: float = option(
+        0.2, "Adaptive entropy: target mean per-token entropy (nats) of the trained tokens."
+    )
+    cast_lm_head_to_fp32: bool = option(
+        False,
+        "Hold the output projection (lm_head) of the policy and reference in float32 and compute the logits "
+        "in float32 (ScaleRL). Full logits then: the memory-lean chunked head is not used.",
     )
     # ---------------------------------------------------------------- DAPO dynamic sampling (not in TRL)
     dynamic_sampling: bool = option(
@@ -84,22 +124,54 @@ class GRPOConfig(GroupRollouts, GenerationOptions, HealthChecks, ModelInitKwargs
             "loss_type": (self.loss_type, tuple(POLICY_LOSSES)),  # read now: the registry is the one list
             "scale_rewards": (self.scale_rewards, SCALE_REWARDS),
             "importance_sampling_level": (self.importance_sampling_level, IMPORTANCE_SAMPLING_LEVELS),
+            "multi_objective_aggregation": (self.multi_objective_aggregation, MULTI_OBJECTIVE_AGGREGATIONS),
         }
         for name, (value, allowed) in choices.items():
             if value not in allowed:
                 raise ValueError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
         checks = {
             "delta": (self.delta, lambda v: v is None or v > 1, "> 1 or None"),
+            "off_policy_mask_threshold": (
+                self.off_policy_mask_threshold,
+                lambda v: v is None or v >= 0,
+                ">= 0 or None",
+            ),
+            "sapo_temperature_pos": (self.sapo_temperature_pos, lambda v: v > 0, "> 0"),
+            "sapo_temperature_neg": (self.sapo_temperature_neg, lambda v: v > 0, "> 0"),
+            "entropy_coef_delta": (self.entropy_coef_delta, lambda v: v >= 0, ">= 0"),
+            "entropy_coef_max": (
+                self.entropy_coef_max,
+                lambda v: v >= self.entropy_coef_min,
+                ">= entropy_coef_min",
+            ),
             "top_entropy_quantile": (self.top_entropy_quantile, lambda v: 0 <= v <= 1, "in [0, 1]"),
         }
         for name, (value, ok, expected) in checks.items():
             if not ok(value):
                 raise ValueError(f"{name} must be {expected}, got {value!r}")
+        self._warn_level_mismatch()
+
+    def _warn_level_mismatch(self) -> None:
+        """Settings TRL also warns about: a loss meant for the other importance-sampling level."""
+        if self.loss_type == "luspo" and self.importance_sampling_level != "sequence":
+            warnings.warn(
+                "loss_type='luspo' is meant with importance_sampling_level='sequence' (the paper's setup); "
+                "at token level each token's clipped term is summed instead",
+                UserWarning,
+                stacklevel=4,
+            )
+        if self.loss_type == "vespo" and self.importance_sampling_level != "token":
+            warnings.warn(
+                "loss_type='vespo' forms its own sequence-level weight from the token log-ratios; "
+                "importance_sampling_level has no effect on it (leave it 'token')",
+                UserWarning,
+                stacklevel=4,
+            )
         if self.importance_sampling_level == "sequence" and self.loss_type in TOKEN_SUMMED_LOSSES:
             warnings.warn(
                 f"importance_sampling_level='sequence' with loss_type={self.loss_type!r}: this loss sums the "
                 "per-token terms, so long completions weigh more and the objective is not GSPO's "
                 "per-sequence one; for GSPO as published use loss_type='grpo'",
                 UserWarning,
-                stacklevel=3,
+                stacklevel=4,
             )

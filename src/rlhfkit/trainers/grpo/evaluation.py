@@ -10,12 +10,41 @@ process: TRL's reward and completion statistics (`reward`, `reward_std`, `reward
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
 from accelerate.utils import gather_object
 
 from rlhfkit.trainers.grpo.groups import completion_stats, reward_stats
+from rlhfkit.trainers.grpo.setup import prepare_datasets
+
+
+class EvaluationMethods:
+    """Mixed into `GRPOTrainer`: its `evaluate`."""
+
+    def evaluate(
+        self, eval_dataset: Any = None, ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval"
+    ) -> dict[str, float]:
+        """Sample `num_generations_eval` completions of every evaluation prompt and log their rewards and
+        lengths under `metric_key_prefix` (each set of a dict of datasets under `<prefix>_<name>`)."""
+        dataset = self.eval_dataset if eval_dataset is None else eval_dataset
+        if dataset is None:
+            raise ValueError(f"{self._owner}.evaluate needs an eval_dataset (given here or to the trainer)")
+        if isinstance(dataset, dict):
+            metrics = {}
+            for name, part in dataset.items():
+                metrics.update(self.evaluate(part, ignore_keys, f"{metric_key_prefix}_{name}"))
+            return metrics
+        if eval_dataset is not None:  # raw prompts given here: tokenised like the trainer's own
+            dataset, _ = prepare_datasets(dataset, None, self.processing_class, self.args, {})
+        start = time.time()
+        metrics = evaluation_metrics(self, dataset)
+        metrics = {f"{metric_key_prefix}_{k}": v for k, v in metrics.items()}
+        metrics[f"{metric_key_prefix}_runtime"] = round(time.time() - start, 4)
+        self.log(metrics)
+        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
+        return metrics
 
 
 @torch.no_grad()

@@ -186,3 +186,28 @@ def reward_problem(
             "are scaled by; scale the reward down)"
         )
     return None
+
+
+def _pad_columns(x: torch.Tensor, left: int, right: int, value: float | int) -> torch.Tensor:
+    parts = [x.new_full((x.shape[0], left), value), x, x.new_full((x.shape[0], right), value)]
+    return torch.cat(parts, dim=1)
+
+
+def padded_to_multiple(batch: RolloutBatch, multiple: int | None, pad_token_id: int) -> RolloutBatch:
+    """`batch` with its query columns left-padded and its response columns right-padded to multiples of
+    `multiple` (TRL's `pad_to_multiple_of`: fewer distinct shapes for compilers); None: as it is."""
+    if not multiple:
+        return batch
+    left, right = -batch.query_ids.shape[1] % multiple, -batch.responses.shape[1] % multiple
+    if left == 0 and right == 0:
+        return batch
+    changes = {
+        "query_ids": _pad_columns(batch.query_ids, left, 0, pad_token_id),
+        "query_mask": _pad_columns(batch.query_mask, left, 0, 0),
+        "responses": _pad_columns(batch.responses, 0, right, pad_token_id),
+    }
+    for name in ("response_mask", "loss_mask", "logprobs", "ref_logprobs"):
+        value = getattr(batch, name)
+        if value is not None:
+            changes[name] = _pad_columns(value, 0, right, 0)
+    return batch.replace(**changes)

@@ -54,7 +54,8 @@ class ReportingMethods:
         """Micro-batch statistics -> one number each, over micro-batches and processes (TRL's min/max
         extras)."""
         local = {k: torch.stack(v).float() for k, v in stats.items()}
-        rows = torch.stack([local[k].sum() if k == "loss" else local[k].mean() for k in local])
+        summed = ("loss", "policy_loss")  # each micro-batch's loss is its share of the step's
+        rows = torch.stack([local[k].sum() if k in summed else local[k].mean() for k in local])
         extremes = torch.stack([local[k].max() for k in local])
         everywhere = self.accelerator.gather(torch.stack([rows, extremes])[None])  # (P, 2, K)
         out = dict(zip(local, everywhere[:, 0].mean(0).tolist()))
@@ -65,3 +66,16 @@ class ReportingMethods:
         if "sampling/sampling_logp_difference/max" in local:
             out["sampling/sampling_logp_difference/max"] = highs["sampling/sampling_logp_difference/max"]
         return out
+
+    @torch.no_grad()
+    def _sampling_gap(self, logprobs: torch.Tensor, rows: RolloutBatch) -> dict[str, torch.Tensor]:
+        """|training - sampling| logprob over the trained tokens, on the first update of a generation batch
+        (same weights: ~0 unless the two engines differ); {} on later ones."""
+        if not self._on_policy:
+            return {}
+        gap = (logprobs.detach() - rows.logprobs).abs()[rows.loss_mask.bool()]
+        zero = gap.new_zeros(())
+        return {
+            "sampling/sampling_logp_difference/mean": gap.mean() if gap.numel() else zero,
+            "sampling/sampling_logp_difference/max": gap.max() if gap.numel() else zero,
+        }

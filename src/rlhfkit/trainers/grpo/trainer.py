@@ -22,7 +22,6 @@ generation batch they are the detached current ones, as in TRL, and the gap betw
 from __future__ import annotations
 
 import contextlib
-import time
 from collections import defaultdict
 from typing import Any
 
@@ -30,10 +29,12 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, ProgressCallback, Trainer
 
-from rlhfkit.core.advantages import group_advantages
+from rlhfkit.core.advantages import decoupled_group_advantages, group_advantages
+from rlhfkit.core.entropy import entropy_bonus, entropy_mask
 from rlhfkit.core.kl import per_token_kl
 from rlhfkit.core.masking import masked_mean
-from rlhfkit.core.policy_losses import entropy_mask, policy_loss
+from rlhfkit.core.off_policy import off_policy_sequence_mask
+from rlhfkit.core.policy_losses import POLICY_LOSSES, policy_loss
 from rlhfkit.models.reference import choose_reference, mix_into_reference
 from rlhfkit.rewards.scoring import RewardScorer, source_name
 from rlhfkit.rollout import forward_response
@@ -41,20 +42,23 @@ from rlhfkit.rollout.batch import RolloutBatch
 from rlhfkit.trainers.common.guards import RobustTrainerMixin, any_across_ranks
 from rlhfkit.trainers.common.online_loop import OnlineTrainerLoop
 from rlhfkit.trainers.common.progress import RichProgressCallback
-from rlhfkit.trainers.common.prompts import PromptSchedule
 from rlhfkit.trainers.common.trainer_setup import disable_dropout, load_policy, resolve_args
 from rlhfkit.trainers.grpo.config import GRPOConfig
-from rlhfkit.trainers.grpo.evaluation import evaluation_metrics
+from rlhfkit.trainers.grpo.entropy import EntropyControl
+from rlhfkit.trainers.grpo.evaluation import EvaluationMethods
 from rlhfkit.trainers.grpo.groups import (
     SampledGroups,
     completion_stats,
     fill_batch,
+    padded_to_multiple,
     reward_problem,
     reward_stats,
 )
+from rlhfkit.trainers.grpo.prompt_stream import is_stream, prompt_source, stream_preparer
 from rlhfkit.trainers.grpo.reporting import ReportingMethods
 from rlhfkit.trainers.grpo.setup import (
     OWNER,
+    cast_lm_head_to_fp32,
     default_output_dir,
     prepare_datasets,
     reward_sources,
@@ -62,7 +66,7 @@ from rlhfkit.trainers.grpo.setup import (
 )
 
 
-class GRPOTrainer(ReportingMethods, OnlineTrainerLoop, RobustTrainerMixin, Trainer):
+class GRPOTrainer(EvaluationMethods, ReportingMethods, OnlineTrainerLoop, RobustTrainerMixin, Trainer):
     """Trains `model` with GRPO on `reward_funcs`; see `GRPOConfig` for every option.
 
     `model`: a causal LM or a local path. `reward_funcs`: a callable `(prompts, completions, **columns) ->
@@ -113,6 +117,10 @@ class GRPOTrainer(ReportingMethods, OnlineTrainerLoop, RobustTrainerMixin, Train
             model, AutoModelForCausalLM, args.from_pretrained_kwargs(), peft_config, owner, args.seed
         )
         self.reference = self._build_reference(policy, args)
+        if getattr(args, "cast_lm_head_to_fp32", False):
+            for module in (policy, None if self.reference is None else self.reference.model):
+                if module is not None:
+                    cast_lm_head_to_fp32(module, self._owner)
         sources, self.reward_func_names, reward_processing_classes = reward_sources(
             reward_funcs, args.from_pretrained_kwargs(), reward_processing_classes, owner
         )  # a reward model path brings its own tokenizer
@@ -133,6 +141,7 @@ class GRPOTrainer(ReportingMethods, OnlineTrainerLoop, RobustTrainerMixin, Train
         train_dataset, eval_dataset = prepare_datasets(
             train_dataset, eval_dataset, processing_class, args, models
         )
+        self._prepare_stream_rows = stream_preparer(processing_class, args, models)
         super().__init__(
             model=policy,
             args=args,
@@ -176,26 +185,20 @@ class GRPOTrainer(ReportingMethods, OnlineTrainerLoop, RobustTrainerMixin, Train
         # why the current generation batch must not be trained on (see `groups.reward_problem`), or None
         self._reward_problem: str | None = None
         processes, rank = self.accelerator.num_processes, self.accelerator.process_index
-        if len(self.train_dataset) < args.local_prompts_per_generation * processes:
-            raise ValueError(
-                f"train_dataset has {len(self.train_dataset)} prompts but one generation batch needs "
-                f"{args.local_prompts_per_generation * processes} (generation_batch_size / num_generations)"
-            )
-        self.schedule = PromptSchedule(
-            len(self.train_dataset), args.local_prompts_per_generation, processes, rank, args.seed,
-            shuffle=args.shuffle_dataset,
-        )  # fmt: skip
+        # the rows of each generation batch: indexed (Dataset) or read in order (IterableDataset)
+        self.prompts = prompt_source(self.train_dataset, args, processes, rank, self._prepare_stream_rows)
         self.sampling_params = sampling_params(args, tok)
         self._buffer: RolloutBatch | None = None
         self._buffer_metrics: dict[str, float] = {}
         # prompt batches drawn so far (dynamic sampling draws several per generation)
         self._prompt_batches = 0
         self._on_policy = True
+        self.entropy_control = EntropyControl(args)
 
     # ------------------------------------------------------------------ the shared loop's hooks
     def _num_updates(self) -> int:
         args = self.args
-        if args.max_steps > 0:
+        if args.max_steps > 0 or is_stream(self.train_dataset):  # a stream has no length: max_steps is set
             return args.max_steps
         completions = (
             args.num_train_epochs * len(self.train_dataset) * args.num_generations * args.num_iterations
@@ -229,7 +232,7 @@ class GRPOTrainer(ReportingMethods, OnlineTrainerLoop, RobustTrainerMixin, Train
         ]
 
     def _loop_state(self) -> dict[str, Any]:
-        state: dict[str, Any] = {"prompt_batches": self._prompt_batches}
+        state: dict[str, Any] = {"prompt_batches": self._prompt_batches, **self.entropy_control.state()}
         if self.state.global_step % self._cycle() and self._buffer is not None:  # resumed mid-way through it
             # cloned: no shared storage
             state["buffer"] = {k: v.clone() for k, v in vars(self._buffer).items() if v is not None}
@@ -239,6 +242,8 @@ class GRPOTrainer(ReportingMethods, OnlineTrainerLoop, RobustTrainerMixin, Train
 
     def _load_loop_state(self, state: dict[str, Any]) -> None:
         self._prompt_batches = int(state["prompt_batches"])
+        if "entropy_coef" in state and self.entropy_control.adaptive:  # a fixed coefficient is the config's
+            self.entropy_control.load(state)
         if "buffer" in state:
             self._buffer = RolloutBatch(**state["buffer"]).to(self.accelerator.device)
             self._buffer_metrics = dict(state["buffer_metrics"])
@@ -265,7 +270,7 @@ class GRPOTrainer(ReportingMethods, OnlineTrainerLoop, RobustTrainerMixin, Train
         args = self.args
         # 1-2. groups of completions, scored
         groups, metrics = self._sample_batch()
-        batch = groups.batch
+        batch = padded_to_multiple(groups.batch, args.pad_to_multiple_of, self.processing_class.pad_token_id)
         # 3. reference logprobs, only with a KL term
         if self.reference is not None:
             batch = batch.replace(ref_logprobs=self._reference_logprobs(batch))
@@ -273,7 +278,7 @@ class GRPOTrainer(ReportingMethods, OnlineTrainerLoop, RobustTrainerMixin, Train
         gather = self.accelerator.gather
         scores, per_source = gather(batch.scores), gather(groups.per_source.T.contiguous()).T
         applies = gather(groups.applies.T.to(torch.uint8).contiguous()).T.bool()
-        advantages, advantage_metrics = self._advantages(batch, scores)
+        advantages, advantage_metrics = self._advantages(batch, scores, per_source)  # per_source: NaN = n/a
         # NaN/inf rewards, no reward at all, overflowing advantages: every update of this batch is skipped
         self._reward_problem = reward_problem(per_source, applies, advantages, self._source_names)
         rank, n = self.accelerator.process_index, len(batch)
@@ -309,14 +314,20 @@ class GRPOTrainer(ReportingMethods, OnlineTrainerLoop, RobustTrainerMixin, Train
             any_process=lambda short: any_across_ranks(short, self.accelerator),
         )
 
-    def _advantages(self, batch: RolloutBatch, scores: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
-        """(advantages of every process's rows, extra metrics) from the gathered `scores`."""
+    def _advantages(
+        self, batch: RolloutBatch, scores: torch.Tensor, per_source: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """(advantages of every process's rows, extra metrics) from the gathered weighted `scores` (N,), or
+        from each source's rewards `per_source` (S, N; NaN: does not apply) with "normalize_then_sum"."""
         args = self.args
+        if args.multi_objective_aggregation == "normalize_then_sum":
+            weights = torch.tensor(self.scorer.weights, device=per_source.device)
+            return decoupled_group_advantages(per_source, weights, args.num_generations), {}
         return group_advantages(scores, args.num_generations, scale_rewards=args.scale_rewards), {}
 
     def _sample_groups(self) -> SampledGroups:
         """One round: the next batch of prompts, `num_generations` completions each, decoded and scored."""
-        rows = self.train_dataset[self.schedule.indices(self._prompt_batches)]
+        rows = self.prompts.rows(self._prompt_batches)
         self._prompt_batches += 1
         return self._score_groups(rows, self.args.num_generations)
 
@@ -360,29 +371,6 @@ class GRPOTrainer(ReportingMethods, OnlineTrainerLoop, RobustTrainerMixin, Train
             return batch.response_mask.sum(1) >= self.args.max_completion_length
         return ~((batch.responses == eos) & batch.response_mask.bool()).any(1)
 
-    def evaluate(
-        self, eval_dataset: Any = None, ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval"
-    ) -> dict[str, float]:
-        """Sample `num_generations_eval` completions of every evaluation prompt and log their rewards and
-        lengths under `metric_key_prefix` (each set of a dict of datasets under `<prefix>_<name>`)."""
-        dataset = self.eval_dataset if eval_dataset is None else eval_dataset
-        if dataset is None:
-            raise ValueError(f"{self._owner}.evaluate needs an eval_dataset (given here or to the trainer)")
-        if isinstance(dataset, dict):
-            metrics = {}
-            for name, part in dataset.items():
-                metrics.update(self.evaluate(part, ignore_keys, f"{metric_key_prefix}_{name}"))
-            return metrics
-        if eval_dataset is not None:  # raw prompts given here: tokenised like the trainer's own
-            dataset, _ = prepare_datasets(dataset, None, self.processing_class, self.args, {})
-        start = time.time()
-        metrics = evaluation_metrics(self, dataset)
-        metrics = {f"{metric_key_prefix}_{k}": v for k, v in metrics.items()}
-        metrics[f"{metric_key_prefix}_runtime"] = round(time.time() - start, 4)
-        self.log(metrics)
-        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
-        return metrics
-
     # ------------------------------------------------------------------ the update
     def _optimize(self, model: nn.Module, batch: RolloutBatch) -> dict[str, float]:
         args = self.args
@@ -407,13 +395,18 @@ class GRPOTrainer(ReportingMethods, OnlineTrainerLoop, RobustTrainerMixin, Train
         self.optimizer.zero_grad()
         if args.sync_ref_model and (self.state.global_step + 1) % args.ref_model_sync_steps == 0:
             self._sync_reference()
-        return self._reduce(stats)
+        metrics = self._reduce(stats)
+        if self.entropy_control.enabled:  # the step's entropy sets the next step's coefficient
+            device = self.accelerator.device
+            reduce_sum = lambda t: self.accelerator.reduce(t.to(device), reduction="sum").cpu()  # noqa: E731
+            metrics["entropy_coef"] = self.entropy_control.end_step(reduce_sum)
+        return metrics
 
     def _micro_step(
         self, model: nn.Module, rows: RolloutBatch, step_tokens: float, step_sequences: int
     ) -> dict:
-        args, mask = self.args, rows.loss_mask
-        out, old = self._policy_logprobs(model, rows)
+        args, mask, entropy = self.args, rows.loss_mask, self.entropy_control
+        out, old = self._policy_logprobs(model, rows, entropy_grad=entropy.enabled)
         kl = None
         if args.beta > 0:
             sampling = old if args.use_bias_correction_kl else None
@@ -439,11 +432,21 @@ class GRPOTrainer(ReportingMethods, OnlineTrainerLoop, RobustTrainerMixin, Train
             step_tokens=step_tokens,
             step_sequences=step_sequences,
             entropy_mask=keep,
+            sequence_mask=self._off_policy_mask(out.logprobs, rows),
+            loss_options={name: getattr(args, name) for name in POLICY_LOSSES[args.loss_type].options},
         )
-        self.accelerator.backward(result.loss)
+        loss, stats = result.loss, {}
+        if entropy.enabled:  # the mean entropy of the trained tokens, this micro-batch's share of the step
+            trained = mask.bool() if keep is None else mask.bool() & keep
+            share = len(rows) / step_sequences
+            loss = loss + entropy_bonus(out.entropy, trained, entropy.applied()) * share
+            entropy.observe(out.entropy, trained)
+            stats["policy_loss"] = result.loss.detach()
+        self.accelerator.backward(loss)
         stats = {
-            "loss": result.loss.detach(),
-            "entropy": masked_mean(out.entropy, rows.response_mask),  # every generated token, as TRL
+            **stats,
+            "loss": loss.detach(),
+            "entropy": masked_mean(out.entropy.detach(), rows.response_mask),  # every generated token, as TRL
             "clip_ratio/low_mean": result.clip_ratio_low,
             "clip_ratio/high_mean": result.clip_ratio_high,
             "clip_ratio/region_mean": result.clip_ratio_region,
@@ -452,27 +455,26 @@ class GRPOTrainer(ReportingMethods, OnlineTrainerLoop, RobustTrainerMixin, Train
             stats["kl"] = result.kl_mean
         return {**stats, **self._sampling_gap(out.logprobs, rows)}
 
-    def _policy_logprobs(self, model: nn.Module, rows: RolloutBatch) -> tuple[Any, torch.Tensor]:
-        """The training forward over `rows` (logprobs and entropy) and the old logprobs: the detached current
-        ones on the first update of a generation batch, else those streamed out of sampling."""
+    def _policy_logprobs(
+        self, model: nn.Module, rows: RolloutBatch, entropy_grad: bool = False
+    ) -> tuple[Any, torch.Tensor]:
+        """The training forward over `rows` (logprobs and entropy, differentiable with `entropy_grad`) and the
+        old logprobs: the detached current ones on the first update of a generation batch, else those
+        streamed out of sampling."""
         with self.accelerator.autocast():
             out = forward_response(
-                model, *self._rollout_tensors(rows), temperature=self.args.temperature, with_entropy=True
-            )
+                model, *self._rollout_tensors(rows), temperature=self.args.temperature, with_entropy=True,
+                entropy_grad=entropy_grad,
+            )  # fmt: skip
         return out, out.logprobs.detach() if self._on_policy else rows.logprobs
 
-    @torch.no_grad()
-    def _sampling_gap(self, logprobs: torch.Tensor, rows: RolloutBatch) -> dict[str, torch.Tensor]:
-        """|training - sampling| logprob over the trained tokens, on the first update of a generation batch
-        (same weights: ~0 unless the two engines differ); {} on later ones."""
-        if not self._on_policy:
-            return {}
-        gap = (logprobs.detach() - rows.logprobs).abs()[rows.loss_mask.bool()]
-        zero = gap.new_zeros(())
-        return {
-            "sampling/sampling_logp_difference/mean": gap.mean() if gap.numel() else zero,
-            "sampling/sampling_logp_difference/max": gap.max() if gap.numel() else zero,
-        }
+    def _off_policy_mask(self, logprobs: torch.Tensor, rows: RolloutBatch) -> torch.Tensor | None:
+        """(N,) keep-mask of `off_policy_mask_threshold` (None when off): the drift is measured from the
+        sampling logprobs, so it sees both earlier updates and any sampling/training engine gap."""
+        threshold = self.args.off_policy_mask_threshold
+        if threshold is None:
+            return None
+        return off_policy_sequence_mask(rows.advantages, logprobs, rows.logprobs, rows.loss_mask, threshold)
 
     @torch.no_grad()
     def _sync_reference(self) -> None:

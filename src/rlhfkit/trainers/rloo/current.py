@@ -43,7 +43,9 @@ class GroupRLOOTrainer(RLOOTrainer, GRPOTrainer):
     def _sample_batch(self) -> tuple[SampledGroups, dict[str, float]]:
         return self._sample_groups(), {}  # no dynamic sampling: every group counts toward its baseline
 
-    def _advantages(self, batch: RolloutBatch, scores: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+    def _advantages(
+        self, batch: RolloutBatch, scores: torch.Tensor, per_source: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, dict[str, float]]:
         args, metrics = self.args, {}
         rewards = scores
         if args.reward_clip_bounds is not None:
