@@ -1,12 +1,14 @@
 """DPO's forward passes: chosen and rejected as one batch, and the summed log-probs of their responses.
 
 `concatenated_forward` returns logits, as TRL 0.x's API does (from the position before the earliest
-response token on, when the model's forward takes `logits_to_keep`). `_concatenated_logps`, which training
-and the reference pass use, scores the label tokens in chunks from the final hidden states instead when the
-(2B, T, V) logits would be large (`rollout.lm_head`).
+response token on, when the model's forward takes `logits_to_keep`). `sides_logps`, which training and the
+reference pass use (DPO's chosen/rejected sides, KTO's completion/KL sides), scores the label tokens in
+chunks from the final hidden states instead when the (2B, T, V) logits would be large (`rollout.lm_head`).
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 from torch import nn
@@ -16,20 +18,28 @@ from rlhfkit.data.collators import cat_padded
 from rlhfkit.rollout.lm_head import chunked_label_logprobs
 from rlhfkit.rollout.scoring import forward_accepts, prefers_chunked_head
 
+DPO_SIDES = ("chosen", "rejected")
+
 
 class ForwardMethods:
     """Mixed into `DPOTrainer`; relies on its `padding_value` and `label_pad_token_id`. A subclass may
     override `concatenated_forward`: the chunked path is then left alone."""
 
-    def concatenated_inputs(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Stack chosen (first B rows) and rejected (last B rows), padded to one width."""
+    def concatenated_inputs(
+        self, batch: dict[str, torch.Tensor], sides: tuple[str, ...] = DPO_SIDES
+    ) -> dict[str, torch.Tensor]:
+        """Stack the rows of each side in order (chosen: first B rows, then rejected), padded to one width.
+
+        `sides` names the `{side}_input_ids` / `_attention_mask` / `_labels` groups of the batch (KTO's
+        are "completion" and "KL")."""
         out = {}
         for key, pad in (
             ("input_ids", self.padding_value),
             ("attention_mask", 0),
             ("labels", self.label_pad_token_id),
         ):
-            out[f"concatenated_{key}"] = cat_padded(batch[f"chosen_{key}"], batch[f"rejected_{key}"], pad)
+            parts = [batch[f"{side}_{key}"] for side in sides]
+            out[f"concatenated_{key}"] = functools.reduce(lambda a, b: cat_padded(a, b, pad), parts)
         return out
 
     def sequence_logps(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -53,7 +63,14 @@ class ForwardMethods:
         whose forward takes `logits_to_keep`, its last positions from the one before the earliest
         response token on (the prompt-only head of the batch is never scored).
         """
-        inputs = self.concatenated_inputs(batch)
+        logps, logits = self._forward_logps(model, self.concatenated_inputs(batch))
+        n = batch["chosen_input_ids"].shape[0]
+        return logps[:n], logps[n:], logits[:n], logits[n:]
+
+    def _forward_logps(
+        self, model: nn.Module, inputs: dict[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(summed response log-probs (N,), logits (N, T', V)) of `concatenated_inputs` rows, full logits."""
         labels = inputs["concatenated_labels"]
         kwargs = {}
         keep = self._logits_to_keep(model, labels)
@@ -66,26 +83,38 @@ class ForwardMethods:
             use_cache=False,
             **kwargs,
         ).logits
-        logps = self.sequence_logps(logits, labels)
-        n = batch["chosen_input_ids"].shape[0]
-        return logps[:n], logps[n:], logits[:n], logits[n:]
+        return self.sequence_logps(logits, labels), logits
 
     def _concatenated_logps(
         self, model: nn.Module, batch: dict[str, torch.Tensor], with_mean_logits: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """(chosen_logps, rejected_logps, chosen mean logit, rejected mean logit), (B,) each; the means are
-        None unless asked for.
+        None unless asked for. `sides_logps` over chosen and rejected."""
+        (chosen, rejected), means = self.sides_logps(model, batch, DPO_SIDES, with_mean_logits)
+        return chosen, rejected, *(means or (None, None))
 
-        Training and the reference pass use it. When the (2B, T, V) logits would be large
-        (`prefers_chunked_head`) and the head is a plain linear layer, the label tokens are scored in chunks
-        from the final hidden states (`rollout.lm_head`): no (2B, T', V) tensor. Otherwise, or when a
-        subclass overrides `concatenated_forward`, it is `concatenated_forward` plus `_mean_response_logit`:
-        same numbers.
+    def sides_logps(
+        self,
+        model: nn.Module,
+        batch: dict[str, torch.Tensor],
+        sides: tuple[str, ...] = DPO_SIDES,
+        with_mean_logits: bool = False,
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+        """One forward pass over the rows of every side: the summed response log-probs of each side, (B_s,)
+        each, and their mean response logits (None unless asked for).
+
+        Training and the reference pass use it. When the logits would be large (`prefers_chunked_head`)
+        and the head is a plain linear layer, the label tokens are scored in chunks from the final hidden
+        states (`rollout.lm_head`): no (N, T', V) tensor. Otherwise, or when a subclass overrides
+        `concatenated_forward` (used for chosen/rejected), the full logits give the same numbers.
         """
-        inputs = self.concatenated_inputs(batch)
-        labels, n, chunked = inputs["concatenated_labels"], batch["chosen_input_ids"].shape[0], None
-        own_forward = type(self).concatenated_forward is ForwardMethods.concatenated_forward
-        if own_forward and prefers_chunked_head(model, labels.numel()):
+        inputs = self.concatenated_inputs(batch, sides)
+        labels, chunked = inputs["concatenated_labels"], None
+        sizes = [batch[f"{side}_input_ids"].shape[0] for side in sides]
+        custom = (
+            sides == DPO_SIDES and type(self).concatenated_forward is not ForwardMethods.concatenated_forward
+        )
+        if not custom and prefers_chunked_head(model, labels.numel()):
             chunked = chunked_label_logprobs(
                 model,
                 labels,
@@ -96,19 +125,23 @@ class ForwardMethods:
                 use_cache=False,
             )
         if chunked is None:  # full logits: small enough, a custom forward, or a head the chunked path lacks
-            chosen, rejected, logits_chosen, logits_rejected = self.concatenated_forward(model, batch)
+            if custom:
+                chosen, rejected, logits_chosen, logits_rejected = self.concatenated_forward(model, batch)
+                logps, logits = [chosen, rejected], [logits_chosen, logits_rejected]
+            else:
+                all_logps, all_logits = self._forward_logps(model, inputs)
+                logps, logits = list(all_logps.split(sizes)), all_logits.split(sizes)
             if not with_mean_logits:
-                return chosen, rejected, None, None
-            # taken now, so the (B, T', V) logits are not alive during the reference pass
-            mean_chosen = self._mean_response_logit(logits_chosen, labels[:n])
-            return chosen, rejected, mean_chosen, self._mean_response_logit(logits_rejected, labels[n:])
+                return logps, None
+            # taken now, so the (N, T', V) logits are not alive during the reference pass
+            return logps, [self._mean_response_logit(x, y) for x, y in zip(logits, labels.split(sizes))]
         logprobs, mask, mean_logits = chunked
-        logps = logprobs.sum(-1)
+        logps = list(logprobs.sum(-1).split(sizes))
         if not with_mean_logits:
-            return logps[:n], logps[n:], None, None
+            return logps, None
         # over the positions that predict response tokens, as `_mean_response_logit` averages them
         means = (mean_logits * mask).sum(1) / mask.sum(1).clamp(min=1)
-        return logps[:n], logps[n:], means[:n], means[n:]
+        return logps, list(means.split(sizes))
 
     def _mean_response_logit(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Mean logit over the vocabulary at the positions that predict response tokens: (N, T', V) -> (N,).
