@@ -36,6 +36,11 @@ _LAZY: dict[str, str] = {
     "ConstantLengthDataset": "rlhfkit.data.packing",
     "DPOConfig": "rlhfkit.trainers.dpo.config",
     "DPOTrainer": "rlhfkit.trainers.dpo.trainer",
+    # KTO
+    "KTOConfig": "rlhfkit.trainers.kto.config",
+    "KTOTrainer": "rlhfkit.trainers.kto.trainer",
+    "DataCollatorForUnpairedPreference": "rlhfkit.data.unpaired",
+    "unpair_preference_dataset": "rlhfkit.data.unpaired",
     # DDPO
     "DDPOConfig": "rlhfkit.trainers.ddpo.config",
     "DDPOTrainer": "rlhfkit.trainers.ddpo.trainer",
