@@ -41,6 +41,7 @@ _LAZY: dict[str, str] = {
     "KTOTrainer": "rlhfkit.trainers.kto.trainer",
     "DataCollatorForUnpairedPreference": "rlhfkit.data.unpaired",
     "unpair_preference_dataset": "rlhfkit.data.unpaired",
+    "maybe_unpair_preference_dataset": "rlhfkit.data.unpaired",
     # DDPO
     "DDPOConfig": "rlhfkit.trainers.ddpo.config",
     "DDPOTrainer": "rlhfkit.trainers.ddpo.trainer",

@@ -72,6 +72,13 @@ def unpair_preference_dataset(dataset: Any, num_proc: int | None = None) -> Any:
     return dataset.map(_unpair_batch, batched=True, remove_columns=columns_of(dataset), num_proc=num_proc)
 
 
+def maybe_unpair_preference_dataset(dataset: Any, num_proc: int | None = None) -> Any:
+    """`unpair_preference_dataset` for a paired dataset (`chosen` and `rejected` columns); others as given."""
+    if {"chosen", "rejected"} <= set(columns_of(dataset)):
+        return unpair_preference_dataset(dataset, num_proc)
+    return dataset
+
+
 def _check_labels(dataset: Any, owner: str, arg: str) -> list[bool]:
     labels = dataset["label"]
     bad = next((v for v in labels if not (isinstance(v, bool) or v in (0, 1))), None)
