@@ -49,8 +49,12 @@ def test_paired_rows_are_unpaired_and_kl_completions_rotate_within_blocks(tok):
     assert len(data) == 6
     assert data["label"] == [True, True, True, False, False, False]  # chosen block, then rejected block
     completions = data["completion_ids"]
-    assert completions[0] == tok("good 0", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-    assert data["prompt_ids"][3] == tok("q0 ")["input_ids"]  # the rejected row of pair 0 keeps its prompt
+    # one tokenisation of prompt + completion, split where it leaves the prompt's own tokens: the
+    # prompt's trailing space joins the completion's first word, as in the whole text
+    whole = tok("q0 good 0" + tok.eos_token)["input_ids"]
+    assert data["prompt_ids"][0] + completions[0] == whole
+    assert tok.decode(completions[0]) == " good 0" + tok.eos_token
+    assert data["prompt_ids"][3] == data["prompt_ids"][0]  # the rejected row of pair 0 keeps its prompt
     # blocks of 2 rows: (0, 1) -> KL completions (1, 0); (2, 3) -> (3, 2); (4, 5) -> (5, 4)
     assert data["KL_completion_ids"] == [completions[i] for i in (1, 0, 3, 2, 5, 4)]
 
@@ -70,7 +74,7 @@ def test_conversational_rows_and_implicit_prompt(tok):
     prompt_text = tok.apply_chat_template(
         [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
     )
-    assert data["prompt_ids"][0] == tok(prompt_text)["input_ids"]
+    assert data["prompt_ids"][0] == tok(prompt_text, add_special_tokens=False)["input_ids"]
     assert tok.decode(data["completion_ids"][0]).startswith("good day")
 
 

@@ -5,7 +5,8 @@ Rows hold `prompt`, `completion` and a boolean `label` (True = desirable), as te
 into a desirable row and an undesirable one per pair (`unpair_preference_dataset`).
 
 Tokenised rows hold `prompt_ids` and `completion_ids` (the completion ends in EOS for plain text; a chat
-template places its own). For the KL reference point each row also gets `KL_completion_ids`: the
+template places its own), cut from one tokenisation of prompt + completion where it stops matching the
+prompt's own tokens. For the KL reference point each row also gets `KL_completion_ids`: the
 completion of the previous row of its block of `kl_block_size` rows (the first row takes the block's last),
 so within a training batch every prompt is scored with another row's completion. That needs the batches
 to be these blocks, in order: KTOConfig's train_sampling_strategy="sequential".
@@ -28,7 +29,6 @@ from rlhfkit.data.preparation import (
     is_conversational,
     require_columns,
     row_is_chat,
-    with_eos,
 )
 
 logger = logging.getLogger(__name__)
@@ -91,11 +91,23 @@ def _check_labels(dataset: Any, owner: str, arg: str) -> list[bool]:
 
 
 def _tokenise_row(example: dict, tokenizer: Any) -> dict:
+    """prompt_ids and completion_ids from one tokenisation of prompt + completion, split where it stops
+    agreeing with the prompt's own tokens: a word that straddles the boundary is tokenised as in the whole
+    text, the way the model reads it."""
     prompt, completion = as_prompt_completion(example, tokenizer)
-    eos = None if row_is_chat(example) else tokenizer.eos_token_id  # a chat template places its own EOS
-    prompt_ids = tokenizer(prompt)["input_ids"] if prompt else []
-    completion_ids = with_eos(tokenizer(completion, add_special_tokens=False)["input_ids"], eos)
-    return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "label": bool(example["label"])}
+    chat = row_is_chat(example)  # a chat template places its own special tokens, EOS included
+    if not chat and tokenizer.eos_token and not completion.endswith(tokenizer.eos_token):
+        completion += tokenizer.eos_token
+    prompt_ids = tokenizer(prompt, add_special_tokens=not chat)["input_ids"] if prompt else []
+    full_ids = tokenizer(prompt + completion, add_special_tokens=not chat)["input_ids"]
+    shared = 0
+    while shared < min(len(prompt_ids), len(full_ids)) and prompt_ids[shared] == full_ids[shared]:
+        shared += 1
+    return {
+        "prompt_ids": full_ids[:shared],
+        "completion_ids": full_ids[shared:],
+        "label": bool(example["label"]),
+    }
 
 
 def _add_kl_completions(batch: dict[str, list]) -> dict[str, list]:

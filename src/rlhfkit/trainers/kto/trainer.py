@@ -291,7 +291,7 @@ class KTOTrainer(ForwardMethods, OfflineTrainer):
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         split = "eval" if any(k.startswith("eval_") for k in logs) else "train"
         logs.update(self._metrics.pop_means(split, accelerator=self.accelerator))
-        if split == "train":
+        if split == "train" and "loss" in logs:  # a training step's log, not the closing summary
             logs["num_tokens"] = float(self._total_train_tokens)
         super().log(logs, start_time)
 
