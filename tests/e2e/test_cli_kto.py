@@ -65,3 +65,14 @@ def test_kto_command_bad_data_and_flags(tmp_path, capsys):
     assert "loss_type must be one of ['apo_zero_unpaired', 'kto']" in capsys.readouterr().err
     assert _run(tmp_path, labelled, "--per_device_train_batch_size", "1") == 2
     assert "per_device_train_batch_size must be at least 2" in capsys.readouterr().err
+
+
+def test_trl_example_script_path_takes_the_same_flags():
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "examples/scripts/kto.py"
+    result = subprocess.run(
+        [sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "--desirable_weight" in result.stdout and "--loss_type" in result.stdout
