@@ -291,3 +291,102 @@ def test_ref_model_must_not_be_the_policy(tmp_path, tok):
             train_dataset=_unpaired(4),
             processing_class=tok,
         )
+
+
+# --- reference options, evaluation, the chunked path ---------------------------------------------------
+
+
+def test_sync_ref_model_mixes_the_reference_toward_the_policy(tmp_path, tok):
+    trainer = KTOTrainer(
+        model=tiny_model("llama"),
+        ref_model=tiny_model("llama"),
+        args=_config(
+            tmp_path, max_steps=1, sync_ref_model=True, ref_model_sync_steps=1, ref_model_mixup_alpha=0.25
+        ),
+        train_dataset=_unpaired(4),
+        processing_class=tok,
+    )
+    start = {n: p.detach().clone() for n, p in trainer.ref_model.named_parameters()}
+    trainer.train()
+    policy = dict(trainer.model.named_parameters())
+    moved = 0
+    for name, ref_param in trainer.ref_model.named_parameters():
+        expected = 0.25 * policy[name].detach() + 0.75 * start[name]  # ref <- alpha policy + (1 - alpha) ref
+        assert torch.allclose(ref_param, expected, atol=1e-6), name
+        moved += not torch.equal(ref_param, start[name])
+    assert moved  # the policy took a step, so the reference followed
+
+
+def test_sync_ref_model_needs_a_separate_reference(tmp_path, tok):
+    from peft import LoraConfig
+
+    with pytest.raises(ValueError, match="sync_ref_model needs a separate reference model"):
+        KTOTrainer(
+            model=tiny_model("llama"),
+            args=_config(tmp_path, sync_ref_model=True),
+            train_dataset=_unpaired(4),
+            processing_class=tok,
+            peft_config=LoraConfig(r=4, target_modules=["q_proj"], task_type="CAUSAL_LM"),
+        )
+
+
+def _first_step_log(tmp_path, tok, **fields):
+    trainer = KTOTrainer(
+        model=tiny_model("llama"),
+        args=_config(tmp_path, **fields),
+        train_dataset=_unpaired(8),
+        processing_class=tok,
+    )
+    trainer.train()
+    return [h for h in trainer.state.log_history if "loss" in h], trainer
+
+
+def test_precomputed_reference_gives_the_same_steps(tmp_path, tok):
+    live, _ = _first_step_log(tmp_path / "live", tok)
+    precomputed, trainer = _first_step_log(
+        tmp_path / "pre", tok, precompute_ref_log_probs=True, precompute_ref_batch_size=3
+    )
+    assert {"ref_logps", "ref_KL_logps"} <= set(trainer.train_dataset.column_names)
+    for a, b in zip(live, precomputed, strict=True):
+        for key in ("loss", "kl", "rewards/chosen", "rewards/rejected"):
+            assert a[key] == pytest.approx(b[key], abs=1e-5), key
+
+
+def test_chunked_head_gives_the_same_loss(tmp_path, tok, chunk_calls):
+    # chunk_calls routes every forward through the chunked lm-head path; compare with full logits
+    from rlhfkit.rollout import scoring
+
+    trainer = KTOTrainer(
+        model=tiny_model("llama"),
+        ref_model=tiny_model("llama"),
+        args=_config(tmp_path),
+        train_dataset=_unpaired(4),
+        processing_class=tok,
+    )
+    with torch.no_grad():
+        for p in trainer.ref_model.parameters():
+            p.mul_(0.9)  # a reference unlike the policy: non-zero rewards and z
+    batch = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
+    chunked_loss, chunked_metrics, _ = trainer._loss_metrics_rewards(trainer.model, batch, "train")
+    assert chunk_calls  # the chunked path ran
+    scoring.CHUNKED_HEAD_MIN_LOGITS = 10**12  # monkeypatched by the fixture, restored after the test
+    full_loss, full_metrics, _ = trainer._loss_metrics_rewards(trainer.model, batch, "train")
+    assert chunked_loss.item() == pytest.approx(full_loss.item(), abs=1e-5)
+    for key in ("kl", "rewards/chosen", "logps/rejected", "logits/chosen"):
+        assert chunked_metrics[key] == pytest.approx(full_metrics[key], abs=1e-4), key
+
+
+def test_evaluate_takes_a_raw_dataset_and_compute_metrics_gets_rewards_and_labels(tmp_path, tok):
+    seen = {}
+
+    def compute_metrics(prediction):
+        seen["rewards"], seen["labels"] = prediction.predictions, prediction.label_ids
+        return {"rows": len(prediction.label_ids)}
+
+    trainer = KTOTrainer(
+        model=tiny_model("llama"), args=_config(tmp_path), train_dataset=_unpaired(4), processing_class=tok,
+        compute_metrics=compute_metrics,
+    )  # fmt: skip
+    metrics = trainer.evaluate(_unpaired(6, seed=3))
+    assert metrics["eval_rows"] == 6 and "eval_kl" in metrics
+    assert seen["labels"].tolist() == [1.0, 0.0] * 3 and seen["rewards"].shape == (6,)

@@ -333,6 +333,9 @@ class KTOTrainer(ForwardMethods, OfflineTrainer):
         return super().get_train_dataloader()
 
     def get_eval_dataloader(self, eval_dataset: Any = None) -> DataLoader:
+        if hasattr(eval_dataset, "column_names") and "prompt_ids" not in eval_dataset.column_names:
+            # a raw dataset passed to evaluate(): prepared as the eval_dataset given at construction is
+            eval_dataset = self._prepare(eval_dataset, self.processing_class, self.args, "eval_dataset")
         if self.args.precompute_ref_log_probs:
             self._precompute_all()
             if eval_dataset is not None and not isinstance(eval_dataset, str):
