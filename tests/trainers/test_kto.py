@@ -390,3 +390,32 @@ def test_evaluate_takes_a_raw_dataset_and_compute_metrics_gets_rewards_and_label
     metrics = trainer.evaluate(_unpaired(6, seed=3))
     assert metrics["eval_rows"] == 6 and "eval_kl" in metrics
     assert seen["labels"].tolist() == [1.0, 0.0] * 3 and seen["rewards"].shape == (6,)
+
+
+def test_config_defaults_are_trl_1x_and_parse_from_flags(tmp_path):
+    from transformers import HfArgumentParser
+
+    (config,) = HfArgumentParser(KTOConfig).parse_args_into_dataclasses(
+        ["--output_dir", str(tmp_path), "--report_to", "none", "--loss_type", "apo_zero_unpaired",
+         "--desirable_weight", "1.33", "--precompute_ref_log_probs"]
+    )  # fmt: skip
+    assert (config.loss_type, config.desirable_weight, config.precompute_ref_log_probs) == (
+        "apo_zero_unpaired", 1.33, True,
+    )  # fmt: skip
+    default = KTOConfig(output_dir=str(tmp_path), report_to="none")
+    assert (default.beta, default.loss_type, default.max_length, default.learning_rate) == (
+        0.1,
+        "kto",
+        1024,
+        1e-6,
+    )
+    assert (default.logging_steps, default.train_sampling_strategy, default.disable_dropout) == (
+        10,
+        "sequential",
+        True,
+    )
+    assert (default.desirable_weight, default.undesirable_weight, default.ref_model_sync_steps) == (
+        1.0,
+        1.0,
+        512,
+    )
