@@ -12,7 +12,6 @@ up front (precompute_ref_log_probs). The forward passes are in `rlhfkit.trainers
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -27,6 +26,7 @@ from rlhfkit.data.collators import DPODataCollatorWithPadding
 from rlhfkit.data.preference import prepare_dpo_dataset
 from rlhfkit.models.reference import Reference, choose_reference
 from rlhfkit.trainers.common import trainer_setup
+from rlhfkit.trainers.common.reference_holder import ReferenceHolder
 from rlhfkit.trainers.common.trainer_setup import MetricBuffer, OfflineTrainer, load_model, load_policy
 from rlhfkit.trainers.dpo.config import DPOConfig
 from rlhfkit.trainers.dpo.forward import ForwardMethods
@@ -34,7 +34,7 @@ from rlhfkit.trainers.dpo.forward import ForwardMethods
 logger = logging.getLogger(__name__)
 
 
-class DPOTrainer(ForwardMethods, OfflineTrainer):
+class DPOTrainer(ReferenceHolder, ForwardMethods, OfflineTrainer):
     """`transformers.Trainer` for DPO; TRL 0.x's keyword arguments override the matching `args` fields.
 
     `ref_model=None` means, for a PEFT policy (or when `peft_config` is given): its frozen SFT
@@ -140,18 +140,6 @@ class DPOTrainer(ForwardMethods, OfflineTrainer):
             return None
         return choose_reference(model, ref_model)
 
-    @property
-    def ref_model(self) -> nn.Module | None:
-        """The separate reference network, or None when the reference lives inside the PEFT policy."""
-        return self.reference.model if self.reference is not None else None
-
-    @ref_model.setter
-    def ref_model(self, value: nn.Module | None) -> None:  # e.g. replaced by its accelerate-prepared self
-        if self.reference is not None:
-            self.reference.model = value
-        elif value is not None:
-            self.reference = choose_reference(None, value)
-
     @staticmethod
     def _prepare(dataset: Any, tokenizer: Any, args: DPOConfig, arg: str) -> Any:
         if dataset is None or not hasattr(dataset, "column_names"):
@@ -167,14 +155,6 @@ class DPOTrainer(ForwardMethods, OfflineTrainer):
         )
 
     # --- the reference ------------------------------------------------------------------------------
-
-    @contextlib.contextmanager
-    def _reference(self):
-        """Yield the reference network (no gradients): the ref model, or the PEFT policy in reference mode."""
-        if self.reference is None:
-            raise RuntimeError("DPOTrainer: no reference model (reference_free is set)")
-        with self.reference(self.accelerator.unwrap_model(self.model)) as ref:
-            yield ref
 
     def reference_logps(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """(ref_chosen_logps, ref_rejected_logps), (B,) each: precomputed, zeros, or a no-grad forward."""

@@ -14,7 +14,6 @@ reference is `choose_reference`'s, as for DPO.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -35,6 +34,7 @@ from rlhfkit.models.adapters import REFERENCE_ADAPTER_NAME, add_reference_adapte
 from rlhfkit.models.peft_detection import peft_model_of
 from rlhfkit.models.reference import Reference, choose_reference
 from rlhfkit.trainers.common import trainer_setup
+from rlhfkit.trainers.common.reference_holder import ReferenceHolder
 from rlhfkit.trainers.common.trainer_setup import MetricBuffer, OfflineTrainer, load_model, load_policy
 from rlhfkit.trainers.dpo.forward import ForwardMethods
 from rlhfkit.trainers.kto.config import KTOConfig
@@ -44,7 +44,7 @@ logger = logging.getLogger(__name__)
 LABEL_PAD = -100  # label of the positions that carry no loss (prompt, padding)
 
 
-class KTOTrainer(ForwardMethods, OfflineTrainer):
+class KTOTrainer(ReferenceHolder, ForwardMethods, OfflineTrainer):
     """`transformers.Trainer` for KTO, called as TRL 1.x's `KTOTrainer`.
 
     `ref_model=None` means: for a PEFT policy given with `peft_config`, the policy with its adapters
@@ -135,15 +135,6 @@ class KTOTrainer(ForwardMethods, OfflineTrainer):
             )
         return reference
 
-    @property
-    def ref_model(self) -> nn.Module | None:
-        """The separate reference network, or None when the reference lives inside the PEFT policy."""
-        return self.reference.model
-
-    @ref_model.setter
-    def ref_model(self, value: nn.Module | None) -> None:  # e.g. replaced by its accelerate-prepared self
-        self.reference.model = value
-
     def _prepare(self, dataset: Any, tokenizer: Any, args: KTOConfig, arg: str) -> Any:
         if dataset is None or not hasattr(dataset, "column_names"):
             return dataset
@@ -197,12 +188,6 @@ class KTOTrainer(ForwardMethods, OfflineTrainer):
                 sides[f"{side}_attention_mask"] = batch[f"{prefix}attention_mask"]
                 sides[f"{side}_labels"] = ids.masked_fill(mask == 0, self.label_pad_token_id)
         return sides
-
-    @contextlib.contextmanager
-    def _reference(self):
-        """Yield the reference network (no gradients): the ref model, or the PEFT policy in reference mode."""
-        with self.reference(self.accelerator.unwrap_model(self.model)) as ref:
-            yield ref
 
     def reference_logps(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(ref_logps (B,), ref_KL_logps (B,) or None without a reference point): precomputed or no-grad."""
