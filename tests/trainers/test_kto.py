@@ -78,6 +78,12 @@ def test_conversational_rows_and_implicit_prompt(tok):
     assert tok.decode(data["completion_ids"][0]).startswith("good day")
 
 
+def test_streaming_dataset_is_refused_by_name(tok):
+    stream = _unpaired(4).to_iterable_dataset()
+    with pytest.raises(ValueError, match="`train_dataset` must be a map-style datasets.Dataset"):
+        prepare_kto_dataset(stream, tok, max_length=64, kl_block_size=2)
+
+
 def test_rows_whose_prompt_fills_max_length_are_dropped(tok, caplog):
     rows = _unpaired(4).to_list()
     rows[1]["prompt"] = " ".join(["movie"] * 40)

@@ -130,6 +130,11 @@ def prepare_kto_dataset(
     Already tokenised rows (`prompt_ids`, `completion_ids`, `label`) are only checked, and get their KL
     completions if they lack them.
     """
+    if not hasattr(dataset, "__len__"):
+        raise ValueError(
+            f"{owner}: `{arg}` must be a map-style datasets.Dataset; an IterableDataset (streaming) is not "
+            "supported: each row's KL completion is its neighbour's, fixed before training"
+        )
     check_not_empty(dataset, owner, arg)
     names = columns_of(dataset)
     if "label" not in names and ("completion" in names or "completion_ids" in names):
