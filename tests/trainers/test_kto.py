@@ -287,6 +287,18 @@ def test_apo_zero_unpaired_allows_random_order_and_batch_of_one(tmp_path):
     assert config.train_sampling_strategy == "random"
 
 
+def test_tokenizer_without_pad_and_eos_is_named(tmp_path):
+    tok = tiny_tokenizer()
+    tok.pad_token, tok.eos_token = None, None
+    with pytest.raises(ValueError, match="the tokenizer has neither a pad nor an eos token"):
+        KTOTrainer(
+            model=tiny_model("llama"),
+            args=_config(tmp_path),
+            train_dataset=_unpaired(4),
+            processing_class=tok,
+        )
+
+
 def test_ref_model_must_not_be_the_policy(tmp_path, tok):
     model = tiny_model("llama")
     with pytest.raises(ValueError, match="`ref_model` must not be the policy itself"):

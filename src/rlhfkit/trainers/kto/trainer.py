@@ -93,6 +93,10 @@ class KTOTrainer(ReferenceHolder, ForwardMethods, OfflineTrainer):
             raise ValueError("KTOTrainer: give `processing_class` (a tokenizer) to tokenise and pad the data")
         if processing_class.pad_token is None:
             processing_class.pad_token = processing_class.eos_token
+        if processing_class.pad_token_id is None:
+            raise ValueError(
+                "KTOTrainer: the tokenizer has neither a pad nor an eos token; set tokenizer.pad_token"
+            )
         init_kwargs = args.from_pretrained_kwargs()
         if quantization is not None:
             if not isinstance(model, str):
