@@ -39,6 +39,12 @@ _LAZY: dict[str, str] = {
     "pack_dataset": "rlhfkit.data.packing",
     "DPOConfig": "rlhfkit.trainers.dpo.config",
     "DPOTrainer": "rlhfkit.trainers.dpo.trainer",
+    # KTO
+    "KTOConfig": "rlhfkit.trainers.kto.config",
+    "KTOTrainer": "rlhfkit.trainers.kto.trainer",
+    "DataCollatorForUnpairedPreference": "rlhfkit.data.unpaired",
+    "unpair_preference_dataset": "rlhfkit.data.unpaired",
+    "maybe_unpair_preference_dataset": "rlhfkit.data.unpaired",
     # DDPO
     "DDPOConfig": "rlhfkit.trainers.ddpo.config",
     "DDPOTrainer": "rlhfkit.trainers.ddpo.trainer",

@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "reward": ("rlhfkit.commands.reward", "train a reward model on preference pairs"),
     "sft": ("rlhfkit.commands.sft", "supervised fine-tuning"),
     "dpo": ("rlhfkit.commands.dpo", "direct preference optimisation"),
+    "kto": ("rlhfkit.commands.kto", "Kahneman-Tversky optimisation on labelled completions"),
     "ddpo": ("rlhfkit.commands.ddpo", "RL fine-tuning of a diffusion model"),
     "judge": ("rlhfkit.commands.judge", "win rate of a policy against reference completions, by a judge"),
     "tiny-models": ("rlhfkit.commands.tiny_models", "build the offline tiny models and tokenizer"),

@@ -73,6 +73,7 @@ def _cfg(name, **kw):
         "RewardConfig": "reward_model.config",
         "SFTConfig": "sft.config",
         "DPOConfig": "dpo.config",
+        "KTOConfig": "kto.config",
     }[name]
     cls = getattr(importlib.import_module(f"rlhfkit.trainers.{module}"), name)
     return cls(output_dir="unused", report_to="none", use_cpu=True, **kw)
@@ -91,6 +92,8 @@ CONFIG_CASES = [
     ("DPOConfig", {"beta": 0.0}, ValueError, "beta must be > 0"),
     ("DPOConfig", {"loss_type": "nope"}, ValueError, "loss_type must be one of"),
     ("DPOConfig", {"max_length": 8, "max_prompt_length": 16}, ValueError, "max_prompt_length"),
+    ("KTOConfig", {"per_device_train_batch_size": 1}, ValueError, "per_device_train_batch_size must be at"),
+    ("KTOConfig", {"train_sampling_strategy": "random"}, ValueError, "train_sampling_strategy must be 'seq"),
 ]
 
 
@@ -171,6 +174,13 @@ TRAINER_CASES = [
      "neither a pad nor an eos token"),
     ("DPO reference is the policy", lambda tok, out: _dpo(tok, out, same_ref=True), ValueError,
      "must not be the policy"),
+    ("KTO missing label", lambda tok, out: _kto(tok, out, rows=[{"prompt": "a", "completion": "b"}]),
+     ValueError, "no 'label' column"),
+    ("KTO label not boolean", lambda tok, out: _kto(tok, out, rows=[{"prompt": "a", "completion": "b",
+                                                                      "label": "yes"}]),
+     ValueError, "must hold booleans"),
+    ("KTO tokenizer without pad and eos", lambda tok, out: _kto(_no_pad_no_eos(tok), out), ValueError,
+     "neither a pad nor an eos token"),
 ]  # fmt: skip
 
 
@@ -209,6 +219,15 @@ def _dpo(tok, out, dataset=None, same_ref=False, **kw):
         train_dataset=dataset if dataset is not None else _pairs(),
         processing_class=tok,
     )
+
+
+def _kto(tok, out, rows=None):
+    from rlhfkit.trainers.kto import KTOConfig, KTOTrainer
+
+    args = KTOConfig(output_dir=str(out), report_to="none", use_cpu=True, max_steps=1)
+    rows = rows or [{"prompt": "a b", "completion": "c", "label": i % 2 == 0} for i in range(4)]
+    train = datasets.Dataset.from_list(rows)
+    return KTOTrainer(model=tiny_model("llama"), args=args, train_dataset=train, processing_class=tok)
 
 
 @pytest.mark.parametrize(

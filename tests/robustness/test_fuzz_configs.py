@@ -19,6 +19,7 @@ CONFIGS = {
     "RewardConfig": "rlhfkit.trainers.reward_model.config",
     "SFTConfig": "rlhfkit.trainers.sft.config",
     "DPOConfig": "rlhfkit.trainers.dpo.config",
+    "KTOConfig": "rlhfkit.trainers.kto.config",
     "DDPOConfig": "rlhfkit.trainers.ddpo.config",
 }
 ODD_INTS = st.sampled_from([-3, -1, 0, 1, 2, 3, 7, 10**9])

@@ -1,4 +1,4 @@
-"""Reward / SFT / DPO trainers: SIGINT saves a checkpoint and stops; resuming gives the uninterrupted
+"""Reward / SFT / DPO / KTO trainers: SIGINT saves a checkpoint and stops; resuming gives the uninterrupted
 run's numbers bit for bit; a NaN loss skips the step and names the cause."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from workers.hf_fixtures import build, flat_params
 from rlhfkit.trainers.common.checkpointing import latest_checkpoint
 from rlhfkit.trainers.common.guards import NonFiniteStepWarning
 
-NAMES = ["reward", "sft", "dpo"]
+NAMES = ["reward", "sft", "dpo", "kto"]
 
 
 class _At(TrainerCallback):

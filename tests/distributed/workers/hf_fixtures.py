@@ -1,4 +1,4 @@
-"""Reward / SFT / DPO trainers with fixed data, built identically by the workers and the one-process
+"""Reward / SFT / DPO / KTO trainers with fixed data, built identically by the workers and the one-process
 references."""
 
 from __future__ import annotations
@@ -61,6 +61,12 @@ def build(name: str, out: str, per_device: int, **kw):
         return DPOTrainer(
             model=tiny_model("llama"), args=args, train_dataset=_pairs(16), processing_class=tok
         )
+    if name == "kto":
+        from rlhfkit.trainers.kto.config import KTOConfig
+        from rlhfkit.trainers.kto.trainer import KTOTrainer
+
+        args = _args(KTOConfig, out, per_device, max_length=64, **kw)
+        return KTOTrainer(model=tiny_model("llama"), args=args, train_dataset=_pairs(8), processing_class=tok)
     raise ValueError(name)
 
 

@@ -1,13 +1,15 @@
 """DPO's forward passes: chosen and rejected as one batch, and the summed log-probs of their responses.
 
 `concatenated_forward` returns logits, as TRL 0.x's API does (from the position before the earliest
-response token on, when the model's forward takes `logits_to_keep`). `_concatenated_logps`, which training
-and the reference pass use, scores the label tokens in chunks from the final hidden states instead when the
-(2B, T, V) logits would be large (`rollout.lm_head`).
+response token on, when the model's forward takes `logits_to_keep`). `_scored_rows`, which training and the
+reference pass use (DPO's chosen/rejected sides through `_scored_pass`, KTO's completion/KL sides through
+`sides_logps`), scores the label tokens in chunks from the final hidden states instead when the (N, T, V)
+logits would be large (`rollout.lm_head`).
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -18,6 +20,8 @@ from rlhfkit.core.preference_weights import length_desensitised_logps, log_sum_s
 from rlhfkit.data.collators import cat_padded
 from rlhfkit.rollout.lm_head import chunked_label_logprobs
 from rlhfkit.rollout.scoring import forward_accepts, prefers_chunked_head
+
+DPO_SIDES = ("chosen", "rejected")
 
 
 def pair_count(batch: dict[str, torch.Tensor]) -> int:
@@ -57,13 +61,16 @@ class ForwardMethods:
 
     ld_alpha: float | None = None  # LD-DPO's weight of the tokens past the shorter response's length
 
-    def concatenated_inputs(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Stack chosen (first B rows) and rejected (last B rows), padded to one width.
+    def concatenated_inputs(
+        self, batch: dict[str, torch.Tensor], sides: tuple[str, ...] = DPO_SIDES
+    ) -> dict[str, torch.Tensor]:
+        """Stack the rows of each side in order (chosen: first B rows, then rejected), padded to one width.
 
-        A batch of TRL 1.x's `DataCollatorForPreference` (input_ids, attention_mask, completion_mask) is
-        stacked already; its labels are the completion tokens.
+        `sides` names the `{side}_input_ids` / `_attention_mask` / `_labels` groups of the batch (KTO's are
+        "completion" and "KL"). A batch of TRL 1.x's `DataCollatorForPreference` (input_ids,
+        attention_mask, completion_mask) is stacked already; its labels are the completion tokens.
         """
-        if "completion_mask" in batch:
+        if sides == DPO_SIDES and "completion_mask" in batch:
             ids = batch["input_ids"]
             return {
                 "concatenated_input_ids": ids,
@@ -78,7 +85,8 @@ class ForwardMethods:
             ("attention_mask", 0),
             ("labels", self.label_pad_token_id),
         ):
-            out[f"concatenated_{key}"] = cat_padded(batch[f"chosen_{key}"], batch[f"rejected_{key}"], pad)
+            parts = [batch[f"{side}_{key}"] for side in sides]
+            out[f"concatenated_{key}"] = functools.reduce(lambda a, b: cat_padded(a, b, pad), parts)
         return out
 
     def sequence_logps(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -107,7 +115,14 @@ class ForwardMethods:
         whose forward takes `logits_to_keep`, its last positions from the one before the earliest
         response token on (the prompt-only head of the batch is never scored).
         """
-        inputs = self.concatenated_inputs(batch)
+        logps, logits = self._forward_logps(model, self.concatenated_inputs(batch))
+        n = pair_count(batch)
+        return logps[:n], logps[n:], logits[:n], logits[n:]
+
+    def _forward_logps(
+        self, model: nn.Module, inputs: dict[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(summed response log-probs (N,), logits (N, T', V)) of `concatenated_inputs` rows, full logits."""
         labels = inputs["concatenated_labels"]
         kwargs = {}
         keep = self._logits_to_keep(model, labels)
@@ -120,15 +135,13 @@ class ForwardMethods:
             use_cache=False,
             **kwargs,
         ).logits
-        logps = self.sequence_logps(logits, labels)
-        n = pair_count(batch)
-        return logps[:n], logps[n:], logits[:n], logits[n:]
+        return self.sequence_logps(logits, labels), logits
 
     def _concatenated_logps(
         self, model: nn.Module, batch: dict[str, torch.Tensor], with_mean_logits: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """(chosen_logps, rejected_logps, chosen mean logit, rejected mean logit), (B,) each; the means are
-        None unless asked for. Training and the reference pass use it (`_scored_pass`)."""
+        None unless asked for (`_scored_pass`)."""
         scored = self._scored_pass(model, batch, with_mean_logits)
         return scored.chosen, scored.rejected, scored.mean_chosen, scored.mean_rejected
 
@@ -136,18 +149,41 @@ class ForwardMethods:
         self, model: nn.Module, batch: dict[str, torch.Tensor], with_mean_logits: bool = False,
         with_weights: bool = False,
     ) -> ScoredPairs:  # fmt: skip
-        """One forward over both sides: sequence log-probs (LD-DPO's when `ld_alpha` is set), optionally the
-        logged mean logits and WPO's pair weights.
+        """DPO's chosen and rejected rows scored in one pass (`_scored_rows`), split into the two sides."""
+        logps, means, weights = self._scored_rows(model, batch, DPO_SIDES, with_mean_logits, with_weights)
+        return ScoredPairs.split(logps, pair_count(batch), means, weights)
 
-        When the (2B, T, V) logits would be large (`prefers_chunked_head`) and the head is a plain linear
+    def sides_logps(
+        self,
+        model: nn.Module,
+        batch: dict[str, torch.Tensor],
+        sides: tuple[str, ...] = DPO_SIDES,
+        with_mean_logits: bool = False,
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+        """The rows of every side scored in one pass: each side's sequence log-probs, (B_s,) each, and their
+        mean response logits (None unless asked for)."""
+        sizes = [batch[f"{side}_input_ids"].shape[0] for side in sides]
+        logps, means, _ = self._scored_rows(model, batch, sides, with_mean_logits)
+        return list(logps.split(sizes)), (None if means is None else list(means.split(sizes)))
+
+    def _scored_rows(
+        self, model: nn.Module, batch: dict[str, torch.Tensor], sides: tuple[str, ...],
+        with_mean_logits: bool = False, with_weights: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:  # fmt: skip
+        """One forward over the rows of `sides`: (sequence log-probs (N,), LD-DPO's when `ld_alpha` is set;
+        mean response logits (N,) or None; WPO's pair weights or None).
+
+        When the (N, T, V) logits would be large (`prefers_chunked_head`) and the head is a plain linear
         layer, the label tokens are scored in chunks from the final hidden states (`rollout.lm_head`): no
-        (2B, T', V) tensor. WPO's weights need the full distribution, so they take the full-logits path, as
-        does a subclass that overrides `concatenated_forward`: same numbers.
+        (N, T', V) tensor. WPO's weights need the full distribution, so they take the full-logits path, as
+        does a subclass that overrides `concatenated_forward` (DPO's sides): same numbers.
         """
-        inputs = self.concatenated_inputs(batch)
-        labels, n, chunked = inputs["concatenated_labels"], pair_count(batch), None
-        own_forward = type(self).concatenated_forward is ForwardMethods.concatenated_forward
-        if own_forward and not with_weights and prefers_chunked_head(model, labels.numel()):
+        inputs = self.concatenated_inputs(batch, sides)
+        labels, chunked = inputs["concatenated_labels"], None
+        custom = (
+            sides == DPO_SIDES and type(self).concatenated_forward is not ForwardMethods.concatenated_forward
+        )
+        if not custom and not with_weights and prefers_chunked_head(model, labels.numel()):
             chunked = chunked_label_logprobs(
                 model,
                 labels,
@@ -161,24 +197,22 @@ class ForwardMethods:
             logprobs, mask, mean_logits = chunked
             # over the positions that predict response tokens, as `_mean_response_logit` averages them
             means = None if mean_logits is None else (mean_logits * mask).sum(1) / mask.sum(1).clamp(min=1)
-            return ScoredPairs.split(self._reduce(logprobs, mask, None), n, means)
+            return self._reduce(logprobs, mask, None), means, None
         # full logits: small enough, a custom forward, WPO, or a head the chunked path lacks
-        chosen, rejected, logits_chosen, logits_rejected = self.concatenated_forward(model, batch)
-        logps, means, weights = torch.cat([chosen, rejected]), None, None
-        if with_mean_logits:  # taken now, so the (B, T', V) logits are not alive during the reference pass
-            means = torch.cat(
-                [
-                    self._mean_response_logit(logits_chosen, labels[:n]),
-                    self._mean_response_logit(logits_rejected, labels[n:]),
-                ]
-            )
+        if custom:
+            chosen, rejected, logits_chosen, logits_rejected = self.concatenated_forward(model, batch)
+            logps, logits = torch.cat([chosen, rejected]), torch.cat([logits_chosen, logits_rejected])
+        else:
+            logps, logits = self._forward_logps(model, inputs)
+        # taken now, so the (N, T', V) logits are not alive during the reference pass
+        means = self._mean_response_logit(logits, labels) if with_mean_logits else None
+        weights = None
         if self.ld_alpha is not None or with_weights:
-            logits = torch.cat([logits_chosen, logits_rejected])
             logprobs, mask = self.token_logps(logits, labels[:, -logits.shape[1] :])
             logps = self._reduce(logprobs, mask, logps)
             if with_weights:
                 weights = wpo_pair_weights(logprobs, log_sum_squared_probs(logits[:, :-1]), mask)
-        return ScoredPairs.split(logps, n, means, weights)
+        return logps, means, weights
 
     def _reduce(self, logprobs: torch.Tensor, mask: torch.Tensor, sums: torch.Tensor | None) -> torch.Tensor:
         """Sequence log-probs from per-token ones (2B, T) -> (2B,): LD-DPO's weighting, else the sums."""

@@ -12,7 +12,6 @@ up front (precompute_ref_log_probs). The forward passes are in `rlhfkit.trainers
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -20,13 +19,14 @@ from typing import Any
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
-from transformers import AutoModelForCausalLM, TrainerCallback, TrainingArguments
+from transformers import AutoModelForCausalLM, TrainingArguments
 
 from rlhfkit.core.losses import dpo_loss
 from rlhfkit.data.collators import DataCollatorForPreference, DPODataCollatorWithPadding, pad_sequences
 from rlhfkit.data.preference import prepare_dpo_dataset
-from rlhfkit.models.reference import Reference, choose_reference, mix_into_reference
+from rlhfkit.models.reference import Reference, choose_reference
 from rlhfkit.trainers.common import trainer_setup
+from rlhfkit.trainers.common.reference_holder import ReferenceHolder, SyncReferenceCallback
 from rlhfkit.trainers.common.trainer_setup import MetricBuffer, OfflineTrainer, load_model, load_policy
 from rlhfkit.trainers.dpo.config import DPOConfig
 from rlhfkit.trainers.dpo.forward import ForwardMethods, pair_count
@@ -36,21 +36,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["DPOTrainer", "DataCollatorForPreference", "SyncReferenceCallback"]
 
 
-class SyncReferenceCallback(TrainerCallback):
-    """TR-DPO: every `ref_model_sync_steps` optimizer steps, ref <- alpha * policy + (1 - alpha) * ref."""
-
-    def __init__(self, trainer: DPOTrainer):
-        self.trainer = trainer
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step % args.ref_model_sync_steps == 0:
-            trainer = self.trainer
-            reference = trainer.accelerator.unwrap_model(trainer.ref_model)
-            policy = trainer.accelerator.unwrap_model(trainer.model)
-            mix_into_reference(reference, policy, args.ref_model_mixup_alpha)
-
-
-class DPOTrainer(ForwardMethods, OfflineTrainer):
+class DPOTrainer(ReferenceHolder, ForwardMethods, OfflineTrainer):
     """`transformers.Trainer` for DPO; TRL 0.x's keyword arguments override the matching `args` fields.
 
     `ref_model=None` means, for a PEFT policy (or when `peft_config` is given): its frozen SFT
@@ -181,18 +167,6 @@ class DPOTrainer(ForwardMethods, OfflineTrainer):
             return None
         return choose_reference(model, ref_model)
 
-    @property
-    def ref_model(self) -> nn.Module | None:
-        """The separate reference network, or None when the reference lives inside the PEFT policy."""
-        return self.reference.model if self.reference is not None else None
-
-    @ref_model.setter
-    def ref_model(self, value: nn.Module | None) -> None:  # e.g. replaced by its accelerate-prepared self
-        if self.reference is not None:
-            self.reference.model = value
-        elif value is not None:
-            self.reference = choose_reference(None, value)
-
     @staticmethod
     def _prepare(dataset: Any, tokenizer: Any, args: DPOConfig, arg: str) -> Any:
         if dataset is None or not hasattr(dataset, "column_names"):
@@ -213,14 +187,6 @@ class DPOTrainer(ForwardMethods, OfflineTrainer):
         )
 
     # --- the reference ------------------------------------------------------------------------------
-
-    @contextlib.contextmanager
-    def _reference(self):
-        """Yield the reference network (no gradients): the ref model, or the PEFT policy in reference mode."""
-        if self.reference is None:
-            raise RuntimeError("DPOTrainer: no reference model (reference_free is set)")
-        with self.reference(self.accelerator.unwrap_model(self.model)) as ref:
-            yield ref
 
     def reference_logps(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """(ref_chosen_logps, ref_rejected_logps), (B,) each: precomputed, zeros, or a no-grad forward."""
