@@ -30,7 +30,7 @@ _ALIASES = {"gpt2": "GPT2LMHeadModel", "GPT2": "GPT2LMHeadModel"}
 # Tiny sizes, applied to whichever of these names a config has (names differ across architectures).
 _SIZES = dict(
     hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-    head_dim=16, max_position_embeddings=512, n_positions=512, n_ctx=512,
+    head_dim=16, max_position_embeddings=2048, n_positions=2048, n_ctx=2048,
     d_model=64, d_kv=16, d_ff=128, num_layers=2, num_decoder_layers=2, num_heads=4,
     encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
     encoder_ffn_dim=128, decoder_ffn_dim=128, ffn_dim=128, word_embed_proj_dim=64,
@@ -61,7 +61,7 @@ CHAT_TEMPLATE = (
 
 
 def _root() -> Path:
-    return cache_root() / "trl-suite-v2"
+    return cache_root() / "trl-suite-v3"
 
 
 def _build_tokenizer(out: Path) -> None:

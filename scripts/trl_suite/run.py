@@ -52,7 +52,7 @@ def _environment(tmp: Path, outcomes: Path, deps: str | None) -> dict[str, str]:
     env.update(
         HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1", CUDA_VISIBLE_DEVICES="",
         HF_DATASETS_CACHE=str(tmp / "hf-datasets"), WANDB_MODE="disabled", TOKENIZERS_PARALLELISM="false",
-        PYTHONHASHSEED="0",
+        PYTHONHASHSEED="0", OMP_NUM_THREADS="1",
     )  # fmt: skip
     return env
 
@@ -73,12 +73,14 @@ def run_file(folder: Path, test_file: str, args: argparse.Namespace) -> dict:
                 command, cwd=folder, env=env, timeout=args.file_timeout, capture_output=True, text=True
             )
             tail = done.stdout.strip().splitlines()[-1:] if done.stdout.strip() else []
+            stopped = None
         except subprocess.TimeoutExpired:
-            tail = [f"file stopped after {args.file_timeout} s"]
+            stopped = tail = [f"file stopped after {args.file_timeout} s; its remaining tests did not run"]
         print(f"{folder.name}/{test_file}: {' '.join(tail)}", flush=True)
-        if not outcomes.is_file():
-            return {f"tests/{test_file}": {"outcome": "error", "reason": f"pytest wrote no outcomes: {tail}"}}
-        return json.loads(outcomes.read_text(encoding="utf-8"))
+        found = json.loads(outcomes.read_text(encoding="utf-8")) if outcomes.is_file() else {}
+        if stopped or not found:
+            found[f"tests/{test_file}"] = {"outcome": "error", "reason": f"run.py: {' '.join(tail)}"}
+        return found
 
 
 def category(entry: dict) -> str:
@@ -114,7 +116,7 @@ def report(results: dict[str, dict], per_file: dict[str, dict]) -> dict:
     causes = Counter(cause_of(entry["reason"]) for entry in failing.values())
     return {
         "total": summarise(results),
-        "per_file": {name: summarise(file_results) for name, file_results in per_file.items()},
+        "per_file": {name: summarise(file_results) for name, file_results in sorted(per_file.items())},
         "failure_causes": [
             {"cause": cause, "tests": n} for cause, n in sorted(causes.items(), key=lambda c: (-c[1], c[0]))
         ],
@@ -128,9 +130,12 @@ def report(results: dict[str, dict], per_file: dict[str, dict]) -> dict:
     }
 
 
-def _test_files(folder: Path, wanted: list[str] | None) -> list[str]:
-    names = sorted(path.name for path in (folder / "tests").glob("test_*.py"))
-    return [name for name in names if not wanted or name in wanted]
+def _test_files(folders: list[Path], wanted: list[str] | None) -> list[tuple[Path, str]]:
+    """(folder, file name) pairs, shortest file first, so a run cut short loses the fewest files."""
+    paths = [path for folder in folders for path in (folder / "tests").glob("test_*.py")]
+    paths = [path for path in paths if not wanted or path.name in wanted]
+    paths.sort(key=lambda path: (path.stat().st_size, path.name))
+    return [(path.parent.parent, path.name) for path in paths]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -150,14 +155,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pytest-args", nargs=argparse.REMAINDER, default=[], help="passed on to pytest")
     args = parser.parse_args(argv)
     results, per_file, trl_commits = {}, {}, {}
-    for folder in (path.resolve() for path in args.trl_tests):
+    folders = [path.resolve() for path in args.trl_tests]
+    for folder in folders:
         commit_file = folder / "TRL_COMMIT"
         trl_commits[folder.name] = commit_file.read_text().strip() if commit_file.is_file() else "unknown"
-        for test_file in _test_files(folder, args.files):
-            file_results = run_file(folder, test_file, args)
-            file_results = {f"{folder.name}/{node}": entry for node, entry in file_results.items()}
-            per_file[f"{folder.name}/{test_file}"] = file_results
-            results.update(file_results)
+    for folder, test_file in _test_files(folders, args.files):
+        file_results = run_file(folder, test_file, args)
+        file_results = {f"{folder.name}/{node}": entry for node, entry in file_results.items()}
+        per_file[f"{folder.name}/{test_file}"] = dict(sorted(file_results.items()))
+        results.update(file_results)
     record = {
         "command": "PYTHONPATH=src python scripts/trl_suite/run.py " + " ".join(argv or sys.argv[1:]),
         "commit": _rlhfkit_commit(),
