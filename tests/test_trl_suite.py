@@ -117,3 +117,18 @@ def test_pass_rate_counts_only_cpu_runnable_tests(monkeypatch):
     assert total["cpu_runnable"] == 3 and total["passed"] == 1
     assert total["pass_rate"] == pytest.approx(1 / 3, abs=1e-4) and total["pass_rate_of_mapped"] == 0.5
     assert total["skipped_not_cpu"] == 1 and total["skipped_missing_package"] == 1 and total["xfailed"] == 1
+
+
+def test_themes_gather_causes_and_trl_hardware_skips_leave_the_denominator(monkeypatch):
+    causes = _harness("causes", monkeypatch)
+    assert causes.theme_of("AttributeError: 'DPOTrainer' object has no attribute 'aux_loss_enabled'") == (
+        causes.theme_of("AttributeError: 'SFTTrainer' object has no attribute 'aux_loss_enabled'")
+    )
+    streaming = "TypeError: IterableDataset.map() got an unexpected keyword argument 'num_proc'"
+    assert causes.theme_of(streaming) == "IterableDataset (streaming) train/eval datasets"
+    assert causes.theme_of("ZeroDivisionError: something new") == "other"
+    run = _harness("run", monkeypatch)
+    assert run.category({"outcome": "skipped", "reason": "test requires accelerator"}) == "skipped_not_cpu"
+    assert run.category({"outcome": "skipped", "reason": "test requires vllm"}) == "skipped_not_cpu"
+    optional = {"outcome": "skipped", "reason": "test requires jmespath"}
+    assert run.category(optional) == "skipped_missing_package"

@@ -26,8 +26,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from causes import cause_of  # noqa: E402
-from plugin import NOT_CPU  # noqa: E402
+from causes import cause_of, theme_of  # noqa: E402
+from plugin import _NOT_CPU_REASONS, NOT_CPU  # noqa: E402
 
 NOT_PASSED = ("failed", "error", "harness_unmapped")
 
@@ -88,7 +88,7 @@ def category(entry: dict) -> str:
     if outcome in ("failed", "error") and "HarnessUnmapped" in reason:
         return "harness_unmapped"
     if outcome == "skipped":
-        if reason.startswith(NOT_CPU):
+        if reason.startswith(NOT_CPU) or _NOT_CPU_REASONS.search(reason):  # ours, or TRL's own marker
             return "skipped_not_cpu"
         if reason.startswith("test requires"):
             return "skipped_missing_package"
@@ -114,9 +114,13 @@ def summarise(results: dict[str, dict]) -> dict:
 def report(results: dict[str, dict], per_file: dict[str, dict]) -> dict:
     failing = {node: entry for node, entry in sorted(results.items()) if category(entry) in NOT_PASSED}
     causes = Counter(cause_of(entry["reason"]) for entry in failing.values())
+    themes = Counter(theme_of(entry["reason"]) for entry in failing.values())
     return {
         "total": summarise(results),
         "per_file": {name: summarise(file_results) for name, file_results in sorted(per_file.items())},
+        "failure_themes": [
+            {"theme": theme, "tests": n} for theme, n in sorted(themes.items(), key=lambda c: (-c[1], c[0]))
+        ],
         "failure_causes": [
             {"cause": cause, "tests": n} for cause, n in sorted(causes.items(), key=lambda c: (-c[1], c[0]))
         ],
@@ -124,6 +128,7 @@ def report(results: dict[str, dict], per_file: dict[str, dict]) -> dict:
             {"test": node, "category": category(entry), "reason": entry["reason"]}
             for node, entry in failing.items()
         ],
+        "passed": [node for node, entry in sorted(results.items()) if category(entry) == "passed"],
         "skipped": {
             node: entry["reason"] for node, entry in sorted(results.items()) if entry["outcome"] == "skipped"
         },
