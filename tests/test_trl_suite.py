@@ -132,3 +132,12 @@ def test_themes_gather_causes_and_trl_hardware_skips_leave_the_denominator(monke
     assert run.category({"outcome": "skipped", "reason": "test requires vllm"}) == "skipped_not_cpu"
     optional = {"outcome": "skipped", "reason": "test requires jmespath"}
     assert run.category(optional) == "skipped_missing_package"
+
+
+def test_recorded_command_names_the_extra_packages_folder(monkeypatch):
+    run = _harness("run", monkeypatch)
+    argv = ["--trl-tests", "/t/main", "--out", "r.json"]
+    assert run._command(argv, "/deps") == (
+        "TRL_SUITE_DEPS=/deps PYTHONPATH=src python scripts/trl_suite/run.py --trl-tests /t/main --out r.json"
+    )
+    assert run._command([*argv, "--deps", "/deps"], "/deps").startswith("PYTHONPATH=src python")

@@ -143,6 +143,12 @@ def _test_files(folders: list[Path], wanted: list[str] | None) -> list[tuple[Pat
     return [(path.parent.parent, path.name) for path in paths]
 
 
+def _command(argv: list[str], deps: str | None) -> str:
+    """The command line to record, with the extra-packages folder when it came from the environment."""
+    env = f"TRL_SUITE_DEPS={deps} " if deps and "--deps" not in argv else ""
+    return f"{env}PYTHONPATH=src python scripts/trl_suite/run.py " + " ".join(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -170,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         per_file[f"{folder.name}/{test_file}"] = dict(sorted(file_results.items()))
         results.update(file_results)
     record = {
-        "command": "PYTHONPATH=src python scripts/trl_suite/run.py " + " ".join(argv or sys.argv[1:]),
+        "command": _command(argv or sys.argv[1:], args.deps),
         "commit": _rlhfkit_commit(),
         "trl_commits": trl_commits,
         "date": datetime.date.today().isoformat(),
