@@ -305,3 +305,21 @@ def test_metrics_are_logged_every_update_by_default_and_each_named_eval_set_gets
             toy_prompt_dataset(n=8),
             eval_dataset={},
         )
+
+
+def test_rollout_metrics_count_every_row_while_another_dataloader_is_left_unfinished(tmp_path, tokenizer):
+    """accelerate's gather_for_metrics cuts a gathered tensor to the last batch's remainder while a prepared
+    dataloader sits on its final uneven batch (a training loop stopped at max_steps leaves one so); the
+    rollout's metrics are not per-dataloader rows and must not be cut."""
+    values = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+    trainer = _trainer(
+        tmp_path, tokenizer, lambda completions, prompts: values[: len(completions)],
+        per_device_train_batch_size=6, rloo_k=3, kl_coef=0.0, total_episodes=6,
+    )  # fmt: skip
+    uneven = torch.utils.data.DataLoader(list(range(3)), batch_size=2)
+    loader = trainer.accelerator.prepare_data_loader(uneven)
+    for batch in loader:
+        if len(batch) == 1:  # the uneven last batch: stop inside it, as a loop stopped at max_steps would
+            _, metrics = trainer._rollout(0)
+            break
+    assert metrics["objective/scores"] == pytest.approx(sum(values) / 6)

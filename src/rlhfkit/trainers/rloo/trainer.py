@@ -210,7 +210,7 @@ class ClassicRLOOTrainer(RLOOTrainer, OnlineTrainerLoop, RobustTrainerMixin, Tra
         if args.normalize_advantage:
             advantages = masked_whiten(advantages, None)
 
-        gather = self.accelerator.gather_for_metrics
+        gather = self.accelerator.gather  # not gather_for_metrics: it drops rows after any uneven dataloader
         metrics = {
             "objective/kl": gather(kl.sum(1)).mean().item(),
             "objective/entropy": gather((-batch.logprobs * batch.response_mask).sum(1)).mean().item(),

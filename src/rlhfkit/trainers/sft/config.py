@@ -73,7 +73,7 @@ class SFTConfig(ChatTemplatePath, PadToMultipleOf, ModelInitKwargs, TokenizesDat
     assistant_only_loss: bool = option(
         False,
         "Conversational data: train only on the assistant turns, as marked by the chat template's "
-        "{% generation %} blocks.",
+        "generation ... endgeneration blocks.",
     )
     dataset_batch_size: int = option(
         1000, "Examples tokenised per batch; <= 0 tokenises the whole dataset at once."

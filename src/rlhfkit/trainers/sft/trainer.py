@@ -262,13 +262,13 @@ class SFTTrainer(OfflineTrainer):
             local = inputs["attention_mask"].sum()
         else:
             local = torch.tensor(inputs["input_ids"].numel(), device=inputs["input_ids"].device)
-        self._num_tokens += int(self.accelerator.gather_for_metrics(local.reshape(1)).sum())
+        self._num_tokens += int(self.accelerator.gather(local.reshape(1)).sum())
 
     def _record(self, stats: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> None:
         """Log this step's entropy and top-1 accuracy over the label tokens of every process (sums gathered,
         then divided, so two processes log what one process with both batches would)."""
         local = torch.stack([torch.as_tensor(x, dtype=torch.float32, device=stats[0].device) for x in stats])
-        entropy_sum, hits, count = self.accelerator.gather_for_metrics(local[None]).sum(0).tolist()
+        entropy_sum, hits, count = self.accelerator.gather(local[None]).sum(0).tolist()
         split = "train" if self.model.training else "eval"
         if count > 0:
             self._metrics.add(split, {"entropy": entropy_sum / count, "mean_token_accuracy": hits / count})
