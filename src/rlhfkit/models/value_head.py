@@ -35,6 +35,7 @@ __all__ = [
     "PreTrainedModelWrapper",
     "ValueHead",
     "V_HEAD_INIT_STRATEGIES",
+    "output_head",
     "VALUE_HEAD_FILE",  # from value_head_io, importable here as before
     "ADAPTER_LAYOUT_FILE",
 ]
@@ -63,6 +64,26 @@ def _hidden_size(config: Any) -> int:
         if isinstance(value, int):
             return value
     raise ValueError(f"cannot find the hidden size in {type(config).__name__}; expected `hidden_size`")
+
+
+def output_head(model: nn.Module, namings: tuple[str, ...]) -> nn.Module | None:
+    """The module mapping hidden states to vocabulary logits, or None for a bare encoder/decoder.
+
+    Architectures name it differently (`lm_head`, GPT-NeoX's `embed_out`, FSMT's tied decoder embedding
+    behind `get_output_embeddings()`), so transformers' own accessor is asked first, then the usual names
+    as attributes, then any submodule whose last name component is one of them.
+    """
+    getter = getattr(model, "get_output_embeddings", None)
+    head = getter() if callable(getter) else None
+    if isinstance(head, nn.Module):
+        return head
+    for name in namings:
+        if isinstance(getattr(model, name, None), nn.Module):
+            return getattr(model, name)
+    for name, module in model.named_modules():
+        if name.rsplit(".", 1)[-1] in namings:
+            return module
+    return None
 
 
 def _check_head_args(summary_dropout_prob: float, v_head_init_strategy: str | None) -> None:
@@ -96,10 +117,11 @@ class PreTrainedModelWrapper(nn.Module):
                 "pretrained_model must be a transformers PreTrainedModel or PeftModel, "
                 f"got {type(pretrained_model)}"
             )
-        if not any(hasattr(pretrained_model, name) for name in self.lm_head_namings):
+        if output_head(pretrained_model, self.lm_head_namings) is None:
             raise ValueError(
-                f"{type(pretrained_model).__name__} has no language-model head (none of "
-                f"{', '.join(self.lm_head_namings)}); load it with {self.transformers_parent_class.__name__}"
+                f"{type(pretrained_model).__name__} has no language-model head (get_output_embeddings() is "
+                f"None and no module is named {' / '.join(self.lm_head_namings)}); load it with "
+                f"{self.transformers_parent_class.__name__}"
             )
         if summary_dropout_prob is None:
             summary_dropout_prob = getattr(pretrained_model.config, "summary_dropout_prob", None)
