@@ -105,14 +105,6 @@ def test_constructor_rejects_bad_arguments(base_model, tokenizer):
     config = PPOConfig(batch_size=4, mini_batch_size=2)
     with pytest.raises(TypeError, match="value head"):
         PPOTrainer(config, base_model.pretrained_model, tokenizer=tokenizer)
-    with pytest.raises(ValueError, match="num_shared_layers"):
-        PPOTrainer(
-            config,
-            copy.deepcopy(base_model),
-            ref_model=copy.deepcopy(base_model),
-            tokenizer=tokenizer,
-            num_shared_layers=1,
-        )
     with pytest.raises(TypeError, match="tokenizer"):
         PPOTrainer(config, copy.deepcopy(base_model))
     with pytest.raises(TypeError, match="PPOConfig"):

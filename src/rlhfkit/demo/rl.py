@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -227,6 +228,14 @@ def _ppo_config(cfg: DemoConfig, learning_rate: float):
     )
 
 
+def _ppo_trainer(trainer_class, config, model, tokenizer):
+    # the demo batches its own prompts (exactly config.batch_size per step), so the no-dataset warning
+    # meant for users who may not have set the batch size is noise here
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="no dataset given", category=UserWarning)
+        return trainer_class(config, model, None, tokenizer)
+
+
 def train_ppo(cfg: DemoConfig, sft: StageResult, reward: StageResult, preferences: StageResult, out: Path):
     from rlhfkit.models.value_head import AutoModelForCausalLMWithValueHead
     from rlhfkit.rewards.scoring import RewardScorer
@@ -234,7 +243,7 @@ def train_ppo(cfg: DemoConfig, sft: StageResult, reward: StageResult, preference
 
     tokenizer = load_tokenizer(sft.path)
     model = AutoModelForCausalLMWithValueHead.from_pretrained(str(sft.path), dtype=torch.float32)
-    trainer = PPOTrainer(_ppo_config(cfg, cfg.rl_learning_rate), model, None, tokenizer)
+    trainer = _ppo_trainer(PPOTrainer, _ppo_config(cfg, cfg.rl_learning_rate), model, tokenizer)
     reward_model = load_reward_model(sft, reward)
     scorer = RewardScorer(reward_model, tokenizer, device=reward_model.device)
     summary = _ppo_loop(cfg, trainer, tokenizer, scorer, out)
@@ -261,7 +270,7 @@ def train_ppo_multi_adapter(
         dtype=torch.float32,
     )
     # LoRA updates are low-rank and start at zero: they need a larger step than full fine-tuning
-    trainer = PPOTrainer(_ppo_config(cfg, 4 * cfg.rl_learning_rate), model, None, tokenizer)
+    trainer = _ppo_trainer(PPOTrainer, _ppo_config(cfg, 4 * cfg.rl_learning_rate), model, tokenizer)
     scorer = RewardScorer(trainer.policy, tokenizer, device=trainer.policy.device)  # its reward adapter
     summary = _ppo_loop(cfg, trainer, tokenizer, scorer, out)
     peft_model = trainer.policy.pretrained_model

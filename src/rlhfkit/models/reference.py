@@ -95,11 +95,18 @@ def choose_reference(
     In order of preference: the explicit `ref_model`, the frozen reference adapter, the base with its
     adapters disabled, a copy of the policy.
 
-    `num_shared_layers` and `pattern` shape the copy (see `create_reference_model`); a PEFT policy
-    ignores them with a warning, since its reference already shares every base weight. `argument` is
-    the caller's name for `ref_model` in error messages.
+    `num_shared_layers` and `pattern` shape the copy (see `create_reference_model`); a given `ref_model`
+    or a PEFT policy ignores them with a warning (the given model is used as it is; a PEFT reference
+    already shares every base weight). `argument` is the caller's name for `ref_model` in messages.
     """
     if ref_model is not None:
+        if num_shared_layers is not None:
+            warnings.warn(
+                f"num_shared_layers={num_shared_layers} is ignored because {argument} is given: it is used "
+                f"as it is; pass {argument}=None to have a copy of the policy sharing its first layers",
+                UserWarning,
+                stacklevel=2,
+            )
         if ref_model is policy:
             raise ValueError(
                 f"{argument} must not be the policy itself; pass None to let the trainer build one"

@@ -196,7 +196,6 @@ def check_trainer_args(
     model: Any,
     ref_model: Any,
     tokenizer: Any,
-    num_shared_layers: int | None,
     dataset: Any,
     train_dataset: Any,
 ) -> tuple[Any, Any]:
@@ -215,14 +214,17 @@ def check_trainer_args(
             f"AutoModelForSeq2SeqLMWithValueHead), got {type(model).__name__}; load it with "
             "AutoModelForCausalLMWithValueHead.from_pretrained(path)"
         )
-    if ref_model is not None and num_shared_layers is not None:
-        raise ValueError(
-            "num_shared_layers applies only when ref_model is None (the trainer builds the reference)"
-        )
     if ref_model is not None and not isinstance(ref_model, nn.Module):
         raise TypeError(f"ref_model must be a torch.nn.Module or None, got {type(ref_model).__name__}")
     if tokenizer is None or not hasattr(tokenizer, "pad_token_id"):
         raise TypeError("tokenizer must be a transformers tokenizer (PreTrainedTokenizerBase)")
     if dataset is not None and train_dataset is not None:
         raise ValueError("pass the prompts as dataset= or train_dataset=, not both")
+    if dataset is None and train_dataset is None:
+        warnings.warn(
+            "no dataset given, so trainer.dataloader is None; each step() call must then bring exactly "
+            f"config.batch_size={config.batch_size} samples (set config.batch_size to what you will pass)",
+            UserWarning,
+            stacklevel=3,
+        )
     return config, (dataset if dataset is not None else train_dataset)

@@ -79,9 +79,7 @@ class PPOTrainer(GenerationMethods, TrackingMethods, TRLMethods, SavingMethods):
         from rlhfkit.models.reference import choose_reference
 
         tokenizer = tokenizer if tokenizer is not None else processing_class
-        config, dataset = check_trainer_args(
-            config, model, ref_model, tokenizer, num_shared_layers, dataset, train_dataset
-        )
+        config, dataset = check_trainer_args(config, model, ref_model, tokenizer, dataset, train_dataset)
         self.accelerator = construction.make_accelerator(config)
         self.config, self.tokenizer = config, tokenizer
         self.is_encoder_decoder = bool(model.is_encoder_decoder)

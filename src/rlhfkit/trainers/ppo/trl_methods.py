@@ -1,8 +1,8 @@
 """TRL's finer-grained `PPOTrainer` methods, kept for code written against TRL.
 
-Each is a thin wrapper over the function `step()` itself calls (`rollout.scoring.forward_batch`,
-`core.rewards.compute_token_rewards`, `core.advantages.whitened_gae`, `update.minibatch_loss`), so the
-two paths cannot drift apart; none of them is on the step path.
+Each is a thin wrapper over the function `step()` itself calls (`inputs.check_step_inputs`,
+`rollout.scoring.forward_batch`, `core.rewards.compute_token_rewards`, `core.advantages.whitened_gae`,
+`update.minibatch_loss`), so the two paths cannot drift apart; none of them is on the step path.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from rlhfkit.core.kl import kl_penalty
 from rlhfkit.core.rewards import compute_token_rewards
 from rlhfkit.rollout.batch import RolloutBatch
 from rlhfkit.trainers.common.guards import any_across_ranks
+from rlhfkit.trainers.ppo.inputs import check_step_inputs
 from rlhfkit.trainers.ppo.update import minibatch_loss
 
 MODEL_INPUT_KEYS = ("input_ids", "attention_mask", "decoder_input_ids", "decoder_attention_mask")
@@ -40,6 +41,21 @@ class TRLMethods:
             joined = [torch.cat([q, r]).tolist() for q, r in zip(queries, responses)]
             inputs = dict(pad({"input_ids": joined}, return_tensors="pt"))
         return {k: v.to(self.current_device) for k, v in inputs.items() if k in MODEL_INPUT_KEYS}
+
+    def _step_safety_checker(
+        self,
+        batch_size: int,
+        queries: list[torch.Tensor],
+        responses: list[torch.Tensor],
+        scores: list[torch.Tensor],
+        masks: list[torch.Tensor] | None = None,
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor], list[torch.Tensor] | None]:
+        """TRL's name for the checks `step()` runs on its arguments (`inputs.check_step_inputs`), for
+        `batch_size` samples; returns the lists moved to the trainer's device, scores as 0-d float32."""
+        queries, responses, score_values, masks = check_step_inputs(
+            queries, responses, scores, masks, batch_size, self.current_device
+        )
+        return queries, responses, list(score_values.unbind(0)), masks
 
     def _kl_penalty(self, logprob: torch.Tensor, ref_logprob: torch.Tensor) -> torch.Tensor:
         """TRL's per-token KL of `config.kl_penalty` ("kl", "abs", "mse"; "full" reads (B, T, V) log-softmax

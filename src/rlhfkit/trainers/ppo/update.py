@@ -46,6 +46,11 @@ def minibatch_loss(
     policy = ppo_policy_loss(logprobs, old_logprobs, advantages, mask, config.cliprange)
     value = ppo_value_loss(vpreds, values, returns, mask, config.cliprange_value)
     if entropy is None and logits is not None:
+        if logits.dim() != mask.dim() + 1 or logits.shape[:-1] != mask.shape:
+            raise ValueError(
+                f"logits must be (b, R, vocab) over the mask's (b, R) = {tuple(mask.shape)} tokens, "
+                f"got shape {tuple(logits.shape)}; pass logits=None to skip the entropy statistic"
+            )
         with torch.no_grad():
             entropy = entropy_from_logits(logits.detach())
     stats = ppo_stats.minibatch_loss_stats(
