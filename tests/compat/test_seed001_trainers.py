@@ -280,9 +280,9 @@ def test_dpo_keywords_override_the_config(tmp_path, tok):
         "train_dataset",
     )[0]
     prompt_ids = tok(long_prompt)["input_ids"]
-    assert row["prompt_input_ids"] == prompt_ids[:4]  # keep_start, max_prompt_length
-    assert len(row["prompt_input_ids"]) + len(row["chosen_input_ids"]) <= 9  # max_length
-    batch = trainer.data_collator([row, {**row, "rejected_input_ids": row["rejected_input_ids"] + [5, 6]}])
+    assert row["prompt_ids"] == prompt_ids[:4]  # keep_start, max_prompt_length
+    assert len(row["prompt_ids"]) + len(row["chosen_ids"]) <= 9  # max_length
+    batch = trainer.data_collator([row, {**row, "rejected_ids": row["rejected_ids"] + [5, 6]}])
     assert batch["rejected_input_ids"][0, -2:].tolist() == [3, 3]  # padding_value pads input ids
     assert batch["chosen_labels"][0, 0].item() == -7  # label_pad_token_id marks the prompt
 

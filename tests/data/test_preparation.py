@@ -75,8 +75,8 @@ def test_reward_raw_text_tokenises_prompt_plus_response(tok):
     out, stats = prepare_reward_dataset(
         _ds([{"prompt": "Q: ", "chosen": "yes", "rejected": "no", "margin": 1.0}]), tok, 64
     )
-    assert out[0]["input_ids_chosen"] == tok("Q: yes")["input_ids"]
-    assert out[0]["input_ids_rejected"] == tok("Q: no")["input_ids"]
+    assert out[0]["chosen_ids"] == tok("Q: yes")["input_ids"]
+    assert out[0]["rejected_ids"] == tok("Q: no")["input_ids"]
     assert out[0]["margin"] == 1.0 and stats == {"dropped": 0, "truncated": 0}
 
 
@@ -89,7 +89,7 @@ def test_reward_chat_pairs_use_the_template(tok):
     }
     out, _ = prepare_reward_dataset(_ds([row]), tok, 256)
     expected = tok(tok.apply_chat_template(prompt + row["chosen"], tokenize=False))["input_ids"]
-    assert out[0]["input_ids_chosen"] == expected
+    assert out[0]["chosen_ids"] == expected
 
 
 def test_reward_overlong_pairs_dropped_or_truncated(tok):
@@ -100,7 +100,7 @@ def test_reward_overlong_pairs_dropped_or_truncated(tok):
     assert len(dropped) == 1 and stats == {"dropped": 1, "truncated": 0}
     cut, stats = prepare_reward_dataset(_ds(rows), tok, 4, "truncate")
     assert len(cut) == 2 and stats == {"dropped": 0, "truncated": 1}
-    assert len(cut[0]["input_ids_chosen"]) == 4 and len(cut[0]["attention_mask_chosen"]) == 4
+    assert len(cut[0]["chosen_ids"]) == 4 and len(cut[0]["rejected_ids"]) == 1
     with pytest.raises(ValueError, match="every pair"):
         prepare_reward_dataset(_ds(rows[:1]), tok, 4, "drop")
 
@@ -131,9 +131,9 @@ def test_truncate_dpo_row_hand_checked():
 def test_dpo_text_layout(tok):
     out = prepare_dpo_dataset(_ds([{"prompt": "Q: ", "chosen": "yes", "rejected": "no"}]), tok, 64, 16)
     eos = tok.eos_token_id
-    assert out[0]["prompt_input_ids"] == tok("Q: ")["input_ids"]
-    assert out[0]["chosen_input_ids"] == tok("yes", add_special_tokens=False)["input_ids"] + [eos]
-    assert out[0]["rejected_input_ids"] == tok("no", add_special_tokens=False)["input_ids"] + [eos]
+    assert out[0]["prompt_ids"] == tok("Q: ")["input_ids"]
+    assert out[0]["chosen_ids"] == tok("yes", add_special_tokens=False)["input_ids"] + [eos]
+    assert out[0]["rejected_ids"] == tok("no", add_special_tokens=False)["input_ids"] + [eos]
 
 
 def test_dpo_chat_with_implicit_prompt(tok):
@@ -144,9 +144,9 @@ def test_dpo_chat_with_implicit_prompt(tok):
     }
     out = prepare_dpo_dataset(_ds([row]), tok, 256, 64)
     prompt_text = tok.apply_chat_template([user], tokenize=False, add_generation_prompt=True)
-    assert tok.decode(out[0]["prompt_input_ids"]) == prompt_text
+    assert tok.decode(out[0]["prompt_ids"]) == prompt_text
     full = tok.apply_chat_template(row["chosen"], tokenize=False)
-    assert tok.decode(out[0]["prompt_input_ids"] + out[0]["chosen_input_ids"]) == full
+    assert tok.decode(out[0]["prompt_ids"] + out[0]["chosen_ids"]) == full
 
 
 def test_dpo_bad_datasets(tok):
