@@ -15,6 +15,11 @@ def tok():
     return tiny_tokenizer(padding_side="right")
 
 
+def trained_mask(row: dict) -> list[int]:
+    """1 where the prepared row's labels train (not -100)."""
+    return [int(t != -100) for t in row["labels"]]
+
+
 def _ds(rows):
     return datasets.Dataset.from_list(rows)
 
@@ -25,8 +30,8 @@ def _ds(rows):
 def test_sft_text_gets_eos_and_truncation(tok):
     out = prepare_sft_dataset(_ds([{"text": "hello world", "other": 1}]), tok, max_seq_length=64)
     ids = tok("hello world")["input_ids"] + [tok.eos_token_id]
-    assert out.column_names == ["input_ids", "completion_mask"]
-    assert out[0]["input_ids"] == ids and out[0]["completion_mask"] == [1] * len(ids)
+    assert out.column_names == ["input_ids", "labels"]  # TRL 1.x's prepared columns
+    assert out[0]["input_ids"] == ids and trained_mask(out[0]) == [1] * len(ids)
     short = prepare_sft_dataset(_ds([{"text": "hello world"}]), tok, max_seq_length=2)
     assert short[0]["input_ids"] == ids[:2]
 
@@ -38,7 +43,7 @@ def test_sft_completion_only_masks_the_prompt(tok):
     p = tok("Q: hi ")["input_ids"]
     c = tok("fine thanks", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
     assert out[0]["input_ids"] == p + c
-    assert out[0]["completion_mask"] == [0] * len(p) + [1] * len(c)
+    assert trained_mask(out[0]) == [0] * len(p) + [1] * len(c)
 
 
 def test_sft_chat_completion_only_trains_last_assistant_turn(tok):
@@ -46,7 +51,7 @@ def test_sft_chat_completion_only_trains_last_assistant_turn(tok):
     out = prepare_sft_dataset(_ds([{"messages": messages}]), tok, 128, completion_only_loss=True)
     full = tok.apply_chat_template(messages, tokenize=False)
     prompt = tok.apply_chat_template(messages[:1], tokenize=False, add_generation_prompt=True)
-    trained = [t for t, m in zip(out[0]["input_ids"], out[0]["completion_mask"]) if m]
+    trained = [t for t, m in zip(out[0]["input_ids"], trained_mask(out[0])) if m]
     assert tok.decode(trained) == full[len(prompt) :]  # exactly the assistant's rendered reply
     plain = prepare_sft_dataset(_ds([{"messages": messages}]), tok, 128)
     assert tok.decode(plain[0]["input_ids"]) == full  # template already ends with EOS: no second one

@@ -15,6 +15,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from rlhfkit.data.language_modeling import IGNORE_INDEX
+
 logger = logging.getLogger(__name__)
 
 
@@ -255,7 +257,7 @@ def truncate(values: list, limit: int | None, mode: str = "keep_start") -> list:
 
 
 def _sft_row(example: dict, tokenizer: Any, args: dict) -> dict:
-    """input_ids (+EOS for plain text, truncated) and completion_mask (1 = a token the loss trains on)."""
+    """input_ids (+EOS for plain text) and labels (-100 where the loss does not train), truncated."""
     if args["formatting_func"] is None:  # a formatting function sees the row as it is
         example = to_chatml(example)
     chat = args["formatting_func"] is None and row_is_chat(example, args["dataset_text_field"])
@@ -269,16 +271,38 @@ def _sft_row(example: dict, tokenizer: Any, args: dict) -> dict:
         ids = with_eos(tokenizer(text)["input_ids"], eos)
         mask = [1] * len(ids)
     limit, mode = args["max_seq_length"], args.get("truncation_mode", "keep_start")
-    return {"input_ids": truncate(ids, limit, mode), "completion_mask": truncate(mask, limit, mode)}
+    return {
+        "input_ids": truncate(ids, limit, mode),
+        "labels": truncate(masked_labels(ids, [mask]), limit, mode),
+    }
+
+
+def masked_labels(input_ids: list[int], masks: list[list[int]]) -> list[int]:
+    """The ids, with -100 wherever any of the masks is 0 (a token the loss does not train on)."""
+    for mask in masks:
+        if len(mask) != len(input_ids):
+            raise ValueError(
+                f"a mask of length {len(mask)} does not match input_ids of length {len(input_ids)}"
+            )
+    return [t if all(m[i] for m in masks) else IGNORE_INDEX for i, t in enumerate(input_ids)]
 
 
 def _sft_batch(batch: dict, tokenizer: Any, args: dict) -> dict:
     rows = [dict(zip(batch, values)) for values in zip(*batch.values())]
     done = [_sft_row(row, tokenizer, args) for row in rows]
-    return {
-        "input_ids": [d["input_ids"] for d in done],
-        "completion_mask": [d["completion_mask"] for d in done],
-    }
+    return {"input_ids": [d["input_ids"] for d in done], "labels": [d["labels"] for d in done]}
+
+
+def _tokenised_row(example: dict, mask_columns: list[str], limit: int | None, mode: str) -> dict:
+    """A caller-tokenised row: labels built from its mask columns (unless given), then cut to `limit`."""
+    labels = example.get("labels")
+    if labels is None:
+        masks = [example[c] for c in mask_columns if example.get(c) is not None]
+        labels = masked_labels(list(example["input_ids"]), masks)
+    out = {"input_ids": truncate(example["input_ids"], limit, mode), "labels": truncate(labels, limit, mode)}
+    if example.get("attention_mask") is not None:
+        out["attention_mask"] = truncate(example["attention_mask"], limit, mode)
+    return out
 
 
 def is_iterable_dataset(dataset: Any) -> bool:
@@ -310,17 +334,22 @@ def prepare_sft_dataset(
     assistant_only_loss: bool = False,
     truncation_mode: str = "keep_start",
 ):
-    """Tokenise an SFT dataset (`datasets.Dataset` or `IterableDataset`) into `input_ids` + `completion_mask`
-    (1 = trained on), cut to `max_seq_length` by `truncation_mode`; pre-tokenised data passes through.
+    """Tokenise an SFT dataset (`datasets.Dataset` or `IterableDataset`) into `input_ids` + `labels` (-100 =
+    not trained on, as TRL 1.x prepares them), cut to `max_seq_length` by `truncation_mode`.
 
-    completion_only_loss None: on for prompt/completion data. Rows left with no trained token (all prompt
-    after truncation) are dropped.
+    completion_only_loss None: on for prompt/completion data. Pre-tokenised rows keep their `labels`, or get
+    them from their `assistant_masks` and (unless completion_only_loss=False) `completion_mask`. Rows left
+    with no trained token (all prompt after truncation) are dropped.
     """
     check_not_empty(dataset, owner, arg)
     names = dataset_columns(dataset)
     if "input_ids" in names:
-        extra = [c for c in names if c not in ("input_ids", "attention_mask", "completion_mask", "labels")]
-        return dataset.remove_columns(extra) if extra else dataset
+        masks = [c for c in ("completion_mask", "assistant_masks") if c in names]
+        if completion_only_loss is False and "completion_mask" in masks:
+            masks.remove("completion_mask")
+        kwargs = {"mask_columns": masks, "limit": max_seq_length, "mode": truncation_mode}
+        out = dataset.map(_tokenised_row, fn_kwargs=kwargs, remove_columns=names)
+        return _drop_untrained(out, dataset, owner, arg)
     if completion_only_loss is None:
         completion_only_loss = "prompt" in names and "completion" in names
     if formatting_func is None and not completion_only_loss and not assistant_only_loss:
@@ -348,8 +377,13 @@ def prepare_sft_dataset(
         remove_columns=names,
         **map_kwargs,
     )
-    out = out.filter(lambda row: any(row["completion_mask"]))
-    if not iterable:
+    return _drop_untrained(out, dataset, owner, arg)
+
+
+def _drop_untrained(out: Any, dataset: Any, owner: str, arg: str) -> Any:
+    """`out` without the rows whose labels are all -100 (counted and logged for a map-style dataset)."""
+    out = out.filter(lambda row: any(t != IGNORE_INDEX for t in row["labels"]))
+    if not is_iterable_dataset(dataset):
         if len(out) < len(dataset):
             logger.warning(
                 "%s: dropped %d examples left with no trained token after truncation to max_seq_length",

@@ -134,6 +134,13 @@ class SFTTrainer(OfflineTrainer):
             return dataset  # already packed / custom torch dataset: used as given
         if (args.dataset_kwargs or {}).get("skip_prepare_dataset"):
             return dataset  # tokenised by the caller
+        if (getattr(dataset, "format", None) or {}).get("type") == "custom":
+            # a `with_transform` function runs on read, after preparation has rewritten the columns
+            raise ValueError(
+                f"SFTTrainer: `{arg}` has a Dataset.with_transform() function, which would run on rows "
+                "this trainer has already tokenised; give SFTConfig(dataset_kwargs={'skip_prepare_dataset': "
+                "True}) and have the transform return trainer-ready rows (input_ids, labels)"
+            )
         check_not_empty(dataset, "SFTTrainer", arg)
         if hf_iterable and getattr(args.accelerator_config, "dispatch_batches", None) is not False:
             # with several processes, dispatching would concatenate batches of different widths
