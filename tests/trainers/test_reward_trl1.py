@@ -27,10 +27,7 @@ def _scores_alone(model, trainer, i):
     """Each side scored on its own, no padding: what a padded batch must reproduce."""
     row = trainer.train_dataset[i]
     with torch.no_grad():
-        return [
-            model(input_ids=torch.tensor([row[f"{s}_ids"]])).logits[0, 0]
-            for s in ("chosen", "rejected")
-        ]
+        return [model(input_ids=torch.tensor([row[f"{s}_ids"]])).logits[0, 0] for s in ("chosen", "rejected")]
 
 
 def test_trl1_collator_batch_scores_like_the_default(tmp_path):
@@ -117,3 +114,14 @@ def test_iterable_dataset_trains_and_drops_overlong_pairs_lazily(tmp_path):
     assert trainer.overlong_counts["train_dataset"] == {"dropped": None, "truncated": None}  # not counted
     trainer.train()
     assert all(not torch.equal(p, before[n]) for n, p in model.named_parameters())
+
+
+def test_a_model_with_more_than_one_label_is_refused(tmp_path):
+    tok = tiny_tokenizer(padding_side="right")
+    with pytest.raises(ValueError, match=r"`model` must output one score .* has num_labels=2"):
+        RewardTrainer(
+            model=tiny_model("llama-reward", num_labels=2, ignore_mismatched_sizes=True),
+            args=_config(tmp_path),
+            train_dataset=_pairs(4),
+            processing_class=tok,
+        )
