@@ -106,12 +106,37 @@ def prepare_reward_dataset(
     num_proc: int | None = None,
     owner: str = "RewardTrainer",
     arg: str = "train_dataset",
+    keep_trl0_layout: bool = False,
 ) -> tuple[Any, dict[str, int | None]]:
     """Tokenise if needed, apply the length policy, validate. Returns (dataset, {"dropped", "truncated"}).
 
     A `datasets.IterableDataset` is prepared lazily: its over-long pairs are dropped or cut as they stream
-    past, uncounted (None).
+    past, uncounted (None). With `keep_trl0_layout`, rows given in TRL 0.x's tokenised layout come back in
+    it (a caller's own collator reads those columns, as the TRL 0.x docs say it may).
     """
+    prepared, stats = _prepare_reward(dataset, tokenizer, max_length, overlong_policy, num_proc, owner, arg)
+    if keep_trl0_layout and set(TRL0_REWARD_TOKENISED) <= set(columns_of(dataset)):
+        prepared = prepared.map(_as_trl0_row, remove_columns=list(REWARD_TOKENISED))
+    return prepared, stats
+
+
+def _as_trl0_row(example: dict) -> dict:
+    out = {}
+    for side in SIDES:
+        ids = list(example[f"{side}_ids"])
+        out[f"input_ids_{side}"], out[f"attention_mask_{side}"] = ids, [1] * len(ids)
+    return out
+
+
+def _prepare_reward(
+    dataset: Any,
+    tokenizer: Any,
+    max_length: int | None,
+    overlong_policy: str,
+    num_proc: int | None,
+    owner: str,
+    arg: str,
+) -> tuple[Any, dict[str, int | None]]:
     check_not_empty(dataset, owner, arg)
     options = [REWARD_TOKENISED, TRL0_REWARD_TOKENISED, INTERIM_REWARD_TOKENISED, ("chosen", "rejected")]
     found = require_columns(dataset, options, owner, arg)

@@ -290,6 +290,7 @@ class OfflineTrainer(RobustTrainerMixin, Trainer):
             **overrides,
         )
         model, args = self._setup(model, args, processing_class, peft_config)
+        self._given_collator = data_collator  # `_prepare` may keep a layout the caller's collator reads
         train_dataset, eval_dataset = prepare_splits(
             train_dataset, eval_dataset, lambda ds, arg: self._prepare(ds, processing_class, args, arg)
         )

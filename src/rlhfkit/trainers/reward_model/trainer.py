@@ -135,8 +135,9 @@ class RewardTrainer(OfflineTrainer):
         if not hasattr(dataset, "column_names"):
             return dataset  # a custom torch dataset: the caller owns its format
         prepared, counts = prepare_reward_dataset(
-            dataset, tokenizer, args.max_length, args.overlong_policy, args.dataset_num_proc, arg=arg
-        )
+            dataset, tokenizer, args.max_length, args.overlong_policy, args.dataset_num_proc, arg=arg,
+            keep_trl0_layout=self._given_collator is not None,
+        )  # fmt: skip
         self.overlong_counts[arg] = counts
         return prepared
 
