@@ -211,3 +211,29 @@ def test_collator_bad_arguments():
         DataCollatorForPreference(pad_token_id=0, return_tensors="np")
     with pytest.raises(ValueError, match="'chosen_ids'"):
         DataCollatorForPreference(pad_token_id=0)([{"chosen": "a", "rejected": "b"}])
+
+
+SHOUT_TEMPLATE = (
+    "{% for m in messages %}{{ m.role.upper() if shout else m.role }}: {{ m.content }}\n{% endfor %}"
+    "{% if add_generation_prompt %}{{ 'ASSISTANT: ' if shout else 'assistant: ' }}{% endif %}"
+)
+
+
+def test_a_rows_chat_template_kwargs_reach_the_template():
+    """TRL 1.x's per-row `chat_template_kwargs` column: template variables for that row only."""
+    tok = tiny_tokenizer(padding_side="right")
+    tok.chat_template = SHOUT_TEMPLATE
+    rows = [
+        {
+            "prompt": [{"role": "user", "content": "hi"}],
+            "chosen": [{"role": "assistant", "content": "yes"}],
+            "rejected": [{"role": "assistant", "content": "no"}],
+            "chat_template_kwargs": {"shout": shout},
+        }
+        for shout in (True, False)
+    ]
+    dpo = prepare_dpo_dataset(datasets.Dataset.from_list(rows), tok, 256, 128)
+    assert [tok.decode(r["prompt_ids"]) for r in dpo] == ["USER: hi\nASSISTANT: ", "user: hi\nassistant: "]
+    reward, _ = prepare_reward_dataset(datasets.Dataset.from_list(rows), tok, None)
+    assert tok.decode(reward[0]["chosen_ids"]) == "USER: hi\nASSISTANT: yes\n"
+    assert tok.decode(reward[1]["chosen_ids"]) == "user: hi\nassistant: yes\n"

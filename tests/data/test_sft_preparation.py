@@ -154,3 +154,15 @@ def test_tokenised_rows_get_labels_from_their_masks_and_are_cut(tok):
     with pytest.raises(ValueError, match="no trained token"):
         prepare_sft_dataset(_ds([masked]), tok, 2, completion_only_loss=False)
     assert prepare_sft_dataset(_ds([labelled]), tok, 2)[:] == {"input_ids": [[5, 6]], "labels": [[5, -100]]}
+
+
+def test_a_rows_chat_template_kwargs_reach_the_template(tok):
+    tok.chat_template = (
+        "{% for m in messages %}{{ m.role.upper() if shout else m.role }}: {{ m.content }}\n{% endfor %}"
+    )
+    rows = [{"messages": CHAT[:2], "chat_template_kwargs": {"shout": shout}} for shout in (True, False)]
+    out = prepare_sft_dataset(_ds(rows), tok, 128)
+    assert [tok.decode(r["input_ids"]) for r in out] == [
+        "USER: hi\nASSISTANT: yo\n",
+        "user: hi\nassistant: yo\n",
+    ]

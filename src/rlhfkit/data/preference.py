@@ -22,8 +22,8 @@ from rlhfkit.data.preparation import (
     is_conversational,
     render_chat,
     require_columns,
+    row_chat_kwargs,
     row_is_chat,
-    row_tools,
     split_prompt_completion_text,
     with_eos,
 )
@@ -70,7 +70,7 @@ def _reward_text(example: dict, key: str, tokenizer: Any) -> str:
     value = example[key]
     prompt = example.get("prompt")
     if is_conversational(value):
-        return render_chat(tokenizer, list(prompt or []) + list(value), tools=row_tools(example))
+        return render_chat(tokenizer, list(prompt or []) + list(value), **row_chat_kwargs(example))
     if prompt is not None:
         prompt_text, completion = as_prompt_completion(example, tokenizer, completion_key=key)
         return prompt_text + completion
@@ -246,9 +246,9 @@ def _dpo_texts(example: dict, tokenizer: Any) -> tuple[str, str, str]:
         example = {**example, **extract_prompt(example)}
     prompt, chosen, rejected = example["prompt"], example["chosen"], example["rejected"]
     if is_conversational(chosen):
-        tools = row_tools(example)
-        prompt_text, chosen_text = split_prompt_completion_text(tokenizer, list(prompt), list(chosen), tools)
-        _, rejected_text = split_prompt_completion_text(tokenizer, list(prompt), list(rejected), tools)
+        kw = row_chat_kwargs(example)
+        prompt_text, chosen_text = split_prompt_completion_text(tokenizer, list(prompt), list(chosen), **kw)
+        _, rejected_text = split_prompt_completion_text(tokenizer, list(prompt), list(rejected), **kw)
         return prompt_text, chosen_text, rejected_text
     for key, value in (("prompt", prompt), ("chosen", chosen), ("rejected", rejected)):
         if not isinstance(value, str):

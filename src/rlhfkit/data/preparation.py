@@ -83,8 +83,22 @@ def row_tools(example: dict) -> list | None:
     return tools or None
 
 
+def row_chat_kwargs(example: dict) -> dict:
+    """What a row adds to its chat template call: its `tools`, and its `chat_template_kwargs` (a dict of
+    template variables, TRL 1.x's per-row column)."""
+    kwargs = dict(example.get("chat_template_kwargs") or {})
+    tools = row_tools(example)
+    if tools:
+        kwargs["tools"] = tools
+    return kwargs
+
+
 def render_chat(
-    tokenizer: Any, messages: list[dict], add_generation_prompt: bool = False, tools: list | None = None
+    tokenizer: Any,
+    messages: list[dict],
+    add_generation_prompt: bool = False,
+    tools: list | None = None,
+    **template_kwargs: Any,
 ) -> str:
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError(
@@ -92,20 +106,26 @@ def render_chat(
             "chat_template; set tokenizer.chat_template or give plain text columns"
         )
     extra = {"tools": tools} if tools else {}  # only when given: older templates take no `tools`
+    extra.update(template_kwargs)
     return tokenizer.apply_chat_template(
         messages, tokenize=False, add_generation_prompt=add_generation_prompt, **extra
     )
 
 
 def split_prompt_completion_text(
-    tokenizer: Any, prompt: list[dict], completion: list[dict], tools: list | None = None
+    tokenizer: Any,
+    prompt: list[dict],
+    completion: list[dict],
+    tools: list | None = None,
+    **template_kwargs: Any,
 ) -> tuple[str, str]:
     """Render prompt messages (+ generation prompt) and the remaining completion text of the full chat."""
-    prompt_text = render_chat(tokenizer, prompt, add_generation_prompt=True, tools=tools)
-    full_text = render_chat(tokenizer, prompt + completion, tools=tools)
+    kw = {"tools": tools, **template_kwargs}
+    prompt_text = render_chat(tokenizer, prompt, add_generation_prompt=True, **kw)
+    full_text = render_chat(tokenizer, prompt + completion, **kw)
     if not full_text.startswith(prompt_text):
         # some templates render the generation prompt differently from a real assistant turn
-        prompt_text = render_chat(tokenizer, prompt, tools=tools)
+        prompt_text = render_chat(tokenizer, prompt, **kw)
         if not full_text.startswith(prompt_text):
             raise ValueError(
                 "the chat template does not render the prompt as a prefix of prompt + completion"
@@ -119,7 +139,9 @@ def as_prompt_completion(
     """(prompt_text, completion_text) for a row holding `prompt` and `completion_key`, text or chat."""
     prompt, completion = example.get("prompt", ""), example[completion_key]
     if is_conversational(completion):
-        return split_prompt_completion_text(tokenizer, list(prompt or []), list(completion))
+        return split_prompt_completion_text(
+            tokenizer, list(prompt or []), list(completion), **row_chat_kwargs(example)
+        )
     if not isinstance(completion, str) or not isinstance(prompt or "", str):
         raise ValueError(
             f"column {completion_key!r} must hold strings or lists of role/content messages, got "
@@ -142,11 +164,11 @@ def example_to_text(
             )
         return text
     if "messages" in example and is_conversational(example["messages"]):
-        return render_chat(tokenizer, example["messages"])
+        return render_chat(tokenizer, example["messages"], **row_chat_kwargs(example))
     if dataset_text_field and dataset_text_field in example:
         value = example[dataset_text_field]
         if is_conversational(value):
-            return render_chat(tokenizer, value)
+            return render_chat(tokenizer, value, **row_chat_kwargs(example))
         if not isinstance(value, str):
             raise ValueError(f"column {dataset_text_field!r} must hold strings, got {type(value).__name__}")
         return value
@@ -189,7 +211,9 @@ def to_chatml(example: dict) -> dict:
     return out
 
 
-def assistant_token_mask(tokenizer: Any, messages: list[dict]) -> tuple[list[int], list[int]]:
+def assistant_token_mask(
+    tokenizer: Any, messages: list[dict], **template_kwargs: Any
+) -> tuple[list[int], list[int]]:
     """(input_ids, mask) of a rendered chat, mask 1 on the assistant tokens the chat template marks with
     {% generation %} blocks (transformers' `return_assistant_tokens_mask`)."""
     template = getattr(tokenizer, "chat_template", None) or ""
@@ -202,7 +226,7 @@ def assistant_token_mask(tokenizer: Any, messages: list[dict]) -> tuple[list[int
             "`chat_template_path` (a .jinja file) or set tokenizer.chat_template"
         )
     out = tokenizer.apply_chat_template(
-        messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+        messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True, **template_kwargs
     )
     ids, mask = list(out["input_ids"]), list(out["assistant_masks"])
     if not any(mask):
@@ -215,12 +239,19 @@ def assistant_token_mask(tokenizer: Any, messages: list[dict]) -> tuple[list[int
 
 def _assistant_row(example: dict, tokenizer: Any, completion_only: bool) -> tuple[list[int], list[int]]:
     if "messages" in example and is_conversational(example["messages"]):
-        return assistant_token_mask(tokenizer, example["messages"])
+        return assistant_token_mask(tokenizer, example["messages"], **row_chat_kwargs(example))
     if is_conversational(example.get("completion")):
-        ids, mask = assistant_token_mask(tokenizer, list(example.get("prompt") or []) + example["completion"])
+        kw = row_chat_kwargs(example)
+        ids, mask = assistant_token_mask(
+            tokenizer, list(example.get("prompt") or []) + example["completion"], **kw
+        )
         if completion_only:  # the completion part only, as well
             prompt = tokenizer.apply_chat_template(
-                list(example.get("prompt") or []), tokenize=True, add_generation_prompt=True, return_dict=True
+                list(example.get("prompt") or []),
+                tokenize=True,
+                add_generation_prompt=True,
+                return_dict=True,
+                **kw,
             )["input_ids"]
             mask = [0] * len(prompt) + mask[len(prompt) :]
         return ids, mask
@@ -237,7 +268,8 @@ def _completion_row(example: dict, tokenizer: Any, eos: int | None) -> tuple[lis
             raise ValueError(
                 "completion_only_loss needs the last message of each conversation to be 'assistant'"
             )
-        prompt, completion = split_prompt_completion_text(tokenizer, messages[:-1], messages[-1:])
+        kwargs = row_chat_kwargs(example)
+        prompt, completion = split_prompt_completion_text(tokenizer, messages[:-1], messages[-1:], **kwargs)
     elif "prompt" in example and "completion" in example:
         prompt, completion = as_prompt_completion(example, tokenizer)
     else:
