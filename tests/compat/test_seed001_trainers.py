@@ -146,6 +146,43 @@ def test_plain_training_arguments_explicit_remove_unused_columns_is_kept(tmp_pat
 # --- RewardTrainer -------------------------------------------------------------------------------
 
 
+def test_reward_custom_collator_gets_the_documented_tokenised_columns(tmp_path, tok):
+    """TRL 0.x: without the default collator, the dataset carries input_ids_chosen / attention_mask_chosen /
+    input_ids_rejected / attention_mask_rejected, and the caller's collator reads exactly those."""
+    seen = []
+
+    def collator(rows):
+        seen.append(sorted(rows[0]))
+        pad = tok.pad_token_id
+        out = {}
+        for key in (
+            "input_ids_chosen",
+            "attention_mask_chosen",
+            "input_ids_rejected",
+            "attention_mask_rejected",
+        ):
+            width = max(len(r[key]) for r in rows)
+            fill = 0 if key.startswith("attention") else pad
+            out[key] = torch.tensor([r[key] + [fill] * (width - len(r[key])) for r in rows])
+        return out
+
+    args = _training_args(tmp_path, max_steps=1)
+    trainer = RewardTrainer(
+        model=tiny_model("llama-reward"),
+        args=args,
+        data_collator=collator,
+        train_dataset=_reward_tokenised(tok, 4),
+        tokenizer=tok,
+    )
+    trainer.train()
+    assert seen[0] == [
+        "attention_mask_chosen",
+        "attention_mask_rejected",
+        "input_ids_chosen",
+        "input_ids_rejected",
+    ]
+
+
 def test_reward_max_length_keyword_drops_overlong_pairs(tmp_path, tok):
     data = _reward_tokenised(tok, 8)
     lengths = [max(len(c), len(r)) for c, r in zip(data["input_ids_chosen"], data["input_ids_rejected"])]
@@ -280,9 +317,9 @@ def test_dpo_keywords_override_the_config(tmp_path, tok):
         "train_dataset",
     )[0]
     prompt_ids = tok(long_prompt)["input_ids"]
-    assert row["prompt_input_ids"] == prompt_ids[:4]  # keep_start, max_prompt_length
-    assert len(row["prompt_input_ids"]) + len(row["chosen_input_ids"]) <= 9  # max_length
-    batch = trainer.data_collator([row, {**row, "rejected_input_ids": row["rejected_input_ids"] + [5, 6]}])
+    assert row["prompt_ids"] == prompt_ids[:4]  # keep_start, max_prompt_length
+    assert len(row["prompt_ids"]) + len(row["chosen_ids"]) <= 9  # max_length
+    batch = trainer.data_collator([row, {**row, "rejected_ids": row["rejected_ids"] + [5, 6]}])
     assert batch["rejected_input_ids"][0, -2:].tolist() == [3, 3]  # padding_value pads input ids
     assert batch["chosen_labels"][0, 0].item() == -7  # label_pad_token_id marks the prompt
 

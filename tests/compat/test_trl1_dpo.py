@@ -259,7 +259,7 @@ def test_tool_call_conversations(tmp_path, tokenizer):
         train_dataset=datasets.Dataset.from_list(rows),
         processing_class=tokenizer,
     )
-    assert "tools: weather" in tokenizer.decode(trainer.train_dataset[0]["prompt_input_ids"])
+    assert "tools: weather" in tokenizer.decode(trainer.train_dataset[0]["prompt_ids"])
     _train_and_check_it_learned(trainer)
 
 

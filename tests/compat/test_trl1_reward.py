@@ -160,4 +160,4 @@ def test_chat_template_path_renders_the_pairs(tmp_path, tokenizer):
     )
     assert trainer.processing_class.chat_template == template
     expected = tokenizer("user says the movie\nassistant says was excellent\n", add_special_tokens=False)
-    assert trainer.train_dataset[0]["input_ids_chosen"][: len(expected["input_ids"])] == expected["input_ids"]
+    assert trainer.train_dataset[0]["chosen_ids"][: len(expected["input_ids"])] == expected["input_ids"]

@@ -52,15 +52,27 @@ def test_reward_collator_pads_both_sides_and_keeps_margin():
     assert batch["return_loss"] is True
 
 
+def test_reward_collator_reads_prepared_rows():
+    """RewardTrainer's prepared rows (chosen_ids / rejected_ids): every token is real."""
+    features = [{"chosen_ids": [1, 2], "rejected_ids": [3]}, {"chosen_ids": [4], "rejected_ids": [5, 6, 7]}]
+    batch = RewardDataCollatorWithPadding(_Tok())(features)
+    assert batch["input_ids_chosen"].tolist() == [[1, 2], [4, 9]]
+    assert batch["attention_mask_chosen"].tolist() == [[1, 1], [1, 0]]
+    assert batch["input_ids_rejected"].tolist() == [[3, 9, 9], [5, 6, 7]]
+    assert batch["attention_mask_rejected"].tolist() == [[1, 0, 0], [1, 1, 1]]
+
+
 def test_reward_collator_names_missing_columns():
-    with pytest.raises(ValueError, match="input_ids_chosen"):
+    with pytest.raises(
+        ValueError, match="'chosen_ids' \\(or 'input_ids_chosen' and 'attention_mask_chosen'\\)"
+    ):
         RewardDataCollatorWithPadding(_Tok())([{"chosen": "a", "rejected": "b"}])
 
 
 def test_dpo_collator_layout():
     features = [
-        {"prompt_input_ids": [1, 2], "chosen_input_ids": [3, 8], "rejected_input_ids": [4, 5, 8]},
-        {"prompt_input_ids": [6], "chosen_input_ids": [7, 8], "rejected_input_ids": [8]},
+        {"prompt_ids": [1, 2], "chosen_ids": [3, 8], "rejected_ids": [4, 5, 8]},
+        {"prompt_ids": [6], "chosen_ids": [7, 8], "rejected_ids": [8]},
     ]
     batch = DPODataCollatorWithPadding(pad_token_id=0, label_pad_token_id=-100)(features)
     # prompts are left-padded for generation
@@ -77,9 +89,9 @@ def test_dpo_collator_layout():
 def test_dpo_collator_passes_reference_logps():
     features = [
         {
-            "prompt_input_ids": [1],
-            "chosen_input_ids": [2],
-            "rejected_input_ids": [3],
+            "prompt_ids": [1],
+            "chosen_ids": [2],
+            "rejected_ids": [3],
             "reference_chosen_logps": -1.5,
             "reference_rejected_logps": -2.0,
         },

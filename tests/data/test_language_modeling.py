@@ -76,3 +76,10 @@ def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="'input_ids'"):
         collate([{"text": "x"}])
     assert collate([{"input_ids": torch.tensor([3, 4])}])["input_ids"].tolist() == [[3, 4]]
+
+
+def test_position_ids_from_packed_seq_lengths_restart_per_document():
+    got = DataCollatorForLanguageModeling.get_position_ids_from_packed_seq_lengths([[3, 2], [4], [1, 1, 2]])
+    # row 0: documents of 3 and 2 tokens -> 0 1 2 | 0 1; row 1: one document; row 2: 0 | 0 | 0 1
+    assert [t.tolist() for t in got] == [[0, 1, 2, 0, 1], [0, 1, 2, 3], [0, 0, 0, 1]]
+    assert all(t.dtype == torch.long for t in got)

@@ -8,7 +8,12 @@ import pytest
 import torch
 
 from rlhfkit.data.collators import DataCollatorForPreference
-from rlhfkit.data.preference import extract_prompt, prepare_dpo_dataset, prepare_reward_dataset
+from rlhfkit.data.preference import (
+    OLD_DPO_TOKENISED,
+    extract_prompt,
+    prepare_dpo_dataset,
+    prepare_reward_dataset,
+)
 from rlhfkit.testing import tiny_tokenizer
 
 
@@ -62,17 +67,15 @@ def test_implicit_text_prompt_tokenises_like_an_explicit_one(tok):
     assert implicit[0] == explicit[0]
 
 
-def test_trl1_tokenised_columns_pass_through_and_are_cut(tok):
-    rows = [{"prompt_ids": [5, 6, 7], "chosen_ids": [8, 9, 10], "rejected_ids": [11], "extra": "x"}]
+@pytest.mark.parametrize("names", [("prompt_ids", "chosen_ids", "rejected_ids"), OLD_DPO_TOKENISED])
+def test_tokenised_columns_pass_through_and_are_cut(tok, names):
+    """TRL 1.x's names stay; the earlier prompt_input_ids / chosen_input_ids / ... are renamed to them."""
+    rows = [dict(zip(names, ([5, 6, 7], [8, 9, 10], [11])), extra="x")]
     out = prepare_dpo_dataset(datasets.Dataset.from_list(rows), tok, max_length=None, max_prompt_length=None)
-    assert out[0] == {
-        "prompt_input_ids": [5, 6, 7],
-        "chosen_input_ids": [8, 9, 10],
-        "rejected_input_ids": [11],
-    }
+    assert out[0] == {"prompt_ids": [5, 6, 7], "chosen_ids": [8, 9, 10], "rejected_ids": [11]}
     # max_length 5, prompt <= 2 (keep_end): prompt [6, 7], responses cut to the 3 remaining tokens
     cut = prepare_dpo_dataset(datasets.Dataset.from_list(rows), None, max_length=5, max_prompt_length=2)
-    assert cut[0]["prompt_input_ids"] == [6, 7] and cut[0]["chosen_input_ids"] == [8, 9, 10]
+    assert cut[0]["prompt_ids"] == [6, 7] and cut[0]["chosen_ids"] == [8, 9, 10]
 
 
 def test_iterable_dataset_is_prepared_lazily(tok):
@@ -106,23 +109,38 @@ def test_tool_calls_and_tools_column_render_through_the_chat_template():
         "tools": '[{"name": "sky"}]',  # TRL 1.x also accepts the schemas as a JSON string
     }
     out = prepare_dpo_dataset(datasets.Dataset.from_list([row]), tok, 256, 128)
-    prompt = tok.decode(out[0]["prompt_input_ids"])
+    prompt = tok.decode(out[0]["prompt_ids"])
     assert prompt.startswith("<|system|>\ntools: sky")
-    assert tok.decode(out[0]["chosen_input_ids"]).startswith("call sky")
+    assert tok.decode(out[0]["chosen_ids"]).startswith("call sky")
     reward, _ = prepare_reward_dataset(datasets.Dataset.from_list([row]), tok, None)
-    assert tok.decode(reward[0]["input_ids_chosen"]).startswith("<|system|>\ntools: sky")
+    assert tok.decode(reward[0]["chosen_ids"]).startswith("<|system|>\ntools: sky")
 
 
 def test_reward_trl1_tokenised_columns():
-    rows = [{"chosen_ids": [1, 2, 3], "rejected_ids": [4], "margin": 0.5}]
+    rows = [{"chosen_ids": [1, 2, 3], "rejected_ids": [4], "margin": 0.5, "extra": "x"}]
     out, _ = prepare_reward_dataset(datasets.Dataset.from_list(rows), None, None)
-    assert out[0] == {
-        "input_ids_chosen": [1, 2, 3],
-        "attention_mask_chosen": [1, 1, 1],
-        "input_ids_rejected": [4],
-        "attention_mask_rejected": [1],
-        "margin": 0.5,
-    }
+    assert out[0] == {"chosen_ids": [1, 2, 3], "rejected_ids": [4], "margin": 0.5}
+
+
+def test_reward_trl0_tokenised_columns_keep_only_real_tokens():
+    """The seeds' input_ids_chosen + attention_mask_chosen: a pre-padded row loses its padding (mask 0)."""
+    rows = [
+        {
+            "input_ids_chosen": [1, 2, 3, 0],
+            "attention_mask_chosen": [1, 1, 1, 0],
+            "input_ids_rejected": [0, 0, 4, 5],
+            "attention_mask_rejected": [0, 0, 1, 1],
+        }
+    ]
+    out, _ = prepare_reward_dataset(datasets.Dataset.from_list(rows), None, None)
+    assert out[0] == {"chosen_ids": [1, 2, 3], "rejected_ids": [4, 5]}
+
+
+def test_reward_interim_tokenised_columns_are_renamed_with_a_future_warning():
+    rows = [{"chosen_input_ids": [1, 2], "rejected_input_ids": [3]}]
+    with pytest.warns(FutureWarning, match="chosen_input_ids"):
+        out, _ = prepare_reward_dataset(datasets.Dataset.from_list(rows), None, None)
+    assert out[0] == {"chosen_ids": [1, 2], "rejected_ids": [3]}
 
 
 # --- DataCollatorForPreference --------------------------------------------------------------------------
@@ -166,7 +184,7 @@ def test_collator_truncates_each_sequence_and_rounds_the_width():
 
 
 def test_collator_passes_reference_logps_and_reads_prepared_columns():
-    ids = {"prompt_input_ids": [1], "chosen_input_ids": [2], "rejected_input_ids": [3]}
+    ids = {"prompt_ids": [1], "chosen_ids": [2], "rejected_ids": [3]}
     rows = [{**ids, "ref_chosen_logps": -1.0, "ref_rejected_logps": -2.0}]
     batch = DataCollatorForPreference(pad_token_id=0)(rows)
     assert batch["input_ids"].tolist() == [[1, 2], [1, 3]]
@@ -193,3 +211,29 @@ def test_collator_bad_arguments():
         DataCollatorForPreference(pad_token_id=0, return_tensors="np")
     with pytest.raises(ValueError, match="'chosen_ids'"):
         DataCollatorForPreference(pad_token_id=0)([{"chosen": "a", "rejected": "b"}])
+
+
+SHOUT_TEMPLATE = (
+    "{% for m in messages %}{{ m.role.upper() if shout else m.role }}: {{ m.content }}\n{% endfor %}"
+    "{% if add_generation_prompt %}{{ 'ASSISTANT: ' if shout else 'assistant: ' }}{% endif %}"
+)
+
+
+def test_a_rows_chat_template_kwargs_reach_the_template():
+    """TRL 1.x's per-row `chat_template_kwargs` column: template variables for that row only."""
+    tok = tiny_tokenizer(padding_side="right")
+    tok.chat_template = SHOUT_TEMPLATE
+    rows = [
+        {
+            "prompt": [{"role": "user", "content": "hi"}],
+            "chosen": [{"role": "assistant", "content": "yes"}],
+            "rejected": [{"role": "assistant", "content": "no"}],
+            "chat_template_kwargs": {"shout": shout},
+        }
+        for shout in (True, False)
+    ]
+    dpo = prepare_dpo_dataset(datasets.Dataset.from_list(rows), tok, 256, 128)
+    assert [tok.decode(r["prompt_ids"]) for r in dpo] == ["USER: hi\nASSISTANT: ", "user: hi\nassistant: "]
+    reward, _ = prepare_reward_dataset(datasets.Dataset.from_list(rows), tok, None)
+    assert tok.decode(reward[0]["chosen_ids"]) == "USER: hi\nASSISTANT: yes\n"
+    assert tok.decode(reward[1]["chosen_ids"]) == "user: hi\nassistant: yes\n"

@@ -15,6 +15,11 @@ def tok():
     return tiny_tokenizer(padding_side="right")
 
 
+def trained_mask(row: dict) -> list[int]:
+    """1 where the prepared row's labels train (not -100)."""
+    return [int(t != -100) for t in row["labels"]]
+
+
 def _ds(rows):
     return datasets.Dataset.from_list(rows)
 
@@ -25,8 +30,8 @@ def _ds(rows):
 def test_sft_text_gets_eos_and_truncation(tok):
     out = prepare_sft_dataset(_ds([{"text": "hello world", "other": 1}]), tok, max_seq_length=64)
     ids = tok("hello world")["input_ids"] + [tok.eos_token_id]
-    assert out.column_names == ["input_ids", "completion_mask"]
-    assert out[0]["input_ids"] == ids and out[0]["completion_mask"] == [1] * len(ids)
+    assert out.column_names == ["input_ids", "labels"]  # TRL 1.x's prepared columns
+    assert out[0]["input_ids"] == ids and trained_mask(out[0]) == [1] * len(ids)
     short = prepare_sft_dataset(_ds([{"text": "hello world"}]), tok, max_seq_length=2)
     assert short[0]["input_ids"] == ids[:2]
 
@@ -38,7 +43,7 @@ def test_sft_completion_only_masks_the_prompt(tok):
     p = tok("Q: hi ")["input_ids"]
     c = tok("fine thanks", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
     assert out[0]["input_ids"] == p + c
-    assert out[0]["completion_mask"] == [0] * len(p) + [1] * len(c)
+    assert trained_mask(out[0]) == [0] * len(p) + [1] * len(c)
 
 
 def test_sft_chat_completion_only_trains_last_assistant_turn(tok):
@@ -46,7 +51,7 @@ def test_sft_chat_completion_only_trains_last_assistant_turn(tok):
     out = prepare_sft_dataset(_ds([{"messages": messages}]), tok, 128, completion_only_loss=True)
     full = tok.apply_chat_template(messages, tokenize=False)
     prompt = tok.apply_chat_template(messages[:1], tokenize=False, add_generation_prompt=True)
-    trained = [t for t, m in zip(out[0]["input_ids"], out[0]["completion_mask"]) if m]
+    trained = [t for t, m in zip(out[0]["input_ids"], trained_mask(out[0])) if m]
     assert tok.decode(trained) == full[len(prompt) :]  # exactly the assistant's rendered reply
     plain = prepare_sft_dataset(_ds([{"messages": messages}]), tok, 128)
     assert tok.decode(plain[0]["input_ids"]) == full  # template already ends with EOS: no second one
@@ -75,8 +80,8 @@ def test_reward_raw_text_tokenises_prompt_plus_response(tok):
     out, stats = prepare_reward_dataset(
         _ds([{"prompt": "Q: ", "chosen": "yes", "rejected": "no", "margin": 1.0}]), tok, 64
     )
-    assert out[0]["input_ids_chosen"] == tok("Q: yes")["input_ids"]
-    assert out[0]["input_ids_rejected"] == tok("Q: no")["input_ids"]
+    assert out[0]["chosen_ids"] == tok("Q: yes")["input_ids"]
+    assert out[0]["rejected_ids"] == tok("Q: no")["input_ids"]
     assert out[0]["margin"] == 1.0 and stats == {"dropped": 0, "truncated": 0}
 
 
@@ -89,7 +94,7 @@ def test_reward_chat_pairs_use_the_template(tok):
     }
     out, _ = prepare_reward_dataset(_ds([row]), tok, 256)
     expected = tok(tok.apply_chat_template(prompt + row["chosen"], tokenize=False))["input_ids"]
-    assert out[0]["input_ids_chosen"] == expected
+    assert out[0]["chosen_ids"] == expected
 
 
 def test_reward_overlong_pairs_dropped_or_truncated(tok):
@@ -100,7 +105,7 @@ def test_reward_overlong_pairs_dropped_or_truncated(tok):
     assert len(dropped) == 1 and stats == {"dropped": 1, "truncated": 0}
     cut, stats = prepare_reward_dataset(_ds(rows), tok, 4, "truncate")
     assert len(cut) == 2 and stats == {"dropped": 0, "truncated": 1}
-    assert len(cut[0]["input_ids_chosen"]) == 4 and len(cut[0]["attention_mask_chosen"]) == 4
+    assert len(cut[0]["chosen_ids"]) == 4 and len(cut[0]["rejected_ids"]) == 1
     with pytest.raises(ValueError, match="every pair"):
         prepare_reward_dataset(_ds(rows[:1]), tok, 4, "drop")
 
@@ -131,9 +136,9 @@ def test_truncate_dpo_row_hand_checked():
 def test_dpo_text_layout(tok):
     out = prepare_dpo_dataset(_ds([{"prompt": "Q: ", "chosen": "yes", "rejected": "no"}]), tok, 64, 16)
     eos = tok.eos_token_id
-    assert out[0]["prompt_input_ids"] == tok("Q: ")["input_ids"]
-    assert out[0]["chosen_input_ids"] == tok("yes", add_special_tokens=False)["input_ids"] + [eos]
-    assert out[0]["rejected_input_ids"] == tok("no", add_special_tokens=False)["input_ids"] + [eos]
+    assert out[0]["prompt_ids"] == tok("Q: ")["input_ids"]
+    assert out[0]["chosen_ids"] == tok("yes", add_special_tokens=False)["input_ids"] + [eos]
+    assert out[0]["rejected_ids"] == tok("no", add_special_tokens=False)["input_ids"] + [eos]
 
 
 def test_dpo_chat_with_implicit_prompt(tok):
@@ -144,9 +149,9 @@ def test_dpo_chat_with_implicit_prompt(tok):
     }
     out = prepare_dpo_dataset(_ds([row]), tok, 256, 64)
     prompt_text = tok.apply_chat_template([user], tokenize=False, add_generation_prompt=True)
-    assert tok.decode(out[0]["prompt_input_ids"]) == prompt_text
+    assert tok.decode(out[0]["prompt_ids"]) == prompt_text
     full = tok.apply_chat_template(row["chosen"], tokenize=False)
-    assert tok.decode(out[0]["prompt_input_ids"] + out[0]["chosen_input_ids"]) == full
+    assert tok.decode(out[0]["prompt_ids"] + out[0]["chosen_ids"]) == full
 
 
 def test_dpo_bad_datasets(tok):

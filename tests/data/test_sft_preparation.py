@@ -26,6 +26,11 @@ def tok():
     return tokenizer
 
 
+def trained_mask(row: dict) -> list[int]:
+    """1 where the prepared row's labels train (not -100)."""
+    return [int(t != -100) for t in row["labels"]]
+
+
 def _ds(rows):
     return datasets.Dataset.from_list(rows)
 
@@ -45,9 +50,9 @@ def test_assistant_only_loss_trains_every_assistant_turn_and_nothing_else(tok):
     newline = _ids(tok, "\n")
     assert row["input_ids"] == user1 + reply1 + user2 + reply2 + newline
     want = [0] * len(user1) + [1] * len(reply1) + [0] * len(user2) + [1] * len(reply2) + [0] * len(newline)
-    assert row["completion_mask"] == want
+    assert trained_mask(row) == want
     plain = prepare_sft_dataset(_ds([{"messages": CHAT}]), tok, 128)[0]
-    assert plain["input_ids"] == row["input_ids"] and all(plain["completion_mask"])
+    assert plain["input_ids"] == row["input_ids"] and all(trained_mask(plain))
 
 
 def test_assistant_only_needs_generation_blocks_and_chat_rows(tok):
@@ -67,20 +72,20 @@ def test_completion_only_default_follows_the_columns(tok):
     pairs = _ds([{"prompt": "Q: hi ", "completion": "fine"}])
     row = prepare_sft_dataset(pairs, tok, 64, completion_only_loss=None)[0]
     n_prompt = len(tok("Q: hi ")["input_ids"])
-    assert row["completion_mask"] == [0] * n_prompt + [1] * (len(_ids(tok, "fine")) + 1)  # + EOS
-    assert all(prepare_sft_dataset(pairs, tok, 64, completion_only_loss=False)[0]["completion_mask"])
+    assert trained_mask(row) == [0] * n_prompt + [1] * (len(_ids(tok, "fine")) + 1)  # + EOS
+    assert all(trained_mask(prepare_sft_dataset(pairs, tok, 64, completion_only_loss=False)[0]))
     text = prepare_sft_dataset(_ds([{"text": "hello"}]), tok, 64, completion_only_loss=None)[0]
-    assert all(text["completion_mask"])  # language-modelling data: every token
+    assert all(trained_mask(text))  # language-modelling data: every token
 
 
 def test_conversational_prompt_completion_with_both_masks(tok):
     rows = _ds([{"prompt": CHAT[:3], "completion": CHAT[3:]}])
     row = prepare_sft_dataset(rows, tok, 128, completion_only_loss=True, assistant_only_loss=True)[0]
     # the earlier assistant turn "yo" is in the prompt: only the completion's assistant tokens train
-    trained = [t for t, m in zip(row["input_ids"], row["completion_mask"]) if m]
+    trained = [t for t, m in zip(row["input_ids"], trained_mask(row)) if m]
     assert trained == _ids(tok, "ok<|endoftext|>")
     both_turns = prepare_sft_dataset(rows, tok, 128, completion_only_loss=False, assistant_only_loss=True)[0]
-    trained = [t for t, m in zip(both_turns["input_ids"], both_turns["completion_mask"]) if m]
+    trained = [t for t, m in zip(both_turns["input_ids"], trained_mask(both_turns)) if m]
     assert trained == _ids(tok, "yo<|endoftext|>") + _ids(tok, "ok<|endoftext|>")
 
 
@@ -90,9 +95,7 @@ def test_truncation_keeps_the_start_or_the_end(tok):
     pairs = _ds([{"prompt": "a long prompt about the cat", "completion": "dog"}])
     end = prepare_sft_dataset(pairs, tok, 3, completion_only_loss=True, truncation_mode="keep_end")[0]
     full = prepare_sft_dataset(pairs, tok, 64, completion_only_loss=True)[0]
-    assert (
-        end["input_ids"] == full["input_ids"][-3:] and end["completion_mask"] == full["completion_mask"][-3:]
-    )
+    assert end["input_ids"] == full["input_ids"][-3:] and end["labels"] == full["labels"][-3:]
     # keep_start leaves only prompt tokens: no trained token, so the row is dropped, and none is left
     with pytest.raises(ValueError, match="no trained token"):
         prepare_sft_dataset(pairs, tok, 3, completion_only_loss=True, truncation_mode="keep_start")
@@ -132,3 +135,34 @@ def test_chat_template_path_from_a_file_or_a_tokenizer_folder(tmp_path):
     source.save_pretrained(tmp_path / "more")
     with pytest.raises(ValueError, match=r"special tokens \['<\|tool\|>'\] are not in"):
         apply_chat_template_path(tok, tmp_path / "more", "SFTTrainer")
+
+
+def test_tokenised_rows_get_labels_from_their_masks_and_are_cut(tok):
+    masked = {"input_ids": [1, 2, 3, 4], "assistant_masks": [0, 0, 1, 1], "completion_mask": [1, 1, 1, 0]}
+    labelled = {"input_ids": [5, 6, 7], "labels": [5, -100, 7], "assistant_masks": [0, 0, 0]}
+    # both masks apply (only token 3 has 1 in both); with completion_only_loss=False only assistant_masks
+    assert prepare_sft_dataset(_ds([masked]), tok, None, completion_only_loss=None)[0]["labels"] == [
+        -100,
+        -100,
+        3,
+        -100,
+    ]
+    off = prepare_sft_dataset(_ds([masked]), tok, None, completion_only_loss=False)[0]
+    assert off["labels"] == [-100, -100, 3, 4]
+    assert prepare_sft_dataset(_ds([labelled]), tok, None)[0]["labels"] == [5, -100, 7]  # given labels win
+    # max length 2 (keep_start): [1, 2] keeps no trained token, so the row is dropped and none is left
+    with pytest.raises(ValueError, match="no trained token"):
+        prepare_sft_dataset(_ds([masked]), tok, 2, completion_only_loss=False)
+    assert prepare_sft_dataset(_ds([labelled]), tok, 2)[:] == {"input_ids": [[5, 6]], "labels": [[5, -100]]}
+
+
+def test_a_rows_chat_template_kwargs_reach_the_template(tok):
+    tok.chat_template = (
+        "{% for m in messages %}{{ m.role.upper() if shout else m.role }}: {{ m.content }}\n{% endfor %}"
+    )
+    rows = [{"messages": CHAT[:2], "chat_template_kwargs": {"shout": shout}} for shout in (True, False)]
+    out = prepare_sft_dataset(_ds(rows), tok, 128)
+    assert [tok.decode(r["input_ids"]) for r in out] == [
+        "USER: hi\nASSISTANT: yo\n",
+        "user: hi\nassistant: yo\n",
+    ]

@@ -88,7 +88,7 @@ def test_concatenated_forward_matches_naive_loop(tmp_path, tok):
         )
         for i, row in enumerate(trainer.train_dataset):
             for side, got, got_logits, got_mean in sides:
-                prompt, response = row["prompt_input_ids"], row[f"{side}_input_ids"]
+                prompt, response = row["prompt_ids"], row[f"{side}_ids"]
                 ids = torch.tensor([prompt + response])
                 logits = model(input_ids=ids).logits[0]
                 logp = F.log_softmax(logits, -1)

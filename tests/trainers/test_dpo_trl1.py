@@ -63,7 +63,7 @@ def test_trl1_collator_batch_gives_the_default_batch_loss(tmp_path, tok):
     torch.testing.assert_close(loss_trl1, loss)
     assert metrics_trl1 == pytest.approx(metrics, rel=1e-5, abs=1e-6)
     prompts = trainer._prompt_batch(trl1)[0]  # generation prompts rebuilt from the stacked rows
-    assert prompts[0, -len(rows[0]["prompt_input_ids"]) :].tolist() == rows[0]["prompt_input_ids"]
+    assert prompts[0, -len(rows[0]["prompt_ids"]) :].tolist() == rows[0]["prompt_ids"]
 
 
 def test_ld_alpha_weights_the_tail_of_policy_and_reference(tmp_path, tok):

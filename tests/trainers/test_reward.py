@@ -64,8 +64,8 @@ def test_loss_matches_hand_computation(tmp_path, tok):
         def score(ids):
             return model(input_ids=torch.tensor([ids])).logits[0, 0]
 
-        rc = torch.stack([score(trainer.train_dataset[i]["input_ids_chosen"]) for i in range(4)])
-        rr = torch.stack([score(trainer.train_dataset[i]["input_ids_rejected"]) for i in range(4)])
+        rc = torch.stack([score(trainer.train_dataset[i]["chosen_ids"]) for i in range(4)])
+        rr = torch.stack([score(trainer.train_dataset[i]["rejected_ids"]) for i in range(4)])
     margin = torch.tensor([0.0, 1.0, 0.5, 2.0])
     expected = -F.logsigmoid(rc - rr - margin).mean() + 0.1 * ((rc + rr) ** 2).mean()
     torch.testing.assert_close(out["rewards_chosen"], rc, atol=1e-5, rtol=1e-5)
@@ -117,7 +117,7 @@ def test_pretokenised_dataset_and_keyword_override(tmp_path, tok):
     )  # keyword wins; caller's config untouched
     assert trainer.overlong_counts["train_dataset"] == {"dropped": n_long, "truncated": 0}
     assert len(trainer.train_dataset) == 4 - n_long
-    assert trainer.train_dataset[0]["input_ids_chosen"] in [r["input_ids_chosen"] for r in rows]
+    assert trainer.train_dataset[0]["chosen_ids"] in [r["input_ids_chosen"] for r in rows]
 
 
 def test_bad_datasets_raise_clear_errors(tmp_path, tok):

@@ -27,10 +27,7 @@ def _scores_alone(model, trainer, i):
     """Each side scored on its own, no padding: what a padded batch must reproduce."""
     row = trainer.train_dataset[i]
     with torch.no_grad():
-        return [
-            model(input_ids=torch.tensor([row[f"input_ids_{s}"]])).logits[0, 0]
-            for s in ("chosen", "rejected")
-        ]
+        return [model(input_ids=torch.tensor([row[f"{s}_ids"]])).logits[0, 0] for s in ("chosen", "rejected")]
 
 
 def test_trl1_collator_batch_scores_like_the_default(tmp_path):
@@ -40,8 +37,7 @@ def test_trl1_collator_batch_scores_like_the_default(tmp_path):
         model=model, args=_config(tmp_path), train_dataset=_pairs(4), processing_class=tok
     )
     rows = [trainer.train_dataset[i] for i in range(4)]
-    trl1_rows = [{"chosen_ids": r["input_ids_chosen"], "rejected_ids": r["input_ids_rejected"]} for r in rows]
-    batch = DataCollatorForPreference(pad_token_id=tok.pad_token_id)(trl1_rows)
+    batch = DataCollatorForPreference(pad_token_id=tok.pad_token_id)(rows)  # the prepared rows as they are
     with torch.no_grad():
         chosen, rejected = trainer.score_pairs(model, batch)
         default = trainer.score_pairs(model, trainer.data_collator(rows))
@@ -97,7 +93,7 @@ def test_pretokenised_chosen_ids_train(tmp_path):
         train_dataset=datasets.Dataset.from_list(rows),
         processing_class=tok,
     )
-    assert trainer.train_dataset[0]["input_ids_chosen"] == [5, 20, 21, 22]  # the given ids, not re-tokenised
+    assert trainer.train_dataset[0]["chosen_ids"] == [5, 20, 21, 22]  # the given ids, not re-tokenised
     trainer.train()
     assert all(not torch.equal(p, before[n]) for n, p in model.named_parameters())
 
@@ -114,7 +110,18 @@ def test_iterable_dataset_trains_and_drops_overlong_pairs_lazily(tmp_path):
         processing_class=tok,
     )
     kept = list(trainer.train_dataset)
-    assert len(kept) == 8 and all(len(r["input_ids_chosen"]) <= 32 for r in kept)  # the long pair is gone
+    assert len(kept) == 8 and all(len(r["chosen_ids"]) <= 32 for r in kept)  # the long pair is gone
     assert trainer.overlong_counts["train_dataset"] == {"dropped": None, "truncated": None}  # not counted
     trainer.train()
     assert all(not torch.equal(p, before[n]) for n, p in model.named_parameters())
+
+
+def test_a_model_with_more_than_one_label_is_refused(tmp_path):
+    tok = tiny_tokenizer(padding_side="right")
+    with pytest.raises(ValueError, match=r"`model` must output one score .* has num_labels=2"):
+        RewardTrainer(
+            model=tiny_model("llama-reward", num_labels=2, ignore_mismatched_sizes=True),
+            args=_config(tmp_path),
+            train_dataset=_pairs(4),
+            processing_class=tok,
+        )

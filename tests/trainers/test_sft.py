@@ -57,7 +57,7 @@ def test_loss_is_cross_entropy_over_completion_tokens(tmp_path, tok):
             ids = torch.tensor([row["input_ids"]])
             logp = F.log_softmax(model(input_ids=ids).logits[0], -1)
             for t in range(1, len(row["input_ids"])):
-                if row["completion_mask"][t]:
+                if row["labels"][t] != -100:  # a completion token
                     nll -= logp[t - 1, row["input_ids"][t]].item()
                     count += 1
     assert count == sum(len(tok(r["completion"], add_special_tokens=False)["input_ids"]) + 1 for r in rows)
@@ -247,7 +247,7 @@ def test_dft_loss_weights_each_token_by_its_probability(tmp_path, tok):
         for row in trainer.train_dataset:
             logp = F.log_softmax(model(input_ids=torch.tensor([row["input_ids"]])).logits[0], -1)
             for t in range(1, len(row["input_ids"])):
-                if row["completion_mask"][t]:
+                if row["labels"][t] != -100:  # a completion token
                     lp = logp[t - 1, row["input_ids"][t]].item()
                     total -= math.exp(lp) * lp
                     count += 1

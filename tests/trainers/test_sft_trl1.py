@@ -276,3 +276,12 @@ def test_padding_free_refuses_a_padding_collator(tmp_path, tok):
         tiny_model("llama"), args, data_collator=free, train_dataset=data, processing_class=tok
     )
     assert trainer.data_collator is free
+
+
+def test_a_dataset_with_a_transform_needs_skip_prepare_dataset(tmp_path):
+    tok = tiny_tokenizer(padding_side="right")
+    rows = datasets.Dataset.from_dict({"text": ["hello world"]}).with_transform(lambda batch: batch)
+    with pytest.raises(
+        ValueError, match=r"`train_dataset` has a Dataset.with_transform\(\).*skip_prepare_dataset"
+    ):
+        _trainer(tmp_path, tok, rows)

@@ -57,8 +57,10 @@ def _pad_token_id(tokenizer: Any, fallback: int | None = None) -> int:
 class RewardDataCollatorWithPadding:
     """Pads chosen and rejected sequences of a pair batch.
 
-    In: features with input_ids_chosen, attention_mask_chosen, input_ids_rejected, attention_mask_rejected
-    (optional `margin`). Out: the same keys as (B, T) tensors, `margin` as (B,) float, and return_loss=True.
+    In: prepared rows (`chosen_ids`, `rejected_ids`, every token real) or TRL 0.x's tokenised rows
+    (input_ids_chosen, attention_mask_chosen, input_ids_rejected, attention_mask_rejected); optional
+    `margin`. Out: input_ids_{side} and attention_mask_{side} as (B, T) tensors, `margin` as (B,) float,
+    and return_loss=True.
     """
 
     tokenizer: Any
@@ -71,26 +73,34 @@ class RewardDataCollatorWithPadding:
         pad = _pad_token_id(self.tokenizer)
         batch: dict[str, Any] = {}
         for side in ("chosen", "rejected"):
-            ids_key, mask_key = f"input_ids_{side}", f"attention_mask_{side}"
-            missing = [k for k in (ids_key, mask_key) if k not in features[0]]
-            if missing:
-                raise ValueError(
-                    f"RewardDataCollatorWithPadding: features lack {missing}; tokenise the pairs first "
-                    "(RewardTrainer does this for raw chosen/rejected text)"
-                )
-            ids = [f[ids_key][: self.max_length] if self.max_length else f[ids_key] for f in features]
-            masks = [f[mask_key][: self.max_length] if self.max_length else f[mask_key] for f in features]
-            batch[ids_key] = pad_sequences(ids, pad, "right", self.pad_to_multiple_of)
-            batch[mask_key] = pad_sequences(masks, 0, "right", self.pad_to_multiple_of)
+            ids, masks = zip(*(_reward_side(f, side) for f in features))
+            if self.max_length:
+                ids, masks = [i[: self.max_length] for i in ids], [m[: self.max_length] for m in masks]
+            batch[f"input_ids_{side}"] = pad_sequences(list(ids), pad, "right", self.pad_to_multiple_of)
+            batch[f"attention_mask_{side}"] = pad_sequences(list(masks), 0, "right", self.pad_to_multiple_of)
         if "margin" in features[0]:
             batch["margin"] = torch.tensor([float(f["margin"]) for f in features])
         batch["return_loss"] = True
         return batch
 
 
+def _reward_side(row: dict, side: str) -> tuple[list[int], list[int]]:
+    """(token ids, attention mask) of one side of a reward pair, from either spelling of its columns."""
+    if f"{side}_ids" in row:
+        ids = list(row[f"{side}_ids"])
+        return ids, [1] * len(ids)
+    ids_key, mask_key = f"input_ids_{side}", f"attention_mask_{side}"
+    if ids_key in row and mask_key in row:
+        return list(row[ids_key]), list(row[mask_key])
+    raise ValueError(
+        f"RewardDataCollatorWithPadding: a row needs {side + '_ids'!r} (or {ids_key!r} and {mask_key!r}); "
+        f"it has {sorted(row)}. RewardTrainer prepares raw chosen/rejected text into these columns"
+    )
+
+
 @dataclass
 class DPODataCollatorWithPadding:
-    """Builds the DPO batch from prompt / chosen / rejected token lists.
+    """Builds the DPO batch from prepared rows (`prompt_ids`, `chosen_ids`, `rejected_ids` token lists).
 
     Out: prompt_input_ids + prompt_attention_mask (left-padded), and for each side
     `{side}_input_ids` (prompt + response, right-padded), `{side}_attention_mask`, `{side}_labels`
@@ -103,14 +113,14 @@ class DPODataCollatorWithPadding:
     pad_to_multiple_of: int | None = None
 
     def __call__(self, features: list[dict]) -> dict[str, Any]:
-        prompts = [list(_either(f, "prompt_input_ids", "prompt_ids")) for f in features]
+        prompts = [list(_column(f, "prompt_ids")) for f in features]
         batch: dict[str, Any] = {
             "prompt_input_ids": pad_sequences(prompts, self.pad_token_id, "left"),
             "prompt_attention_mask": pad_sequences([[1] * len(p) for p in prompts], 0, "left"),
         }
         multiple = self.pad_to_multiple_of
         for side in ("chosen", "rejected"):
-            responses = [list(_either(f, f"{side}_input_ids", f"{side}_ids")) for f in features]
+            responses = [list(_column(f, f"{side}_ids")) for f in features]
             full = [p + r for p, r in zip(prompts, responses)]
             labels = [[self.label_pad_token_id] * len(p) + r for p, r in zip(prompts, responses)]
             batch[f"{side}_input_ids"] = pad_sequences(full, self.pad_token_id, "right", multiple)
@@ -122,13 +132,14 @@ class DPODataCollatorWithPadding:
         return batch
 
 
-def _either(row: dict, name: str, other: str) -> Any:
-    """row[name], else row[other]: rlhfkit's prepared columns or TRL 1.x's names for the same tokens."""
-    if name in row:
-        return row[name]
-    if other in row:
-        return row[other]
-    raise ValueError(f"a preference example needs {name!r} (or {other!r}); it has {sorted(row)}")
+def _column(row: dict, name: str) -> Any:
+    """row[name], or a clear error naming what the prepared example lacks."""
+    if name not in row:
+        raise ValueError(
+            f"a prepared preference example needs {name!r}; it has {sorted(row)} (the trainers prepare raw "
+            "prompt/chosen/rejected data into these columns)"
+        )
+    return row[name]
 
 
 def _reference_logps(features: list[dict]) -> dict[str, torch.Tensor]:
@@ -150,9 +161,7 @@ class DataCollatorForPreference:
     `attention_mask` and `completion_mask` (1 on response tokens), each sequence first cut to `max_length`
     ("keep_start" keeps its beginning, "keep_end" its end); precomputed `ref_chosen_logps` /
     `ref_rejected_logps` pass through. Reward examples (`chosen_ids`, `rejected_ids`, optional `margin`)
-    give `input_ids`, `attention_mask` (and `margin`). rlhfkit's prepared column names
-    (`prompt_input_ids`, `input_ids_chosen`, ...) are read as well, so this collator fits any dataset the
-    trainers have prepared.
+    give `input_ids`, `attention_mask` (and `margin`): the columns DPOTrainer and RewardTrainer prepare.
     """
 
     pad_token_id: int
@@ -173,14 +182,12 @@ class DataCollatorForPreference:
         if not examples:
             raise ValueError("DataCollatorForPreference: got an empty list of examples")
         first = examples[0]
-        has_prompt = "prompt_ids" in first or "prompt_input_ids" in first
+        has_prompt = "prompt_ids" in first
         rows, masks = [], []
         for side in ("chosen", "rejected"):
             for ex in examples:
-                prompt = list(_either(ex, "prompt_ids", "prompt_input_ids")) if has_prompt else []
-                response = list(
-                    _either(ex, f"{side}_ids", f"{side}_input_ids" if has_prompt else f"input_ids_{side}")
-                )
+                prompt = list(_column(ex, "prompt_ids")) if has_prompt else []
+                response = list(_column(ex, f"{side}_ids"))
                 rows.append(self._cut(prompt + response))
                 masks.append(self._cut([0] * len(prompt) + [1] * len(response)))
         multiple = self.pad_to_multiple_of

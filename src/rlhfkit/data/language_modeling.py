@@ -71,6 +71,17 @@ class DataCollatorForLanguageModeling:
         if not isinstance(self.pad_token_id, int):
             raise TypeError(f"pad_token_id must be an int token id, got {self.pad_token_id!r}")
 
+    @staticmethod
+    def get_position_ids_from_packed_seq_lengths(batch_seq_lengths: list[list[int]]) -> list[torch.Tensor]:
+        """One position-id tensor per packed row, restarting at 0 at each of its documents (TRL 1.x's helper).
+
+        batch_seq_lengths[i] lists the document lengths of row i; row i's tensor has sum(...) entries.
+        """
+        return [
+            torch.tensor(restarting_positions(list(lengths)), dtype=torch.long)
+            for lengths in batch_seq_lengths
+        ]
+
     def __call__(self, examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         if not examples or "input_ids" not in examples[0]:
             raise ValueError("DataCollatorForLanguageModeling needs examples with an 'input_ids' list")

@@ -1,8 +1,9 @@
 """Paired preference data (chosen vs rejected) for the reward model and DPO.
 
-Reward rows become `input_ids_chosen` / `attention_mask_chosen` / `input_ids_rejected` /
-`attention_mask_rejected` (the full text, prompt included: the model scores whole sequences).
-DPO rows become `prompt_input_ids`, `chosen_input_ids`, `rejected_input_ids` where the responses hold
+Reward rows become `chosen_ids` / `rejected_ids` (TRL 1.x's names; the full text, prompt included: the
+model scores whole sequences). TRL 0.x's tokenised columns (`input_ids_chosen` + `attention_mask_chosen`,
+...) are read as well and renamed.
+DPO rows become `prompt_ids`, `chosen_ids`, `rejected_ids` (TRL 1.x's names) where the responses hold
 only the completion tokens (ending in EOS); the collator joins prompt and response later.
 `label_preference_pairs` builds such pairs from two completions per prompt and a reward that ranks them.
 """
@@ -10,6 +11,7 @@ only the completion tokens (ending in EOS); the collator joins prompt and respon
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -20,8 +22,8 @@ from rlhfkit.data.preparation import (
     is_conversational,
     render_chat,
     require_columns,
+    row_chat_kwargs,
     row_is_chat,
-    row_tools,
     split_prompt_completion_text,
     with_eos,
 )
@@ -31,12 +33,16 @@ if TYPE_CHECKING:  # pragma: no cover
 
 logger = logging.getLogger(__name__)
 
-REWARD_TOKENISED = (
+SIDES = ("chosen", "rejected")
+REWARD_TOKENISED = ("chosen_ids", "rejected_ids")  # TRL 1.x's names, the prepared columns
+# TRL 0.x's tokenised columns (documented by the seeds), and an interim spelling TRL 1.x still reads
+TRL0_REWARD_TOKENISED = (
     "input_ids_chosen",
     "attention_mask_chosen",
     "input_ids_rejected",
     "attention_mask_rejected",
 )
+INTERIM_REWARD_TOKENISED = ("chosen_input_ids", "rejected_input_ids")
 
 
 def _check_not_all_identical(dataset: Any, first: str, second: str, owner: str, arg: str) -> None:
@@ -64,7 +70,7 @@ def _reward_text(example: dict, key: str, tokenizer: Any) -> str:
     value = example[key]
     prompt = example.get("prompt")
     if is_conversational(value):
-        return render_chat(tokenizer, list(prompt or []) + list(value), tools=row_tools(example))
+        return render_chat(tokenizer, list(prompt or []) + list(value), **row_chat_kwargs(example))
     if prompt is not None:
         prompt_text, completion = as_prompt_completion(example, tokenizer, completion_key=key)
         return prompt_text + completion
@@ -76,23 +82,20 @@ def _reward_text(example: dict, key: str, tokenizer: Any) -> str:
 
 
 def _tokenise_reward_row(example: dict, tokenizer: Any) -> dict:
+    return {f"{side}_ids": tokenizer(_reward_text(example, side, tokenizer))["input_ids"] for side in SIDES}
+
+
+def _unmasked_reward_row(example: dict) -> dict:
+    """TRL 0.x's ids + attention mask -> the real tokens only (a pre-padded row loses its padding)."""
     out = {}
-    for side in ("chosen", "rejected"):
-        enc = tokenizer(_reward_text(example, side, tokenizer))
-        out[f"input_ids_{side}"] = enc["input_ids"]
-        out[f"attention_mask_{side}"] = enc["attention_mask"]
+    for side in SIDES:
+        ids, mask = example[f"input_ids_{side}"], example[f"attention_mask_{side}"]
+        out[f"{side}_ids"] = [t for t, m in zip(ids, mask) if m]
     return out
 
 
-TRL1_REWARD_TOKENISED = ("chosen_ids", "rejected_ids")  # TRL 1.x's tokenised reward columns
-
-
-def _masked_reward_row(example: dict) -> dict:
-    out = {}
-    for side in ("chosen", "rejected"):
-        ids = list(example[f"{side}_ids"])
-        out[f"input_ids_{side}"], out[f"attention_mask_{side}"] = ids, [1] * len(ids)
-    return out
+def _renamed_reward_row(example: dict) -> dict:
+    return {f"{side}_ids": list(example[f"{side}_input_ids"]) for side in SIDES}
 
 
 def prepare_reward_dataset(
@@ -103,22 +106,45 @@ def prepare_reward_dataset(
     num_proc: int | None = None,
     owner: str = "RewardTrainer",
     arg: str = "train_dataset",
+    keep_trl0_layout: bool = False,
 ) -> tuple[Any, dict[str, int | None]]:
     """Tokenise if needed, apply the length policy, validate. Returns (dataset, {"dropped", "truncated"}).
 
     A `datasets.IterableDataset` is prepared lazily: its over-long pairs are dropped or cut as they stream
-    past, uncounted (None).
+    past, uncounted (None). With `keep_trl0_layout`, rows given in TRL 0.x's tokenised layout come back in
+    it (a caller's own collator reads those columns, as the TRL 0.x docs say it may).
     """
+    prepared, stats = _prepare_reward(dataset, tokenizer, max_length, overlong_policy, num_proc, owner, arg)
+    if keep_trl0_layout and set(TRL0_REWARD_TOKENISED) <= set(columns_of(dataset)):
+        prepared = prepared.map(_as_trl0_row, remove_columns=list(REWARD_TOKENISED))
+    return prepared, stats
+
+
+def _as_trl0_row(example: dict) -> dict:
+    out = {}
+    for side in SIDES:
+        ids = list(example[f"{side}_ids"])
+        out[f"input_ids_{side}"], out[f"attention_mask_{side}"] = ids, [1] * len(ids)
+    return out
+
+
+def _prepare_reward(
+    dataset: Any,
+    tokenizer: Any,
+    max_length: int | None,
+    overlong_policy: str,
+    num_proc: int | None,
+    owner: str,
+    arg: str,
+) -> tuple[Any, dict[str, int | None]]:
     check_not_empty(dataset, owner, arg)
-    options = [REWARD_TOKENISED, TRL1_REWARD_TOKENISED, ("chosen", "rejected")]
+    options = [REWARD_TOKENISED, TRL0_REWARD_TOKENISED, INTERIM_REWARD_TOKENISED, ("chosen", "rejected")]
     found = require_columns(dataset, options, owner, arg)
     names = columns_of(dataset)
     lazy = _is_iterable(dataset)
     map_kwargs = {} if lazy else {"num_proc": num_proc}  # IterableDataset.map has no num_proc
     remove = [c for c in names if c not in set(REWARD_TOKENISED) | {"margin"}]
-    if found == TRL1_REWARD_TOKENISED:  # token ids only: every token is real
-        dataset = dataset.map(_masked_reward_row, remove_columns=remove, **map_kwargs)
-    elif found == ("chosen", "rejected"):
+    if found == ("chosen", "rejected"):
         if tokenizer is None:
             raise ValueError(
                 f"{owner}: `processing_class` (a tokenizer) is needed to tokenise raw chosen/rejected text"
@@ -126,6 +152,16 @@ def prepare_reward_dataset(
         dataset = dataset.map(
             _tokenise_reward_row, fn_kwargs={"tokenizer": tokenizer}, remove_columns=remove, **map_kwargs
         )
+    elif found != REWARD_TOKENISED:
+        if found == INTERIM_REWARD_TOKENISED:
+            warnings.warn(
+                f"{owner}: the columns chosen_input_ids / rejected_input_ids in `{arg}` are read as "
+                "chosen_ids / rejected_ids; name them so, as this spelling is being retired",
+                FutureWarning,
+                stacklevel=4,
+            )
+        rename = _unmasked_reward_row if found == TRL0_REWARD_TOKENISED else _renamed_reward_row
+        dataset = dataset.map(rename, remove_columns=remove, **map_kwargs)
     else:
         dataset = dataset.remove_columns(remove)
     if lazy:
@@ -133,12 +169,12 @@ def prepare_reward_dataset(
             "dropped": None,
             "truncated": None,
         }
-    _check_not_all_identical(dataset, "input_ids_chosen", "input_ids_rejected", owner, arg)
+    _check_not_all_identical(dataset, "chosen_ids", "rejected_ids", owner, arg)
     return _apply_length_policy(dataset, max_length, overlong_policy, num_proc, owner, arg)
 
 
 def _too_long(row: dict, max_length: int) -> bool:
-    return max(len(row["input_ids_chosen"]), len(row["input_ids_rejected"])) > max_length
+    return max(len(row["chosen_ids"]), len(row["rejected_ids"])) > max_length
 
 
 def _cut_row(row: dict, max_length: int) -> dict:
@@ -160,7 +196,7 @@ def _apply_length_policy(
     stats: dict[str, int | None] = {"dropped": 0, "truncated": 0}
     if max_length is None:
         return dataset, stats
-    columns = dataset.select_columns(["input_ids_chosen", "input_ids_rejected"])
+    columns = dataset.select_columns(list(REWARD_TOKENISED))
     n_long = sum(_too_long(r, max_length) for r in columns)
     if n_long and overlong_policy == "drop":
         dataset = dataset.filter(lambda r: not _too_long(r, max_length), num_proc=num_proc)
@@ -210,9 +246,9 @@ def _dpo_texts(example: dict, tokenizer: Any) -> tuple[str, str, str]:
         example = {**example, **extract_prompt(example)}
     prompt, chosen, rejected = example["prompt"], example["chosen"], example["rejected"]
     if is_conversational(chosen):
-        tools = row_tools(example)
-        prompt_text, chosen_text = split_prompt_completion_text(tokenizer, list(prompt), list(chosen), tools)
-        _, rejected_text = split_prompt_completion_text(tokenizer, list(prompt), list(rejected), tools)
+        kw = row_chat_kwargs(example)
+        prompt_text, chosen_text = split_prompt_completion_text(tokenizer, list(prompt), list(chosen), **kw)
+        _, rejected_text = split_prompt_completion_text(tokenizer, list(prompt), list(rejected), **kw)
         return prompt_text, chosen_text, rejected_text
     for key, value in (("prompt", prompt), ("chosen", chosen), ("rejected", rejected)):
         if not isinstance(value, str):
@@ -258,11 +294,11 @@ def _tokenise_dpo_row(
     p, c, r = truncate_dpo_row(
         prompt_ids, chosen_ids, rejected_ids, max_length, max_prompt_length, truncation_mode
     )
-    return {"prompt_input_ids": p, "chosen_input_ids": c, "rejected_input_ids": r}
+    return dict(zip(DPO_TOKENISED, (p, c, r)))
 
 
-DPO_TOKENISED = ("prompt_input_ids", "chosen_input_ids", "rejected_input_ids")
-TRL1_DPO_TOKENISED = ("prompt_ids", "chosen_ids", "rejected_ids")  # TRL 1.x's names for the same columns
+DPO_TOKENISED = ("prompt_ids", "chosen_ids", "rejected_ids")  # TRL 1.x's names, the prepared columns
+OLD_DPO_TOKENISED = ("prompt_input_ids", "chosen_input_ids", "rejected_input_ids")  # earlier names, renamed
 
 
 def prepare_dpo_dataset(
@@ -275,19 +311,17 @@ def prepare_dpo_dataset(
     owner: str = "DPOTrainer",
     arg: str = "train_dataset",
 ):
-    """Tokenise a DPO dataset into prompt_/chosen_/rejected_input_ids.
+    """Tokenise a DPO dataset into prompt_ids / chosen_ids / rejected_ids, each pair cut to max_length.
 
-    Already-tokenised rows pass through; TRL 1.x's prompt_ids / chosen_ids / rejected_ids are renamed and
-    cut to max_length. Text or chats with a prompt column, or only chosen/rejected (implicit prompt), are
-    tokenised. A `datasets.IterableDataset` is prepared lazily, row by row.
+    Already-tokenised rows (those names, or the earlier prompt_input_ids / chosen_input_ids /
+    rejected_input_ids) are renamed and cut. Text or chats with a prompt column, or only chosen/rejected
+    (implicit prompt), are tokenised. A `datasets.IterableDataset` is prepared lazily, row by row.
     """
     check_not_empty(dataset, owner, arg)
-    options = [DPO_TOKENISED, TRL1_DPO_TOKENISED, ("prompt", "chosen", "rejected"), ("chosen", "rejected")]
+    options = [DPO_TOKENISED, OLD_DPO_TOKENISED, ("prompt", "chosen", "rejected"), ("chosen", "rejected")]
     found = require_columns(dataset, options, owner, arg)
     names = columns_of(dataset)
-    keep = set(DPO_TOKENISED) | {
-        f"{p}_{s}_logps" for p in ("reference", "ref") for s in ("chosen", "rejected")
-    }
+    keep = {f"{p}_{s}_logps" for p in ("reference", "ref") for s in ("chosen", "rejected")}
     map_kwargs = (
         {} if _is_iterable(dataset) else {"num_proc": num_proc}
     )  # IterableDataset.map has no num_proc
@@ -296,26 +330,21 @@ def prepare_dpo_dataset(
         "max_prompt_length": max_prompt_length,
         "truncation_mode": truncation_mode,
     }
-    if found == TRL1_DPO_TOKENISED:
-        dataset = dataset.map(
-            _cut_tokenised_row,
-            fn_kwargs=cut,
-            remove_columns=[c for c in names if c not in keep],
-            **map_kwargs,
-        )
-    elif found != DPO_TOKENISED:
+    remove = [c for c in names if c not in keep]
+    if found in (DPO_TOKENISED, OLD_DPO_TOKENISED):
+        fn_kwargs = {"columns": found, **cut}
+        dataset = dataset.map(_cut_tokenised_row, fn_kwargs=fn_kwargs, remove_columns=remove, **map_kwargs)
+    else:
         if tokenizer is None:
             raise ValueError(f"{owner}: `processing_class` (a tokenizer) is needed to tokenise raw text")
         dataset = dataset.map(
             _tokenise_dpo_row,
             fn_kwargs={"tokenizer": tokenizer, **cut},
-            remove_columns=[c for c in names if c not in keep],
+            remove_columns=remove,
             **map_kwargs,
         )
-    else:
-        dataset = dataset.remove_columns([c for c in names if c not in keep])
     if not _is_iterable(dataset):  # an iterable dataset cannot be scanned up front
-        _check_not_all_identical(dataset, "chosen_input_ids", "rejected_input_ids", owner, arg)
+        _check_not_all_identical(dataset, "chosen_ids", "rejected_ids", owner, arg)
     return dataset
 
 
@@ -324,13 +353,16 @@ def _is_iterable(dataset: Any) -> bool:
 
 
 def _cut_tokenised_row(
-    example: dict, max_length: int | None, max_prompt_length: int | None, truncation_mode: str
+    example: dict,
+    columns: tuple[str, str, str],
+    max_length: int | None,
+    max_prompt_length: int | None,
+    truncation_mode: str,
 ) -> dict:
     p, c, r = truncate_dpo_row(
-        list(example["prompt_ids"]), list(example["chosen_ids"]), list(example["rejected_ids"]),
-        max_length, max_prompt_length, truncation_mode,
-    )  # fmt: skip
-    return {"prompt_input_ids": p, "chosen_input_ids": c, "rejected_input_ids": r}
+        *(list(example[name]) for name in columns), max_length, max_prompt_length, truncation_mode
+    )
+    return dict(zip(DPO_TOKENISED, (p, c, r)))
 
 
 def label_preference_pairs(

@@ -15,6 +15,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from rlhfkit.data.language_modeling import IGNORE_INDEX
+
 logger = logging.getLogger(__name__)
 
 
@@ -81,8 +83,22 @@ def row_tools(example: dict) -> list | None:
     return tools or None
 
 
+def row_chat_kwargs(example: dict) -> dict:
+    """What a row adds to its chat template call: its `tools`, and its `chat_template_kwargs` (a dict of
+    template variables, TRL 1.x's per-row column)."""
+    kwargs = dict(example.get("chat_template_kwargs") or {})
+    tools = row_tools(example)
+    if tools:
+        kwargs["tools"] = tools
+    return kwargs
+
+
 def render_chat(
-    tokenizer: Any, messages: list[dict], add_generation_prompt: bool = False, tools: list | None = None
+    tokenizer: Any,
+    messages: list[dict],
+    add_generation_prompt: bool = False,
+    tools: list | None = None,
+    **template_kwargs: Any,
 ) -> str:
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError(
@@ -90,20 +106,26 @@ def render_chat(
             "chat_template; set tokenizer.chat_template or give plain text columns"
         )
     extra = {"tools": tools} if tools else {}  # only when given: older templates take no `tools`
+    extra.update(template_kwargs)
     return tokenizer.apply_chat_template(
         messages, tokenize=False, add_generation_prompt=add_generation_prompt, **extra
     )
 
 
 def split_prompt_completion_text(
-    tokenizer: Any, prompt: list[dict], completion: list[dict], tools: list | None = None
+    tokenizer: Any,
+    prompt: list[dict],
+    completion: list[dict],
+    tools: list | None = None,
+    **template_kwargs: Any,
 ) -> tuple[str, str]:
     """Render prompt messages (+ generation prompt) and the remaining completion text of the full chat."""
-    prompt_text = render_chat(tokenizer, prompt, add_generation_prompt=True, tools=tools)
-    full_text = render_chat(tokenizer, prompt + completion, tools=tools)
+    kw = {"tools": tools, **template_kwargs}
+    prompt_text = render_chat(tokenizer, prompt, add_generation_prompt=True, **kw)
+    full_text = render_chat(tokenizer, prompt + completion, **kw)
     if not full_text.startswith(prompt_text):
         # some templates render the generation prompt differently from a real assistant turn
-        prompt_text = render_chat(tokenizer, prompt, tools=tools)
+        prompt_text = render_chat(tokenizer, prompt, **kw)
         if not full_text.startswith(prompt_text):
             raise ValueError(
                 "the chat template does not render the prompt as a prefix of prompt + completion"
@@ -117,7 +139,9 @@ def as_prompt_completion(
     """(prompt_text, completion_text) for a row holding `prompt` and `completion_key`, text or chat."""
     prompt, completion = example.get("prompt", ""), example[completion_key]
     if is_conversational(completion):
-        return split_prompt_completion_text(tokenizer, list(prompt or []), list(completion))
+        return split_prompt_completion_text(
+            tokenizer, list(prompt or []), list(completion), **row_chat_kwargs(example)
+        )
     if not isinstance(completion, str) or not isinstance(prompt or "", str):
         raise ValueError(
             f"column {completion_key!r} must hold strings or lists of role/content messages, got "
@@ -140,11 +164,11 @@ def example_to_text(
             )
         return text
     if "messages" in example and is_conversational(example["messages"]):
-        return render_chat(tokenizer, example["messages"])
+        return render_chat(tokenizer, example["messages"], **row_chat_kwargs(example))
     if dataset_text_field and dataset_text_field in example:
         value = example[dataset_text_field]
         if is_conversational(value):
-            return render_chat(tokenizer, value)
+            return render_chat(tokenizer, value, **row_chat_kwargs(example))
         if not isinstance(value, str):
             raise ValueError(f"column {dataset_text_field!r} must hold strings, got {type(value).__name__}")
         return value
@@ -187,7 +211,9 @@ def to_chatml(example: dict) -> dict:
     return out
 
 
-def assistant_token_mask(tokenizer: Any, messages: list[dict]) -> tuple[list[int], list[int]]:
+def assistant_token_mask(
+    tokenizer: Any, messages: list[dict], **template_kwargs: Any
+) -> tuple[list[int], list[int]]:
     """(input_ids, mask) of a rendered chat, mask 1 on the assistant tokens the chat template marks with
     {% generation %} blocks (transformers' `return_assistant_tokens_mask`)."""
     template = getattr(tokenizer, "chat_template", None) or ""
@@ -200,7 +226,7 @@ def assistant_token_mask(tokenizer: Any, messages: list[dict]) -> tuple[list[int
             "`chat_template_path` (a .jinja file) or set tokenizer.chat_template"
         )
     out = tokenizer.apply_chat_template(
-        messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+        messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True, **template_kwargs
     )
     ids, mask = list(out["input_ids"]), list(out["assistant_masks"])
     if not any(mask):
@@ -213,12 +239,19 @@ def assistant_token_mask(tokenizer: Any, messages: list[dict]) -> tuple[list[int
 
 def _assistant_row(example: dict, tokenizer: Any, completion_only: bool) -> tuple[list[int], list[int]]:
     if "messages" in example and is_conversational(example["messages"]):
-        return assistant_token_mask(tokenizer, example["messages"])
+        return assistant_token_mask(tokenizer, example["messages"], **row_chat_kwargs(example))
     if is_conversational(example.get("completion")):
-        ids, mask = assistant_token_mask(tokenizer, list(example.get("prompt") or []) + example["completion"])
+        kw = row_chat_kwargs(example)
+        ids, mask = assistant_token_mask(
+            tokenizer, list(example.get("prompt") or []) + example["completion"], **kw
+        )
         if completion_only:  # the completion part only, as well
             prompt = tokenizer.apply_chat_template(
-                list(example.get("prompt") or []), tokenize=True, add_generation_prompt=True, return_dict=True
+                list(example.get("prompt") or []),
+                tokenize=True,
+                add_generation_prompt=True,
+                return_dict=True,
+                **kw,
             )["input_ids"]
             mask = [0] * len(prompt) + mask[len(prompt) :]
         return ids, mask
@@ -235,7 +268,8 @@ def _completion_row(example: dict, tokenizer: Any, eos: int | None) -> tuple[lis
             raise ValueError(
                 "completion_only_loss needs the last message of each conversation to be 'assistant'"
             )
-        prompt, completion = split_prompt_completion_text(tokenizer, messages[:-1], messages[-1:])
+        kwargs = row_chat_kwargs(example)
+        prompt, completion = split_prompt_completion_text(tokenizer, messages[:-1], messages[-1:], **kwargs)
     elif "prompt" in example and "completion" in example:
         prompt, completion = as_prompt_completion(example, tokenizer)
     else:
@@ -255,7 +289,7 @@ def truncate(values: list, limit: int | None, mode: str = "keep_start") -> list:
 
 
 def _sft_row(example: dict, tokenizer: Any, args: dict) -> dict:
-    """input_ids (+EOS for plain text, truncated) and completion_mask (1 = a token the loss trains on)."""
+    """input_ids (+EOS for plain text) and labels (-100 where the loss does not train), truncated."""
     if args["formatting_func"] is None:  # a formatting function sees the row as it is
         example = to_chatml(example)
     chat = args["formatting_func"] is None and row_is_chat(example, args["dataset_text_field"])
@@ -269,16 +303,38 @@ def _sft_row(example: dict, tokenizer: Any, args: dict) -> dict:
         ids = with_eos(tokenizer(text)["input_ids"], eos)
         mask = [1] * len(ids)
     limit, mode = args["max_seq_length"], args.get("truncation_mode", "keep_start")
-    return {"input_ids": truncate(ids, limit, mode), "completion_mask": truncate(mask, limit, mode)}
+    return {
+        "input_ids": truncate(ids, limit, mode),
+        "labels": truncate(masked_labels(ids, [mask]), limit, mode),
+    }
+
+
+def masked_labels(input_ids: list[int], masks: list[list[int]]) -> list[int]:
+    """The ids, with -100 wherever any of the masks is 0 (a token the loss does not train on)."""
+    for mask in masks:
+        if len(mask) != len(input_ids):
+            raise ValueError(
+                f"a mask of length {len(mask)} does not match input_ids of length {len(input_ids)}"
+            )
+    return [t if all(m[i] for m in masks) else IGNORE_INDEX for i, t in enumerate(input_ids)]
 
 
 def _sft_batch(batch: dict, tokenizer: Any, args: dict) -> dict:
     rows = [dict(zip(batch, values)) for values in zip(*batch.values())]
     done = [_sft_row(row, tokenizer, args) for row in rows]
-    return {
-        "input_ids": [d["input_ids"] for d in done],
-        "completion_mask": [d["completion_mask"] for d in done],
-    }
+    return {"input_ids": [d["input_ids"] for d in done], "labels": [d["labels"] for d in done]}
+
+
+def _tokenised_row(example: dict, mask_columns: list[str], limit: int | None, mode: str) -> dict:
+    """A caller-tokenised row: labels built from its mask columns (unless given), then cut to `limit`."""
+    labels = example.get("labels")
+    if labels is None:
+        masks = [example[c] for c in mask_columns if example.get(c) is not None]
+        labels = masked_labels(list(example["input_ids"]), masks)
+    out = {"input_ids": truncate(example["input_ids"], limit, mode), "labels": truncate(labels, limit, mode)}
+    if example.get("attention_mask") is not None:
+        out["attention_mask"] = truncate(example["attention_mask"], limit, mode)
+    return out
 
 
 def is_iterable_dataset(dataset: Any) -> bool:
@@ -310,17 +366,22 @@ def prepare_sft_dataset(
     assistant_only_loss: bool = False,
     truncation_mode: str = "keep_start",
 ):
-    """Tokenise an SFT dataset (`datasets.Dataset` or `IterableDataset`) into `input_ids` + `completion_mask`
-    (1 = trained on), cut to `max_seq_length` by `truncation_mode`; pre-tokenised data passes through.
+    """Tokenise an SFT dataset (`datasets.Dataset` or `IterableDataset`) into `input_ids` + `labels` (-100 =
+    not trained on, as TRL 1.x prepares them), cut to `max_seq_length` by `truncation_mode`.
 
-    completion_only_loss None: on for prompt/completion data. Rows left with no trained token (all prompt
-    after truncation) are dropped.
+    completion_only_loss None: on for prompt/completion data. Pre-tokenised rows keep their `labels`, or get
+    them from their `assistant_masks` and (unless completion_only_loss=False) `completion_mask`. Rows left
+    with no trained token (all prompt after truncation) are dropped.
     """
     check_not_empty(dataset, owner, arg)
     names = dataset_columns(dataset)
     if "input_ids" in names:
-        extra = [c for c in names if c not in ("input_ids", "attention_mask", "completion_mask", "labels")]
-        return dataset.remove_columns(extra) if extra else dataset
+        masks = [c for c in ("completion_mask", "assistant_masks") if c in names]
+        if completion_only_loss is False and "completion_mask" in masks:
+            masks.remove("completion_mask")
+        kwargs = {"mask_columns": masks, "limit": max_seq_length, "mode": truncation_mode}
+        out = dataset.map(_tokenised_row, fn_kwargs=kwargs, remove_columns=names)
+        return _drop_untrained(out, dataset, owner, arg)
     if completion_only_loss is None:
         completion_only_loss = "prompt" in names and "completion" in names
     if formatting_func is None and not completion_only_loss and not assistant_only_loss:
@@ -348,8 +409,13 @@ def prepare_sft_dataset(
         remove_columns=names,
         **map_kwargs,
     )
-    out = out.filter(lambda row: any(row["completion_mask"]))
-    if not iterable:
+    return _drop_untrained(out, dataset, owner, arg)
+
+
+def _drop_untrained(out: Any, dataset: Any, owner: str, arg: str) -> Any:
+    """`out` without the rows whose labels are all -100 (counted and logged for a map-style dataset)."""
+    out = out.filter(lambda row: any(t != IGNORE_INDEX for t in row["labels"]))
+    if not is_iterable_dataset(dataset):
         if len(out) < len(dataset):
             logger.warning(
                 "%s: dropped %d examples left with no trained token after truncation to max_seq_length",

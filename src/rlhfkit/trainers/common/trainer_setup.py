@@ -290,6 +290,7 @@ class OfflineTrainer(RobustTrainerMixin, Trainer):
             **overrides,
         )
         model, args = self._setup(model, args, processing_class, peft_config)
+        self._given_collator = data_collator  # `_prepare` may keep a layout the caller's collator reads
         train_dataset, eval_dataset = prepare_splits(
             train_dataset, eval_dataset, lambda ds, arg: self._prepare(ds, processing_class, args, arg)
         )
@@ -314,3 +315,24 @@ class OfflineTrainer(RobustTrainerMixin, Trainer):
     def _default_collator(self, args: Any, processing_class: Any) -> Callable:
         """The collator used when none is passed."""
         raise NotImplementedError
+
+    def evaluate(self, eval_dataset: Any = None, ignore_keys: Any = None, metric_key_prefix: str = "eval"):
+        """`Trainer.evaluate`; a raw dataset (or dict of them) passed here is prepared like `eval_dataset`.
+
+        Trainer.evaluate calls itself once per entry of a dict; those calls get the prepared sets as they are.
+        """
+        if eval_dataset is not None and not isinstance(eval_dataset, str) and not self._evaluating_dict:
+            _, eval_dataset = prepare_splits(
+                None, eval_dataset, lambda ds, arg: ds if ds is None else self._prepare_raw(ds, arg)
+            )
+        nested, self._evaluating_dict = self._evaluating_dict, isinstance(eval_dataset, dict)
+        try:
+            return super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
+        finally:
+            self._evaluating_dict = nested
+
+    _evaluating_dict = False
+
+    def _prepare_raw(self, dataset: Any, arg: str) -> Any:
+        """`_prepare` for a dataset given to `evaluate` (a prepared dataset comes back unchanged)."""
+        return self._prepare(dataset, self.processing_class, self.args, arg)

@@ -81,6 +81,7 @@ class RewardTrainer(OfflineTrainer):
             args.seed,
         )
         if model is not None:
+            self._check_one_label(model)
             if args.disable_dropout:
                 disable_dropout(model)
             self._ensure_pad_token(model, processing_class)
@@ -97,6 +98,16 @@ class RewardTrainer(OfflineTrainer):
                 "(or `tokenizer`)"
             )
         return RewardDataCollatorWithPadding(processing_class, pad_to_multiple_of=args.pad_to_multiple_of)
+
+    @staticmethod
+    def _check_one_label(model: nn.Module) -> None:
+        """A reward model gives one score per sequence; a classifier head of another width is refused."""
+        num_labels = getattr(getattr(model, "config", None), "num_labels", 1)
+        if num_labels != 1:
+            raise ValueError(
+                f"RewardTrainer: `model` must output one score per sequence (config num_labels=1), but has "
+                f"num_labels={num_labels}; load it with AutoModelForSequenceClassification(..., num_labels=1)"
+            )
 
     @staticmethod
     def _ensure_pad_token(model: nn.Module, tokenizer: Any) -> None:
@@ -124,8 +135,9 @@ class RewardTrainer(OfflineTrainer):
         if not hasattr(dataset, "column_names"):
             return dataset  # a custom torch dataset: the caller owns its format
         prepared, counts = prepare_reward_dataset(
-            dataset, tokenizer, args.max_length, args.overlong_policy, args.dataset_num_proc, arg=arg
-        )
+            dataset, tokenizer, args.max_length, args.overlong_policy, args.dataset_num_proc, arg=arg,
+            keep_trl0_layout=self._given_collator is not None,
+        )  # fmt: skip
         self.overlong_counts[arg] = counts
         return prepared
 

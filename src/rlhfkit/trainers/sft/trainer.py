@@ -28,7 +28,6 @@ from rlhfkit.trainers.common.trainer_setup import (
     OfflineTrainer,
     apply_overrides,
     load_policy,
-    prepare_splits,
     set_special_tokens,
 )
 from rlhfkit.trainers.sft.config import SFTConfig
@@ -135,6 +134,13 @@ class SFTTrainer(OfflineTrainer):
             return dataset  # already packed / custom torch dataset: used as given
         if (args.dataset_kwargs or {}).get("skip_prepare_dataset"):
             return dataset  # tokenised by the caller
+        if (getattr(dataset, "format", None) or {}).get("type") == "custom":
+            # a `with_transform` function runs on read, after preparation has rewritten the columns
+            raise ValueError(
+                f"SFTTrainer: `{arg}` has a Dataset.with_transform() function, which would run on rows "
+                "this trainer has already tokenised; give SFTConfig(dataset_kwargs={'skip_prepare_dataset': "
+                "True}) and have the transform return trainer-ready rows (input_ids, labels)"
+            )
         check_not_empty(dataset, "SFTTrainer", arg)
         if hf_iterable and getattr(args.accelerator_config, "dispatch_batches", None) is not False:
             # with several processes, dispatching would concatenate batches of different widths
@@ -166,14 +172,6 @@ class SFTTrainer(OfflineTrainer):
         forward() arguments): dropping the masks or seq_lengths would silently train on every token."""
         if self._signature_columns is None:
             self._signature_columns = list(PREPARED_COLUMNS)
-
-    def evaluate(self, eval_dataset: Any = None, ignore_keys: Any = None, metric_key_prefix: str = "eval"):
-        """`Trainer.evaluate`; a raw dataset (or dict of them) passed here is prepared like `eval_dataset`."""
-        if eval_dataset is not None and not isinstance(eval_dataset, str):
-            _, eval_dataset = prepare_splits(
-                None, eval_dataset, lambda ds, arg: ds if ds is None else self._prepare_raw(ds, arg)
-            )
-        return super().evaluate(eval_dataset, ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix)
 
     def _prepare_raw(self, dataset: Any, arg: str) -> Any:
         """`_prepare`, except for a dataset already tokenised (or packed): used as it is."""
