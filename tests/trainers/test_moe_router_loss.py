@@ -187,7 +187,7 @@ def _prompts():
 
 
 @pytest.mark.parametrize("trainer_name", ["grpo", "rloo"])
-def test_online_trainers_log_aux_loss(tmp_path, tok, trainer_name):
+def test_online_trainers_log_aux_loss_and_it_moves_the_routers(tmp_path, tok, trainer_name):
     from rlhfkit.trainers.rloo import RLOOConfig, RLOOTrainer
 
     config_cls, trainer_cls = (
@@ -198,7 +198,7 @@ def test_online_trainers_log_aux_loss(tmp_path, tok, trainer_name):
         args = config_cls(
             output_dir=str(tmp_path / trainer_name), report_to="none", use_cpu=True,
             per_device_train_batch_size=4, num_generations=2, max_completion_length=4, max_steps=1,
-            logging_steps=1, save_strategy="no", disable_tqdm=True, seed=3, learning_rate=1e-2,
+            logging_steps=10, save_strategy="no", disable_tqdm=True, seed=3, learning_rate=1e-2,
             router_aux_loss_coef=coef,
         )  # fmt: skip
         reward = lambda completions, **kw: [float(len(c)) for c in completions]  # noqa: E731
@@ -210,9 +210,24 @@ def test_online_trainers_log_aux_loss(tmp_path, tok, trainer_name):
 
     on = run(0.5)
     assert on.aux_loss_enabled and on.model.model_tags == ["rlhfkit", trainer_name]
-    logged = [h["aux_loss"] for h in on.state.log_history if "aux_loss" in h]
-    assert logged and logged[0] > 0
+    # no update reached logging_steps: the run's last entry carries their metrics, as TRL's does
+    last = on.state.log_history[-1]
+    assert "train_loss" in last and last["aux_loss"] > 0
     off = run(0.0)
     assert not any("aux_loss" in h for h in off.state.log_history)
     moved = [not torch.equal(a, b) for a, b in zip(_router_weights(on.model), _router_weights(off.model))]
     assert all(moved)  # the same seed and data: only the balancing term differs
+
+
+@pytest.mark.parametrize("name", ["sft", "dpo", "kto", "grpo", "rloo"])
+def test_the_command_line_takes_the_coefficient(tmp_path, name):
+    from rlhfkit.commands._args import parse_args
+    from rlhfkit.trainers.rloo import RLOOConfig
+
+    config_cls = {"sft": SFTConfig, "dpo": DPOConfig, "kto": KTOConfig, "grpo": GRPOConfig}
+    config_cls["rloo"] = RLOOConfig
+    argv = ["--output_dir", str(tmp_path), "--router_aux_loss_coef", "0.25"]
+    (config,) = parse_args((config_cls[name],), argv, "test", "")
+    assert config.router_aux_loss_coef == 0.25
+    if name == "rloo":
+        assert config.form == "current"  # a field only TRL 1.x's form reads
