@@ -34,6 +34,7 @@ _LAZY: dict[str, str] = {
     "DataCollatorForPreference": "rlhfkit.data.collators",
     "SFTConfig": "rlhfkit.trainers.sft.config",
     "SFTTrainer": "rlhfkit.trainers.sft.trainer",
+    "dft_loss": "rlhfkit.trainers.sft.token_stats",
     "ConstantLengthDataset": "rlhfkit.data.packing",
     "DataCollatorForLanguageModeling": "rlhfkit.data.language_modeling",
     "pack_dataset": "rlhfkit.data.packing",

@@ -238,6 +238,26 @@ class PadToMultipleOf:
 
 
 @dataclass
+class RouterAuxLossCoef:
+    """Mixin field for configs whose trainer can train a mixture-of-experts policy (TRL 1.x's field);
+    `rlhfkit.trainers.common.moe` resolves and applies it."""
+
+    router_aux_loss_coef: float | None = option(
+        None,
+        "Weight of a mixture-of-experts model's load-balancing loss, added to the training loss and logged "
+        "as aux_loss. None: the model config's own router_aux_loss_coef; 0: off. An error for a model "
+        "without routers.",
+    )
+
+    def __post_init__(self):
+        coef = self.router_aux_loss_coef
+        is_number = isinstance(coef, int | float) and not isinstance(coef, bool)
+        if coef is not None and not (is_number and coef >= 0):
+            raise ValueError(f"router_aux_loss_coef must be a number >= 0 or None, got {coef!r}")
+        super().__post_init__()
+
+
+@dataclass
 class ChatTemplatePath:
     """Mixin field for configs that render chats: a template to use instead of the tokenizer's."""
 

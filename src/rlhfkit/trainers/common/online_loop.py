@@ -40,6 +40,16 @@ LOOP_STATE_NAME = "online_loop_state"  # <name>_<rank>.json + .safetensors in ea
 HEALTH_STATE_NAME = "health_monitor"  # the health alarms' history (.json + .safetensors), one per checkpoint
 
 
+def mean_metrics(entries: list[dict[str, float]]) -> dict[str, float]:
+    """Each numeric metric averaged over the entries that have it."""
+    values: dict[str, list[float]] = {}
+    for entry in entries:
+        for key, value in entry.items():
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                values.setdefault(key, []).append(float(value))
+    return {key: sum(v) / len(v) for key, v in values.items()}
+
+
 class OnlineTrainerLoop:
     """Put before `RobustTrainerMixin, Trainer` in an online trainer's bases; see the module docstring."""
 
@@ -124,6 +134,7 @@ class OnlineTrainerLoop:
         model.train()
         self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
         start_time, start_update, losses = time.time(), self.state.global_step, []
+        unlogged: list[dict[str, float]] = []  # the updates since the last log entry
 
         with self.graceful_stop:  # SIGINT/SIGTERM: finish the update, save, stop
             for update in range(start_update, num_updates):
@@ -149,6 +160,9 @@ class OnlineTrainerLoop:
                 if self.control.should_log:
                     self.log(metrics)
                     self.control.should_log = False
+                    unlogged.clear()
+                else:
+                    unlogged.append(metrics)
                 self._after_update(model)
                 if self.control.should_training_stop:
                     break
@@ -156,7 +170,7 @@ class OnlineTrainerLoop:
         mean_loss = float(sum(losses) / len(losses)) if losses else 0.0
         if self._summary_log:
             updates = self.state.global_step - start_update
-            self.log(self._summary(time.time() - start_time, updates, mean_loss))
+            self.log(self._summary(time.time() - start_time, updates, mean_loss, unlogged))
         self.control = self.callback_handler.on_train_end(args, self.state, self.control)
         self.is_in_train = False
         return TrainOutput(self.state.global_step, mean_loss, {"train_loss": mean_loss})
@@ -173,10 +187,14 @@ class OnlineTrainerLoop:
         if freq and self.state.global_step % freq == 0:
             self.generate_completions()
 
-    def _summary(self, seconds: float, updates: int, mean_loss: float) -> dict[str, float]:
-        """The run's last log entry, as transformers' Trainer writes it: speed and the mean loss."""
+    def _summary(
+        self, seconds: float, updates: int, mean_loss: float, unlogged: list[dict[str, float]]
+    ) -> dict[str, float]:
+        """The run's last log entry, as transformers' Trainer writes it: speed and the mean loss; as in TRL's
+        trainers, also the metrics of the `unlogged` updates since the last entry, averaged."""
         seconds = max(seconds, 1e-9)
         return {
+            **mean_metrics(unlogged),
             "train_runtime": round(seconds, 4),
             "train_samples_per_second": round(updates * self._episodes_per_update() / seconds, 3),
             "train_steps_per_second": round(updates / seconds, 3),

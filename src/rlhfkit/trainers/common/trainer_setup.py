@@ -21,6 +21,7 @@ from transformers import Trainer, set_seed
 
 from rlhfkit.models.peft_detection import is_peft_model
 from rlhfkit.trainers.common.guards import RobustTrainerMixin
+from rlhfkit.trainers.common.moe import attach_router_aux_loss
 
 logger = logging.getLogger(__name__)
 
@@ -158,6 +159,19 @@ def wrap_peft(model: nn.Module, peft_config: Any, owner: str) -> nn.Module:
     return get_peft_model(model, peft_config)
 
 
+# The library tag of every trained model. TRL tags its models "trl"; a model trained by rlhfkit says so
+# instead: the tag is provenance metadata pushed to the Hub with the model (docs/migrating_from_trl.md).
+LIBRARY_TAG = "rlhfkit"
+
+
+def tag_model(model: nn.Module | None, trainer_tag: str) -> None:
+    """Add rlhfkit's tag and the trainer's (TRL 1.x's trainer tags: "sft", "dpo", "grpo", ...) to
+    `model.model_tags`, which `push_to_hub` writes into the model card; a model without them is left alone."""
+    add = getattr(model, "add_model_tags", None)
+    if callable(add):
+        add([LIBRARY_TAG, trainer_tag])
+
+
 def set_special_tokens(
     tokenizer: Any, owner: str, pad_token: str | None = None, eos_token: str | None = None
 ) -> None:
@@ -253,6 +267,7 @@ class OfflineTrainer(RobustTrainerMixin, Trainer):
 
     config_class: ClassVar[type]
     default_output_dir: ClassVar[str]
+    model_tag: ClassVar[str]  # TRL 1.x's tag of the trainer (`tag_model`)
     override_keywords: ClassVar[tuple[str, ...]] = ()
     default_compute_metrics: ClassVar[Callable | None] = None
 
@@ -303,6 +318,9 @@ class OfflineTrainer(RobustTrainerMixin, Trainer):
             callbacks=callbacks, optimizers=optimizers,
             preprocess_logits_for_metrics=preprocess_logits_for_metrics,
         )  # fmt: skip
+        # after Trainer.__init__: with `model_init`, self.model only exists now
+        attach_router_aux_loss(self, getattr(self.args, "router_aux_loss_coef", 0.0), owner)
+        tag_model(self.model, self.model_tag)
 
     def _setup(self, model: Any, args: Any, processing_class: Any, peft_config: Any) -> tuple[Any, Any]:
         """(model, args) after loading and wrapping the model; also sets the trainer's own state."""

@@ -9,6 +9,7 @@ from rlhfkit.trainers.common.config import (
     MaxLength,
     ModelInitKwargs,
     PadToMultipleOf,
+    RouterAuxLossCoef,
     TokenizesDatasets,
     option,
 )
@@ -18,7 +19,9 @@ DEFAULT_MAX_PROMPT_LENGTH = 128  # TRL 0.x's
 
 
 @dataclass
-class DPOConfig(PadToMultipleOf, ModelInitKwargs, TokenizesDatasets, MaxLength, HFTrainerConfig):
+class DPOConfig(
+    RouterAuxLossCoef, PadToMultipleOf, ModelInitKwargs, TokenizesDatasets, MaxLength, HFTrainerConfig
+):
     """Configuration for `DPOTrainer`; every `transformers.TrainingArguments` field also applies."""
 
     beta: float = option(

@@ -47,6 +47,7 @@ class DPOTrainer(ReferenceHolder, ForwardMethods, OfflineTrainer):
 
     config_class = DPOConfig
     default_output_dir = "dpo_model"
+    model_tag = "dpo"
     override_keywords = (
         "beta", "label_pad_token_id", "padding_value", "truncation_mode", "max_length", "max_prompt_length",
         "disable_dropout",
@@ -248,7 +249,9 @@ class DPOTrainer(ReferenceHolder, ForwardMethods, OfflineTrainer):
     ) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
         """`get_batch_metrics` plus the per-pair implicit rewards (B, 2) [chosen, rejected]."""
         # 1. policy log-probs of both responses, their logged mean logits (and WPO weights), one forward pass
-        policy = self._scored_pass(model, batch, with_mean_logits=True, with_weights=self.args.use_weighting)
+        with self.router_aux.collect(model) as router_losses:  # a mixture-of-experts model's balancing loss
+            weighted = self.args.use_weighting
+            policy = self._scored_pass(model, batch, with_mean_logits=True, with_weights=weighted)
         policy_chosen, policy_rejected = policy.chosen, policy.rejected
         # 2. reference log-probs (precomputed, or a no-grad forward)
         ref_chosen, ref_rejected = self.reference_logps(batch)
@@ -272,7 +275,8 @@ class DPOTrainer(ReferenceHolder, ForwardMethods, OfflineTrainer):
             f"{prefix}logits/chosen": policy.mean_chosen.mean().item(),
             f"{prefix}logits/rejected": policy.mean_rejected.mean().item(),
         }
-        return losses.mean(), metrics, torch.stack([chosen_rewards, rejected_rewards], dim=1)
+        loss, router_metrics = self.router_aux.add(losses.mean(), router_losses, prefix=prefix)
+        return loss, {**metrics, **router_metrics}, torch.stack([chosen_rewards, rejected_rewards], dim=1)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         split = "train" if model.training else "eval"

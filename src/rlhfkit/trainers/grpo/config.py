@@ -18,6 +18,7 @@ from rlhfkit.trainers.common.config import (
     HealthChecks,
     HFTrainerConfig,
     ModelInitKwargs,
+    RouterAuxLossCoef,
     check_positive_integers,
     option,
 )
@@ -30,7 +31,9 @@ MULTI_OBJECTIVE_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
 
 
 @dataclass
-class GRPOConfig(GroupRollouts, GenerationOptions, HealthChecks, ModelInitKwargs, HFTrainerConfig):
+class GRPOConfig(
+    RouterAuxLossCoef, GroupRollouts, GenerationOptions, HealthChecks, ModelInitKwargs, HFTrainerConfig
+):
     """Configuration for `GRPOTrainer`; every `transformers.TrainingArguments` field also applies."""
 
     learning_rate: float = option(1e-6, "Initial AdamW learning rate (TRL's GRPO default).")

@@ -40,9 +40,10 @@ from rlhfkit.rewards.scoring import RewardScorer, source_name
 from rlhfkit.rollout import forward_response
 from rlhfkit.rollout.batch import RolloutBatch
 from rlhfkit.trainers.common.guards import RobustTrainerMixin, any_across_ranks
+from rlhfkit.trainers.common.moe import attach_router_aux_loss
 from rlhfkit.trainers.common.online_loop import OnlineTrainerLoop
 from rlhfkit.trainers.common.progress import RichProgressCallback
-from rlhfkit.trainers.common.trainer_setup import disable_dropout, load_policy, resolve_args
+from rlhfkit.trainers.common.trainer_setup import disable_dropout, load_policy, resolve_args, tag_model
 from rlhfkit.trainers.grpo.config import GRPOConfig
 from rlhfkit.trainers.grpo.entropy import EntropyControl
 from rlhfkit.trainers.grpo.evaluation import EvaluationMethods
@@ -153,6 +154,8 @@ class GRPOTrainer(EvaluationMethods, ReportingMethods, OnlineTrainerLoop, Robust
         )
         if ref_model is not None:
             ref_model.to(self.accelerator.device)
+        attach_router_aux_loss(self, args.router_aux_loss_coef, owner)
+        tag_model(self.model, self._tag_names[-1])
         self._setup_rollout(sources, reward_processing_classes)
         if not args.disable_tqdm:
             self.remove_callback(ProgressCallback)
@@ -406,7 +409,7 @@ class GRPOTrainer(EvaluationMethods, ReportingMethods, OnlineTrainerLoop, Robust
         self, model: nn.Module, rows: RolloutBatch, step_tokens: float, step_sequences: int
     ) -> dict:
         args, mask, entropy = self.args, rows.loss_mask, self.entropy_control
-        out, old = self._policy_logprobs(model, rows, entropy_grad=entropy.enabled)
+        out, old, router_losses = self._policy_logprobs(model, rows, entropy_grad=entropy.enabled)
         kl = None
         if args.beta > 0:
             sampling = old if args.use_bias_correction_kl else None
@@ -442,9 +445,12 @@ class GRPOTrainer(EvaluationMethods, ReportingMethods, OnlineTrainerLoop, Robust
             loss = loss + entropy_bonus(out.entropy, trained, entropy.applied()) * share
             entropy.observe(out.entropy, trained)
             stats["policy_loss"] = result.loss.detach()
+        # a mixture-of-experts model's balancing loss, this micro-batch's share of the step's mean
+        loss, router_metrics = self.router_aux.add(loss, router_losses, scale=len(rows) / step_sequences)
         self.accelerator.backward(loss)
         stats = {
             **stats,
+            **router_metrics,
             "loss": loss.detach(),
             "entropy": masked_mean(out.entropy.detach(), rows.response_mask),  # every generated token, as TRL
             "clip_ratio/low_mean": result.clip_ratio_low,
@@ -457,16 +463,16 @@ class GRPOTrainer(EvaluationMethods, ReportingMethods, OnlineTrainerLoop, Robust
 
     def _policy_logprobs(
         self, model: nn.Module, rows: RolloutBatch, entropy_grad: bool = False
-    ) -> tuple[Any, torch.Tensor]:
-        """The training forward over `rows` (logprobs and entropy, differentiable with `entropy_grad`) and the
-        old logprobs: the detached current ones on the first update of a generation batch, else those
-        streamed out of sampling."""
-        with self.accelerator.autocast():
+    ) -> tuple[Any, torch.Tensor, list[torch.Tensor]]:
+        """The training forward over `rows` (logprobs and entropy, differentiable with `entropy_grad`), the
+        old logprobs (the detached current ones on the first update of a generation batch, else those
+        streamed out of sampling) and a mixture-of-experts model's load-balancing losses (`common.moe`)."""
+        with self.accelerator.autocast(), self.router_aux.collect(model) as router_losses:
             out = forward_response(
                 model, *self._rollout_tensors(rows), temperature=self.args.temperature, with_entropy=True,
                 entropy_grad=entropy_grad,
             )  # fmt: skip
-        return out, out.logprobs.detach() if self._on_policy else rows.logprobs
+        return out, out.logprobs.detach() if self._on_policy else rows.logprobs, router_losses
 
     def _off_policy_mask(self, logprobs: torch.Tensor, rows: RolloutBatch) -> torch.Tensor | None:
         """(N,) keep-mask of `off_policy_mask_threshold` (None when off): the drift is measured from the

@@ -8,13 +8,14 @@ from rlhfkit.trainers.common.config import (
     DatasetNumProc,
     HFTrainerConfig,
     ModelInitKwargs,
+    RouterAuxLossCoef,
     check_positive_integers,
     option,
 )
 
 
 @dataclass
-class KTOConfig(ModelInitKwargs, DatasetNumProc, HFTrainerConfig):
+class KTOConfig(RouterAuxLossCoef, ModelInitKwargs, DatasetNumProc, HFTrainerConfig):
     """Configuration for `KTOTrainer`; every `transformers.TrainingArguments` field also applies.
 
     Defaults that differ from TrainingArguments, as in TRL 1.x: learning_rate 1e-6, logging_steps 10 and
@@ -58,9 +59,6 @@ class KTOConfig(ModelInitKwargs, DatasetNumProc, HFTrainerConfig):
         1.0, "Weight of the desirable rows' losses (raise it when they are fewer than undesirable ones)."
     )
     undesirable_weight: float = option(1.0, "Weight of the undesirable rows' losses.")
-    router_aux_loss_coef: float | None = option(
-        None, "Mixture-of-experts load-balancing loss weight; not offered by rlhfkit (None or 0 only)."
-    )
     activation_offloading: bool = option(False, "Offload activations to the CPU; not offered (False only).")
     sync_ref_model: bool = option(
         False, "Mix the reference toward the policy every ref_model_sync_steps (TR-DPO)."
@@ -83,11 +81,6 @@ class KTOConfig(ModelInitKwargs, DatasetNumProc, HFTrainerConfig):
         )
         if not 0 <= self.ref_model_mixup_alpha <= 1:
             raise ValueError(f"ref_model_mixup_alpha must be in [0, 1], got {self.ref_model_mixup_alpha}")
-        if self.router_aux_loss_coef:
-            raise ValueError(
-                f"router_aux_loss_coef must be None or 0 (rlhfkit's KTOTrainer adds no mixture-of-experts "
-                f"load-balancing loss), got {self.router_aux_loss_coef}"
-            )
         if self.activation_offloading:
             raise ValueError("activation_offloading must be False: rlhfkit does not offload activations")
         if self.sync_ref_model and self.precompute_ref_log_probs:

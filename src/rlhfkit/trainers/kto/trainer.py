@@ -54,6 +54,7 @@ class KTOTrainer(ReferenceHolder, ForwardMethods, OfflineTrainer):
 
     config_class = KTOConfig
     default_output_dir = "kto_model"
+    model_tag = "kto"
     # compute_loss returns a per-row mean, so Trainer must divide by the accumulation steps itself
     loss_is_scaled_for_ga = False
 
@@ -210,7 +211,8 @@ class KTOTrainer(ReferenceHolder, ForwardMethods, OfflineTrainer):
         """(mean loss, metrics, per-row rewards (B,)) for one batch."""
         sides, labels = self._sides(batch), batch["label"].bool()
         # 1. policy log-probs of each row's completion, and their mean logits for the logs
-        (policy_logps,), (mean_logits,) = self.sides_logps(model, sides, ("completion",), True)
+        with self.router_aux.collect(model) as router_losses:  # a mixture-of-experts model's balancing loss
+            (policy_logps,), (mean_logits,) = self.sides_logps(model, sides, ("completion",), True)
         # 2. reference log-probs of the completions and of the mismatched KL pairs
         ref_logps, ref_kl_logps = self.reference_logps(batch)
         # 3. the reference point z: the KL pairs' mean log-ratio, clamped at 0, no gradient
@@ -228,7 +230,9 @@ class KTOTrainer(ReferenceHolder, ForwardMethods, OfflineTrainer):
             desirable_weight=args.desirable_weight, undesirable_weight=args.undesirable_weight,
         )  # fmt: skip
         metrics = self._batch_metrics(batch, sides, labels, policy_logps, rewards, mean_logits, z, split)
-        return losses.mean(), metrics, rewards
+        prefix = "eval_" if split == "eval" else ""
+        loss, router_metrics = self.router_aux.add(losses.mean(), router_losses, prefix=prefix)
+        return loss, {**metrics, **router_metrics}, rewards
 
     def _batch_metrics(self, batch, sides, labels, policy_logps, rewards, mean_logits, z, split):
         """TRL's metric names, each a mean over the rows (logits: over the tokens) of every process."""

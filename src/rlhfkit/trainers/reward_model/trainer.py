@@ -60,6 +60,7 @@ class RewardTrainer(OfflineTrainer):
 
     config_class = RewardConfig
     default_output_dir = "reward_model"
+    model_tag = "reward-trainer"
     override_keywords = ("max_length",)
     default_compute_metrics = staticmethod(compute_accuracy)
     # compute_loss returns a per-pair mean, so Trainer must divide by the accumulation steps itself

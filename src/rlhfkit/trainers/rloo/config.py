@@ -29,6 +29,7 @@ from rlhfkit.trainers.common.config import (
     HealthChecks,
     HFTrainerConfig,
     ModelInitKwargs,
+    RouterAuxLossCoef,
     exact_div,
     option,
 )
@@ -46,14 +47,20 @@ CLASSIC_FIELDS = (
 )  # fmt: skip
 CURRENT_FIELDS = (
     *(f.name for f in fields(GroupRollouts) if f.name != "reward_weights"),
-    "num_generations", "beta", "normalize_advantages", "model_init_kwargs",
+    "num_generations", "beta", "normalize_advantages", "model_init_kwargs", "router_aux_loss_coef",
 )  # fmt: skip
 FORM_FIELDS = {"classic": CLASSIC_FIELDS, "current": CURRENT_FIELDS}
 
 
 @dataclass
 class RLOOConfig(
-    GroupRollouts, DatasetNumProc, GenerationOptions, HealthChecks, ModelInitKwargs, HFTrainerConfig
+    RouterAuxLossCoef,
+    GroupRollouts,
+    DatasetNumProc,
+    GenerationOptions,
+    HealthChecks,
+    ModelInitKwargs,
+    HFTrainerConfig,
 ):
     """Configuration for `RLOOTrainer` in either form; every `transformers.TrainingArguments` field also
     applies."""

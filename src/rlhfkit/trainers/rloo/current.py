@@ -63,13 +63,15 @@ class GroupRLOOTrainer(RLOOTrainer, GRPOTrainer):
         self, model: nn.Module, rows: RolloutBatch, step_tokens: float, step_sequences: int
     ) -> dict:
         args, mask = self.args, rows.loss_mask
-        out, old = self._policy_logprobs(model, rows)
+        out, old, router_losses = self._policy_logprobs(model, rows)
         weights = mask.to(out.logprobs.dtype)
         new_seq, old_seq = (out.logprobs * weights).sum(1), (old * weights).sum(1)
         epsilon_high = args.epsilon if args.epsilon_high is None else args.epsilon_high
         result = ppo_policy_loss(new_seq, old_seq, rows.advantages, None, args.epsilon, epsilon_high)
         # the mean over every completion of the update (all micro-batches), as one batch would give
-        self.accelerator.backward(result.loss * (len(rows) / step_sequences))
+        share = len(rows) / step_sequences
+        loss, router_metrics = self.router_aux.add(result.loss * share, router_losses, scale=share)
+        self.accelerator.backward(loss)
         with torch.no_grad():
             ratio = torch.exp(new_seq - old_seq)
             low = ((ratio < 1 - args.epsilon) & (rows.advantages < 0)).float().mean()
@@ -80,6 +82,7 @@ class GroupRLOOTrainer(RLOOTrainer, GRPOTrainer):
                 "clip_ratio/low_mean": low,
                 "clip_ratio/high_mean": high,
                 "clip_ratio/region_mean": low + high,
+                **router_metrics,
             }
         return {**stats, **self._sampling_gap(out.logprobs, rows)}
 

@@ -9,6 +9,7 @@ from rlhfkit.trainers.common.config import (
     HFTrainerConfig,
     ModelInitKwargs,
     PadToMultipleOf,
+    RouterAuxLossCoef,
     TokenizesDatasets,
     option,
 )
@@ -17,7 +18,9 @@ PACKING_STRATEGIES = ("bfd", "bfd_split", "wrapped", "constant_length")
 
 
 @dataclass
-class SFTConfig(ChatTemplatePath, PadToMultipleOf, ModelInitKwargs, TokenizesDatasets, HFTrainerConfig):
+class SFTConfig(
+    RouterAuxLossCoef, ChatTemplatePath, PadToMultipleOf, ModelInitKwargs, TokenizesDatasets, HFTrainerConfig
+):
     """Configuration for `SFTTrainer`; every `transformers.TrainingArguments` field also applies."""
 
     dataset_text_field: str = option(

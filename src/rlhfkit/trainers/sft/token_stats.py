@@ -1,4 +1,4 @@
-"""Per-label-token log-probabilities for SFT's loss, and the statistics TRL logs beside it.
+"""Per-label-token log-probabilities for SFT's losses ('nll', 'dft'), and the statistics TRL logs beside it.
 
 Position t of a (B, T) batch is scored on labels[t + 1] (transformers' causal-LM shift); -100 is not
 scored. PEFT's prompt tuning prepends virtual tokens to the model's positions: only the last T positions,
@@ -34,14 +34,37 @@ def logits_token_stats(logits: torch.Tensor, labels: torch.Tensor) -> Stats:
     return entropy, hits, mask.sum()
 
 
+def label_logprobs(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """From full (B, T, V) logits: (logprobs (B, T-1) float32, 0 where not scored, with gradient;
+    mask (B, T-1) bool, True = scored)."""
+    shifted, targets, mask = _shifted(logits, labels)
+    logprobs = torch.log_softmax(shifted.float(), -1).gather(-1, targets.clamp(min=0)[..., None])[..., 0]
+    return logprobs * mask, mask
+
+
 def logits_label_stats(
     logits: torch.Tensor, labels: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, Stats]:
-    """From full (B, T, V) logits: (logprobs (B, T-1) float32, 0 where not scored, with gradient;
-    mask (B, T-1) bool, True = scored; stats)."""
-    shifted, targets, mask = _shifted(logits, labels)
-    logprobs = torch.log_softmax(shifted.float(), -1).gather(-1, targets.clamp(min=0)[..., None])[..., 0]
-    return logprobs * mask, mask, logits_token_stats(logits, labels)
+    """`label_logprobs` and the stats."""
+    return (*label_logprobs(logits, labels), logits_token_stats(logits, labels))
+
+
+def dft_token_losses(logprobs: torch.Tensor) -> torch.Tensor:
+    """Dynamic Fine-Tuning (Wu et al. 2025): each token's -log p weighted by its probability p, the weight
+    without gradient, so the gradient is p times cross-entropy's. Any shape; 0 stays 0 (log p = 0)."""
+    return -logprobs.exp().detach() * logprobs
+
+
+def dft_loss(
+    outputs, labels: torch.Tensor, num_items_in_batch: int | torch.Tensor | None = None
+) -> torch.Tensor:
+    """TRL 1.x's public DFT loss (SFTConfig(loss_type='dft') trains with it): from a model output's (B, T, V)
+    `logits` and causal-LM `labels` (B, T, -100 = not scored; position t scores labels[t + 1]), the
+    `dft_token_losses` summed over the scored tokens and divided by `num_items_in_batch` (None: their
+    count). E.g. two equally likely tokens: every term is 0.5 * log 2, half the cross-entropy."""
+    logprobs, mask = label_logprobs(outputs.logits, labels)
+    count = mask.sum() if num_items_in_batch is None else num_items_in_batch
+    return dft_token_losses(logprobs).sum() / torch.as_tensor(count, device=logprobs.device)
 
 
 def chunked_label_stats(

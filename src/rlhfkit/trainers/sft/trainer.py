@@ -31,7 +31,12 @@ from rlhfkit.trainers.common.trainer_setup import (
     set_special_tokens,
 )
 from rlhfkit.trainers.sft.config import SFTConfig
-from rlhfkit.trainers.sft.token_stats import chunked_label_stats, logits_label_stats, logits_token_stats
+from rlhfkit.trainers.sft.token_stats import (
+    chunked_label_stats,
+    dft_token_losses,
+    logits_label_stats,
+    logits_token_stats,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +80,7 @@ class SFTTrainer(OfflineTrainer):
 
     config_class = SFTConfig
     default_output_dir = "sft_model"
+    model_tag = "sft"
     override_keywords = (
         "dataset_text_field", "packing", "max_seq_length", "infinite", "num_of_sequences", "chars_per_token",
         "dataset_num_proc", "dataset_batch_size",
@@ -218,7 +224,9 @@ class SFTTrainer(OfflineTrainer):
         over this batch's label tokens. Label smoothing, `compute_loss_func`, `return_outputs` (evaluation
         and predictions want the logits) and heads that are not plain linear layers keep the logits path.
         Either way the label tokens' entropy and top-1 accuracy are logged (TRL's `entropy`,
-        `mean_token_accuracy`), with the running count of trained-on input tokens (`num_tokens`).
+        `mean_token_accuracy`), with the running count of trained-on input tokens (`num_tokens`). A
+        mixture-of-experts model's load-balancing loss is added when `router_aux_loss_coef` is on
+        (`common.moe`; either path: both run the model's own forward).
         """
         # a training forward needs no KV cache (building one costs memory); for a packed block an empty
         # cache would also hide the document boundaries from the mask builder
@@ -227,30 +235,52 @@ class SFTTrainer(OfflineTrainer):
         labels = inputs["labels"]
         forward = {k: v for k, v in inputs.items() if k != "labels"}
         dft = self.args.loss_type == "dft" and not return_outputs
-        head = None
-        if (
-            not return_outputs
-            and self.label_smoother is None
+        own_loss = (
+            self.label_smoother is None
             and self.compute_loss_func is None
             and "shift_labels" not in inputs
             and not getattr(getattr(self.accelerator, "parallelism_config", None), "sp_enabled", False)
-            and (dft or prefers_chunked_head(model, labels.numel()))
-        ):
+        )
+        head = None
+        if not return_outputs and own_loss and (dft or prefers_chunked_head(model, labels.numel())):
             head = find_lm_head(model)
-        if head is not None:
-            logprobs, mask, stats = chunked_label_stats(model, head, labels, forward)
-        elif dft:
-            logits = model(**forward).logits
-            logprobs, mask, stats = logits_label_stats(logits, labels)
-        else:
-            loss, outputs = super().compute_loss(
-                model, inputs, return_outputs=True, num_items_in_batch=num_items_in_batch
+        # with the router loss on, labels never reach the model: it would add its own coefficient x aux_loss
+        own_logits = dft or (self.router_aux.enabled and own_loss)
+        labels_reach_model = self.label_smoother is None and self.compute_loss_func is None
+        if self.router_aux.enabled and not own_loss and labels_reach_model:
+            raise ValueError(
+                "SFTTrainer: router_aux_loss_coef is on, and with sequence parallelism or shift_labels the "
+                "model computes the loss from the labels with its own coefficient; set router_aux_loss_coef=0"
             )
-            self._record(logits_token_stats(outputs.logits, labels))
-            return (loss, outputs) if return_outputs else loss
+        with self.router_aux.collect(model) as router_losses:
+            if head is not None:
+                logprobs, mask, stats = chunked_label_stats(model, head, labels, forward)
+                outputs = None
+            elif own_logits:
+                outputs = model(**forward)
+                logprobs, mask, stats = logits_label_stats(outputs.logits, labels)
+            else:
+                loss, outputs = super().compute_loss(
+                    model, inputs, return_outputs=True, num_items_in_batch=num_items_in_batch
+                )
+                logprobs, stats = None, logits_token_stats(outputs.logits, labels)
         self._record(stats)
-        token_losses = -logprobs.exp().detach() * logprobs if dft else -logprobs  # DFT: weighted by p
-        return self._token_mean(token_losses, mask, num_items_in_batch)
+        if logprobs is not None:
+            token_losses = dft_token_losses(logprobs) if dft else -logprobs
+            loss = self._token_mean(token_losses, mask, num_items_in_batch)
+        loss = self._add_router_loss(loss, router_losses, num_items_in_batch)
+        return (loss, outputs) if return_outputs else loss
+
+    def _add_router_loss(self, loss: torch.Tensor, router_losses: list, num_items_in_batch: Any):
+        """`loss` + coef x the MoE load-balancing loss (`common.moe`), logged as `aux_loss`. That loss is a
+        mean over this micro-batch: when the Trainer leaves gradient accumulation to a loss normalised by
+        `num_items_in_batch`, it is divided by the accumulation steps so the step averages it."""
+        by_items = self.model_accepts_loss_kwargs and num_items_in_batch is not None
+        scaled_for_accumulation = self.model.training and (by_items or self.compute_loss_func is not None)
+        steps = self.current_gradient_accumulation_steps if scaled_for_accumulation else 1
+        loss, metrics = self.router_aux.add(loss, router_losses, scale=1.0 / steps)
+        self._metrics.add("train" if self.model.training else "eval", metrics)
+        return loss
 
     def _count_tokens(self, inputs: dict) -> None:
         """TRL's `num_tokens`: input tokens trained on so far (padding excluded), summed over processes."""
