@@ -36,10 +36,10 @@ def test_shim_maps_trl_names_to_rlhfkit_and_fails_on_missing_ones():
     from rlhfkit.rollout.respond import respond_to_batch
 
     assert resolve.resolve("trl.core", "respond_to_batch") is respond_to_batch
-    missing = resolve.resolve("trl", "KTOTrainer")
-    with pytest.raises(resolve.RlhfkitLacks, match=r"rlhfkit has no trl\.KTOTrainer"):
+    missing = resolve.resolve("trl", "NashMDTrainer")
+    with pytest.raises(resolve.RlhfkitLacks, match=r"rlhfkit has no trl\.NashMDTrainer"):
         missing(model="x")
-    with pytest.raises(resolve.RlhfkitLacks, match="KTOTrainer"):
+    with pytest.raises(resolve.RlhfkitLacks, match="NashMDTrainer"):
         missing.some_attribute  # noqa: B018
     with pytest.raises(AttributeError):  # dunder probes (import machinery, copy, pickle) stay ordinary
         resolve.resolve("trl", "__path__")
