@@ -124,6 +124,7 @@ class OnlineTrainerLoop:
         model.train()
         self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
         start_time, start_update, losses = time.time(), self.state.global_step, []
+        unlogged: list[dict[str, float]] = []  # the metrics of the updates since the last log entry
 
         with self.graceful_stop:  # SIGINT/SIGTERM: finish the update, save, stop
             for update in range(start_update, num_updates):
@@ -146,9 +147,11 @@ class OnlineTrainerLoop:
                 )
                 losses.append(metrics[self._loss_metric])
                 self.control = self.callback_handler.on_step_end(args, self.state, self.control)
+                unlogged.append(metrics)
                 if self.control.should_log:
                     self.log(metrics)
                     self.control.should_log = False
+                    unlogged = []
                 self._after_update(model)
                 if self.control.should_training_stop:
                     break
@@ -156,7 +159,8 @@ class OnlineTrainerLoop:
         mean_loss = float(sum(losses) / len(losses)) if losses else 0.0
         if self._summary_log:
             updates = self.state.global_step - start_update
-            self.log(self._summary(time.time() - start_time, updates, mean_loss))
+            summary = self._summary(time.time() - start_time, updates, mean_loss)
+            self.log({**mean_metrics(unlogged), **summary})
         self.control = self.callback_handler.on_train_end(args, self.state, self.control)
         self.is_in_train = False
         return TrainOutput(self.state.global_step, mean_loss, {"train_loss": mean_loss})
@@ -347,3 +351,14 @@ class OnlineTrainerLoop:
         os.makedirs(self.args.output_dir, exist_ok=True)
         with open(os.path.join(self.args.output_dir, "README.md"), "w", encoding="utf-8") as fh:
             fh.write("\n".join(lines))
+
+
+def mean_metrics(entries: list[dict[str, float]]) -> dict[str, float]:
+    """Each numeric metric's mean over `entries` (those that have it): the updates after the last logged
+    one, which the run's summary entry carries so that no update's metrics go unlogged (as TRL does)."""
+    values: dict[str, list[float]] = {}
+    for entry in entries:
+        for key, value in entry.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                values.setdefault(key, []).append(float(value))
+    return {key: sum(v) / len(v) for key, v in values.items()}

@@ -78,4 +78,5 @@ def evaluation_metrics(trainer: Any, dataset: Any) -> dict[str, float]:
         torch.tensor(all_scores), torch.tensor(all_sources).T, trainer.reward_func_names, group
     )
     stats.update(completion_stats(torch.tensor(all_lengths), torch.tensor(all_truncated)))
-    return {k: v.item() for k, v in stats.items()}
+    _, logged = trainer._flush_reward_logs()  # what reward functions gave log_metric while scoring
+    return {**{k: v.item() for k, v in stats.items()}, **logged}

@@ -25,24 +25,22 @@ def default_output_dir(model: Any, owner: str = OWNER) -> str:
 
 def reward_sources(
     reward_funcs: Any, init_kwargs: dict | None, processing_classes: Any = None, owner: str = OWNER
-) -> tuple[list, list[str], Any]:
+) -> tuple[list, list[str], list]:
     """The reward functions and models (a local path is loaded as a one-output classifier), their names,
-    and the reward processing classes: `processing_classes` with each path's own tokenizer filled in
-    where none was given (`rewards.reward_models`); None when there is none at all."""
+    and one reward processing class per source: `processing_classes` (None, one tokenizer for a single
+    source, or a list as long as `reward_funcs`) with each path's own tokenizer filled in where none was
+    given (`rewards.reward_models`). None in the list: a callable, or a model reading the policy's ids."""
     funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
     if not funcs:
         raise ValueError(f"{owner}: reward_funcs is empty; give at least one reward function or model")
-    given = processing_classes
-    if not isinstance(given, (list, tuple)):
-        given = [given] * len(funcs)
-    sources, names, tokenizers, found = [], [], list(given), False
+    tokenizers = _one_per_source(processing_classes, len(funcs), owner)
+    sources, names = [], []
     for i, func in enumerate(funcs):
         if isinstance(func, str):
             kwargs = {**(init_kwargs or {}), "num_labels": 1}
             path, func = func, load_model(func, AutoModelForSequenceClassification, kwargs, owner)
-            if i < len(tokenizers) and tokenizers[i] is None:
+            if tokenizers[i] is None:
                 tokenizers[i] = folder_tokenizer(path, bool(kwargs.get("trust_remote_code", False)))
-                found = found or tokenizers[i] is not None
         if isinstance(func, nn.Module):
             names.append(
                 str(getattr(func.config, "_name_or_path", "") or type(func).__name__)
@@ -56,8 +54,22 @@ def reward_sources(
                 f"{owner}: reward_funcs must hold callables, models or model paths, got {type(func).__name__}"
             )
         sources.append(func)
-    # a count mismatch is RewardScorer's to name
-    return sources, names, tokenizers if found and len(given) == len(funcs) else processing_classes
+    return sources, names, tokenizers
+
+
+def _one_per_source(processing_classes: Any, n: int, owner: str) -> list:
+    """`reward_processing_classes` as a list of `n` (None: n Nones; one tokenizer: a list of one)."""
+    if processing_classes is None:
+        return [None] * n
+    given = (
+        list(processing_classes) if isinstance(processing_classes, (list, tuple)) else [processing_classes]
+    )
+    if len(given) != n:
+        raise ValueError(
+            f"{owner}: reward_processing_classes has {len(given)} entries for {n} reward functions; the "
+            "counts must match (one per entry of reward_funcs, None for a reward function)"
+        )
+    return given
 
 
 def _truncate_prompts(dataset: Any, max_length: int | None) -> Any:

@@ -30,10 +30,9 @@ from torch import nn
 from transformers import AutoModelForCausalLM, ProgressCallback, Trainer
 
 from rlhfkit.core.advantages import decoupled_group_advantages, group_advantages
-from rlhfkit.core.entropy import entropy_bonus, entropy_mask
+from rlhfkit.core.entropy import entropy_bonus
 from rlhfkit.core.kl import per_token_kl
 from rlhfkit.core.masking import masked_mean
-from rlhfkit.core.off_policy import off_policy_sequence_mask
 from rlhfkit.core.policy_losses import POLICY_LOSSES, policy_loss
 from rlhfkit.models.reference import choose_reference, mix_into_reference
 from rlhfkit.rewards.scoring import RewardScorer, source_name
@@ -64,9 +63,12 @@ from rlhfkit.trainers.grpo.setup import (
     reward_sources,
     sampling_params,
 )
+from rlhfkit.trainers.grpo.trl_surface import TRLSurfaceMethods
 
 
-class GRPOTrainer(EvaluationMethods, ReportingMethods, OnlineTrainerLoop, RobustTrainerMixin, Trainer):
+class GRPOTrainer(
+    TRLSurfaceMethods, EvaluationMethods, ReportingMethods, OnlineTrainerLoop, RobustTrainerMixin, Trainer
+):
     """Trains `model` with GRPO on `reward_funcs`; see `GRPOConfig` for every option.
 
     `model`: a causal LM or a local path. `reward_funcs`: a callable `(prompts, completions, **columns) ->
@@ -129,15 +131,15 @@ class GRPOTrainer(EvaluationMethods, ReportingMethods, OnlineTrainerLoop, Robust
         for module in (policy if args.disable_dropout else None, ref_model, *sources):
             if isinstance(module, nn.Module):
                 disable_dropout(module)
+        self.reward_processing_classes = reward_processing_classes  # one per source (None: none of its own)
         models = {"model": policy}
-        if reward_processing_classes is None:
-            models.update(
-                {
-                    f"reward model {n}": s
-                    for n, s in zip(self.reward_func_names, sources)
-                    if isinstance(s, nn.Module)
-                }
-            )
+        models.update(  # the reward models that read the policy's own token ids share its context limit
+            {
+                f"reward model {n}": s
+                for n, s, own in zip(self.reward_func_names, sources, reward_processing_classes)
+                if isinstance(s, nn.Module) and own is None
+            }
+        )
         train_dataset, eval_dataset = prepare_datasets(
             train_dataset, eval_dataset, processing_class, args, models
         )
@@ -153,7 +155,7 @@ class GRPOTrainer(EvaluationMethods, ReportingMethods, OnlineTrainerLoop, Robust
         )
         if ref_model is not None:
             ref_model.to(self.accelerator.device)
-        self._setup_rollout(sources, reward_processing_classes)
+        self._setup_rollout(sources, self.reward_processing_classes)
         if not args.disable_tqdm:
             self.remove_callback(ProgressCallback)
             self.add_callback(RichProgressCallback())
@@ -189,6 +191,8 @@ class GRPOTrainer(EvaluationMethods, ReportingMethods, OnlineTrainerLoop, Robust
         self.prompts = prompt_source(self.train_dataset, args, processes, rank, self._prepare_stream_rows)
         self.sampling_params = sampling_params(args, tok)
         self._buffer: RolloutBatch | None = None
+        # what reward functions log through log_extra / log_metric, until the generation batch is done
+        self._pending_reward_logs: tuple[dict, dict] = (defaultdict(list), defaultdict(list))
         self._buffer_metrics: dict[str, float] = {}
         # prompt batches drawn so far (dynamic sampling draws several per generation)
         self._prompt_batches = 0
@@ -270,6 +274,7 @@ class GRPOTrainer(EvaluationMethods, ReportingMethods, OnlineTrainerLoop, Robust
         args = self.args
         # 1-2. groups of completions, scored
         groups, metrics = self._sample_batch()
+        extra_columns, reward_metrics = self._flush_reward_logs()
         batch = padded_to_multiple(groups.batch, args.pad_to_multiple_of, self.processing_class.pad_token_id)
         # 3. reference logprobs, only with a KL term
         if self.reference is not None:
@@ -294,10 +299,11 @@ class GRPOTrainer(EvaluationMethods, ReportingMethods, OnlineTrainerLoop, Robust
             }
         metrics.update({k: v.item() for k, v in stats.items()})
         metrics.update(advantage_metrics)
+        metrics.update(reward_metrics)
         tokens = gather((batch.query_mask.sum() + batch.response_mask.sum())[None]).sum().item()
         self.state.num_input_tokens_seen += int(tokens)  # prompt + completion tokens, all processes (TRL)
         metrics["num_tokens"] = self.state.num_input_tokens_seen
-        self._log_completions(groups, batch)
+        self._log_completions(groups, batch, extra_columns)
         return batch, metrics
 
     def _sample_batch(self) -> tuple[SampledGroups, dict[str, float]]:
@@ -356,7 +362,13 @@ class GRPOTrainer(EvaluationMethods, ReportingMethods, OnlineTrainerLoop, Robust
             else completions,
             completion_ids=[r[m].tolist() for r, m in zip(batch.responses, batch.response_mask.bool())],
         )
-        scored = self.scorer(*self._rollout_tensors(batch), prompt_texts, completions, function_kwargs=kwargs)
+        scored = self.scorer(
+            *self._rollout_tensors(batch),
+            prompt_texts,
+            completions,
+            kwargs,
+            function_extras=self._reward_extras(),
+        )
         scores, per_source = scored
         return SampledGroups(batch.replace(scores=scores), per_source, scored.applies, prompts, completions)
 
@@ -411,11 +423,9 @@ class GRPOTrainer(EvaluationMethods, ReportingMethods, OnlineTrainerLoop, Robust
         if args.beta > 0:
             sampling = old if args.use_bias_correction_kl else None
             kl = per_token_kl(out.logprobs, rows.ref_logprobs, "k3", sampling_logprobs=sampling)
-        keep = (
-            entropy_mask(out.entropy, mask, args.top_entropy_quantile)
-            if args.top_entropy_quantile < 1
-            else None
-        )
+        # the top quantile of every process's trained tokens, as TRL
+        quantile = args.top_entropy_quantile
+        keep = self.get_high_entropy_mask(out.entropy, mask, 1.0 - quantile) if quantile < 1 else None
         result = policy_loss(
             args.loss_type,
             out.logprobs,
@@ -474,7 +484,8 @@ class GRPOTrainer(EvaluationMethods, ReportingMethods, OnlineTrainerLoop, Robust
         threshold = self.args.off_policy_mask_threshold
         if threshold is None:
             return None
-        return off_policy_sequence_mask(rows.advantages, logprobs, rows.logprobs, rows.loss_mask, threshold)
+        keep = self.get_off_policy_mask(rows.advantages, logprobs, rows.logprobs, rows.loss_mask, threshold)
+        return keep[:, 0].bool()
 
     @torch.no_grad()
     def _sync_reference(self) -> None:
