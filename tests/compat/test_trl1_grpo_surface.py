@@ -5,6 +5,7 @@ One test per behaviour, each checking what the thing does."""
 from __future__ import annotations
 
 import json
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -141,3 +142,46 @@ def test_rloo_current_form_has_the_same_surface(tmp_path):
     assert trainer.reward_processing_classes == [None] and trainer.ref_model is not None
     trainer.train()
     assert trainer.state.log_history[-1]["reward"] > 0
+
+
+def test_eval_dataset_is_kept_as_given_and_a_stream_is_evaluated_whole(tmp_path):
+    from datasets import IterableDatasetDict
+
+    eval_set = _prompts(3)
+    trainer = GRPOTrainer(
+        model=str(tiny_model_path("llama")), reward_funcs=reward_len, train_dataset=_prompts(),
+        args=_config(tmp_path, num_generations_eval=2, per_device_eval_batch_size=4), eval_dataset=eval_set,
+    )  # fmt: skip
+    assert trainer.eval_dataset is eval_set  # the tokenised prompts are kept apart
+    metrics = trainer.evaluate()
+    assert metrics["eval_completions/mean_length"] > 0 and "eval_loss" in metrics
+    # at ratio 1 the loss is a length-weighted mean of -A over standardised advantages: |loss| <= max |A|
+    assert math.isfinite(metrics["eval_loss"]) and abs(metrics["eval_loss"]) < 2.5
+    streams = IterableDatasetDict(
+        {"a": _prompts(2).to_iterable_dataset(), "b": eval_set.to_iterable_dataset()}
+    )
+    named = trainer.evaluate(streams)
+    assert {"eval_a_loss", "eval_b_loss", "eval_a_reward", "eval_b_reward"} <= named.keys()
+
+
+def test_eval_loss_is_the_training_loss_of_the_sampled_groups(tmp_path):
+    # every completion gets the same reward: zero advantages, so the loss is exactly beta * KL = 0 at start
+    trainer = GRPOTrainer(
+        model=str(tiny_model_path("llama")), reward_funcs=lambda completions, **_: [1.0] * len(completions),
+        train_dataset=_prompts(), args=_config(tmp_path, beta=0.1), eval_dataset=_prompts(2),
+    )  # fmt: skip
+    metrics = trainer.evaluate()
+    assert metrics["eval_loss"] == pytest.approx(0.0, abs=1e-6)  # the reference is the policy itself
+
+
+def test_beam_search_generation_kwargs_train(tmp_path):
+    trainer = _trainer(tmp_path, generation_kwargs={"num_beams": 2, "do_sample": False})
+    before = {n: p.clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    assert any(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
+    assert all(math.isfinite(h["loss"]) for h in trainer.state.log_history if "loss" in h)
+
+
+def test_train_dataset_is_required(tmp_path):
+    with pytest.raises(ValueError, match="train_dataset is required"):
+        GRPOTrainer(model=str(tiny_model_path("llama")), reward_funcs=reward_len, args=_config(tmp_path))

@@ -236,6 +236,17 @@ class OnlineTrainerLoop:
             ]
         return torch.cat(parts)
 
+    @torch.no_grad()
+    def _policy_logprobs_now(self, batch: RolloutBatch) -> torch.Tensor:
+        """(N, R) the current policy's logprobs of the responses, for sampling that streams none (beam
+        search scores beams, not tokens)."""
+        policy = self.accelerator.unwrap_model(self.model)
+        parts = [
+            forward_response(policy, *chunk, temperature=self.args.temperature).logprobs
+            for chunk in self._forward_chunks(batch)
+        ]
+        return torch.cat(parts)
+
     def _forward_chunks(self, batch: RolloutBatch) -> Iterator[tuple[torch.Tensor, ...]]:
         """(query_ids, query_mask, responses, response_mask) of `_forward_chunk_size()` rows at a time.
 

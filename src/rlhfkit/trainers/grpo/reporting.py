@@ -95,3 +95,17 @@ class ReportingMethods:
             "sampling/sampling_logp_difference/mean": gap.mean() if gap.numel() else zero,
             "sampling/sampling_logp_difference/max": gap.max() if gap.numel() else zero,
         }
+
+    def _model_card_lines(self) -> list[str]:
+        args = self.args
+        return [
+            "group relative policy optimisation (GRPO)",
+            f"- completions per prompt (num_generations): {args.num_generations}",
+            f"- loss_type: {args.loss_type}, beta: {args.beta}, "
+            f"reward functions: {', '.join(self.reward_func_names)}",
+            f"- updates: {self.state.global_step}",
+            f"- completions trained on: {self.state.global_step * self._episodes_per_update()}",
+            "",
+            "GRPO: Shao et al., *DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language "
+            "Models*, 2024 (arXiv:2402.03300).",
+        ]

@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from datasets import Dataset
 from torch import nn
 from transformers import AutoModelForSequenceClassification
 
 from rlhfkit.rewards.reward_models import folder_tokenizer
 from rlhfkit.rollout import SamplingParams
-from rlhfkit.trainers.common.prompts import check_prompts, datasets_by_argument, tokenize_datasets
+from rlhfkit.trainers.common.prompts import check_prompts, tokenize_prompts
 from rlhfkit.trainers.common.trainer_setup import load_model
 from rlhfkit.trainers.grpo.prompt_stream import is_stream
 
@@ -79,42 +80,67 @@ def _truncate_prompts(dataset: Any, max_length: int | None) -> Any:
     return dataset.map(lambda row: {"input_ids": row["input_ids"][-max_length:]}, desc="truncating prompts")
 
 
-def prepare_datasets(train_dataset, eval_dataset, tokenizer, args, models) -> tuple[Any, Any]:
-    """The prompt datasets tokenised (every other column kept), truncated to `max_prompt_length` and
-    checked against the context of each of `models` (name -> model). A streamed train set (`IterableDataset`)
-    is left as it is: its rows are prepared as they are drawn (`prompt_stream.stream_preparer`)."""
+def prepare_datasets(train_dataset, eval_dataset, tokenizer, args, models) -> tuple[Any, dict]:
+    """The train set tokenised (every other column kept), truncated to `max_prompt_length` and checked
+    against the context of each of `models` (name -> model), and each map-style evaluation set prepared the
+    same way, by name (None for a single set). Streams (`IterableDataset`) are left as they are: the train
+    stream's rows are prepared as they are drawn (`prompt_stream.stream_preparer`), an evaluation stream's
+    when `evaluate` reads it."""
+    if train_dataset is None:
+        raise ValueError("train_dataset is required: the prompts to sample completions for (got None)")
     stream = train_dataset if is_stream(train_dataset) else None
-    _check_streams(stream, eval_dataset, args)
-    train_dataset, eval_dataset = tokenize_datasets(
-        None if stream is not None else train_dataset, eval_dataset, tokenizer, None, keep_columns=True,
-        chat_template_kwargs=args.chat_template_kwargs,
-    )  # fmt: skip
-    if stream is not None:
-        train_dataset = None  # left out of the checks below
-    train_dataset = _truncate_prompts(train_dataset, args.max_prompt_length)
-    if isinstance(eval_dataset, dict):
-        eval_dataset = {k: _truncate_prompts(v, args.max_prompt_length) for k, v in eval_dataset.items()}
-    else:
-        eval_dataset = _truncate_prompts(eval_dataset, args.max_prompt_length)
-    for what, dataset in datasets_by_argument(train_dataset, eval_dataset).items():
-        if dataset is not None:
-            check_prompts(dataset, what, args.max_completion_length, models)
-    return (stream if stream is not None else train_dataset), eval_dataset
+    _settle_stream(stream, args)
+    if stream is None:
+        train_dataset = tokenize_prompts(train_dataset, tokenizer, None, "train_dataset", **_options(args))
+        train_dataset = _truncate_prompts(train_dataset, args.max_prompt_length)
+        check_prompts(train_dataset, "train_dataset", args.max_completion_length, models)
+    parts = eval_dataset.items() if isinstance(eval_dataset, dict) else [(None, eval_dataset)]
+    if isinstance(eval_dataset, dict) and not eval_dataset:
+        raise ValueError("eval_dataset is an empty dict; give at least one named dataset, or None")
+    evals = {
+        name: prepare_eval_set(part, tokenizer, args, models, name)
+        for name, part in parts
+        if part is not None and not is_stream(part)
+    }
+    return (stream if stream is not None else train_dataset), evals
 
 
-def _check_streams(stream: Any, eval_dataset: Any, args: Any) -> None:
-    """A streamed train set needs `max_steps` (it has no length); evaluation sets must have one."""
-    if stream is not None and args.max_steps <= 0:
+def prepare_eval_set(dataset: Any, tokenizer: Any, args: Any, models: dict, name: str | None = None) -> Any:
+    """One evaluation set tokenised, truncated and checked like the train set; a stream is read whole first
+    (evaluation scores every prompt, so it must end)."""
+    if is_stream(dataset):
+        dataset = Dataset.from_list(list(dataset))
+    what = "eval_dataset" if name is None else f"eval_dataset[{name!r}]"
+    prepared = tokenize_prompts(dataset, tokenizer, None, what, **_options(args))
+    prepared = _truncate_prompts(prepared, args.max_prompt_length)
+    check_prompts(prepared, what, args.max_completion_length, models)
+    return prepared
+
+
+def _options(args: Any) -> dict:
+    """How prompts are tokenised: every other column kept (for the reward functions), the chat options."""
+    return {"keep_columns": True, "chat_template_kwargs": args.chat_template_kwargs}
+
+
+def _settle_stream(stream: Any, args: Any) -> None:
+    """A streamed train set needs `max_steps` (it has no length), and is read by each process itself: no
+    dispatched batches, no dataloader workers (`args` is set so, as TRL does)."""
+    if stream is None:
+        return
+    if args.max_steps <= 0:
         raise ValueError(
             "train_dataset is an IterableDataset, which has no length: set max_steps (> 0) to say how many "
             f"updates to train for (got max_steps={args.max_steps})"
         )
-    evals = eval_dataset.values() if isinstance(eval_dataset, dict) else [eval_dataset]
-    if any(is_stream(ds) for ds in evals):
+    accelerator_config = getattr(args, "accelerator_config", None)
+    if getattr(accelerator_config, "dispatch_batches", None):
         raise ValueError(
-            "eval_dataset must be a datasets.Dataset (or a dict of them), not an IterableDataset: evaluation "
-            "scores every prompt; stream only the train_dataset"
+            "accelerator_config.dispatch_batches=True does not go with a streamed train_dataset: every "
+            "process reads its own share of the stream; set dispatch_batches to False (or leave it unset)"
         )
+    if accelerator_config is not None:
+        accelerator_config.dispatch_batches = False
+    args.dataloader_num_workers = 0
 
 
 def sampling_params(args: Any, tokenizer: Any) -> SamplingParams:

@@ -140,7 +140,8 @@ class GRPOTrainer(
                 if isinstance(s, nn.Module) and own is None
             }
         )
-        train_dataset, eval_dataset = prepare_datasets(
+        # the evaluation sets stay as given (`eval_dataset`); their tokenised prompts are kept apart
+        train_dataset, self._eval_prompts = prepare_datasets(
             train_dataset, eval_dataset, processing_class, args, models
         )
         self._prepare_stream_rows = stream_preparer(processing_class, args, models)
@@ -220,20 +221,6 @@ class GRPOTrainer(
 
     def _forward_chunk_size(self) -> int:
         return self.args.per_device_train_batch_size
-
-    def _model_card_lines(self) -> list[str]:
-        args = self.args
-        return [
-            "group relative policy optimisation (GRPO)",
-            f"- completions per prompt (num_generations): {args.num_generations}",
-            f"- loss_type: {args.loss_type}, beta: {args.beta}, "
-            f"reward functions: {', '.join(self.reward_func_names)}",
-            f"- updates: {self.state.global_step}",
-            f"- completions trained on: {self.state.global_step * self._episodes_per_update()}",
-            "",
-            "GRPO: Shao et al., *DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language "
-            "Models*, 2024 (arXiv:2402.03300).",
-        ]
 
     def _loop_state(self) -> dict[str, Any]:
         state: dict[str, Any] = {"prompt_batches": self._prompt_batches, **self.entropy_control.state()}
@@ -321,15 +308,20 @@ class GRPOTrainer(
         )
 
     def _advantages(
-        self, batch: RolloutBatch, scores: torch.Tensor, per_source: torch.Tensor | None = None
+        self,
+        batch: RolloutBatch,
+        scores: torch.Tensor,
+        per_source: torch.Tensor | None = None,
+        group_size: int | None = None,
     ) -> tuple[torch.Tensor, dict[str, float]]:
         """(advantages of every process's rows, extra metrics) from the gathered weighted `scores` (N,), or
-        from each source's rewards `per_source` (S, N; NaN: does not apply) with "normalize_then_sum"."""
-        args = self.args
+        from each source's rewards `per_source` (S, N; NaN: does not apply) with "normalize_then_sum";
+        `group_size` defaults to num_generations (evaluation's is num_generations_eval)."""
+        args, group_size = self.args, group_size or self.args.num_generations
         if args.multi_objective_aggregation == "normalize_then_sum":
             weights = torch.tensor(self.scorer.weights, device=per_source.device)
-            return decoupled_group_advantages(per_source, weights, args.num_generations), {}
-        return group_advantages(scores, args.num_generations, scale_rewards=args.scale_rewards), {}
+            return decoupled_group_advantages(per_source, weights, group_size), {}
+        return group_advantages(scores, group_size, scale_rewards=args.scale_rewards), {}
 
     def _sample_groups(self) -> SampledGroups:
         """One round: the next batch of prompts, `num_generations` completions each, decoded and scored."""
@@ -342,13 +334,18 @@ class GRPOTrainer(
         args = self.args
         repeat = [i for i in range(len(rows["input_ids"])) for _ in range(num_generations)]
         query_ids, query_mask = self._pad_prompts([rows["input_ids"][i] for i in repeat])
+        # beam search (num_beams > 1 in generation_kwargs) streams no token logprobs: one forward pass after
+        beams = int(self.sampling_params.extra.get("num_beams") or 1) > 1
+        temperature = None if beams else args.temperature
         out = self._sampler().generate(
-            query_ids, query_mask, self.sampling_params, logprob_temperature=args.temperature
+            query_ids, query_mask, self.sampling_params, logprob_temperature=temperature
         )
         batch = RolloutBatch(
             query_ids, query_mask, out.responses, out.response_mask, out.response_mask, logprobs=out.logprobs
         )
         batch = batch.trimmed()
+        if beams:
+            batch = batch.replace(logprobs=self._policy_logprobs_now(batch))
         if args.mask_truncated_completions:  # DAPO: a cut-off completion is no evidence either way
             batch = batch.replace(loss_mask=batch.response_mask & ~self._truncated(batch)[:, None])
         prompt_texts, completions = self._decode(batch.query_ids, batch.responses, batch.response_mask)
@@ -417,6 +414,20 @@ class GRPOTrainer(
     def _micro_step(
         self, model: nn.Module, rows: RolloutBatch, step_tokens: float, step_sequences: int
     ) -> dict:
+        loss, stats = self._loss(model, rows, step_tokens, step_sequences)
+        self.accelerator.backward(loss)
+        return stats
+
+    def _loss(
+        self,
+        model: nn.Module,
+        rows: RolloutBatch,
+        step_tokens: float,
+        step_sequences: int,
+        training: bool = True,
+    ) -> tuple[torch.Tensor, dict]:
+        """The loss of `rows` (their share of a step of `step_tokens` / `step_sequences`) and its statistics;
+        `training=False` (evaluation) leaves the entropy controller alone."""
         args, mask, entropy = self.args, rows.loss_mask, self.entropy_control
         out, old = self._policy_logprobs(model, rows, entropy_grad=entropy.enabled)
         kl = None
@@ -450,9 +461,9 @@ class GRPOTrainer(
             trained = mask.bool() if keep is None else mask.bool() & keep
             share = len(rows) / step_sequences
             loss = loss + entropy_bonus(out.entropy, trained, entropy.applied()) * share
-            entropy.observe(out.entropy, trained)
+            if training:
+                entropy.observe(out.entropy, trained)
             stats["policy_loss"] = result.loss.detach()
-        self.accelerator.backward(loss)
         stats = {
             **stats,
             "loss": loss.detach(),
@@ -463,7 +474,7 @@ class GRPOTrainer(
         }
         if result.kl_mean is not None:
             stats["kl"] = result.kl_mean
-        return {**stats, **self._sampling_gap(out.logprobs, rows)}
+        return loss, {**stats, **self._sampling_gap(out.logprobs, rows)}
 
     def _policy_logprobs(
         self, model: nn.Module, rows: RolloutBatch, entropy_grad: bool = False
@@ -477,15 +488,6 @@ class GRPOTrainer(
                 entropy_grad=entropy_grad,
             )  # fmt: skip
         return out, out.logprobs.detach() if self._on_policy else rows.logprobs
-
-    def _off_policy_mask(self, logprobs: torch.Tensor, rows: RolloutBatch) -> torch.Tensor | None:
-        """(N,) keep-mask of `off_policy_mask_threshold` (None when off): the drift is measured from the
-        sampling logprobs, so it sees both earlier updates and any sampling/training engine gap."""
-        threshold = self.args.off_policy_mask_threshold
-        if threshold is None:
-            return None
-        keep = self.get_off_policy_mask(rows.advantages, logprobs, rows.logprobs, rows.loss_mask, threshold)
-        return keep[:, 0].bool()
 
     @torch.no_grad()
     def _sync_reference(self) -> None:

@@ -50,6 +50,15 @@ class TRLSurfaceMethods:
         )
         return keep[:, None].to(mask.dtype)
 
+    def _off_policy_mask(self, logprobs: torch.Tensor, rows: Any) -> torch.Tensor | None:
+        """(N,) keep-mask of `off_policy_mask_threshold` (None when off): the drift is measured from the
+        sampling logprobs, so it sees both earlier updates and any sampling/training engine gap."""
+        threshold = self.args.off_policy_mask_threshold
+        if threshold is None:
+            return None
+        keep = self.get_off_policy_mask(rows.advantages, logprobs, rows.logprobs, rows.loss_mask, threshold)
+        return keep[:, 0].bool()
+
     @property
     def ref_model(self) -> torch.nn.Module | None:
         """The frozen reference network; None with beta = 0 or when a PEFT policy's base is the reference."""
