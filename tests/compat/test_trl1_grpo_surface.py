@@ -185,3 +185,13 @@ def test_beam_search_generation_kwargs_train(tmp_path):
 def test_train_dataset_is_required(tmp_path):
     with pytest.raises(ValueError, match="train_dataset is required"):
         GRPOTrainer(model=str(tiny_model_path("llama")), reward_funcs=reward_len, args=_config(tmp_path))
+
+
+def test_eval_loss_with_one_completion_per_prompt_has_no_advantage(tmp_path):
+    trainer = GRPOTrainer(
+        model=str(tiny_model_path("llama")), reward_funcs=reward_len, train_dataset=_prompts(),
+        args=_config(tmp_path, num_generations_eval=1), eval_dataset=_prompts(2),
+    )  # fmt: skip
+    metrics = trainer.evaluate()
+    assert metrics["eval_loss"] == 0.0  # beta = 0 and advantage 0: nothing to learn from a lone completion
+    assert metrics["eval_reward"] > 0

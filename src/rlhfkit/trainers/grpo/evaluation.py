@@ -92,9 +92,13 @@ def evaluation_metrics(trainer: Any, dataset: Any) -> dict[str, float]:
 
 def evaluation_loss(trainer: Any, groups: Any, group_size: int) -> float:
     """The training loss of one evaluation chunk of whole groups, as if it were an on-policy update: its
-    advantages from these groups' rewards, its reference logprobs when there is a KL term."""
+    advantages from these groups' rewards (0 with one completion per prompt), its reference logprobs when
+    there is a KL term."""
     batch = groups.batch
-    advantages, _ = trainer._advantages(batch, batch.scores, groups.per_source, group_size)
+    if group_size > 1:
+        advantages, _ = trainer._advantages(batch, batch.scores, groups.per_source, group_size)
+    else:  # a lone completion is its own baseline: advantage 0
+        advantages = torch.zeros_like(batch.scores)
     batch = batch.replace(advantages=advantages.to(batch.scores.device))
     if trainer.reference is not None:
         batch = batch.replace(ref_logprobs=trainer._reference_logprobs(batch))
