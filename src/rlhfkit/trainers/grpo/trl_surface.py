@@ -22,7 +22,8 @@ REWARD_EXTRA_KEYWORDS = ("trainer_state", "log_extra", "log_metric")
 
 
 class TRLSurfaceMethods:
-    """Mixed into `GRPOTrainer`; relies on its `accelerator`, `state`, `reference` and `entropy_control`."""
+    """Mixed into `GRPOTrainer`; relies on its `args`, `accelerator`, `state`, `reference`, `entropy_control`
+    and `_pending_reward_logs` (set up in `_setup_rollout`)."""
 
     def get_high_entropy_mask(
         self, entropies: torch.Tensor, mask: torch.Tensor, threshold: float
