@@ -18,8 +18,6 @@ from accelerate.utils import gather_object
 from rlhfkit.core.entropy import entropy_mask
 from rlhfkit.core.off_policy import off_policy_sequence_mask
 
-REWARD_EXTRA_KEYWORDS = ("trainer_state", "log_extra", "log_metric")
-
 
 class TRLSurfaceMethods:
     """Mixed into `GRPOTrainer`; relies on its `args`, `accelerator`, `state`, `reference`, `entropy_control`
