@@ -274,3 +274,13 @@ def test_entropy_mask_keeps_the_top_quantile_of_loss_tokens():
     torch.testing.assert_close(entropy_mask(entropies, mask, 0.0).sum(), torch.tensor(1))  # only the max
     with pytest.raises(ValueError, match="quantile"):
         entropy_mask(entropies, mask, 1.5)
+
+
+def test_entropy_mask_takes_its_threshold_from_pooled_entropies():
+    entropies = torch.tensor([[0.0, 1.0, 2.0, 9.0], [3.0, 4.0, 5.0, 9.0]])
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 0]])
+    # another process's tokens join: the median of 0..5, 10, 11, 12 is 4 (this process's alone: 2.5)
+    pooled = torch.tensor([0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 11.0, 12.0])
+    expected = torch.tensor([[False, False, False, False], [False, True, True, False]])
+    torch.testing.assert_close(entropy_mask(entropies, mask, 0.5, pooled=pooled), expected)
+    assert not entropy_mask(entropies, mask, 0.5, pooled=torch.empty(0)).any()  # nothing to rank

@@ -104,9 +104,14 @@ def test_stream_errors_name_what_is_missing(tmp_path, tokenizer):
     with pytest.raises(ValueError, match="IterableDataset.*set max_steps"):
         GRPOTrainer(model, count_e, args=_args(tmp_path, max_steps=-1), train_dataset=_stream(),
                     processing_class=tokenizer)  # fmt: skip
-    with pytest.raises(ValueError, match="eval_dataset must be a datasets.Dataset"):
-        GRPOTrainer(model, count_e, args=_args(tmp_path), train_dataset=_stream(), eval_dataset=_stream(),
-                    processing_class=tokenizer)  # fmt: skip
+    dispatched = _args(tmp_path, accelerator_config={"dispatch_batches": True})
+    with pytest.raises(ValueError, match="dispatch_batches=True does not go with a streamed train_dataset"):
+        GRPOTrainer(model, count_e, args=dispatched, train_dataset=_stream(), processing_class=tokenizer)
+    streamed = GRPOTrainer(model, count_e, args=_args(tmp_path, dataloader_num_workers=2),
+                           train_dataset=_stream(), processing_class=tokenizer)  # fmt: skip
+    # each process reads its own share: nothing dispatched, no dataloader workers
+    assert streamed.args.accelerator_config.dispatch_batches is False
+    assert streamed.args.dataloader_num_workers == 0
     short = GRPOTrainer(
         model, count_e, args=_args(tmp_path), train_dataset=_stream(1), processing_class=tokenizer
     )

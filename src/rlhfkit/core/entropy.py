@@ -48,12 +48,16 @@ def applied_entropy_coef(coef: float, last_entropy: float, target: float, adapti
     return coef
 
 
-def entropy_mask(entropies: torch.Tensor, loss_mask: torch.Tensor, quantile: float) -> torch.Tensor:
+def entropy_mask(
+    entropies: torch.Tensor, loss_mask: torch.Tensor, quantile: float, pooled: torch.Tensor | None = None
+) -> torch.Tensor:
     """Keep the loss tokens whose entropy is in the top `quantile` (Wang et al. 2025, "80/20").
 
     entropies, loss_mask: (N, T). quantile in [0, 1]: 1.0 keeps every loss token, 0.2 the 20% most
     uncertain ones; the threshold is the (1 - quantile) quantile of the loss tokens' entropies
-    (linear interpolation), and ties with it are kept. Returns (N, T) bool, False off the mask.
+    (linear interpolation), and ties with it are kept. pooled: (M,) the entropies that set the threshold
+    when they are not just these loss tokens' (e.g. the loss tokens of every process). Returns (N, T) bool,
+    False off the mask; all False when there is nothing to take a quantile of.
     """
     if not 0.0 <= quantile <= 1.0:
         raise ValueError(f"quantile must be in [0, 1], got {quantile}")
@@ -62,8 +66,8 @@ def entropy_mask(entropies: torch.Tensor, loss_mask: torch.Tensor, quantile: flo
             f"loss_mask shape {tuple(loss_mask.shape)} must equal entropies {tuple(entropies.shape)}"
         )
     mask = loss_mask.bool()
-    values = entropies.detach().float()[mask]
+    values = entropies.detach().float()[mask] if pooled is None else pooled.detach().float().reshape(-1)
     if values.numel() == 0:
-        return mask.clone()
+        return torch.zeros_like(mask)
     threshold = torch.quantile(values, 1.0 - quantile)
     return (entropies.detach().float() >= threshold) & mask

@@ -4,7 +4,9 @@ A reward source is one of:
 - a callable `completions -> scores` on the decoded text (also given `prompts=` when it takes that
   keyword); a score may be None, "not applicable": that source is left out of the row's weighted sum (a row
   no source applies to scores NaN). A caller passing `function_kwargs` calls every function with exactly
-  those keywords instead (GRPO: `prompts`, `completions`, `completion_ids` and the dataset's other columns);
+  those keywords instead (GRPO: `prompts`, `completions`, `completion_ids` and the dataset's other columns),
+  plus each of `function_extras` (GRPO: `trainer_state`, `log_extra`, `log_metric`) it names or takes
+  through `**kwargs`;
 - a sequence-classification reward model (one output), read at the last real token
   (`scoring.reward_model_scores`): on the policy's own token ids, or, when it has its own tokenizer
   (`reward_processing_class`), on prompt + completion text re-encoded with that tokenizer;
@@ -54,12 +56,13 @@ def source_name(source: Any) -> str:
     return f"reward function {name!r}"
 
 
-def _accepts_prompts(fn: Callable) -> bool:
+def _accepts(fn: Callable, name: str) -> bool:
+    """Whether `fn` takes the keyword `name` (by that name or through **kwargs)."""
     try:
         params = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):
         return False
-    return any(p.name == "prompts" or p.kind == inspect.Parameter.VAR_KEYWORD for p in params)
+    return any(p.name == name or p.kind == inspect.Parameter.VAR_KEYWORD for p in params)
 
 
 def await_all(awaitables: Sequence[Awaitable]) -> list[Any]:
@@ -189,6 +192,7 @@ class RewardScorer:
         prompts: list[str] | None = None,
         completions: list[str] | None = None,
         function_kwargs: dict[str, Any] | None = None,
+        function_extras: dict[str, Any] | None = None,
     ) -> Scores:
         """Score a padded batch: queries (N, Lq) left-padded, responses (N, R) right-padded.
 
@@ -205,9 +209,8 @@ class RewardScorer:
             ids = torch.cat([query_ids, responses], dim=1)
             return ids, torch.cat([query_mask.long(), response_mask.long()], dim=1)
 
-        return self._score(
-            token_ids, prompts, completions, responses.shape[0], responses.device, function_kwargs
-        )
+        n, device = responses.shape[0], responses.device
+        return self._score(token_ids, prompts, completions, n, device, function_kwargs, function_extras)
 
     def score_responses(
         self,
@@ -261,11 +264,12 @@ class RewardScorer:
         n: int,
         device: torch.device,
         function_kwargs: dict[str, Any] | None = None,
+        function_extras: dict[str, Any] | None = None,
     ) -> Scores:
         per_source = torch.empty(len(self.sources), n, device=device)
         applies = torch.ones(len(self.sources), n, dtype=torch.bool, device=device)
         called = {
-            i: self._invoke(source, completions, prompts, function_kwargs)
+            i: self._invoke(source, completions, prompts, function_kwargs, function_extras)
             for i, source in enumerate(self.sources)
             if not isinstance(source, nn.Module)
         }
@@ -319,11 +323,18 @@ class RewardScorer:
         return scores
 
     @staticmethod
-    def _invoke(fn: Callable, completions: list[str], prompts: list[str], kwargs: dict | None = None) -> Any:
-        """What a reward function returns (an awaitable for an async one)."""
+    def _invoke(
+        fn: Callable,
+        completions: list[str],
+        prompts: list[str],
+        kwargs: dict | None = None,
+        extras: Any = None,
+    ) -> Any:
+        """What a reward function returns (an awaitable for an async one); each of `extras` only where the
+        function takes it."""
         if kwargs is not None:
-            return fn(**kwargs)
-        return fn(completions, prompts=prompts) if _accepts_prompts(fn) else fn(completions)
+            return fn(**kwargs, **{k: v for k, v in (extras or {}).items() if _accepts(fn, k)})
+        return fn(completions, prompts=prompts) if _accepts(fn, "prompts") else fn(completions)
 
     def _function_scores(
         self, fn: Callable, result: Any, completions: list[str], n: int

@@ -40,16 +40,6 @@ LOOP_STATE_NAME = "online_loop_state"  # <name>_<rank>.json + .safetensors in ea
 HEALTH_STATE_NAME = "health_monitor"  # the health alarms' history (.json + .safetensors), one per checkpoint
 
 
-def mean_metrics(entries: list[dict[str, float]]) -> dict[str, float]:
-    """Each numeric metric averaged over the entries that have it."""
-    values: dict[str, list[float]] = {}
-    for entry in entries:
-        for key, value in entry.items():
-            if isinstance(value, int | float) and not isinstance(value, bool):
-                values.setdefault(key, []).append(float(value))
-    return {key: sum(v) / len(v) for key, v in values.items()}
-
-
 class OnlineTrainerLoop:
     """Put before `RobustTrainerMixin, Trainer` in an online trainer's bases; see the module docstring."""
 
@@ -250,6 +240,17 @@ class OnlineTrainerLoop:
             ]
         return torch.cat(parts)
 
+    @torch.no_grad()
+    def _policy_logprobs_now(self, batch: RolloutBatch) -> torch.Tensor:
+        """(N, R) the current policy's logprobs of the responses, for sampling that streams none (beam
+        search scores beams, not tokens)."""
+        policy = self.accelerator.unwrap_model(self.model)
+        parts = [
+            forward_response(policy, *chunk, temperature=self.args.temperature).logprobs
+            for chunk in self._forward_chunks(batch)
+        ]
+        return torch.cat(parts)
+
     def _forward_chunks(self, batch: RolloutBatch) -> Iterator[tuple[torch.Tensor, ...]]:
         """(query_ids, query_mask, responses, response_mask) of `_forward_chunk_size()` rows at a time.
 
@@ -365,3 +366,14 @@ class OnlineTrainerLoop:
         os.makedirs(self.args.output_dir, exist_ok=True)
         with open(os.path.join(self.args.output_dir, "README.md"), "w", encoding="utf-8") as fh:
             fh.write("\n".join(lines))
+
+
+def mean_metrics(entries: list[dict[str, float]]) -> dict[str, float]:
+    """Each numeric metric's mean over `entries` (those that have it): the updates after the last logged
+    one, which the run's summary entry carries so that no update's metrics go unlogged (as TRL does)."""
+    values: dict[str, list[float]] = {}
+    for entry in entries:
+        for key, value in entry.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                values.setdefault(key, []).append(float(value))
+    return {key: sum(v) / len(v) for key, v in values.items()}

@@ -5,7 +5,8 @@ dropped after, so every process samples the same number of times: ZeRO-3 gathers
 per prompt `num_generations_eval` completions (default `num_generations`) are sampled with the training
 sampling options, `per_device_eval_batch_size` completions at a time, and scored. Reported over every
 process: TRL's reward and completion statistics (`reward`, `reward_std`, `rewards/<name>/mean|std`,
-`frac_reward_zero_std`, `completions/*`); no update and no loss.
+`frac_reward_zero_std`, `completions/*`) and `loss`: the training loss of each chunk of whole groups as
+if it were an on-policy update (advantages from its own groups' rewards); nothing is trained.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import torch
 from accelerate.utils import gather_object
 
 from rlhfkit.trainers.grpo.groups import completion_stats, reward_stats
-from rlhfkit.trainers.grpo.setup import prepare_datasets
+from rlhfkit.trainers.grpo.setup import prepare_eval_set
 
 
 class EvaluationMethods:
@@ -26,22 +27,26 @@ class EvaluationMethods:
     def evaluate(
         self, eval_dataset: Any = None, ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval"
     ) -> dict[str, float]:
-        """Sample `num_generations_eval` completions of every evaluation prompt and log their rewards and
-        lengths under `metric_key_prefix` (each set of a dict of datasets under `<prefix>_<name>`)."""
-        dataset = self.eval_dataset if eval_dataset is None else eval_dataset
+        """Sample `num_generations_eval` completions of every evaluation prompt and log their rewards, lengths
+        and loss under `metric_key_prefix` (each set of a dict of datasets under `<prefix>_<name>`)."""
+        given = eval_dataset is not None
+        dataset = eval_dataset if given else self.eval_dataset
         if dataset is None:
             raise ValueError(f"{self._owner}.evaluate needs an eval_dataset (given here or to the trainer)")
-        if isinstance(dataset, dict):
-            metrics = {}
-            for name, part in dataset.items():
-                metrics.update(self.evaluate(part, ignore_keys, f"{metric_key_prefix}_{name}"))
-            return metrics
-        if eval_dataset is not None:  # raw prompts given here: tokenised like the trainer's own
-            dataset, _ = prepare_datasets(dataset, None, self.processing_class, self.args, {})
+        parts = dataset.items() if isinstance(dataset, dict) else [(None, dataset)]
+        metrics = {}
+        for name, part in parts:
+            prefix = metric_key_prefix if name is None else f"{metric_key_prefix}_{name}"
+            prompts = None if given else self._eval_prompts.get(name)
+            if prompts is None:  # given here, or a stream: tokenised now, like the trainer's own
+                prompts = prepare_eval_set(part, self.processing_class, self.args, {}, name)
+            metrics.update(self._evaluate_prompts(prompts, prefix))
+        return metrics
+
+    def _evaluate_prompts(self, dataset: Any, prefix: str) -> dict[str, float]:
         start = time.time()
-        metrics = evaluation_metrics(self, dataset)
-        metrics = {f"{metric_key_prefix}_{k}": v for k, v in metrics.items()}
-        metrics[f"{metric_key_prefix}_runtime"] = round(time.time() - start, 4)
+        metrics = {f"{prefix}_{k}": v for k, v in evaluation_metrics(self, dataset).items()}
+        metrics[f"{prefix}_runtime"] = round(time.time() - start, 4)
         self.log(metrics)
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
         return metrics
@@ -49,7 +54,8 @@ class EvaluationMethods:
 
 @torch.no_grad()
 def evaluation_metrics(trainer: Any, dataset: Any) -> dict[str, float]:
-    """Reward and completion statistics of `trainer`'s policy on the tokenised prompt `dataset`."""
+    """Reward and completion statistics, and the loss, of `trainer`'s policy on the tokenised prompt
+    `dataset`."""
     args, accelerator = trainer.args, trainer.accelerator
     group = args.num_generations_eval or args.num_generations
     mine = list(range(accelerator.process_index, len(dataset), accelerator.num_processes))
@@ -57,7 +63,7 @@ def evaluation_metrics(trainer: Any, dataset: Any) -> dict[str, float]:
     share = -(-len(dataset) // accelerator.num_processes)
     mine += [mine[-1] if mine else 0] * (share - len(mine))
     per_call = max(1, args.per_device_eval_batch_size // group)
-    scores, per_source, lengths, truncated = [], [], [], []
+    scores, per_source, lengths, truncated, losses = [], [], [], [], []
     was_training = trainer.model.training
     trainer.model.eval()
     try:
@@ -68,14 +74,38 @@ def evaluation_metrics(trainer: Any, dataset: Any) -> dict[str, float]:
             per_source += groups.per_source.T.tolist()
             lengths += batch.response_mask.sum(1).tolist()
             truncated += trainer._truncated(batch).tolist()
+            losses += [evaluation_loss(trainer, groups, group)] * len(batch)
     finally:
         trainer.model.train(was_training)
-    rows = gather_object([list(row) for row in zip(scores, per_source, lengths, truncated)][:real])
+    rows = gather_object([list(row) for row in zip(scores, per_source, lengths, truncated, losses)][:real])
     if not rows:
         return {}
-    all_scores, all_sources, all_lengths, all_truncated = zip(*rows)
+    all_scores, all_sources, all_lengths, all_truncated, all_losses = zip(*rows)
     stats = reward_stats(
         torch.tensor(all_scores), torch.tensor(all_sources).T, trainer.reward_func_names, group
     )
     stats.update(completion_stats(torch.tensor(all_lengths), torch.tensor(all_truncated)))
-    return {k: v.item() for k, v in stats.items()}
+    stats["loss"] = torch.tensor(all_losses).mean()  # weighted by completions
+    _, logged = trainer._flush_reward_logs()  # what reward functions gave log_metric while scoring
+    return {**{k: v.item() for k, v in stats.items()}, **logged}
+
+
+def evaluation_loss(trainer: Any, groups: Any, group_size: int) -> float:
+    """The training loss of one evaluation chunk of whole groups, as if it were an on-policy update: its
+    advantages from these groups' rewards (0 with one completion per prompt), its reference logprobs when
+    there is a KL term."""
+    batch = groups.batch
+    if group_size > 1:
+        advantages, _ = trainer._advantages(batch, batch.scores, groups.per_source, group_size)
+    else:  # a lone completion is its own baseline: advantage 0
+        advantages = torch.zeros_like(batch.scores)
+    batch = batch.replace(advantages=advantages.to(batch.scores.device))
+    if trainer.reference is not None:
+        batch = batch.replace(ref_logprobs=trainer._reference_logprobs(batch))
+    on_policy, trainer._on_policy = trainer._on_policy, True  # the old logprobs are the current ones
+    try:
+        tokens = max(float(batch.loss_mask.sum()), 1.0)
+        loss, _ = trainer._loss(trainer.model, batch, tokens, len(batch), training=False)
+    finally:
+        trainer._on_policy = on_policy
+    return float(loss)

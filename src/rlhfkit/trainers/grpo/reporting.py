@@ -6,6 +6,8 @@ with `log_completions`, the completions are printed and saved every `logging_ste
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from rlhfkit.rollout.batch import RolloutBatch
@@ -17,7 +19,11 @@ class ReportingMethods:
     """Mixed into `GRPOTrainer`; relies on its `args`, `accelerator`, `state`, `processing_class` and
     `reward_func_names`."""
 
-    def _log_completions(self, groups: SampledGroups, batch: RolloutBatch) -> None:
+    def _log_completions(
+        self, groups: SampledGroups, batch: RolloutBatch, extra_columns: dict[str, list] | None = None
+    ) -> None:
+        """Print and save a table of this generation batch's completions; `extra_columns` (what reward
+        functions gave `log_extra`, one value per completion) become columns of the saved table."""
         args = self.args
         if (
             not args.log_completions
@@ -39,6 +45,16 @@ class ReportingMethods:
                 f"score/{name}": values[rows].tolist()
                 for name, values in zip(self.reward_func_names, groups.per_source)
             }
+        for name, values in (extra_columns or {}).items():
+            if len(values) != len(groups):  # e.g. dynamic sampling's several rounds: rows no longer line up
+                warnings.warn(
+                    f"log_extra column {name!r} has {len(values)} values for {len(groups)} completions; "
+                    "it is left out of the completions table",
+                    UserWarning,
+                    stacklevel=2,
+                )
+                continue
+            per_source = {**(per_source or {}), name: [values[i] for i in rows]}
         save_samples(
             args.output_dir,
             self.state.global_step,
@@ -79,3 +95,17 @@ class ReportingMethods:
             "sampling/sampling_logp_difference/mean": gap.mean() if gap.numel() else zero,
             "sampling/sampling_logp_difference/max": gap.max() if gap.numel() else zero,
         }
+
+    def _model_card_lines(self) -> list[str]:
+        args = self.args
+        return [
+            "group relative policy optimisation (GRPO)",
+            f"- completions per prompt (num_generations): {args.num_generations}",
+            f"- loss_type: {args.loss_type}, beta: {args.beta}, "
+            f"reward functions: {', '.join(self.reward_func_names)}",
+            f"- updates: {self.state.global_step}",
+            f"- completions trained on: {self.state.global_step * self._episodes_per_update()}",
+            "",
+            "GRPO: Shao et al., *DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language "
+            "Models*, 2024 (arXiv:2402.03300).",
+        ]

@@ -5,12 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from datasets import Dataset
 from torch import nn
 from transformers import AutoModelForSequenceClassification
 
+from rlhfkit.models.reference import choose_reference
 from rlhfkit.rewards.reward_models import folder_tokenizer
 from rlhfkit.rollout import SamplingParams
-from rlhfkit.trainers.common.prompts import check_prompts, datasets_by_argument, tokenize_datasets
+from rlhfkit.trainers.common.prompts import check_prompts, tokenize_prompts
 from rlhfkit.trainers.common.trainer_setup import load_model
 from rlhfkit.trainers.grpo.prompt_stream import is_stream
 
@@ -25,24 +27,22 @@ def default_output_dir(model: Any, owner: str = OWNER) -> str:
 
 def reward_sources(
     reward_funcs: Any, init_kwargs: dict | None, processing_classes: Any = None, owner: str = OWNER
-) -> tuple[list, list[str], Any]:
+) -> tuple[list, list[str], list]:
     """The reward functions and models (a local path is loaded as a one-output classifier), their names,
-    and the reward processing classes: `processing_classes` with each path's own tokenizer filled in
-    where none was given (`rewards.reward_models`); None when there is none at all."""
+    and one reward processing class per source: `processing_classes` (None, one tokenizer for a single
+    source, or a list as long as `reward_funcs`) with each path's own tokenizer filled in where none was
+    given (`rewards.reward_models`). None in the list: a callable, or a model reading the policy's ids."""
     funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
     if not funcs:
         raise ValueError(f"{owner}: reward_funcs is empty; give at least one reward function or model")
-    given = processing_classes
-    if not isinstance(given, (list, tuple)):
-        given = [given] * len(funcs)
-    sources, names, tokenizers, found = [], [], list(given), False
+    tokenizers = _one_per_source(processing_classes, len(funcs), owner)
+    sources, names = [], []
     for i, func in enumerate(funcs):
         if isinstance(func, str):
             kwargs = {**(init_kwargs or {}), "num_labels": 1}
             path, func = func, load_model(func, AutoModelForSequenceClassification, kwargs, owner)
-            if i < len(tokenizers) and tokenizers[i] is None:
+            if tokenizers[i] is None:
                 tokenizers[i] = folder_tokenizer(path, bool(kwargs.get("trust_remote_code", False)))
-                found = found or tokenizers[i] is not None
         if isinstance(func, nn.Module):
             names.append(
                 str(getattr(func.config, "_name_or_path", "") or type(func).__name__)
@@ -56,8 +56,22 @@ def reward_sources(
                 f"{owner}: reward_funcs must hold callables, models or model paths, got {type(func).__name__}"
             )
         sources.append(func)
-    # a count mismatch is RewardScorer's to name
-    return sources, names, tokenizers if found and len(given) == len(funcs) else processing_classes
+    return sources, names, tokenizers
+
+
+def _one_per_source(processing_classes: Any, n: int, owner: str) -> list:
+    """`reward_processing_classes` as a list of `n` (None: n Nones; one tokenizer: a list of one)."""
+    if processing_classes is None:
+        return [None] * n
+    given = (
+        list(processing_classes) if isinstance(processing_classes, (list, tuple)) else [processing_classes]
+    )
+    if len(given) != n:
+        raise ValueError(
+            f"{owner}: reward_processing_classes has {len(given)} entries for {n} reward functions; the "
+            "counts must match (one per entry of reward_funcs, None for a reward function)"
+        )
+    return given
 
 
 def _truncate_prompts(dataset: Any, max_length: int | None) -> Any:
@@ -67,42 +81,67 @@ def _truncate_prompts(dataset: Any, max_length: int | None) -> Any:
     return dataset.map(lambda row: {"input_ids": row["input_ids"][-max_length:]}, desc="truncating prompts")
 
 
-def prepare_datasets(train_dataset, eval_dataset, tokenizer, args, models) -> tuple[Any, Any]:
-    """The prompt datasets tokenised (every other column kept), truncated to `max_prompt_length` and
-    checked against the context of each of `models` (name -> model). A streamed train set (`IterableDataset`)
-    is left as it is: its rows are prepared as they are drawn (`prompt_stream.stream_preparer`)."""
+def prepare_datasets(train_dataset, eval_dataset, tokenizer, args, models) -> tuple[Any, dict]:
+    """The train set tokenised (every other column kept), truncated to `max_prompt_length` and checked
+    against the context of each of `models` (name -> model), and each map-style evaluation set prepared the
+    same way, by name (None for a single set). Streams (`IterableDataset`) are left as they are: the train
+    stream's rows are prepared as they are drawn (`prompt_stream.stream_preparer`), an evaluation stream's
+    when `evaluate` reads it."""
+    if train_dataset is None:
+        raise ValueError("train_dataset is required: the prompts to sample completions for (got None)")
     stream = train_dataset if is_stream(train_dataset) else None
-    _check_streams(stream, eval_dataset, args)
-    train_dataset, eval_dataset = tokenize_datasets(
-        None if stream is not None else train_dataset, eval_dataset, tokenizer, None, keep_columns=True,
-        chat_template_kwargs=args.chat_template_kwargs,
-    )  # fmt: skip
-    if stream is not None:
-        train_dataset = None  # left out of the checks below
-    train_dataset = _truncate_prompts(train_dataset, args.max_prompt_length)
-    if isinstance(eval_dataset, dict):
-        eval_dataset = {k: _truncate_prompts(v, args.max_prompt_length) for k, v in eval_dataset.items()}
-    else:
-        eval_dataset = _truncate_prompts(eval_dataset, args.max_prompt_length)
-    for what, dataset in datasets_by_argument(train_dataset, eval_dataset).items():
-        if dataset is not None:
-            check_prompts(dataset, what, args.max_completion_length, models)
-    return (stream if stream is not None else train_dataset), eval_dataset
+    _settle_stream(stream, args)
+    if stream is None:
+        train_dataset = tokenize_prompts(train_dataset, tokenizer, None, "train_dataset", **_options(args))
+        train_dataset = _truncate_prompts(train_dataset, args.max_prompt_length)
+        check_prompts(train_dataset, "train_dataset", args.max_completion_length, models)
+    parts = eval_dataset.items() if isinstance(eval_dataset, dict) else [(None, eval_dataset)]
+    if isinstance(eval_dataset, dict) and not eval_dataset:
+        raise ValueError("eval_dataset is an empty dict; give at least one named dataset, or None")
+    evals = {
+        name: prepare_eval_set(part, tokenizer, args, models, name)
+        for name, part in parts
+        if part is not None and not is_stream(part)
+    }
+    return (stream if stream is not None else train_dataset), evals
 
 
-def _check_streams(stream: Any, eval_dataset: Any, args: Any) -> None:
-    """A streamed train set needs `max_steps` (it has no length); evaluation sets must have one."""
-    if stream is not None and args.max_steps <= 0:
+def prepare_eval_set(dataset: Any, tokenizer: Any, args: Any, models: dict, name: str | None = None) -> Any:
+    """One evaluation set tokenised, truncated and checked like the train set; a stream is read whole first
+    (evaluation scores every prompt, so it must end)."""
+    if is_stream(dataset):
+        dataset = Dataset.from_list(list(dataset))
+    what = "eval_dataset" if name is None else f"eval_dataset[{name!r}]"
+    prepared = tokenize_prompts(dataset, tokenizer, None, what, **_options(args))
+    prepared = _truncate_prompts(prepared, args.max_prompt_length)
+    check_prompts(prepared, what, args.max_completion_length, models)
+    return prepared
+
+
+def _options(args: Any) -> dict:
+    """How prompts are tokenised: every other column kept (for the reward functions), the chat options."""
+    return {"keep_columns": True, "chat_template_kwargs": args.chat_template_kwargs}
+
+
+def _settle_stream(stream: Any, args: Any) -> None:
+    """A streamed train set needs `max_steps` (it has no length), and is read by each process itself: no
+    dispatched batches, no dataloader workers (`args` is set so, as TRL does)."""
+    if stream is None:
+        return
+    if args.max_steps <= 0:
         raise ValueError(
             "train_dataset is an IterableDataset, which has no length: set max_steps (> 0) to say how many "
             f"updates to train for (got max_steps={args.max_steps})"
         )
-    evals = eval_dataset.values() if isinstance(eval_dataset, dict) else [eval_dataset]
-    if any(is_stream(ds) for ds in evals):
+    accelerator_config = getattr(args, "accelerator_config", None)
+    if getattr(accelerator_config, "dispatch_batches", None):
         raise ValueError(
-            "eval_dataset must be a datasets.Dataset (or a dict of them), not an IterableDataset: evaluation "
-            "scores every prompt; stream only the train_dataset"
+            "accelerator_config.dispatch_batches=True does not go with a streamed train_dataset: every "
+            "process reads its own share of the stream; set dispatch_batches to False (or leave it unset)"
         )
+    if accelerator_config is not None:
+        accelerator_config.dispatch_batches = False
+    args.dataloader_num_workers = 0
 
 
 def sampling_params(args: Any, tokenizer: Any) -> SamplingParams:
@@ -152,3 +191,19 @@ def cast_lm_head_to_fp32(model: nn.Module, owner: str = OWNER) -> None:
     head.__class__ = Float32Head
     if embeddings is not None and embeddings.weight is head.weight and dtype != torch.float32:
         embeddings.register_forward_hook(lambda module, inputs, output: output.to(dtype))
+
+
+def build_reference(policy: nn.Module, args: Any, owner: str = OWNER) -> Any:
+    """The KL reference (`choose_reference`), in `ref_model_dtype`; None with beta = 0 (no copy, no adapter
+    switching)."""
+    if args.beta == 0:
+        return None
+    reference = choose_reference(policy)
+    if reference.kind != "model" and (args.sync_ref_model or args.ref_model_dtype is not None):
+        what = "sync_ref_model mixes" if args.sync_ref_model else "ref_model_dtype casts"
+        raise ValueError(
+            f"{owner}: {what} a frozen-copy reference; a PEFT policy's reference is its own base weights"
+        )
+    if args.ref_model_dtype is not None:
+        reference.model.to(getattr(torch, args.ref_model_dtype))
+    return reference

@@ -30,12 +30,11 @@ from torch import nn
 from transformers import AutoModelForCausalLM, ProgressCallback, Trainer
 
 from rlhfkit.core.advantages import decoupled_group_advantages, group_advantages
-from rlhfkit.core.entropy import entropy_bonus, entropy_mask
+from rlhfkit.core.entropy import entropy_bonus
 from rlhfkit.core.kl import per_token_kl
 from rlhfkit.core.masking import masked_mean
-from rlhfkit.core.off_policy import off_policy_sequence_mask
 from rlhfkit.core.policy_losses import POLICY_LOSSES, policy_loss
-from rlhfkit.models.reference import choose_reference, mix_into_reference
+from rlhfkit.models.reference import mix_into_reference
 from rlhfkit.rewards.scoring import RewardScorer, source_name
 from rlhfkit.rollout import forward_response
 from rlhfkit.rollout.batch import RolloutBatch
@@ -59,15 +58,19 @@ from rlhfkit.trainers.grpo.prompt_stream import is_stream, prompt_source, stream
 from rlhfkit.trainers.grpo.reporting import ReportingMethods
 from rlhfkit.trainers.grpo.setup import (
     OWNER,
+    build_reference,
     cast_lm_head_to_fp32,
     default_output_dir,
     prepare_datasets,
     reward_sources,
     sampling_params,
 )
+from rlhfkit.trainers.grpo.trl_surface import TRLSurfaceMethods
 
 
-class GRPOTrainer(EvaluationMethods, ReportingMethods, OnlineTrainerLoop, RobustTrainerMixin, Trainer):
+class GRPOTrainer(
+    TRLSurfaceMethods, EvaluationMethods, ReportingMethods, OnlineTrainerLoop, RobustTrainerMixin, Trainer
+):
     """Trains `model` with GRPO on `reward_funcs`; see `GRPOConfig` for every option.
 
     `model`: a causal LM or a local path. `reward_funcs`: a callable `(prompts, completions, **columns) ->
@@ -117,7 +120,7 @@ class GRPOTrainer(EvaluationMethods, ReportingMethods, OnlineTrainerLoop, Robust
         policy = load_policy(
             model, AutoModelForCausalLM, args.from_pretrained_kwargs(), peft_config, owner, args.seed
         )
-        self.reference = self._build_reference(policy, args)
+        self.reference = build_reference(policy, args, self._owner)
         if getattr(args, "cast_lm_head_to_fp32", False):
             for module in (policy, None if self.reference is None else self.reference.model):
                 if module is not None:
@@ -130,16 +133,17 @@ class GRPOTrainer(EvaluationMethods, ReportingMethods, OnlineTrainerLoop, Robust
         for module in (policy if args.disable_dropout else None, ref_model, *sources):
             if isinstance(module, nn.Module):
                 disable_dropout(module)
+        self.reward_processing_classes = reward_processing_classes  # one per source (None: none of its own)
         models = {"model": policy}
-        if reward_processing_classes is None:
-            models.update(
-                {
-                    f"reward model {n}": s
-                    for n, s in zip(self.reward_func_names, sources)
-                    if isinstance(s, nn.Module)
-                }
-            )
-        train_dataset, eval_dataset = prepare_datasets(
+        models.update(  # the reward models that read the policy's own token ids share its context limit
+            {
+                f"reward model {n}": s
+                for n, s, own in zip(self.reward_func_names, sources, reward_processing_classes)
+                if isinstance(s, nn.Module) and own is None
+            }
+        )
+        # the evaluation sets stay as given (`eval_dataset`); their tokenised prompts are kept apart
+        train_dataset, self._eval_prompts = prepare_datasets(
             train_dataset, eval_dataset, processing_class, args, models
         )
         self._prepare_stream_rows = stream_preparer(processing_class, args, models)
@@ -156,25 +160,10 @@ class GRPOTrainer(EvaluationMethods, ReportingMethods, OnlineTrainerLoop, Robust
             ref_model.to(self.accelerator.device)
         attach_router_aux_loss(self, args.router_aux_loss_coef, owner)
         tag_model(self.model, self._tag_names[-1])
-        self._setup_rollout(sources, reward_processing_classes)
+        self._setup_rollout(sources, self.reward_processing_classes)
         if not args.disable_tqdm:
             self.remove_callback(ProgressCallback)
             self.add_callback(RichProgressCallback())
-
-    def _build_reference(self, policy: nn.Module, args: Any) -> Any:
-        """The KL reference (`choose_reference`), in `ref_model_dtype`; None with beta = 0 (no copy, no
-        adapter switching)."""
-        if args.beta == 0:
-            return None
-        reference, owner = choose_reference(policy), self._owner
-        if reference.kind != "model" and (args.sync_ref_model or args.ref_model_dtype is not None):
-            what = "sync_ref_model mixes" if args.sync_ref_model else "ref_model_dtype casts"
-            raise ValueError(
-                f"{owner}: {what} a frozen-copy reference; a PEFT policy's reference is its own base weights"
-            )
-        if args.ref_model_dtype is not None:
-            reference.model.to(getattr(torch, args.ref_model_dtype))
-        return reference
 
     def _settle(self, args: Any) -> None:
         """Last adjustments of the resolved config before anything is loaded (none for GRPO)."""
@@ -192,6 +181,8 @@ class GRPOTrainer(EvaluationMethods, ReportingMethods, OnlineTrainerLoop, Robust
         self.prompts = prompt_source(self.train_dataset, args, processes, rank, self._prepare_stream_rows)
         self.sampling_params = sampling_params(args, tok)
         self._buffer: RolloutBatch | None = None
+        # what reward functions log through log_extra / log_metric, until the generation batch is done
+        self._pending_reward_logs: tuple[dict, dict] = (defaultdict(list), defaultdict(list))
         self._buffer_metrics: dict[str, float] = {}
         # prompt batches drawn so far (dynamic sampling draws several per generation)
         self._prompt_batches = 0
@@ -219,20 +210,6 @@ class GRPOTrainer(EvaluationMethods, ReportingMethods, OnlineTrainerLoop, Robust
 
     def _forward_chunk_size(self) -> int:
         return self.args.per_device_train_batch_size
-
-    def _model_card_lines(self) -> list[str]:
-        args = self.args
-        return [
-            "group relative policy optimisation (GRPO)",
-            f"- completions per prompt (num_generations): {args.num_generations}",
-            f"- loss_type: {args.loss_type}, beta: {args.beta}, "
-            f"reward functions: {', '.join(self.reward_func_names)}",
-            f"- updates: {self.state.global_step}",
-            f"- completions trained on: {self.state.global_step * self._episodes_per_update()}",
-            "",
-            "GRPO: Shao et al., *DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language "
-            "Models*, 2024 (arXiv:2402.03300).",
-        ]
 
     def _loop_state(self) -> dict[str, Any]:
         state: dict[str, Any] = {"prompt_batches": self._prompt_batches, **self.entropy_control.state()}
@@ -273,6 +250,7 @@ class GRPOTrainer(EvaluationMethods, ReportingMethods, OnlineTrainerLoop, Robust
         args = self.args
         # 1-2. groups of completions, scored
         groups, metrics = self._sample_batch()
+        extra_columns, reward_metrics = self._flush_reward_logs()
         batch = padded_to_multiple(groups.batch, args.pad_to_multiple_of, self.processing_class.pad_token_id)
         # 3. reference logprobs, only with a KL term
         if self.reference is not None:
@@ -297,10 +275,11 @@ class GRPOTrainer(EvaluationMethods, ReportingMethods, OnlineTrainerLoop, Robust
             }
         metrics.update({k: v.item() for k, v in stats.items()})
         metrics.update(advantage_metrics)
+        metrics.update(reward_metrics)
         tokens = gather((batch.query_mask.sum() + batch.response_mask.sum())[None]).sum().item()
         self.state.num_input_tokens_seen += int(tokens)  # prompt + completion tokens, all processes (TRL)
         metrics["num_tokens"] = self.state.num_input_tokens_seen
-        self._log_completions(groups, batch)
+        self._log_completions(groups, batch, extra_columns)
         return batch, metrics
 
     def _sample_batch(self) -> tuple[SampledGroups, dict[str, float]]:
@@ -318,15 +297,20 @@ class GRPOTrainer(EvaluationMethods, ReportingMethods, OnlineTrainerLoop, Robust
         )
 
     def _advantages(
-        self, batch: RolloutBatch, scores: torch.Tensor, per_source: torch.Tensor | None = None
+        self,
+        batch: RolloutBatch,
+        scores: torch.Tensor,
+        per_source: torch.Tensor | None = None,
+        group_size: int | None = None,
     ) -> tuple[torch.Tensor, dict[str, float]]:
         """(advantages of every process's rows, extra metrics) from the gathered weighted `scores` (N,), or
-        from each source's rewards `per_source` (S, N; NaN: does not apply) with "normalize_then_sum"."""
-        args = self.args
+        from each source's rewards `per_source` (S, N; NaN: does not apply) with "normalize_then_sum";
+        `group_size` defaults to num_generations (evaluation's is num_generations_eval)."""
+        args, group_size = self.args, group_size or self.args.num_generations
         if args.multi_objective_aggregation == "normalize_then_sum":
             weights = torch.tensor(self.scorer.weights, device=per_source.device)
-            return decoupled_group_advantages(per_source, weights, args.num_generations), {}
-        return group_advantages(scores, args.num_generations, scale_rewards=args.scale_rewards), {}
+            return decoupled_group_advantages(per_source, weights, group_size), {}
+        return group_advantages(scores, group_size, scale_rewards=args.scale_rewards), {}
 
     def _sample_groups(self) -> SampledGroups:
         """One round: the next batch of prompts, `num_generations` completions each, decoded and scored."""
@@ -339,13 +323,18 @@ class GRPOTrainer(EvaluationMethods, ReportingMethods, OnlineTrainerLoop, Robust
         args = self.args
         repeat = [i for i in range(len(rows["input_ids"])) for _ in range(num_generations)]
         query_ids, query_mask = self._pad_prompts([rows["input_ids"][i] for i in repeat])
+        # beam search (num_beams > 1 in generation_kwargs) streams no token logprobs: one forward pass after
+        beams = int(self.sampling_params.extra.get("num_beams") or 1) > 1
+        temperature = None if beams else args.temperature
         out = self._sampler().generate(
-            query_ids, query_mask, self.sampling_params, logprob_temperature=args.temperature
+            query_ids, query_mask, self.sampling_params, logprob_temperature=temperature
         )
         batch = RolloutBatch(
             query_ids, query_mask, out.responses, out.response_mask, out.response_mask, logprobs=out.logprobs
         )
         batch = batch.trimmed()
+        if beams:
+            batch = batch.replace(logprobs=self._policy_logprobs_now(batch))
         if args.mask_truncated_completions:  # DAPO: a cut-off completion is no evidence either way
             batch = batch.replace(loss_mask=batch.response_mask & ~self._truncated(batch)[:, None])
         prompt_texts, completions = self._decode(batch.query_ids, batch.responses, batch.response_mask)
@@ -359,7 +348,13 @@ class GRPOTrainer(EvaluationMethods, ReportingMethods, OnlineTrainerLoop, Robust
             else completions,
             completion_ids=[r[m].tolist() for r, m in zip(batch.responses, batch.response_mask.bool())],
         )
-        scored = self.scorer(*self._rollout_tensors(batch), prompt_texts, completions, function_kwargs=kwargs)
+        scored = self.scorer(
+            *self._rollout_tensors(batch),
+            prompt_texts,
+            completions,
+            kwargs,
+            function_extras=self._reward_extras(),
+        )
         scores, per_source = scored
         return SampledGroups(batch.replace(scores=scores), per_source, scored.applies, prompts, completions)
 
@@ -408,17 +403,29 @@ class GRPOTrainer(EvaluationMethods, ReportingMethods, OnlineTrainerLoop, Robust
     def _micro_step(
         self, model: nn.Module, rows: RolloutBatch, step_tokens: float, step_sequences: int
     ) -> dict:
+        loss, stats = self._loss(model, rows, step_tokens, step_sequences)
+        self.accelerator.backward(loss)
+        return stats
+
+    def _loss(
+        self,
+        model: nn.Module,
+        rows: RolloutBatch,
+        step_tokens: float,
+        step_sequences: int,
+        training: bool = True,
+    ) -> tuple[torch.Tensor, dict]:
+        """The loss of `rows` (their share of a step of `step_tokens` / `step_sequences`) and its statistics;
+        `training=False` (evaluation) leaves the entropy controller alone."""
         args, mask, entropy = self.args, rows.loss_mask, self.entropy_control
         out, old, router_losses = self._policy_logprobs(model, rows, entropy_grad=entropy.enabled)
         kl = None
         if args.beta > 0:
             sampling = old if args.use_bias_correction_kl else None
             kl = per_token_kl(out.logprobs, rows.ref_logprobs, "k3", sampling_logprobs=sampling)
-        keep = (
-            entropy_mask(out.entropy, mask, args.top_entropy_quantile)
-            if args.top_entropy_quantile < 1
-            else None
-        )
+        # the top quantile of every process's trained tokens, as TRL
+        quantile = args.top_entropy_quantile
+        keep = self.get_high_entropy_mask(out.entropy, mask, 1.0 - quantile) if quantile < 1 else None
         result = policy_loss(
             args.loss_type,
             out.logprobs,
@@ -443,11 +450,11 @@ class GRPOTrainer(EvaluationMethods, ReportingMethods, OnlineTrainerLoop, Robust
             trained = mask.bool() if keep is None else mask.bool() & keep
             share = len(rows) / step_sequences
             loss = loss + entropy_bonus(out.entropy, trained, entropy.applied()) * share
-            entropy.observe(out.entropy, trained)
+            if training:
+                entropy.observe(out.entropy, trained)
             stats["policy_loss"] = result.loss.detach()
         # a mixture-of-experts model's balancing loss, this micro-batch's share of the step's mean
         loss, router_metrics = self.router_aux.add(loss, router_losses, scale=len(rows) / step_sequences)
-        self.accelerator.backward(loss)
         stats = {
             **stats,
             **router_metrics,
@@ -459,7 +466,7 @@ class GRPOTrainer(EvaluationMethods, ReportingMethods, OnlineTrainerLoop, Robust
         }
         if result.kl_mean is not None:
             stats["kl"] = result.kl_mean
-        return {**stats, **self._sampling_gap(out.logprobs, rows)}
+        return loss, {**stats, **self._sampling_gap(out.logprobs, rows)}
 
     def _policy_logprobs(
         self, model: nn.Module, rows: RolloutBatch, entropy_grad: bool = False
@@ -473,14 +480,6 @@ class GRPOTrainer(EvaluationMethods, ReportingMethods, OnlineTrainerLoop, Robust
                 entropy_grad=entropy_grad,
             )  # fmt: skip
         return out, out.logprobs.detach() if self._on_policy else rows.logprobs, router_losses
-
-    def _off_policy_mask(self, logprobs: torch.Tensor, rows: RolloutBatch) -> torch.Tensor | None:
-        """(N,) keep-mask of `off_policy_mask_threshold` (None when off): the drift is measured from the
-        sampling logprobs, so it sees both earlier updates and any sampling/training engine gap."""
-        threshold = self.args.off_policy_mask_threshold
-        if threshold is None:
-            return None
-        return off_policy_sequence_mask(rows.advantages, logprobs, rows.logprobs, rows.loss_mask, threshold)
 
     @torch.no_grad()
     def _sync_reference(self) -> None:

@@ -44,7 +44,11 @@ class GroupRLOOTrainer(RLOOTrainer, GRPOTrainer):
         return self._sample_groups(), {}  # no dynamic sampling: every group counts toward its baseline
 
     def _advantages(
-        self, batch: RolloutBatch, scores: torch.Tensor, per_source: torch.Tensor | None = None
+        self,
+        batch: RolloutBatch,
+        scores: torch.Tensor,
+        per_source: torch.Tensor | None = None,
+        group_size: int | None = None,
     ) -> tuple[torch.Tensor, dict[str, float]]:
         args, metrics = self.args, {}
         rewards = scores
@@ -57,11 +61,17 @@ class GroupRLOOTrainer(RLOOTrainer, GRPOTrainer):
             rewards = rewards - args.beta * kl.to(rewards.dtype)
             totals = self.accelerator.gather(torch.stack([per_token.sum(), mask.sum()])[None]).sum(0)
             metrics["kl"] = (totals[0] / totals[1].clamp(min=1)).item()
-        return leave_one_out_advantages(rewards, args.num_generations, args.normalize_advantages), metrics
+        group_size = group_size or args.num_generations
+        return leave_one_out_advantages(rewards, group_size, args.normalize_advantages), metrics
 
-    def _micro_step(
-        self, model: nn.Module, rows: RolloutBatch, step_tokens: float, step_sequences: int
-    ) -> dict:
+    def _loss(
+        self,
+        model: nn.Module,
+        rows: RolloutBatch,
+        step_tokens: float,
+        step_sequences: int,
+        training: bool = True,
+    ) -> tuple[torch.Tensor, dict]:
         args, mask = self.args, rows.loss_mask
         out, old, router_losses = self._policy_logprobs(model, rows)
         weights = mask.to(out.logprobs.dtype)
@@ -71,7 +81,6 @@ class GroupRLOOTrainer(RLOOTrainer, GRPOTrainer):
         # the mean over every completion of the update (all micro-batches), as one batch would give
         share = len(rows) / step_sequences
         loss, router_metrics = self.router_aux.add(result.loss * share, router_losses, scale=share)
-        self.accelerator.backward(loss)
         with torch.no_grad():
             ratio = torch.exp(new_seq - old_seq)
             low = ((ratio < 1 - args.epsilon) & (rows.advantages < 0)).float().mean()
@@ -84,7 +93,7 @@ class GroupRLOOTrainer(RLOOTrainer, GRPOTrainer):
                 "clip_ratio/region_mean": low + high,
                 **router_metrics,
             }
-        return {**stats, **self._sampling_gap(out.logprobs, rows)}
+        return loss, {**stats, **self._sampling_gap(out.logprobs, rows)}
 
     def _model_card_lines(self) -> list[str]:
         args = self.args
