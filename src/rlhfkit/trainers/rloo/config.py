@@ -4,11 +4,12 @@
 - the classic form of TRL 0.x (`rloo_k`, `kl_coef`, `cliprange`, `num_ppo_epochs`, `response_length`, ...);
 - the current form of TRL 1.x, shaped like GRPO (`num_generations`, `beta`, `epsilon`, `num_iterations`,
   `max_completion_length`, `normalize_advantages`, ...: the `GroupRollouts` fields).
-Setting a field that only one form reads picks that form (`form`); fields of both is an error. Two shared
-fields have a default per form, applied by the trainer (`settle`): `temperature` (0.7 classic, 1.0 current)
-and `learning_rate` (TrainingArguments' 5e-5 classic, TRL 1.x's 1e-6 current). `reward_clip_range` is a
-number c (the classic form clips its normalised scores to [-c, c], 10 by default) or a (min, max) pair
-(the current form clips the raw rewards; a number c means (-c, c)).
+Setting a field that only one form reads picks that form (`form`); fields of both is an error. Three shared
+fields have a default per form, applied by the trainer (`settle`): `temperature` (0.7 classic, 1.0
+current), `learning_rate` (TrainingArguments' 5e-5 classic, TRL 1.x's 1e-6 current) and `logging_steps`
+(1 classic, 10 current). `reward_clip_range` is a number c (the classic form clips its normalised scores
+to [-c, c], 10 by default) or a (min, max) pair (the current form clips the raw rewards; a number c means
+(-c, c)).
 
 In the classic form an "episode" is one completion. One update (one optimizer-scheduler step, one
 `global_step`) consumes `batch_size` episodes: `batch_size / rloo_k` prompts per update across all
@@ -38,6 +39,7 @@ from rlhfkit.trainers.common.group_config import GroupRollouts
 FORMS = ("classic", "current")
 TEMPERATURE = {"classic": 0.7, "current": 1.0}
 LEARNING_RATE = {"classic": 5e-5, "current": 1e-6}
+LOGGING_STEPS = {"classic": 1, "current": 10}
 CLASSIC_CLIP = 10.0  # the classic form's clip of normalised scores when reward_clip_range is not given
 CLASSIC_FIELDS = (
     "exp_name", "reward_model_path", "sft_model_path", "num_ppo_epochs", "whiten_rewards", "kl_coef",
@@ -118,10 +120,10 @@ class RLOOConfig(
         "Apply the KL penalty per token (Reinforce++ eq. 1) instead of once per sequence. With the k1 "
         "estimator both give the same total reward per completion. Default False.",
     )
-    logging_steps: float = option(
-        1,
-        "Log the metrics every this many updates. Default 1: every update, as TRL 0.x's RLOO does "
-        "(TrainingArguments' own default is 500).",
+    logging_steps: float | None = option(
+        None,
+        "Log the metrics every this many updates. Default: 1 in the classic form (every update, as TRL 0.x's "
+        "RLOO; TrainingArguments says 500), 10 in the current form (TRL 1.x's).",
     )
     num_mini_batches: int = option(1, "Mini-batches each batch of rollouts is split into.")
     total_episodes: int | None = option(
@@ -159,7 +161,14 @@ class RLOOConfig(
     def __post_init__(self):
         self._form = self.form_of_fields()  # before any size is derived
         self._settled = False
+        per_form = {name: getattr(self, name) is None for name in ("logging_steps", "eval_steps")}
+        if per_form["logging_steps"]:  # chosen by `settle`; TrainingArguments checks a number meanwhile
+            self.logging_steps = LOGGING_STEPS["classic"]
         super().__post_init__()
+        if per_form["logging_steps"]:
+            self.logging_steps = None
+            if per_form["eval_steps"]:  # TrainingArguments copied the stand-in into eval_steps
+                self.eval_steps = None
         # TrainingArguments exposes world_size as a property; the RLOO field shadows it, so fill it in here
         self.world_size = TrainingArguments.world_size.fget(self)
         if self._form == "current":
@@ -207,6 +216,10 @@ class RLOOConfig(
             self.temperature = TEMPERATURE[form]
         if self.learning_rate is None:
             self.learning_rate = LEARNING_RATE[form]
+        if self.logging_steps is None:
+            self.logging_steps = LOGGING_STEPS[form]
+            if self.eval_steps is None and self.eval_strategy == "steps":
+                self.eval_steps = self.logging_steps  # TrainingArguments' fallback, with the form's value
         if form == "classic":
             self._check_classic_clip_range()
         else:
