@@ -55,10 +55,15 @@ def test_assistant_only_loss_trains_every_assistant_turn_and_nothing_else(tok):
     assert plain["input_ids"] == row["input_ids"] and all(trained_mask(plain))
 
 
-def test_assistant_only_needs_generation_blocks_and_chat_rows(tok):
+def test_assistant_only_needs_a_prefix_stable_template_and_chat_rows(tok):
+    marked = prepare_sft_dataset(_ds([{"messages": CHAT}]), tok, 128, assistant_only_loss=True)[0]
     tok.chat_template = tiny_tokenizer().chat_template  # the tiny tokenizer's own: no {% generation %}
+    plain = prepare_sft_dataset(_ds([{"messages": CHAT}]), tok, 128, assistant_only_loss=True)[0]
+    assert plain == marked  # the same rendering, the same turns found by rendering the chat up to each
+    tok.chat_template = "{{ messages | length }} messages\n" + tok.chat_template  # changes as the chat grows
     with pytest.raises(
-        ValueError, match=r"assistant_only_loss=True needs a chat template .*\{% generation %\}"
+        ValueError,
+        match=r"assistant_only_loss=True needs a chat template .*\{% generation %\}.*prefix-stable",
     ):
         prepare_sft_dataset(_ds([{"messages": CHAT}]), tok, 128, assistant_only_loss=True)
     tok.chat_template = GENERATION_CHAT_TEMPLATE

@@ -134,7 +134,7 @@ def test_sft_command_trl1_packing_and_padding_flags(tmp_path, capsys):
 
 
 def test_sft_command_completion_and_assistant_only_flags(tmp_path, capsys):
-    from rlhfkit.testing.tokenizer import GENERATION_CHAT_TEMPLATE
+    from rlhfkit.testing.tokenizer import CHAT_TEMPLATE
 
     pairs = tmp_path / "pairs.jsonl"
     pairs.write_text("".join(json.dumps({"prompt": d[:8], "completion": d[8:]}) + "\n" for d in DOCS))
@@ -146,11 +146,10 @@ def test_sft_command_completion_and_assistant_only_flags(tmp_path, capsys):
         for d in DOCS
     ]
     chats.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    code, out = _run(
-        tmp_path, capsys, chats, "--assistant_only_loss"
-    )  # the tiny template has no generation blocks
-    assert code == 2 and "{% generation %}" in out.err
+    # a template whose first line counts the messages is not prefix-stable, and has no generation blocks
     template = tmp_path / "chat.jinja"
-    template.write_text(GENERATION_CHAT_TEMPLATE)
+    template.write_text("{{ messages | length }} messages\n" + CHAT_TEMPLATE)
     code, out = _run(tmp_path, capsys, chats, "--assistant_only_loss", "--chat_template_path", str(template))
+    assert code == 2 and "{% generation %}" in out.err and "prefix-stable" in out.err
+    code, out = _run(tmp_path, capsys, chats, "--assistant_only_loss")  # the tiny template: prefix-stable
     assert code == 0, out.err[-2000:]

@@ -73,8 +73,13 @@ def test_assistant_only_loss_with_a_template_file(tmp_path, tok):
     replies = [tok(c[1]["content"] + tok.eos_token, add_special_tokens=False)["input_ids"] for c in CHATS[:2]]
     assert _trained_tokens(batch) == replies  # the system and user turns are -100
     trainer.train()
-    with pytest.raises(ValueError, match=r"\{% generation %\}"):
-        _trainer(tmp_path, tiny_tokenizer(padding_side="right"), rows, assistant_only_loss=True)
+    # the tiny tokenizer's own template has no generation blocks; rendering the chats up to each assistant
+    # message finds the same turns
+    plain = _trainer(tmp_path, tiny_tokenizer(padding_side="right"), rows, assistant_only_loss=True)
+    assert _trained_tokens(plain.data_collator([plain.train_dataset[i] for i in range(2)])) == replies
+    template.write_text("{{ messages | length }} messages\n" + tiny_tokenizer().chat_template)
+    with pytest.raises(ValueError, match=r"\{% generation %\}.*not prefix-stable"):
+        _trainer(tmp_path, tok, rows, assistant_only_loss=True, chat_template_path=str(template))
 
 
 def test_truncation_mode_keep_end_keeps_the_completion(tmp_path, tok):

@@ -11,10 +11,10 @@ SFT preparation lives here; the paired (reward / DPO) preparation is in `rlhfkit
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Callable
 from typing import Any
 
+from rlhfkit.data.assistant_masks import assistant_token_mask
 from rlhfkit.data.language_modeling import IGNORE_INDEX
 
 logger = logging.getLogger(__name__)
@@ -196,9 +196,6 @@ def row_is_chat(example: dict, dataset_text_field: str | None = None) -> bool:
     return any(k in example and is_conversational(example[k]) for k in keys if k)
 
 
-GENERATION_BLOCK = re.compile(r"\{%-?\s*generation\s*-?%\}")
-
-
 def to_chatml(example: dict) -> dict:
     """TRL's ShareGPT form, a `conversations` column of {"from", "value"} messages, as `messages` of
     {"role", "content"}; the other columns of the row, and rows already in that form, are unchanged."""
@@ -209,32 +206,6 @@ def to_chatml(example: dict) -> dict:
             value = [{"role": m["from"], "content": m["value"]} for m in value]
         out[renamed.get(key, key)] = value
     return out
-
-
-def assistant_token_mask(
-    tokenizer: Any, messages: list[dict], **template_kwargs: Any
-) -> tuple[list[int], list[int]]:
-    """(input_ids, mask) of a rendered chat, mask 1 on the assistant tokens the chat template marks with
-    {% generation %} blocks (transformers' `return_assistant_tokens_mask`)."""
-    template = getattr(tokenizer, "chat_template", None) or ""
-    if isinstance(template, dict):
-        template = template.get("default", "")
-    if not GENERATION_BLOCK.search(template):
-        raise ValueError(
-            "assistant_only_loss=True needs a chat template that marks the assistant turns with "
-            "{% generation %} ... {% endgeneration %} blocks, and the tokenizer's has none; give one with "
-            "`chat_template_path` (a .jinja file) or set tokenizer.chat_template"
-        )
-    out = tokenizer.apply_chat_template(
-        messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True, **template_kwargs
-    )
-    ids, mask = list(out["input_ids"]), list(out["assistant_masks"])
-    if not any(mask):
-        raise ValueError(
-            "assistant_only_loss=True: a conversation has no assistant token inside the chat template's "
-            "{% generation %} blocks (no assistant message, or the blocks are empty)"
-        )
-    return ids, mask
 
 
 def _assistant_row(example: dict, tokenizer: Any, completion_only: bool) -> tuple[list[int], list[int]]:

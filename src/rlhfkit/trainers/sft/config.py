@@ -75,8 +75,9 @@ class SFTConfig(
     )
     assistant_only_loss: bool = option(
         False,
-        "Conversational data: train only on the assistant turns, as marked by the chat template's "
-        "generation ... endgeneration blocks.",
+        "Conversational data: train only on the assistant turns, as the chat template's generation ... "
+        "endgeneration blocks mark them, or, without such blocks, as found by rendering the conversation up "
+        "to each assistant message (a prefix-stable template).",
     )
     dataset_batch_size: int = option(
         1000, "Examples tokenised per batch; <= 0 tokenises the whole dataset at once."
