@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,8 +14,14 @@ HARNESS = Path(__file__).resolve().parent.parent / "scripts" / "trl_suite"
 
 
 def _harness(name: str, monkeypatch):
-    monkeypatch.syspath_prepend(str(HARNESS))
-    return importlib.import_module(name)
+    """A harness module loaded from its file under a name of its own: another `run` or `causes` module
+    imported earlier in this process must not stand in for it."""
+    monkeypatch.syspath_prepend(str(HARNESS))  # for the harness's imports of its own modules
+    spec = importlib.util.spec_from_file_location(f"trl_suite_{name}", HARNESS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _resolve_module():
@@ -62,8 +69,7 @@ def test_zen_stand_in_has_the_hub_columns(monkeypatch):
     row = datasets.zen_split("conversational_preference", datasets.TRAIN)[0]
     assert row["prompt"][0]["role"] == "user" and row["chosen"][0]["role"] == "assistant"
     assert row["chosen"] != row["rejected"]
-    hub_models = _harness("hub_models", monkeypatch)
-    with pytest.raises(hub_models.HarnessUnmapped, match="zen 'standard_no_such_config'"):
+    with pytest.raises(datasets.HarnessUnmapped, match="zen 'standard_no_such_config'"):
         datasets.zen_split("standard_no_such_config", datasets.TRAIN)
 
 
