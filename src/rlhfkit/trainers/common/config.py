@@ -213,6 +213,20 @@ class MaxLength:
     )
 
 
+def pad_multiple(value: int | str | None) -> int | None:
+    """`pad_to_multiple_of` as an int or None: TRL 1.x's default "auto" (it rounds to 128 only on AWS Neuron)
+    and the command line's "none" are None, a number given as text is that number."""
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in ("auto", "none", "null"):
+            return None
+        if text.isdigit():
+            value = int(text)
+    if value is not None and (isinstance(value, (bool, str)) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"pad_to_multiple_of must be a positive integer, 'auto' or None, got {value!r}")
+    return value
+
+
 @dataclass
 class PadToMultipleOf:
     """Mixin field for configs whose collator can round the padded width up (TRL 1.x's field)."""
@@ -224,16 +238,7 @@ class PadToMultipleOf:
     )
 
     def __post_init__(self):
-        value = self.pad_to_multiple_of
-        if isinstance(value, str):  # TRL 1.x's default "auto", or a number given as text
-            text = value.strip().lower()
-            if text in ("auto", "none", "null"):
-                self.pad_to_multiple_of = None
-            elif text.isdigit():
-                self.pad_to_multiple_of = int(text)
-        multiple = self.pad_to_multiple_of
-        if multiple is not None and (isinstance(multiple, str) or multiple < 1):
-            raise ValueError(f"pad_to_multiple_of must be a positive integer, 'auto' or None, got {value!r}")
+        self.pad_to_multiple_of = pad_multiple(self.pad_to_multiple_of)
         super().__post_init__()
 
 
@@ -265,3 +270,24 @@ class ChatTemplatePath:
         None,
         "A Jinja file (.jinja/.j2) or a tokenizer folder whose chat template replaces the tokenizer's.",
     )
+
+
+@dataclass
+class SyncRefModel:
+    """Mixin fields of TR-DPO's reference syncing (Gorbatovski et al. 2024), for every trainer whose
+    reference is a frozen copy of the policy (DPO, KTO, GRPO, RLOO's current form)."""
+
+    sync_ref_model: bool = option(
+        False,
+        "Mix the reference toward the policy every ref_model_sync_steps (TR-DPO, Gorbatovski et al. 2024).",
+    )
+    ref_model_mixup_alpha: float = option(0.6, "ref = alpha * policy + (1 - alpha) * ref at each sync.")
+    ref_model_sync_steps: int = option(512, "Optimizer steps between two reference syncs.")
+
+    def check_sync_ref_model(self) -> None:
+        """ValueError naming the field for a mixing weight outside [0, 1] or a sync period below 1."""
+        if not 0.0 <= self.ref_model_mixup_alpha <= 1.0:
+            raise ValueError(f"ref_model_mixup_alpha must be in [0, 1], got {self.ref_model_mixup_alpha}")
+        steps = self.ref_model_sync_steps
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ValueError(f"ref_model_sync_steps must be >= 1 (an integer), got {steps!r}")

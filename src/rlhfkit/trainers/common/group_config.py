@@ -13,26 +13,19 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from rlhfkit.trainers.common.config import check_positive_integers, exact_div, option
+from rlhfkit.trainers.common.config import (
+    SyncRefModel,
+    check_positive_integers,
+    exact_div,
+    option,
+    pad_multiple,
+)
 
 REFERENCE_DTYPES = (None, "bfloat16", "float16", "float32")
 
 
-def _pad_multiple(value: int | str | None) -> int | None:
-    """`pad_to_multiple_of` as an int or None: 'auto' and 'none' (the command line's strings) are None."""
-    if isinstance(value, str):
-        if value.lower() in ("auto", "none", "null"):
-            return None
-        if not value.strip().isdigit():
-            raise ValueError(f"pad_to_multiple_of must be a positive integer, 'auto' or None, got {value!r}")
-        value = int(value)
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise ValueError(f"pad_to_multiple_of must be a positive integer, 'auto' or None, got {value!r}")
-    return value
-
-
 @dataclass
-class GroupRollouts:
+class GroupRollouts(SyncRefModel):
     """Sampling, sizes, clipping and logging shared by the group trainers; checked by `check_groups`."""
 
     max_prompt_length: int | None = option(
@@ -71,11 +64,6 @@ class GroupRollouts:
         False, "Leave completions that hit max_completion_length out of the loss (DAPO)."
     )
     reward_weights: list[float] | None = option(None, "One weight per reward function (default: all 1).")
-    sync_ref_model: bool = option(
-        False, "Mix the reference toward the policy every ref_model_sync_steps (TR-DPO)."
-    )
-    ref_model_mixup_alpha: float = option(0.6, "ref = alpha * policy + (1 - alpha) * ref at each sync.")
-    ref_model_sync_steps: int = option(512, "Updates between two reference syncs.")
     ref_model_dtype: str | None = option(
         None,
         "rlhfkit only: hold the frozen reference copy in this dtype ('bfloat16' or 'float16'; None: the "
@@ -101,10 +89,10 @@ class GroupRollouts:
 
     def check_groups(self) -> None:
         """ValueError naming the field for a bad group setting (`compute_group_sizes` fills in the sizes)."""
-        self.pad_to_multiple_of = _pad_multiple(self.pad_to_multiple_of)
+        self.pad_to_multiple_of = pad_multiple(self.pad_to_multiple_of)
         check_positive_integers(
             self,
-            ("num_generations", "max_completion_length", "num_iterations", "ref_model_sync_steps"),
+            ("num_generations", "max_completion_length", "num_iterations"),
             optional=(
                 "max_prompt_length",
                 "steps_per_generation",
@@ -127,11 +115,11 @@ class GroupRollouts:
             "beta": (self.beta, lambda v: v >= 0, ">= 0"),
             "epsilon": (self.epsilon, lambda v: v > 0, "> 0"),
             "epsilon_high": (self.epsilon_high, lambda v: v is None or v > 0, "> 0 or None"),
-            "ref_model_mixup_alpha": (self.ref_model_mixup_alpha, lambda v: 0 <= v <= 1, "in [0, 1]"),
         }
         for name, (value, ok, expected) in checks.items():
             if not ok(value):
                 raise ValueError(f"{name} must be {expected}, got {value!r}")
+        self.check_sync_ref_model()
         if self.steps_per_generation is not None and self.generation_batch_size is not None:
             raise ValueError("give generation_batch_size or steps_per_generation, not both")
         if self.reward_weights is not None and (

@@ -10,6 +10,7 @@ from rlhfkit.trainers.common.config import (
     ModelInitKwargs,
     PadToMultipleOf,
     RouterAuxLossCoef,
+    SyncRefModel,
     TokenizesDatasets,
     option,
 )
@@ -20,7 +21,13 @@ DEFAULT_MAX_PROMPT_LENGTH = 128  # TRL 0.x's
 
 @dataclass
 class DPOConfig(
-    RouterAuxLossCoef, PadToMultipleOf, ModelInitKwargs, TokenizesDatasets, MaxLength, HFTrainerConfig
+    RouterAuxLossCoef,
+    SyncRefModel,
+    PadToMultipleOf,
+    ModelInitKwargs,
+    TokenizesDatasets,
+    MaxLength,
+    HFTrainerConfig,
 ):
     """Configuration for `DPOTrainer`; every `transformers.TrainingArguments` field also applies."""
 
@@ -80,12 +87,6 @@ class DPOConfig(
         "LD-DPO (Liu et al. 2024): response tokens past the shorter side's length count with this weight in "
         "[0, 1] in the sequence log-probs (policy and reference). None: all count fully.",
     )
-    sync_ref_model: bool = option(
-        False,
-        "Mix the reference toward the policy every ref_model_sync_steps (TR-DPO, Gorbatovski et al. 2024).",
-    )
-    ref_model_mixup_alpha: float = option(0.6, "ref = alpha * policy + (1 - alpha) * ref at each sync.")
-    ref_model_sync_steps: int = option(512, "Optimizer steps between two reference syncs.")
     padding_free: bool = option(
         False,
         "TRL 1.x's flattened, pad-free batches. As in TRL 1.16, accepted but not applied: a warning, and the "
@@ -147,10 +148,7 @@ class DPOConfig(
                 "use_weighting cannot be combined with loss_type 'aot' or 'aot_unpaired': those losses sort "
                 "the pairs, so a per-pair weight would land on another pair"
             )
-        if not 0.0 <= self.ref_model_mixup_alpha <= 1.0:
-            raise ValueError(f"ref_model_mixup_alpha must be in [0, 1], got {self.ref_model_mixup_alpha}")
-        if self.ref_model_sync_steps < 1:
-            raise ValueError(f"ref_model_sync_steps must be >= 1, got {self.ref_model_sync_steps}")
+        self.check_sync_ref_model()
         if self.sync_ref_model and (self.precompute_ref_log_probs or self.reference_free):
             what = "precompute_ref_log_probs" if self.precompute_ref_log_probs else "reference_free"
             raise ValueError(

@@ -9,13 +9,14 @@ from rlhfkit.trainers.common.config import (
     HFTrainerConfig,
     ModelInitKwargs,
     RouterAuxLossCoef,
+    SyncRefModel,
     check_positive_integers,
     option,
 )
 
 
 @dataclass
-class KTOConfig(RouterAuxLossCoef, ModelInitKwargs, DatasetNumProc, HFTrainerConfig):
+class KTOConfig(RouterAuxLossCoef, SyncRefModel, ModelInitKwargs, DatasetNumProc, HFTrainerConfig):
     """Configuration for `KTOTrainer`; every `transformers.TrainingArguments` field also applies.
 
     Defaults that differ from TrainingArguments, as in TRL 1.x: learning_rate 1e-6, logging_steps 10 and
@@ -60,11 +61,6 @@ class KTOConfig(RouterAuxLossCoef, ModelInitKwargs, DatasetNumProc, HFTrainerCon
     )
     undesirable_weight: float = option(1.0, "Weight of the undesirable rows' losses.")
     activation_offloading: bool = option(False, "Offload activations to the CPU; not offered (False only).")
-    sync_ref_model: bool = option(
-        False, "Mix the reference toward the policy every ref_model_sync_steps (TR-DPO)."
-    )
-    ref_model_mixup_alpha: float = option(0.6, "ref = alpha * policy + (1 - alpha) * ref at each sync.")
-    ref_model_sync_steps: int = option(512, "Updates between two reference syncs.")
 
     def validate(self) -> None:
         from rlhfkit.core.kto import KTO_LOSSES
@@ -76,11 +72,8 @@ class KTOConfig(RouterAuxLossCoef, ModelInitKwargs, DatasetNumProc, HFTrainerCon
         for name in ("desirable_weight", "undesirable_weight"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
-        check_positive_integers(
-            self, ("ref_model_sync_steps",), ("max_length", "pad_to_multiple_of", "precompute_ref_batch_size")
-        )
-        if not 0 <= self.ref_model_mixup_alpha <= 1:
-            raise ValueError(f"ref_model_mixup_alpha must be in [0, 1], got {self.ref_model_mixup_alpha}")
+        check_positive_integers(self, (), ("max_length", "pad_to_multiple_of", "precompute_ref_batch_size"))
+        self.check_sync_ref_model()
         if self.activation_offloading:
             raise ValueError("activation_offloading must be False: rlhfkit does not offload activations")
         if self.sync_ref_model and self.precompute_ref_log_probs:

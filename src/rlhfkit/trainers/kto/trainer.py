@@ -92,8 +92,7 @@ class KTOTrainer(ReferenceHolder, ForwardMethods, OfflineTrainer):
         del self._ref_model_argument, self._quantization_config
         if processing_class is None:
             raise ValueError("KTOTrainer: give `processing_class` (a tokenizer) to tokenise and pad the data")
-        if processing_class.pad_token is None:
-            processing_class.pad_token = processing_class.eos_token
+        trainer_setup.set_special_tokens(processing_class, "KTOTrainer")  # pad falls back to eos
         if processing_class.pad_token_id is None:
             raise ValueError(
                 "KTOTrainer: the tokenizer has neither a pad nor an eos token; set tokenizer.pad_token"
