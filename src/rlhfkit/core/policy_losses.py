@@ -62,6 +62,7 @@ class LossInputs:
     step_tokens: float
     step_sequences: float
     options: dict[str, float]  # the loss type's own hyperparameters (`PolicyLossSpec.options`)
+    sampler_weights: torch.Tensor | None = None  # (N, T) `core.sampler_correction` weights, or None
 
 
 @dataclass
@@ -126,7 +127,11 @@ _LOG_W_MIN = math.log(1e-8)
 def vespo_weights(x: LossInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """(phi, w), both (N, 1) and detached: VESPO's gamma weight of each sequence's ratio w."""
     log_ratio = (x.logprobs - x.old_logprobs).detach().clamp(-20.0, 20.0)
-    log_w = (log_ratio * x.loss_mask).sum(-1, keepdim=True).clamp(_LOG_W_MIN, 20.0)
+    log_w = (log_ratio * x.loss_mask).sum(-1, keepdim=True)
+    if x.sampler_weights is not None:  # w = pi / pi_sampler: the sampler correction joins the ratio (as TRL)
+        log_is = torch.log(x.sampler_weights.detach()).clamp(_LOG_W_MIN, 20.0)
+        log_w = log_w + (log_is * x.loss_mask).sum(-1, keepdim=True)
+    log_w = log_w.clamp(_LOG_W_MIN, 20.0)
     positive = x.advantages >= 0
     k = torch.where(positive, x.options["vespo_k_pos"], x.options["vespo_k_neg"])
     lam = torch.where(positive, x.options["vespo_lambda_pos"], x.options["vespo_lambda_neg"]).clamp(min=1e-4)
@@ -253,6 +258,7 @@ def policy_loss(
     entropy_mask: torch.Tensor | None = None,
     sequence_mask: torch.Tensor | None = None,
     loss_options: dict[str, float] | None = None,
+    sampler_weights: torch.Tensor | None = None,
 ) -> PolicyLossResult:
     """This micro-batch's share of a GRPO-family loss (see the module docstring per loss_type).
 
@@ -260,7 +266,9 @@ def policy_loss(
     added as beta * per_token_kl when beta > 0 (build it with `core.kl.per_token_kl`). entropy_mask:
     (N, T) bool from `entropy_mask`, drops low-entropy tokens from the policy term only (not from the
     normaliser nor the KL term, as TRL). sequence_mask: (N,) bool, likewise drops whole sequences from
-    the policy term (`core.off_policy.off_policy_sequence_mask`). step_tokens / step_sequences: loss
+    the policy term (`core.off_policy.off_policy_sequence_mask`). sampler_weights: (N, T) from
+    `core.sampler_correction.sampler_importance_weights`, multiply the policy term only (vespo: they join
+    its sequence ratio instead, as TRL). step_tokens / step_sequences: loss
     tokens / sequences of the whole optimizer step (default: this micro-batch's). epsilon_high None ->
     epsilon_low. loss_options: the loss type's own hyperparameters (`POLICY_LOSSES[loss_type].options`;
     missing ones take TRL's defaults, unknown ones are an error).
@@ -271,7 +279,12 @@ def policy_loss(
         old_logprobs,
         advantages,
         loss_mask,
-        {"per_token_kl": per_token_kl, "entropy_mask": entropy_mask, "sequence_mask": sequence_mask},
+        {
+            "per_token_kl": per_token_kl,
+            "entropy_mask": entropy_mask,
+            "sequence_mask": sequence_mask,
+            "sampler_weights": sampler_weights,
+        },
     )
     if importance_sampling_level not in ("token", "sequence"):
         raise ValueError(
@@ -295,6 +308,7 @@ def policy_loss(
         step_tokens=float(step_tokens) if step_tokens is not None else max(float(mask.sum()), 1.0),
         step_sequences=float(step_sequences) if step_sequences is not None else float(logprobs.size(0)),
         options={**spec.options, **(loss_options or {})},
+        sampler_weights=None if sampler_weights is None else sampler_weights.detach().to(logprobs.dtype),
     )
     surrogate = spec.surrogate(x)
     per_token_loss = surrogate.per_token_loss
@@ -302,6 +316,8 @@ def policy_loss(
         per_token_loss = per_token_loss * entropy_mask.to(per_token_loss.dtype)
     if sequence_mask is not None:
         per_token_loss = per_token_loss * sequence_mask.to(per_token_loss.dtype).unsqueeze(-1)
+    if x.sampler_weights is not None and spec.surrogate is not vespo_surrogate:
+        per_token_loss = per_token_loss * x.sampler_weights
     if beta > 0:
         per_token_loss = per_token_loss + beta * per_token_kl
     loss = spec.normaliser(per_token_loss * mask, x)
