@@ -239,6 +239,24 @@ def _masked_stat(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (values * mask).sum() / mask.sum().clamp(min=1.0)
 
 
+def _policy_term(
+    per_token_loss: torch.Tensor,
+    spec: PolicyLossSpec,
+    x: LossInputs,
+    entropy_mask: torch.Tensor | None,
+    sequence_mask: torch.Tensor | None,
+) -> torch.Tensor:
+    """The surrogate's per-token loss without the tokens / sequences the masks leave out, times the sampler
+    weights (vespo has them in its sequence ratio already)."""
+    if entropy_mask is not None:
+        per_token_loss = per_token_loss * entropy_mask.to(per_token_loss.dtype)
+    if sequence_mask is not None:
+        per_token_loss = per_token_loss * sequence_mask.to(per_token_loss.dtype).unsqueeze(-1)
+    if x.sampler_weights is not None and spec.surrogate is not vespo_surrogate:
+        per_token_loss = per_token_loss * x.sampler_weights
+    return per_token_loss
+
+
 def policy_loss(
     loss_type: str,
     logprobs: torch.Tensor,
@@ -267,10 +285,9 @@ def policy_loss(
     (N, T) bool from `entropy_mask`, drops low-entropy tokens from the policy term only (not from the
     normaliser nor the KL term, as TRL). sequence_mask: (N,) bool, likewise drops whole sequences from
     the policy term (`core.off_policy.off_policy_sequence_mask`). sampler_weights: (N, T) from
-    `core.sampler_correction.sampler_importance_weights`, multiply the policy term only (vespo: they join
-    its sequence ratio instead, as TRL). step_tokens / step_sequences: loss
-    tokens / sequences of the whole optimizer step (default: this micro-batch's). epsilon_high None ->
-    epsilon_low. loss_options: the loss type's own hyperparameters (`POLICY_LOSSES[loss_type].options`;
+    `core.sampler_correction`, multiply the policy term only (vespo: its sequence ratio, as TRL).
+    step_tokens / step_sequences: loss tokens / sequences of the whole optimizer step (default: this
+    micro-batch's). epsilon_high None -> epsilon_low. loss_options: the loss type's own hyperparameters (`POLICY_LOSSES[loss_type].options`;
     missing ones take TRL's defaults, unknown ones are an error).
     """
     _check_inputs(
@@ -279,13 +296,9 @@ def policy_loss(
         old_logprobs,
         advantages,
         loss_mask,
-        {
-            "per_token_kl": per_token_kl,
-            "entropy_mask": entropy_mask,
-            "sequence_mask": sequence_mask,
-            "sampler_weights": sampler_weights,
-        },
-    )
+        dict(per_token_kl=per_token_kl, entropy_mask=entropy_mask, sequence_mask=sequence_mask,
+             sampler_weights=sampler_weights),
+    )  # fmt: skip
     if importance_sampling_level not in ("token", "sequence"):
         raise ValueError(
             f"importance_sampling_level must be 'token' or 'sequence', got {importance_sampling_level!r}"
@@ -311,13 +324,7 @@ def policy_loss(
         sampler_weights=None if sampler_weights is None else sampler_weights.detach().to(logprobs.dtype),
     )
     surrogate = spec.surrogate(x)
-    per_token_loss = surrogate.per_token_loss
-    if entropy_mask is not None:
-        per_token_loss = per_token_loss * entropy_mask.to(per_token_loss.dtype)
-    if sequence_mask is not None:
-        per_token_loss = per_token_loss * sequence_mask.to(per_token_loss.dtype).unsqueeze(-1)
-    if x.sampler_weights is not None and spec.surrogate is not vespo_surrogate:
-        per_token_loss = per_token_loss * x.sampler_weights
+    per_token_loss = _policy_term(surrogate.per_token_loss, spec, x, entropy_mask, sequence_mask)
     if beta > 0:
         per_token_loss = per_token_loss + beta * per_token_kl
     loss = spec.normaliser(per_token_loss * mask, x)
