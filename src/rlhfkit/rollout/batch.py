@@ -29,6 +29,7 @@ _PER_TOKEN = (
     "values",
     "advantages",
     "returns",
+    "old_logprobs",
 )
 
 
@@ -39,7 +40,8 @@ class RolloutBatch:
     query_ids (B, Q) long, left-padded; query_mask (B, Q) bool; responses (B, R) long, right-padded;
     response_mask (B, R) bool; loss_mask (B, R) bool. Optional: logprobs (B, R) sampling-policy
     logprobs, ref_logprobs (B, R), values (B, R), scores (B,) one per sequence, advantages (B, R) or
-    (B,) for sequence-level estimators, returns (B, R).
+    (B,) for sequence-level estimators, returns (B, R), old_logprobs (B, R) the training policy's logprobs
+    at sampling time when a separate pass computes them (the sampler correction; None: `logprobs` serve).
     """
 
     query_ids: torch.Tensor
@@ -53,6 +55,7 @@ class RolloutBatch:
     scores: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
     returns: torch.Tensor | None = None
+    old_logprobs: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         rows = self.query_ids.shape[0]

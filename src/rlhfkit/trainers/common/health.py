@@ -347,7 +347,8 @@ class HealthMonitor:
         if found:
             message = (
                 f"{' and '.join(found)} nats: the sampler and the training forward pass disagree; generate "
-                "in the training dtype with dropout off, or correct for the gap with importance weights"
+                "in the training dtype with dropout off, or correct for the gap with importance weights "
+                "(vllm_importance_sampling_correction=True)"
             )
         return {}, message
 

@@ -13,6 +13,7 @@ import warnings
 from dataclasses import dataclass
 
 from rlhfkit.core.policy_losses import POLICY_LOSSES
+from rlhfkit.core.sampler_correction import SAMPLER_CORRECTION_MODES
 from rlhfkit.trainers.common.config import (
     GenerationOptions,
     HealthChecks,
@@ -31,8 +32,86 @@ MULTI_OBJECTIVE_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
 
 
 @dataclass
+class SamplerCorrection:
+    """TRL's importance-sampling correction of the sampler/trainer mismatch (`core.sampler_correction`).
+
+    TRL applies it (default on) only to vLLM's samples. rlhfkit's own samplers stream logprobs that match
+    the training pass to float noise, so the default None keeps TRL's behaviour: on exactly when a separate
+    inference engine samples (`use_vllm`), off otherwise; True turns it on for any sampler (e.g. sampling
+    in bf16), False off.
+    """
+
+    vllm_importance_sampling_correction: bool | None = option(
+        None,
+        "Re-weight the policy loss by pi_old / pi_sampler (the training policy's and the sampler's logprobs "
+        "of the sampled tokens) as vllm_importance_sampling_mode says. None: on only for a separate "
+        "inference engine (use_vllm, as TRL's default True); True: for every sampler; False: off.",
+    )
+    vllm_importance_sampling_mode: str = option(
+        "sequence_mask",
+        "'token_truncate', 'token_mask', 'sequence_truncate' or 'sequence_mask': per-token ratios or one "
+        "ratio per completion (exp of the summed log-ratios); truncate clamps it to [clip_min, clip_max], "
+        "mask zeroes it outside.",
+    )
+    vllm_importance_sampling_clip_max: float | None = option(
+        3.0, "Upper bound C_max of the importance ratio (None: none)."
+    )
+    vllm_importance_sampling_clip_min: float | None = option(
+        None, "Lower bound C_min of the importance ratio (None: none)."
+    )
+    vllm_importance_sampling_cap: float | None = option(
+        None, "Deprecated (as in TRL): sets vllm_importance_sampling_clip_max."
+    )
+
+    def __post_init__(self):
+        if self.vllm_importance_sampling_cap is not None:
+            warnings.warn(
+                "vllm_importance_sampling_cap is deprecated; use vllm_importance_sampling_clip_max",
+                FutureWarning,
+                stacklevel=4,
+            )
+            self.vllm_importance_sampling_clip_max = self.vllm_importance_sampling_cap
+        super().__post_init__()
+
+    def sampler_correction_active(self) -> bool:
+        """Whether the trainer re-weights the loss for the sampler/trainer mismatch (see the class)."""
+        if self.vllm_importance_sampling_correction is None:
+            return bool(getattr(self, "use_vllm", False))
+        return self.vllm_importance_sampling_correction
+
+    def check_sampler_correction(self) -> None:
+        prefix, mode = "vllm_importance_sampling_", self.vllm_importance_sampling_mode
+        low, high = self.vllm_importance_sampling_clip_min, self.vllm_importance_sampling_clip_max
+        if mode not in SAMPLER_CORRECTION_MODES:
+            raise ValueError(
+                f"{prefix}mode must be one of {', '.join(SAMPLER_CORRECTION_MODES)}; got {mode!r}"
+            )
+        for name, value in (("clip_min", low), ("clip_max", high)):
+            if value is not None and not value >= 0:
+                raise ValueError(f"{prefix}{name} must be a number >= 0 or None, got {value!r}")
+        if low is not None and high is not None and not low < high:
+            raise ValueError(f"{prefix}clip_min ({low}) must be less than {prefix}clip_max ({high})")
+        if self.vllm_importance_sampling_correction is not False and mode.endswith("truncate"):
+            if low is None and high is None:
+                raise ValueError(
+                    f"{prefix}mode={mode!r} needs {prefix}clip_min or {prefix}clip_max (both None)"
+                )
+        if self.sampler_correction_active() and self.loss_type == "vespo" and mode.startswith("sequence"):
+            raise ValueError(
+                f"loss_type='vespo' folds per-token importance weights into its own sequence ratio: "
+                f"{prefix}mode must be 'token_truncate' or 'token_mask' with the correction on, got {mode!r}"
+            )
+
+
+@dataclass
 class GRPOConfig(
-    RouterAuxLossCoef, GroupRollouts, GenerationOptions, HealthChecks, ModelInitKwargs, HFTrainerConfig
+    SamplerCorrection,
+    RouterAuxLossCoef,
+    GroupRollouts,
+    GenerationOptions,
+    HealthChecks,
+    ModelInitKwargs,
+    HFTrainerConfig,
 ):
     """Configuration for `GRPOTrainer`; every `transformers.TrainingArguments` field also applies."""
 
@@ -152,6 +231,7 @@ class GRPOConfig(
         for name, (value, ok, expected) in checks.items():
             if not ok(value):
                 raise ValueError(f"{name} must be {expected}, got {value!r}")
+        self.check_sampler_correction()
         self._warn_level_mismatch()
 
     def _warn_level_mismatch(self) -> None:

@@ -16,7 +16,7 @@ beta > 0, gradients accumulated, one optimizer step.
 Departures from TRL: the old logprobs of an off-policy pass (num_iterations > 1, or later updates of one
 generation) are the logprobs streamed out of generation, not a second forward pass; on the first update of a
 generation batch they are the detached current ones, as in TRL, and the gap between the two
-(`sampling/sampling_logp_difference/*`) is logged, so a future inference engine's drift shows from day one.
+(`sampling/sampling_logp_difference/*`) is logged; `sampler_correction` (TRL's IS fields) corrects it.
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ from rlhfkit.trainers.grpo.groups import (
 )
 from rlhfkit.trainers.grpo.prompt_stream import is_stream, prompt_source, stream_preparer
 from rlhfkit.trainers.grpo.reporting import ReportingMethods
+from rlhfkit.trainers.grpo.sampler_correction import SamplerCorrectionMethods
 from rlhfkit.trainers.grpo.setup import (
     OWNER,
     build_reference,
@@ -69,7 +70,13 @@ from rlhfkit.trainers.grpo.trl_surface import TRLSurfaceMethods
 
 
 class GRPOTrainer(
-    TRLSurfaceMethods, EvaluationMethods, ReportingMethods, OnlineTrainerLoop, RobustTrainerMixin, Trainer
+    TRLSurfaceMethods,
+    EvaluationMethods,
+    ReportingMethods,
+    SamplerCorrectionMethods,
+    OnlineTrainerLoop,
+    RobustTrainerMixin,
+    Trainer,
 ):
     """Trains `model` with GRPO on `reward_funcs`; see `GRPOConfig` for every option.
 
@@ -252,6 +259,7 @@ class GRPOTrainer(
         groups, metrics = self._sample_batch()
         extra_columns, reward_metrics = self._flush_reward_logs()
         batch = padded_to_multiple(groups.batch, args.pad_to_multiple_of, self.processing_class.pad_token_id)
+        batch, correction_metrics = self._with_old_logprobs(batch)  # the sampler correction, when on
         # 3. reference logprobs, only with a KL term
         if self.reference is not None:
             batch = batch.replace(ref_logprobs=self._reference_logprobs(batch))
@@ -274,7 +282,7 @@ class GRPOTrainer(
                 "sampling/rounds": counts[:, 1].max().item(),
             }
         metrics.update({k: v.item() for k, v in stats.items()})
-        metrics.update(advantage_metrics)
+        metrics.update(advantage_metrics, **correction_metrics)
         metrics.update(reward_metrics)
         tokens = gather((batch.query_mask.sum() + batch.response_mask.sum())[None]).sum().item()
         self.state.num_input_tokens_seen += int(tokens)  # prompt + completion tokens, all processes (TRL)
@@ -444,6 +452,7 @@ class GRPOTrainer(
             entropy_mask=keep,
             sequence_mask=self._off_policy_mask(out.logprobs, rows),
             loss_options={name: getattr(args, name) for name in POLICY_LOSSES[args.loss_type].options},
+            sampler_weights=self._sampler_weights(rows),
         )
         loss, stats = result.loss, {}
         if entropy.enabled:  # the mean entropy of the trained tokens, this micro-batch's share of the step
@@ -472,14 +481,14 @@ class GRPOTrainer(
         self, model: nn.Module, rows: RolloutBatch, entropy_grad: bool = False
     ) -> tuple[Any, torch.Tensor, list[torch.Tensor]]:
         """The training forward over `rows` (logprobs and entropy, differentiable with `entropy_grad`), the
-        old logprobs (the detached current ones on the first update of a generation batch, else those
-        streamed out of sampling) and a mixture-of-experts model's load-balancing losses (`common.moe`)."""
+        old logprobs (the detached current ones on the first update of a generation batch, else
+        `_old_logprobs`) and a mixture-of-experts model's load-balancing losses (`common.moe`)."""
         with self.accelerator.autocast(), self.router_aux.collect(model) as router_losses:
             out = forward_response(
                 model, *self._rollout_tensors(rows), temperature=self.args.temperature, with_entropy=True,
                 entropy_grad=entropy_grad,
             )  # fmt: skip
-        return out, out.logprobs.detach() if self._on_policy else rows.logprobs, router_losses
+        return out, out.logprobs.detach() if self._on_policy else self._old_logprobs(rows), router_losses
 
     @torch.no_grad()
     def _sync_reference(self) -> None:
