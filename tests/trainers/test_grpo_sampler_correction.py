@@ -175,3 +175,14 @@ def test_fields_keep_trl_defaults_types_and_deprecated_cap(tmp_path):
     assert config.vllm_importance_sampling_clip_max == 2.0
     with pytest.raises(TypeError, match="vllm_importance_sampling_clip_max must be float or None"):
         GRPOConfig(output_dir=str(tmp_path), vllm_importance_sampling_clip_max="3")
+
+
+def test_a_checkpoint_between_two_passes_keeps_the_old_logprobs(tmp_path, tokenizer):
+    kwargs = dict(num_iterations=2, max_steps=1, vllm_importance_sampling_correction=True)
+    trainer = _trainer(tmp_path, tokenizer, **kwargs)
+    trainer.train()  # stops after the first of the batch's two passes
+    state = trainer._loop_state()
+    resumed = _trainer(tmp_path, tokenizer, **kwargs)
+    resumed._load_loop_state(state)
+    assert torch.equal(resumed._buffer.old_logprobs, trainer._buffer.old_logprobs)
+    assert torch.equal(resumed._buffer.logprobs, trainer._buffer.logprobs)
