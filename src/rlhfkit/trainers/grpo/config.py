@@ -80,6 +80,8 @@ class SamplerCorrection:
         return self.vllm_importance_sampling_correction
 
     def check_sampler_correction(self) -> None:
+        """ValueError naming the field: an unknown mode, a negative or inverted bound, a truncation with no
+        bound, or vespo with a sequence mode (TRL's checks)."""
         prefix, mode = "vllm_importance_sampling_", self.vllm_importance_sampling_mode
         low, high = self.vllm_importance_sampling_clip_min, self.vllm_importance_sampling_clip_max
         if mode not in SAMPLER_CORRECTION_MODES:
