@@ -38,7 +38,7 @@ from rlhfkit.models.reference import mix_into_reference
 from rlhfkit.rewards.scoring import RewardScorer, source_name
 from rlhfkit.rollout import forward_response
 from rlhfkit.rollout.batch import RolloutBatch
-from rlhfkit.trainers.common.guards import RobustTrainerMixin, any_across_ranks
+from rlhfkit.trainers.common.guards import RobustTrainerMixin
 from rlhfkit.trainers.common.moe import attach_router_aux_loss
 from rlhfkit.trainers.common.online_loop import OnlineTrainerLoop
 from rlhfkit.trainers.common.progress import RichProgressCallback
@@ -47,9 +47,7 @@ from rlhfkit.trainers.grpo.config import GRPOConfig
 from rlhfkit.trainers.grpo.entropy import EntropyControl
 from rlhfkit.trainers.grpo.evaluation import EvaluationMethods
 from rlhfkit.trainers.grpo.groups import (
-    SampledGroups,
     completion_stats,
-    fill_batch,
     padded_to_multiple,
     reward_problem,
     reward_stats,
@@ -57,6 +55,7 @@ from rlhfkit.trainers.grpo.groups import (
 from rlhfkit.trainers.grpo.prompt_stream import is_stream, prompt_source, stream_preparer
 from rlhfkit.trainers.grpo.reporting import ReportingMethods
 from rlhfkit.trainers.grpo.sampler_correction import SamplerCorrectionMethods
+from rlhfkit.trainers.grpo.sampling import SamplingMethods
 from rlhfkit.trainers.grpo.setup import (
     OWNER,
     build_reference,
@@ -74,6 +73,7 @@ class GRPOTrainer(
     EvaluationMethods,
     ReportingMethods,
     SamplerCorrectionMethods,
+    SamplingMethods,
     OnlineTrainerLoop,
     RobustTrainerMixin,
     Trainer,
@@ -290,20 +290,6 @@ class GRPOTrainer(
         self._log_completions(groups, batch, extra_columns)
         return batch, metrics
 
-    def _sample_batch(self) -> tuple[SampledGroups, dict[str, float]]:
-        """One generation batch of scored groups; with dynamic sampling, only informative groups (DAPO)."""
-        args = self.args
-        if not args.dynamic_sampling:
-            return self._sample_groups(), {}
-        return fill_batch(
-            self._sample_groups,
-            args.local_prompts_per_generation,
-            args.num_generations,
-            args.max_sampling_rounds,
-            self.processing_class.pad_token_id,
-            any_process=lambda short: any_across_ranks(short, self.accelerator),
-        )
-
     def _advantages(
         self,
         batch: RolloutBatch,
@@ -319,63 +305,6 @@ class GRPOTrainer(
             weights = torch.tensor(self.scorer.weights, device=per_source.device)
             return decoupled_group_advantages(per_source, weights, group_size), {}
         return group_advantages(scores, group_size, scale_rewards=args.scale_rewards), {}
-
-    def _sample_groups(self) -> SampledGroups:
-        """One round: the next batch of prompts, `num_generations` completions each, decoded and scored."""
-        rows = self.prompts.rows(self._prompt_batches)
-        self._prompt_batches += 1
-        return self._score_groups(rows, self.args.num_generations)
-
-    def _score_groups(self, rows: dict[str, list], num_generations: int) -> SampledGroups:
-        """`num_generations` completions of each prompt of `rows` (dataset columns), decoded and scored."""
-        args = self.args
-        repeat = [i for i in range(len(rows["input_ids"])) for _ in range(num_generations)]
-        query_ids, query_mask = self._pad_prompts([rows["input_ids"][i] for i in repeat])
-        # beam search (num_beams > 1 in generation_kwargs) streams no token logprobs: one forward pass after
-        beams = int(self.sampling_params.extra.get("num_beams") or 1) > 1
-        temperature = None if beams else args.temperature
-        out = self._sampler().generate(
-            query_ids, query_mask, self.sampling_params, logprob_temperature=temperature
-        )
-        batch = RolloutBatch(
-            query_ids, query_mask, out.responses, out.response_mask, out.response_mask, logprobs=out.logprobs
-        )
-        batch = batch.trimmed()
-        if beams:
-            batch = batch.replace(logprobs=self._policy_logprobs_now(batch))
-        if args.mask_truncated_completions:  # DAPO: a cut-off completion is no evidence either way
-            batch = batch.replace(loss_mask=batch.response_mask & ~self._truncated(batch)[:, None])
-        prompt_texts, completions = self._decode(batch.query_ids, batch.responses, batch.response_mask)
-        prompts = [rows["prompt"][i] for i in repeat] if "prompt" in rows else prompt_texts
-        conversational = bool(prompts) and isinstance(prompts[0], list)
-        kwargs = {k: [v[i] for i in repeat] for k, v in rows.items() if k not in ("prompt", "input_ids")}
-        kwargs.update(
-            prompts=prompts,
-            completions=[[{"role": "assistant", "content": c}] for c in completions]
-            if conversational
-            else completions,
-            completion_ids=[r[m].tolist() for r, m in zip(batch.responses, batch.response_mask.bool())],
-        )
-        scored = self.scorer(
-            *self._rollout_tensors(batch),
-            prompt_texts,
-            completions,
-            kwargs,
-            function_extras=self._reward_extras(),
-        )
-        scores, per_source = scored
-        return SampledGroups(batch.replace(scores=scores), per_source, scored.applies, prompts, completions)
-
-    @staticmethod
-    def _rollout_tensors(batch: RolloutBatch) -> tuple[torch.Tensor, ...]:
-        return batch.query_ids, batch.query_mask, batch.responses, batch.response_mask
-
-    def _truncated(self, batch: RolloutBatch) -> torch.Tensor:
-        """(N,) bool: the completion was cut at max_completion_length before its eos token."""
-        eos = self.processing_class.eos_token_id
-        if eos is None:
-            return batch.response_mask.sum(1) >= self.args.max_completion_length
-        return ~((batch.responses == eos) & batch.response_mask.bool()).any(1)
 
     # ------------------------------------------------------------------ the update
     def _optimize(self, model: nn.Module, batch: RolloutBatch) -> dict[str, float]:
