@@ -20,6 +20,18 @@ def test_a_plain_model_gives_its_own_state_dict():
     assert all(torch.equal(weights[k], expected[k]) for k in expected)
 
 
+@pytest.mark.parametrize("name", ["gpt2", "qwen2"])
+def test_the_names_are_those_of_the_saved_checkpoint_tied_weights_once(name, tmp_path):
+    from safetensors import safe_open
+
+    model = tiny_model(name)
+    model.save_pretrained(tmp_path)
+    with safe_open(str(tmp_path / "model.safetensors"), framework="pt") as saved:
+        assert set(dict(engine_weights(model))) == set(saved.keys())
+    if name == "gpt2":  # its lm_head is the input embedding: sent once
+        assert "lm_head.weight" not in dict(engine_weights(model))
+
+
 def test_the_value_head_wrapper_is_looked_through():
     wrapped = tiny_value_head_model("llama")
     names = set(dict(engine_weights(wrapped)))

@@ -59,9 +59,20 @@ def _checkpoint_name(key: str, wrappers: dict[str, str]) -> str | None:
 def engine_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     """(checkpoint name, tensor) of every weight of the generating model inside `model`, LoRA merged.
 
-    The names are those of the transformers model's own `state_dict` (what `save_pretrained` writes),
-    without value-head or PEFT prefixes. Tensors are detached and may share storage with the model.
+    The names are those `save_pretrained` writes, without value-head or PEFT prefixes; tied weights
+    (an lm_head sharing the input embedding) come once, under the first name, as there. Tensors are
+    detached and may share storage with the model.
     """
+    seen = set()
+    for name, tensor in _named_weights(model):
+        key = (tensor.data_ptr(), tuple(tensor.shape))
+        if tensor.numel() and key in seen:
+            continue
+        seen.add(key)
+        yield name, tensor
+
+
+def _named_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     peft = peft_model_of(model)
     net = peft.get_base_model() if peft is not None else generating_module(model)
     if peft is None:
