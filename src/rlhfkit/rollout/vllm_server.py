@@ -140,6 +140,59 @@ def unexpected_weights(paths: list[str], expected: dict[str, list[int]] | None) 
     return problems
 
 
+class WeightUpdate:
+    """The pieces of one weight update, kept on disk until the last one; then one reload of the engine.
+
+    A reload that fails half-way leaves the engine's model unusable: `broken` then says why, and the
+    server reports itself unhealthy.
+    """
+
+    def __init__(self, llm: Any, lock: threading.Lock, expected: dict[str, list[int]] | None):
+        self.llm, self.lock, self.expected = llm, lock, expected
+        self.staged: list[Any] = []
+        self.broken: str | None = None
+
+    def add(self, body: bytes, last: bool) -> dict[str, int]:
+        """Stage one safetensors piece; the last one reloads. ValueError: a name or shape the model lacks."""
+        if not body:
+            raise ValueError("the request body must be a safetensors file")
+        self.staged.append(tempfile.NamedTemporaryFile(suffix=".safetensors"))
+        self.staged[-1].write(body)
+        self.staged[-1].flush()
+        if not last:
+            return {"staged": len(self.staged)}
+        files, self.staged = self.staged, []
+        paths = [f.name for f in files]
+        try:
+            problems = unexpected_weights(paths, self.expected)
+            if problems:
+                raise ValueError(f"could not load the weights, the model has no {'; no '.join(problems[:5])}")
+            with self.lock:
+                try:
+                    self.llm.collective_rpc("rlhfkit_load_weights", args=(paths,))
+                    self.llm.reset_prefix_cache()  # its keys and values came from the old weights
+                except Exception as err:
+                    self.broken = f"a weight update failed half-way ({err}): restart the server"
+                    raise RuntimeError(self.broken) from err
+        finally:
+            for file in files:
+                file.close()
+        return {"loaded_files": len(files)}
+
+
+def _completions(outputs: list[Any], with_logprobs: bool) -> dict[str, Any]:
+    """The `/generate/` answer from vLLM's RequestOutputs (one completion each)."""
+    completions = [out.outputs[0] for out in outputs]
+    logprobs = None
+    if with_logprobs:
+        logprobs = [[step[t].logprob for t, step in zip(c.token_ids, c.logprobs)] for c in completions]
+    return {
+        "completion_ids": [list(c.token_ids) for c in completions],
+        "logprobs": logprobs,
+        "finish_reasons": [c.finish_reason for c in completions],
+    }
+
+
 def build_app(llm: Any, info: dict[str, Any], expected: dict[str, list[int]] | None = None):
     """The FastAPI app over engine `llm`; `expected`: the served checkpoint's tensor shapes, when known."""
     from fastapi import FastAPI, HTTPException, Request
@@ -161,14 +214,12 @@ def build_app(llm: Any, info: dict[str, Any], expected: dict[str, list[int]] | N
 
     app = FastAPI(title="rlhfkit vllm-serve")
     lock = threading.Lock()
-    staged: list[Any] = []  # pieces of a weight update whose last piece has not come yet
-
-    broken: list[str] = []  # why the engine cannot serve any more
+    weights = WeightUpdate(llm, lock, expected)
 
     @app.get("/health/")
     def health():
-        if broken:
-            raise HTTPException(status_code=503, detail=broken[0])
+        if weights.broken:
+            raise HTTPException(status_code=503, detail=weights.broken)
         return {"status": "ok"}
 
     @app.get("/info/")
@@ -184,46 +235,16 @@ def build_app(llm: Any, info: dict[str, Any], expected: dict[str, list[int]] | N
         prompts = [{"prompt_token_ids": ids} for ids in request.prompt_token_ids]
         with lock:
             outputs = llm.generate(prompts, params, use_tqdm=False)
-        completions = [out.outputs[0] for out in outputs]
-        logprobs = None
-        if request.logprobs:
-            logprobs = [[step[t].logprob for t, step in zip(c.token_ids, c.logprobs)] for c in completions]
-        return {
-            "completion_ids": [list(c.token_ids) for c in completions],
-            "logprobs": logprobs,
-            "finish_reasons": [c.finish_reason for c in completions],
-        }
+        return _completions(outputs, request.logprobs)
 
     @app.post("/update_weights/")
     async def update_weights(request: Request, last: bool = True):
-        body = await request.body()
-        if not body:
-            raise HTTPException(status_code=400, detail="the request body must be a safetensors file")
-        staged.append(tempfile.NamedTemporaryFile(suffix=".safetensors"))
-        staged[-1].write(body)
-        staged[-1].flush()
-        del body
-        if not last:  # more pieces follow: the model is reloaded once, from all of them
-            return {"staged": len(staged)}
-        files = list(staged)
-        staged.clear()
         try:
-            problems = unexpected_weights([f.name for f in files], expected)
-            if problems:
-                detail = f"could not load the weights, the model has no {'; no '.join(problems[:5])}"
-                raise HTTPException(status_code=400, detail=detail)
-            with lock:
-                llm.collective_rpc("rlhfkit_load_weights", args=([f.name for f in files],))
-                llm.reset_prefix_cache()
-        except HTTPException:
-            raise
-        except Exception as err:  # the engine's model may be half-loaded now
-            broken.append(f"a weight update failed half-way ({err}): restart the server")
-            raise HTTPException(status_code=500, detail=broken[0]) from err
-        finally:
-            for file in files:
-                file.close()
-        return {"loaded_files": len(files)}
+            return weights.add(await request.body(), last)
+        except ValueError as err:
+            raise HTTPException(status_code=400, detail=str(err)) from err
+        except RuntimeError as err:
+            raise HTTPException(status_code=500, detail=str(err)) from err
 
     return app
 
