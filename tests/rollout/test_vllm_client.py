@@ -6,8 +6,10 @@ import socket
 import time
 
 import pytest
+import torch
+from safetensors.torch import load
 
-from rlhfkit.rollout.vllm_client import VLLMServerBackend, check_same_model
+from rlhfkit.rollout.vllm_client import VLLMServerBackend, _pieces, check_same_model
 from rlhfkit.testing import tiny_model
 
 LLAMA_INFO = {
@@ -62,3 +64,17 @@ def test_a_value_head_is_refused_before_any_request():
 def test_a_non_positive_timeout_is_refused():
     with pytest.raises(ValueError, match="timeout must be > 0 seconds, got 0"):
         VLLMServerBackend(tiny_model("llama"), 1, base_url="http://127.0.0.1:1", timeout=0)
+
+
+def test_weights_travel_in_pieces_that_round_trip_and_a_big_tensor_goes_alone():
+    weights = [("a", torch.zeros(10)), ("b", torch.ones(300)), ("c", torch.arange(5.0)), ("d", torch.ones(2))]
+    pieces = [load(p) for p in _pieces(iter(weights), limit=100 * 4)]  # 100 float32 numbers a piece
+    assert [sorted(p) for p in pieces] == [["a"], ["b"], ["c", "d"]]
+    merged = {k: v for p in pieces for k, v in p.items()}
+    assert all(torch.equal(merged[name], tensor) for name, tensor in weights)
+
+
+def test_tied_weights_are_sent_as_separate_tensors():
+    shared = torch.ones(4)
+    (piece,) = _pieces(iter([("x", shared), ("y", shared.view(2, 2))]), limit=1 << 20)
+    assert sorted(load(piece)) == ["x", "y"]  # safetensors refuses tensors sharing storage: copied apart

@@ -16,7 +16,7 @@ import pytest
 import torch
 from peft import LoraConfig, get_peft_model
 
-from rlhfkit.rollout import SamplingParams, pad_left
+from rlhfkit.rollout import SamplingParams, pad_left, vllm_client
 from rlhfkit.rollout.vllm_client import VLLMServerBackend, VLLMServerError, _call, wait_for_server
 from rlhfkit.testing import tiny_model, tiny_tokenizer
 
@@ -131,7 +131,8 @@ def _assert_engine_matches(backend, model):
     torch.testing.assert_close(out.logprobs[out.response_mask], trainer[out.response_mask], **TOLERANCE)
 
 
-def test_engine_logprobs_equal_the_trainers_and_follow_a_weight_sync(served):
+def test_engine_logprobs_equal_the_trainers_and_follow_a_weight_sync(served, monkeypatch):
+    monkeypatch.setattr(vllm_client, "WEIGHT_PIECE_BYTES", 64 * 2**10)  # a dozen pieces, one reload
     model = tiny_model("llama")
     backend = VLLMServerBackend(model, 1, base_url=served[0], timeout=5)
     _assert_engine_matches(backend, model)
