@@ -27,6 +27,11 @@ from rlhfkit.rollout.vllm_server import require_vllm
             ["--model", "m", "--vllm_model_impl", "sglang"],
             "--vllm_model_impl must be 'vllm' or 'transformers'",
         ),
+        (
+            ["--model", "m", "--speculative_config", "{method: ngram}"],
+            "--speculative_config must be a JSON object",
+        ),
+        (["--model", "m", "--speculative_config", "[1]"], "--speculative_config must be a JSON object, got"),
     ],
 )
 def test_bad_flags_are_one_line_errors(flags, message, capsys):

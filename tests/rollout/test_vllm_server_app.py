@@ -79,3 +79,23 @@ def test_a_reload_that_fails_marks_the_server_broken(expected):
     with pytest.raises(RuntimeError, match=r"failed half-way \(worker died\): restart the server"):
         update.add(save({"model.norm.weight": torch.ones(128)}), last=True)
     assert "restart the server" in update.broken
+
+
+def test_engine_keywords_from_the_flags(monkeypatch):
+    from rlhfkit.commands.vllm_serve import VLLMServeArguments
+    from rlhfkit.rollout.vllm_server import engine_kwargs
+
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    args = VLLMServeArguments(model="m", dtype="float32", speculative_config='{"method": "ngram"}')
+    kwargs = engine_kwargs(args)
+    assert kwargs["model"] == "m" and kwargs["dtype"] == "float32"
+    assert kwargs["speculative_config"] == {"method": "ngram"}
+    assert kwargs["logprobs_mode"] == "processed_logprobs"  # the distribution sampled from, as TRL's server
+    assert kwargs["worker_extension_cls"] == "rlhfkit.rollout.vllm_worker.WeightLoadingExtension"
+    assert "revision" not in kwargs and "max_model_len" not in kwargs  # unset: vLLM's defaults
+    if not torch.cuda.is_available():  # 1 GiB of KV cache rather than 90% of all RAM
+        assert kwargs["kv_cache_memory_bytes"] == 2**30
+    assert (
+        engine_kwargs(VLLMServeArguments(model="m", kv_cache_memory_gib=0.5))["kv_cache_memory_bytes"]
+        == 2**29
+    )

@@ -9,6 +9,7 @@ client is `rlhfkit.rollout.vllm_client.VLLMServerBackend`, which needs no vLLM i
 
 from __future__ import annotations
 
+import json
 import sys
 from dataclasses import dataclass
 
@@ -47,6 +48,13 @@ class VLLMServeArguments:
         "info", "Log level of the HTTP server: critical, error, warning, info, debug or trace."
     )
     vllm_model_impl: str = option("vllm", "Model implementation: 'vllm' (its own) or 'transformers'.")
+    distributed_executor_backend: str | None = option(
+        None, "How the engine runs several workers: 'mp' (processes, one node) or 'ray'; default: vLLM's."
+    )
+    speculative_config: str | None = option(
+        None,
+        "vLLM speculative decoding settings, a JSON object (e.g. method and num_speculative_tokens).",
+    )
     kv_cache_memory_gib: float | None = option(
         None,
         "KV cache size in GiB (not a trl flag). Default: from --gpu_memory_utilization on a GPU; 1 GiB "
@@ -72,6 +80,15 @@ class VLLMServeArguments:
             raise ValueError(
                 f"--vllm_model_impl must be 'vllm' or 'transformers', got {self.vllm_model_impl!r}"
             )
+        if self.speculative_config is not None:
+            try:
+                parsed = json.loads(self.speculative_config)
+            except ValueError as err:
+                raise ValueError(f"--speculative_config must be a JSON object: {err}") from None
+            if not isinstance(parsed, dict):
+                raise ValueError(
+                    f"--speculative_config must be a JSON object, got {self.speculative_config!r}"
+                )
         if self.kv_cache_memory_gib is not None and not self.kv_cache_memory_gib > 0:
             raise ValueError(f"--kv_cache_memory_gib must be > 0, got {self.kv_cache_memory_gib}")
 

@@ -20,6 +20,7 @@ request runs at a time: `LLM` is not thread-safe, and it batches each request's 
 """
 
 # no `from __future__ import annotations`: FastAPI reads the endpoints' annotations at runtime
+import json
 import logging
 import os
 import tempfile
@@ -67,6 +68,8 @@ def engine_kwargs(args: Any) -> dict[str, Any]:
         kv_cache_dtype=args.kv_cache_dtype,
         trust_remote_code=args.trust_remote_code,
         model_impl=args.vllm_model_impl,
+        distributed_executor_backend=args.distributed_executor_backend,
+        speculative_config=json.loads(args.speculative_config) if args.speculative_config else None,
         logprobs_mode="processed_logprobs",
         worker_extension_cls="rlhfkit.rollout.vllm_worker.WeightLoadingExtension",
     )
