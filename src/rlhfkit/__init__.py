@@ -60,6 +60,7 @@ _LAZY: dict[str, str] = {
     "AdaptiveKLController": "rlhfkit.core.kl",
     "FixedKLController": "rlhfkit.core.kl",
     "LengthSampler": "rlhfkit.rollout.generation",
+    "VLLMServerBackend": "rlhfkit.rollout.vllm_client",
     "set_seed": "transformers",
 }
 

@@ -1,3 +1,4 @@
 from rlhfkit.cli import main
 
-raise SystemExit(main())
+if __name__ == "__main__":  # vLLM's engine starts in a spawned process, which re-imports this module
+    raise SystemExit(main())

@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "kto": ("rlhfkit.commands.kto", "Kahneman-Tversky optimisation on labelled completions"),
     "ddpo": ("rlhfkit.commands.ddpo", "RL fine-tuning of a diffusion model"),
     "judge": ("rlhfkit.commands.judge", "win rate of a policy against reference completions, by a judge"),
+    "vllm-serve": ("rlhfkit.commands.vllm_serve", "serve a model with vLLM for the trainers to sample from"),
     "tiny-models": ("rlhfkit.commands.tiny_models", "build the offline tiny models and tokenizer"),
 }
 

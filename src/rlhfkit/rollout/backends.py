@@ -126,6 +126,8 @@ class GenerationBackend:
 GENERATION_BACKENDS: dict[str, str] = {
     "rlhfkit": "rlhfkit.rollout.decoding:DecodeLoopBackend",  # the decode loop: same distribution, faster
     "transformers": "rlhfkit.rollout.generation:HFGenerationBackend",  # transformers `generate`
+    # a `rlhfkit vllm-serve` server, over HTTP; trainers must also call its `sync_weights` after each update
+    "vllm-server": "rlhfkit.rollout.vllm_client:VLLMServerBackend",
 }
 
 

@@ -1,0 +1,224 @@
+"""`VLLMServerBackend`: trainers sample from a `rlhfkit vllm-serve` server, over HTTP only.
+
+The server runs in its own venv (vLLM pins an older transformers), so this side imports no vLLM. The
+backend samples from the distribution the other backends do: the sampling settings are resolved the same
+way (ours over the model's generation_config, `DecodeSettings.resolve`) and sent explicitly, and a row
+stops at the resolved stop tokens only (`ignore_eos`: the engine's own eos rule is off).
+
+Where it departs: the logprobs are the engine's, of the distribution it sampled from (after temperature,
+repetition penalty, top-k/top-p/min-p), so they equal the contract's softmax(raw logits / temperature)
+only when none of those truncate or penalise; and they are at the sampling temperature (greedy: 1), so
+another `logprob_temperature` is refused. Before any sampling the server is checked: it must answer
+within `timeout` and serve a model of the trainer's architecture, sizes and vocabulary.
+`sync_weights(model)` sends the trainer's current weights (LoRA merged) to the engine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from rlhfkit.rollout.backends import GenerationBackend, GenerationOutput, SamplingParams
+from rlhfkit.rollout.decoding import DecodeSettings
+from rlhfkit.rollout.engine_weights import engine_weights
+from rlhfkit.rollout.generation import HFGenerationBackend
+from rlhfkit.rollout.streaming import generating_module
+
+WEIGHT_PIECE_BYTES = 256 * 2**20  # largest safetensors piece one weight-update request carries
+
+
+class VLLMServerError(RuntimeError):
+    """The vLLM server refused a request or could not be reached."""
+
+
+def _call(url: str, payload: Any = None, *, body: bytes | None = None, timeout: float | None = None) -> Any:
+    """GET `url` (no payload) or POST JSON `payload` / raw `body`; the decoded JSON answer."""
+    headers, data = {}, None
+    if payload is not None:
+        headers["Content-Type"], data = "application/json", json.dumps(payload).encode()
+    elif body is not None:
+        headers["Content-Type"], data = "application/octet-stream", body
+    method = "GET" if data is None else "POST"
+    request = urllib.request.Request(url, data=data, headers=headers, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as answer:
+            return json.loads(answer.read())
+    except urllib.error.HTTPError as err:
+        detail = err.read().decode(errors="replace")
+        with contextlib.suppress(ValueError):
+            detail = json.loads(detail).get("detail", detail)
+        raise VLLMServerError(f"the vLLM server refused {url} ({err.code}): {detail}") from err
+    except (urllib.error.URLError, OSError) as err:
+        raise VLLMServerError(f"the vLLM server at {url} could not be reached: {err}") from err
+
+
+def wait_for_server(base_url: str, timeout: float) -> dict[str, Any]:
+    """The server's `/info/`, once its `/health/` answers; ConnectionError after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            _call(f"{base_url}/health/", timeout=max(1.0, min(10.0, timeout)))
+            return _call(f"{base_url}/info/", timeout=30)
+        except VLLMServerError as err:
+            if time.monotonic() >= deadline:
+                raise ConnectionError(
+                    f"no vLLM server answered at {base_url} within {timeout:g} s ({err}). Start one with "
+                    "`.venv-vllm/bin/rlhfkit vllm-serve --model <the trainer's model>` (`make vllm-env` "
+                    "builds .venv-vllm), point vllm_server_base_url (or vllm_server_host and "
+                    "vllm_server_port) at it, or wait longer with vllm_server_timeout"
+                ) from err
+        time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+
+
+def _model_facts(net: torch.nn.Module) -> dict[str, Any]:
+    """What `/info/` reports, for the trainer's generating model."""
+    config = net.config.get_text_config()
+    return {
+        "model": getattr(net, "name_or_path", None) or type(net).__name__,
+        "architectures": [type(net).__name__],
+        "vocab_size": config.vocab_size,
+        "hidden_size": getattr(config, "hidden_size", None),
+        "num_hidden_layers": getattr(config, "num_hidden_layers", None),
+    }
+
+
+def check_same_model(info: dict[str, Any], model: torch.nn.Module, base_url: str) -> None:
+    """ValueError naming both models when the server's model is not the trainer's (architecture, sizes)."""
+    ours = _model_facts(generating_module(model))
+    differ = [
+        key
+        for key in ("vocab_size", "hidden_size", "num_hidden_layers")
+        if info.get(key) is not None and ours[key] is not None and info[key] != ours[key]
+    ]
+    if info.get("architectures") and ours["architectures"][0] not in info["architectures"]:
+        differ.insert(0, "architectures")
+    if differ:
+        theirs = ", ".join(f"{key} {info.get(key)}" for key in differ)
+        mine = ", ".join(f"{key} {ours[key]}" for key in differ)
+        raise ValueError(
+            f"the vLLM server at {base_url} serves {info.get('model')} ({theirs}), but the trainer's model "
+            f"is {ours['model']} ({mine}): start the server with --model {ours['model']}"
+        )
+
+
+class VLLMServerBackend(GenerationBackend):
+    """Samples on a `rlhfkit vllm-serve` server at `base_url` (see the module docstring).
+
+    `chunk_size` and `progress` are accepted for the common constructor and unused: the engine batches
+    the whole call itself. A `value_head` cannot be served (the engine returns no hidden states).
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        pad_token_id: int,
+        *,
+        base_url: str = "http://localhost:8000",
+        timeout: float = 240.0,
+        chunk_size: int | None = None,
+        value_head: torch.nn.Module | None = None,
+        weights_context: Callable[[], contextlib.AbstractContextManager] | None = None,
+        progress: Callable[[int], None] | None = None,
+    ):
+        if value_head is not None:
+            raise ValueError(
+                "the vLLM server backend returns no value-head outputs: PPO's rollout reuse needs "
+                "generation_backend 'rlhfkit' or 'transformers'"
+            )
+        if not timeout > 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
+        self.model, self.pad_token_id = model, pad_token_id
+        self.base_url = base_url.rstrip("/")
+        self.weights_context = weights_context or contextlib.nullcontext
+        self.info = wait_for_server(self.base_url, timeout)
+        check_same_model(self.info, model, self.base_url)
+
+    def request(self, query_ids, query_mask, params: SamplingParams, logprob_temperature) -> dict[str, Any]:
+        """The `/generate/` request body: prompts without padding, settings resolved as the other backends."""
+        config = HFGenerationBackend(self.model, self.pad_token_id).generation_config(params)
+        s = DecodeSettings.resolve(self.model, config)
+        if isinstance(s, str):
+            raise ValueError(f"the vLLM server backend cannot sample with these settings: {s}")
+        reported = s.temperature if s.do_sample else 1.0
+        if logprob_temperature is not None and not math.isclose(logprob_temperature, reported):
+            raise ValueError(
+                f"the vLLM engine reports logprobs at the sampling temperature ({reported:g}), not at "
+                f"logprob_temperature={logprob_temperature:g}"
+            )
+        prompts = [ids[mask.bool()].tolist() for ids, mask in zip(query_ids, query_mask)]
+        if not all(prompts):
+            raise ValueError("every prompt needs at least one token for the vLLM server backend")
+        lengths = [len(p) for p in prompts]
+        return {
+            "prompt_token_ids": prompts,
+            "max_tokens": s.max_new_tokens,
+            "temperature": s.temperature if s.do_sample else 0.0,
+            "top_k": s.top_k if s.do_sample else 0,
+            "top_p": s.top_p if s.do_sample else 1.0,
+            "min_p": (s.min_p or 0.0) if s.do_sample else 0.0,
+            "repetition_penalty": s.repetition_penalty,
+            "stop_token_ids": list(s.eos_token_ids),
+            "ignore_eos": True,
+            "min_tokens": [max(s.min_new_tokens, s.min_length - n, 0) for n in lengths],
+            # vLLM seeds each request; drawn from torch's RNG so that a seeded run samples the same again
+            "seed": int(torch.randint(0, 2**31 - 2**20, ())),
+            "logprobs": logprob_temperature is not None,
+        }
+
+    def _sample(self, query_ids, query_mask, params: SamplingParams, logprob_temperature) -> GenerationOutput:
+        body = self.request(query_ids, query_mask, params, logprob_temperature)
+        answer = _call(f"{self.base_url}/generate/", body)
+        width, device = body["max_tokens"], query_ids.device
+        rows = len(answer["completion_ids"])
+        responses = torch.full((rows, width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((rows, width), dtype=torch.bool)
+        logprobs = torch.zeros((rows, width), dtype=torch.float32) if body["logprobs"] else None
+        for i, ids in enumerate(answer["completion_ids"]):
+            responses[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+            mask[i, : len(ids)] = True
+            if logprobs is not None:
+                logprobs[i, : len(ids)] = torch.tensor(answer["logprobs"][i], dtype=torch.float32)
+        to = {"device": device}
+        return GenerationOutput(
+            responses.to(**to), mask.to(**to), None if logprobs is None else logprobs.to(**to)
+        )
+
+    def sync_weights(self, model: torch.nn.Module | None = None) -> None:
+        """Load `model`'s current weights (default: this backend's model) into the engine, LoRA merged.
+
+        Sent in safetensors pieces of at most `WEIGHT_PIECE_BYTES` (one tensor larger than that goes
+        alone), so at most two pieces are copied at a time; the engine reloads once, from all of them.
+        """
+        model = self.model if model is None else model
+        with self.weights_context():
+            pieces = _pieces(engine_weights(model), WEIGHT_PIECE_BYTES)
+            piece = next(pieces)
+            for following in pieces:  # one piece ahead: the last one tells the server to reload
+                _call(f"{self.base_url}/update_weights/?last=false", body=piece, timeout=None)
+                piece = following
+            _call(f"{self.base_url}/update_weights/?last=true", body=piece, timeout=None)
+
+
+def _pieces(weights: Iterator[tuple[str, torch.Tensor]], limit: int) -> Iterator[bytes]:
+    """Safetensors files of consecutive tensors of `weights`, each at most `limit` bytes when it can be."""
+    from safetensors.torch import save
+
+    piece: dict[str, torch.Tensor] = {}
+    size = 0
+    for name, tensor in weights:
+        nbytes = tensor.numel() * tensor.element_size()
+        if piece and size + nbytes > limit:
+            yield save(piece)
+            piece, size = {}, 0
+        piece[name] = tensor.detach().to("cpu").contiguous().clone()  # its own storage: tied weights too
+        size += nbytes
+    if piece:
+        yield save(piece)
