@@ -270,3 +270,11 @@ def test_positional_model_ref_model_args(tmp_path, tokenizer):
     trainer = DPOTrainer(tiny_model("llama"), None, _args(tmp_path), None, dataset, dataset, tokenizer)
     assert trainer.args.max_length == 256 and trainer.beta == 0.1 and trainer.eval_dataset is not None
     _train_and_check_it_learned(trainer)
+
+
+def test_train_dataset_is_required_in_the_trl1_form(tmp_path, tokenizer):
+    with pytest.raises(ValueError, match="`train_dataset` is required"):
+        DPOTrainer(model=tiny_model("llama"), args=_args(tmp_path), processing_class=tokenizer)
+    # TRL 0.x's form (beta= and tokenizer= as keywords) keeps it optional
+    legacy = DPOTrainer(model=tiny_model("llama"), beta=0.2, args=_args(tmp_path), tokenizer=tokenizer)
+    assert legacy.train_dataset is None and legacy.beta == 0.2

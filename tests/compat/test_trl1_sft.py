@@ -214,3 +214,8 @@ def test_prompt_tuning(tmp_path, tokenizer):
     trainer.train()
     assert not torch.equal(trainer.model.prompt_encoder.default.embedding.weight, before)
     assert 0 <= trainer.state.log_history[0]["mean_token_accuracy"] <= 1
+
+
+def test_train_dataset_is_required_in_the_trl1_form(tmp_path, tokenizer):
+    with pytest.raises(ValueError, match="`train_dataset` is required"):
+        SFTTrainer(model=tiny_model("llama"), args=_args(tmp_path), processing_class=tokenizer)
