@@ -270,3 +270,31 @@ def test_positional_model_ref_model_args(tmp_path, tokenizer):
     trainer = DPOTrainer(tiny_model("llama"), None, _args(tmp_path), None, dataset, dataset, tokenizer)
     assert trainer.args.max_length == 256 and trainer.beta == 0.1 and trainer.eval_dataset is not None
     _train_and_check_it_learned(trainer)
+
+
+def test_train_dataset_is_required_in_the_trl1_form(tmp_path, tokenizer):
+    with pytest.raises(ValueError, match="`train_dataset` is required"):
+        DPOTrainer(model=tiny_model("llama"), args=_args(tmp_path), processing_class=tokenizer)
+    # TRL 0.x's form (beta= and tokenizer= as keywords) keeps it optional
+    legacy = DPOTrainer(model=tiny_model("llama"), beta=0.2, args=_args(tmp_path), tokenizer=tokenizer)
+    assert legacy.train_dataset is None and legacy.beta == 0.2
+
+
+def test_evaluate_after_training_with_precomputed_reference_still_uses_the_initial_model(tmp_path, tokenizer):
+    # TRL 1.16 refuses this (its reference was the policy itself, gone after training); here the reference is
+    # a frozen copy, so a dataset first seen by evaluate() after training gets the initial model's log-probs
+    trainer = DPOTrainer(
+        model=tiny_model("llama"),
+        args=_args(tmp_path, precompute_ref_log_probs=True, learning_rate=5e-3, per_device_eval_batch_size=8),
+        train_dataset=datasets.Dataset.from_list(_text_pairs()),
+        processing_class=tokenizer,
+    )
+    held_out = datasets.Dataset.from_list(_text_pairs(12)[8:])
+    before = trainer.evaluate(eval_dataset=held_out)
+    assert before["eval_rewards/chosen"] == pytest.approx(0.0, abs=1e-5)  # policy == reference
+    trainer.train()
+    after = trainer.evaluate(eval_dataset=held_out)
+    moved = after["eval_logps/chosen"] - before["eval_logps/chosen"]
+    assert abs(moved) > 1e-3
+    # implicit reward beta * (log pi - log ref) with log ref the log-probs from before training
+    assert after["eval_rewards/chosen"] == pytest.approx(trainer.args.beta * moved, rel=1e-3, abs=1e-5)

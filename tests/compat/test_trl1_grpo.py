@@ -6,6 +6,7 @@ what TRL says, not just that it is accepted."""
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -162,3 +163,54 @@ def test_cache_implementation(tmp_path, monkeypatch):
     monkeypatch.setattr(GenerationMixin, "generate", spy)
     _train(tmp_path, cache_implementation="static", max_steps=1)
     assert seen and set(seen) == {"static"}
+
+
+def test_reward_tokenizer_with_a_pad_token_outside_its_vocabulary_pads_with_eos(tmp_path):
+    from transformers import AutoModelForSequenceClassification
+
+    from rlhfkit.testing import tiny_tokenizer
+
+    reward_tokenizer = tiny_tokenizer()
+    reward_tokenizer.pad_token = "<|not_in_this_vocabulary|>"  # TRL's test names a Llama-3 pad token
+    assert reward_tokenizer.pad_token_id is None
+    trainer = GRPOTrainer(
+        model=str(tiny_model_path("llama")),
+        reward_funcs=AutoModelForSequenceClassification.from_pretrained(tiny_model_path("llama-reward")),
+        args=_config(tmp_path, max_steps=1),
+        train_dataset=_prompts(),
+        reward_processing_classes=reward_tokenizer,
+    )
+    assert reward_tokenizer.pad_token_id == reward_tokenizer.eos_token_id
+    trainer.train()
+    assert all(math.isfinite(reward) for reward in _logged(trainer, "reward"))
+
+
+def test_iterable_eval_set_gets_a_single_worker_loader_and_train_keeps_its_workers(tmp_path):
+    trainer = GRPOTrainer(
+        model=str(tiny_model_path("llama")),
+        reward_funcs=reward_len,
+        args=_config(tmp_path, dataloader_num_workers=2, per_device_eval_batch_size=4),
+        train_dataset=_prompts(),
+        eval_dataset=_prompts(4).to_iterable_dataset(),
+    )
+    assert trainer.get_eval_dataloader().num_workers == 0
+    assert trainer.args.dataloader_num_workers == 2  # only that loader: the setting is put back
+    assert trainer.get_train_dataloader().num_workers == 2
+
+
+def test_every_reward_none_warns_before_the_guard_stops_training(tmp_path):
+    from rlhfkit.core.warnings import NonFiniteStepWarning
+    from rlhfkit.trainers.common.guards import NonFiniteError
+
+    def always_none(completions, **kwargs):
+        return [None] * len(completions)
+
+    stopped = pytest.raises(NonFiniteError, match="no usable reward")
+    with warnings.catch_warnings(record=True) as caught, stopped:
+        warnings.simplefilter("always")
+        _train(tmp_path, reward_funcs=always_none, max_steps=4, max_consecutive_nonfinite_steps=2)
+    messages = [str(w.message) for w in caught]
+    first_none = next(i for i, m in enumerate(messages) if "every reward function returned None" in m)
+    first_skip = next(i for i, w in enumerate(caught) if issubclass(w.category, NonFiniteStepWarning))
+    assert first_none < first_skip  # the rows without a reward are named before the step is skipped
+    assert "for 4 of 4 rows" in messages[first_none]  # one prompt, 4 completions

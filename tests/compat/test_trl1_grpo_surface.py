@@ -183,7 +183,7 @@ def test_beam_search_generation_kwargs_train(tmp_path):
 
 
 def test_train_dataset_is_required(tmp_path):
-    with pytest.raises(ValueError, match="train_dataset is required"):
+    with pytest.raises(ValueError, match="`train_dataset` is required"):
         GRPOTrainer(model=str(tiny_model_path("llama")), reward_funcs=reward_len, args=_config(tmp_path))
 
 

@@ -161,3 +161,14 @@ def test_chat_template_path_renders_the_pairs(tmp_path, tokenizer):
     assert trainer.processing_class.chat_template == template
     expected = tokenizer("user says the movie\nassistant says was excellent\n", add_special_tokens=False)
     assert trainer.train_dataset[0]["chosen_ids"][: len(expected["input_ids"])] == expected["input_ids"]
+
+
+def test_train_dataset_is_required_in_the_trl1_form(tmp_path, tokenizer):
+    from transformers import TrainingArguments
+
+    with pytest.raises(ValueError, match="`train_dataset` is required"):
+        RewardTrainer(model=tiny_model("llama-reward"), args=_args(tmp_path), processing_class=tokenizer)
+    # TRL 0.x's form (a plain TrainingArguments, tokenizer=) keeps it optional, as its documentation says
+    plain = TrainingArguments(output_dir=str(tmp_path / "plain"), report_to="none", use_cpu=True)
+    legacy = RewardTrainer(model=tiny_model("llama-reward"), args=plain, tokenizer=tokenizer)
+    assert legacy.train_dataset is None

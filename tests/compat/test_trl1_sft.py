@@ -214,3 +214,38 @@ def test_prompt_tuning(tmp_path, tokenizer):
     trainer.train()
     assert not torch.equal(trainer.model.prompt_encoder.default.embedding.weight, before)
     assert 0 <= trainer.state.log_history[0]["mean_token_accuracy"] <= 1
+
+
+def test_train_dataset_is_required_in_the_trl1_form(tmp_path, tokenizer):
+    with pytest.raises(ValueError, match="`train_dataset` is required"):
+        SFTTrainer(model=tiny_model("llama"), args=_args(tmp_path), processing_class=tokenizer)
+
+
+def test_padding_free_without_packing_still_truncates_each_example_to_max_length(tmp_path, tokenizer):
+    # TRL 1.16 refuses padding_free + max_length without packing; here each example is cut to max_length when
+    # it is prepared, so the concatenated row holds at most batch size * max_length tokens, as a padded one
+    long_text = [{"text": " ".join(["word"] * 40)}, {"text": " ".join(["other"] * 30)}]
+    trainer = SFTTrainer(
+        model=tiny_model("llama"),
+        args=_args(tmp_path, padding_free=True, max_length=8, max_steps=1),
+        train_dataset=datasets.Dataset.from_list(long_text),
+        processing_class=tokenizer,
+    )
+    assert [len(ids) for ids in trainer.train_dataset["input_ids"]] == [8, 8]
+    batch = trainer.data_collator(list(trainer.train_dataset))
+    assert batch["position_ids"].tolist() == [list(range(8)) * 2]
+    trainer.train()
+
+
+def test_skip_prepare_dataset_masks_without_labels_still_mask_the_loss(tmp_path, tokenizer):
+    # TRL 1.16 refuses such rows because its collator ignores the masks; this collator applies them
+    rows = datasets.Dataset.from_list([{"input_ids": [5, 6, 7, 8], "assistant_masks": [0, 0, 1, 1]}] * 2)
+    trainer = SFTTrainer(
+        model=tiny_model("llama"),
+        args=_args(tmp_path, dataset_kwargs={"skip_prepare_dataset": True}, max_steps=1),
+        train_dataset=rows,
+        processing_class=tokenizer,
+    )
+    batch = next(iter(trainer.get_train_dataloader()))  # the columns the trainer keeps reach the collator
+    assert batch["labels"].tolist() == [[-100, -100, 7, 8]] * 2
+    trainer.train()

@@ -164,10 +164,15 @@ class RewardScorer:
         # None or the policy's own tokenizer: score the token ids directly, no decode / re-encode round trip
         self.tokenizers = [None if tok is None or tok is tokenizer else tok for tok in tokenizers]
         for tok in self.tokenizers:
-            if tok is not None and tok.pad_token is None:
-                raise ValueError(
-                    "reward_processing_class has no pad token; set tokenizer.pad_token (e.g. to eos)"
-                )
+            # no pad token, or one outside the vocabulary: pad with eos, as TRL does (the scores are read
+            # through the attention mask, so the pad id itself never matters)
+            if tok is not None and tok.pad_token_id is None:
+                if tok.eos_token_id is None:
+                    raise ValueError(
+                        "reward_processing_class has no usable pad token and no eos token to pad with; set "
+                        f"tokenizer.pad_token to a token of its vocabulary (got {tok.pad_token!r})"
+                    )
+                tok.pad_token = tok.eos_token
         self.tokenizer, self.device, self.add_special_tokens = tokenizer, device, add_special_tokens
         for source, own in zip(self.sources, self.tokenizers):  # models reading the policy's token ids
             if tokenizer is not None and own is None and isinstance(source, nn.Module):

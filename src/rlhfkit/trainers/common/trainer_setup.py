@@ -293,6 +293,14 @@ class OfflineTrainer(RobustTrainerMixin, Trainer):
         unknown = sorted(set(overrides) - set(self.override_keywords))
         if unknown:
             raise TypeError(f"{owner}.__init__() got unexpected keyword arguments {unknown}")
+        plain_args = args is not None and not isinstance(args, self.config_class)
+        legacy_form = tokenizer is not None or plain_args or any(v is not None for v in overrides.values())
+        if train_dataset is None and not legacy_form:
+            # TRL 1.x requires a training set; TRL 0.x's form keeps transformers.Trainer's optional one
+            raise ValueError(
+                f"{owner}: `train_dataset` is required (the examples to train on); only TRL 0.x's call form "
+                "(args a plain TrainingArguments, or tokenizer=) may leave it out, e.g. to evaluate only"
+            )
         args, processing_class = resolve_args(
             owner,
             self.config_class,

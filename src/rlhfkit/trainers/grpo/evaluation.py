@@ -18,6 +18,7 @@ import torch
 from accelerate.utils import gather_object
 
 from rlhfkit.trainers.grpo.groups import completion_stats, reward_stats
+from rlhfkit.trainers.grpo.prompt_stream import is_stream
 from rlhfkit.trainers.grpo.setup import prepare_eval_set
 
 
@@ -42,6 +43,21 @@ class EvaluationMethods:
                 prompts = prepare_eval_set(part, self.processing_class, self.args, {}, name)
             metrics.update(self._evaluate_prompts(prompts, prefix))
         return metrics
+
+    def get_eval_dataloader(self, eval_dataset: Any = None) -> Any:
+        """`Trainer.get_eval_dataloader`, with no worker processes for a stream (a stream is not split between
+        workers as indexed rows are: a torch IterableDataset is read whole by each). Only this loader: the
+        configured worker count is set back, so a map-style train set keeps its workers."""
+        dataset = self.eval_dataset if eval_dataset is None else eval_dataset
+        if isinstance(eval_dataset, str):  # the name of one of a dict of evaluation sets
+            dataset = self.eval_dataset[eval_dataset]
+        if not is_stream(dataset):
+            return super().get_eval_dataloader(eval_dataset)
+        workers, self.args.dataloader_num_workers = self.args.dataloader_num_workers, 0
+        try:
+            return super().get_eval_dataloader(eval_dataset)
+        finally:
+            self.args.dataloader_num_workers = workers
 
     def _evaluate_prompts(self, dataset: Any, prefix: str) -> dict[str, float]:
         start = time.time()

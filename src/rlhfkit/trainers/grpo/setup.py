@@ -88,7 +88,7 @@ def prepare_datasets(train_dataset, eval_dataset, tokenizer, args, models) -> tu
     stream's rows are prepared as they are drawn (`prompt_stream.stream_preparer`), an evaluation stream's
     when `evaluate` reads it."""
     if train_dataset is None:
-        raise ValueError("train_dataset is required: the prompts to sample completions for (got None)")
+        raise ValueError("`train_dataset` is required: the prompts to sample completions for (got None)")
     stream = train_dataset if is_stream(train_dataset) else None
     _settle_stream(stream, args)
     if stream is None:
