@@ -287,8 +287,8 @@ def policy_loss(
     the policy term (`core.off_policy.off_policy_sequence_mask`). sampler_weights: (N, T) from
     `core.sampler_correction`, multiply the policy term only (vespo: its sequence ratio, as TRL).
     step_tokens / step_sequences: loss tokens / sequences of the whole optimizer step (default: this
-    micro-batch's). epsilon_high None -> epsilon_low. loss_options: the loss type's own hyperparameters (`POLICY_LOSSES[loss_type].options`;
-    missing ones take TRL's defaults, unknown ones are an error).
+    micro-batch's). epsilon_high None -> epsilon_low. loss_options: the loss type's own hyperparameters
+    (`POLICY_LOSSES[loss_type].options`; missing ones take TRL's defaults, unknown ones are an error).
     """
     _check_inputs(
         loss_type,
