@@ -1,4 +1,5 @@
-"""Local stand-ins for `trl-internal-testing/zen`, the small dataset TRL's tests train on.
+"""Local stand-ins for `trl-internal-testing/zen`, the small dataset TRL's tests train on (and the
+`toolcall` dataset, whose rows hub_toolcall.py writes).
 
 Each config of the hub dataset (`standard_prompt_only`, `conversational_preference`, ...) is rebuilt
 with the same columns and splits (17 train rows, 2 test rows) from short sentences of our own, written
@@ -11,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hub_models import HarnessUnmapped, _root
+from hub_toolcall import toolcall_split
 
 from rlhfkit.testing.cache import publish_once
 
@@ -82,17 +84,35 @@ def zen_split(name: str, pairs: list[tuple[str, str]]) -> list[dict]:
     return rows
 
 
-def _write(name: str, out: Path) -> None:
+def _write(rows_of, out: Path) -> None:
     from datasets import Dataset
 
-    for split, pairs in (("train", TRAIN), ("test", TEST)):
-        Dataset.from_list(zen_split(name, pairs)).to_parquet(str(out / f"{split}.parquet"))
+    for split in ("train", "test"):
+        Dataset.from_list(rows_of(split)).to_parquet(str(out / f"{split}.parquet"))
+
+
+def _zen_rows(name: str, split: str) -> list[dict]:
+    return zen_split(name, {"train": TRAIN, "test": TEST}[split])
+
+
+def _toolcall_rows(name: str, split: str) -> list[dict]:
+    try:
+        return toolcall_split(name, split)
+    except KeyError:
+        unknown = f"no local stand-in for dataset config trl-internal-testing/toolcall {name!r}"
+        raise HarnessUnmapped(unknown) from None
+
+
+# hub dataset -> rows of (config, split); an unknown config raises HarnessUnmapped
+_SOURCES = {"trl-internal-testing/zen": _zen_rows, "trl-internal-testing/toolcall": _toolcall_rows}
 
 
 def local_dataset_files(path: str, name: str | None) -> dict[str, str]:
     """Parquet files per split standing in for hub dataset `path` with config `name`."""
-    if path != "trl-internal-testing/zen" or not name:
+    rows = _SOURCES.get(path)
+    if rows is None or not name:
         raise HarnessUnmapped(f"no local stand-in for hub dataset {path!r} (config {name!r})")
-    zen_split(name, TRAIN[:1])  # refuse unknown configs before writing anything
-    folder = publish_once(_root() / "datasets" / "zen" / name, "test.parquet", lambda out: _write(name, out))
+    rows(name, "test")  # refuse unknown configs before writing anything
+    folder = _root() / "datasets" / path.rpartition("/")[2] / name
+    folder = publish_once(folder, "test.parquet", lambda out: _write(lambda split: rows(name, split), out))
     return {split: str(folder / f"{split}.parquet") for split in ("train", "test")}
