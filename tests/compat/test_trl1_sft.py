@@ -200,6 +200,37 @@ def test_chat_template_path(tmp_path, tokenizer):
     trainer.train()
 
 
+def test_chat_template_path_names_a_model_in_the_hub_cache(tmp_path, tokenizer, monkeypatch):
+    """TRL's own tests pass `chat_template_path="Qwen/Qwen3-4B"`: a model name, read here from the local hub
+    cache (a snapshot folder named by refs/main), never downloaded."""
+    from huggingface_hub import constants
+
+    source = tiny_tokenizer(padding_side="right")
+    source.chat_template = GENERATION_CHAT_TEMPLATE
+    repo = tmp_path / "hub" / "models--Org--chat-model"
+    source.save_pretrained(repo / "snapshots" / ("0" * 40))
+    tiny_model("llama").config.save_pretrained(repo / "snapshots" / ("0" * 40))  # a model's snapshot has one
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0" * 40)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    trainer = SFTTrainer(
+        model=tiny_model("llama"),
+        args=_args(tmp_path, chat_template_path="Org/chat-model", assistant_only_loss=True),
+        train_dataset=datasets.Dataset.from_list(MESSAGES),
+        processing_class=tokenizer,
+    )
+    assert trainer.processing_class.chat_template == GENERATION_CHAT_TEMPLATE
+    with pytest.raises(
+        ValueError, match="chat_template_path 'Org/missing' is not a local file, folder or cached"
+    ):
+        SFTTrainer(
+            model=tiny_model("llama"),
+            args=_args(tmp_path, chat_template_path="Org/missing"),
+            train_dataset=datasets.Dataset.from_list(MESSAGES),
+            processing_class=tokenizer,
+        )
+
+
 def test_prompt_tuning(tmp_path, tokenizer):
     from peft import PromptTuningConfig
 
