@@ -12,10 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-
-def _looks_like_model_name(text: str) -> bool:
-    """ "Org/name" as the hub spells a model, as opposed to a path of ours ("./x", "/x", "a/b/c")."""
-    return text.count("/") == 1 and not text.startswith((".", "/", "~")) and "\\" not in text
+from rlhfkit.data.loading import is_model_name, offline_error
 
 
 def _tokenizer_template(source: str) -> tuple[str, list[str]]:
@@ -26,8 +23,6 @@ def _tokenizer_template(source: str) -> tuple[str, list[str]]:
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
     except OSError:
-        from rlhfkit.data.loading import offline_error
-
         hint = "Pass a .jinja/.j2 file or a local tokenizer folder"
         raise offline_error("chat_template_path", source, hint, kind="file, folder or cached model") from None
     template = getattr(tokenizer, "chat_template", None)
@@ -45,7 +40,7 @@ def read_chat_template(path: str | Path) -> tuple[str, list[str]]:
         return path.read_text(encoding="utf-8"), []
     if path.is_dir():
         return _tokenizer_template(str(path))
-    if not path.exists() and _looks_like_model_name(text):
+    if not path.exists() and is_model_name(text):
         return _tokenizer_template(text)
     raise ValueError(
         f"chat_template_path={text!r} must be a .jinja/.j2 file or a local tokenizer folder; "
