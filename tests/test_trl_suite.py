@@ -189,6 +189,46 @@ def test_qwen3_template_stand_in_renders_tool_results_and_thinking(monkeypatch):
     assert tokenizer.get_vocab() == AutoTokenizer.from_pretrained(hub_models.tokenizer_dir()).get_vocab()
 
 
+def test_harmony_stand_in_has_thinking_replies_and_the_gpt_oss_tokenizer_renders_them(monkeypatch):
+    datasets = _harness("hub_datasets", monkeypatch)
+    expected = {
+        "language_modeling": ["messages"],
+        "prompt_completion": ["prompt", "completion"],
+        "preference": ["prompt", "chosen", "rejected"],
+    }
+    for name, columns in expected.items():
+        rows = datasets.harmony_split(name, datasets.TRAIN)
+        assert len(rows) == 17 and list(rows[0]) == columns, name
+    row = datasets.harmony_split("prompt_completion", datasets.TRAIN)[0]
+    assert [m["role"] for m in row["prompt"]] == ["developer", "user"]
+    assert row["completion"][0]["thinking"] and row["completion"][0]["content"] == "rises in the east."
+    with pytest.raises(datasets.HarnessUnmapped, match="harmony 'prompt_only'"):
+        datasets.harmony_split("prompt_only", datasets.TRAIN)
+    from transformers import AutoTokenizer
+
+    hub_models = _harness("hub_models", monkeypatch)
+    tokenizer = AutoTokenizer.from_pretrained(
+        hub_models.local_model_dir("trl-internal-testing/tiny-GptOssForCausalLM")
+    )
+    assert tokenizer.eos_token == "<|return|>"
+    prompt = tokenizer.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True)
+    full = tokenizer.apply_chat_template(row["prompt"] + row["completion"], tokenize=False)
+    assert full.startswith(prompt) and prompt.endswith(
+        "<|start|>user<|message|>Finish the sentence: The sun<|end|><|start|>assistant"
+    )
+    completion = full[len(prompt) :]
+    thinking = row["completion"][0]["thinking"]
+    assert completion == (
+        f"<|channel|>analysis<|message|>{thinking}<|end|>"
+        "<|start|>assistant<|channel|>final<|message|>rises in the east.<|return|>"
+    )
+    # harmony's markers are single tokens
+    for marker in ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>"):
+        assert tokenizer(marker, add_special_tokens=False)["input_ids"] == [
+            tokenizer.convert_tokens_to_ids(marker)
+        ]
+
+
 def test_causes_group_failures_that_share_a_fix(monkeypatch):
     causes = _harness("causes", monkeypatch)
     assert (

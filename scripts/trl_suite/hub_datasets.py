@@ -1,5 +1,6 @@
-"""Local stand-ins for `trl-internal-testing/zen`, the small dataset TRL's tests train on (and the
-`toolcall` dataset, whose rows hub_toolcall.py writes).
+"""Local stand-ins for `trl-internal-testing/zen`, the small dataset TRL's tests train on, for its
+gpt-oss twin `harmony` (the same sentences as developer/user/assistant chats, replies with `thinking`),
+and for the `toolcall` dataset, whose rows hub_toolcall.py writes.
 
 Each config of the hub dataset (`standard_prompt_only`, `conversational_preference`, ...) is rebuilt
 with the same columns and splits (17 train rows, 2 test rows) from short sentences of our own, written
@@ -84,6 +85,36 @@ def zen_split(name: str, pairs: list[tuple[str, str]]) -> list[dict]:
     return rows
 
 
+def _harmony_row(config: str, prompt: str, chosen: str, rejected: str) -> dict:
+    """A zen sentence as gpt-oss chats are written: a developer instruction and an assistant reply with its
+    `thinking` (the analysis channel), as in `trl-internal-testing/harmony`."""
+    asked = [{"role": "developer", "content": "Finish sentences plainly."}, *_user(prompt)]
+
+    def reply(text: str) -> list[dict]:
+        thinking = f"The sentence starts with {prompt!r}."
+        return [{"role": "assistant", "content": text.strip(), "thinking": thinking}]
+
+    good, bad = reply(chosen), reply(rejected)
+    return {
+        "language_modeling": {"messages": asked + good},
+        "prompt_completion": {"prompt": asked, "completion": good},
+        "preference": {"prompt": asked, "chosen": good, "rejected": bad},
+    }[config]
+
+
+def harmony_split(name: str, pairs: list[tuple[str, str]]) -> list[dict]:
+    """The rows of one split of harmony config `name` ("language_modeling", "prompt_completion",
+    "preference")."""
+    rows = []
+    for index, (prompt, chosen) in enumerate(pairs):
+        try:
+            rows.append(_harmony_row(name, prompt, chosen, pairs[(index + 1) % len(pairs)][1]))
+        except KeyError:
+            unknown = f"no local stand-in for dataset config trl-internal-testing/harmony {name!r}"
+            raise HarnessUnmapped(unknown) from None
+    return rows
+
+
 def _write(rows_of, out: Path) -> None:
     from datasets import Dataset
 
@@ -103,8 +134,16 @@ def _toolcall_rows(name: str, split: str) -> list[dict]:
         raise HarnessUnmapped(unknown) from None
 
 
+def _harmony_rows(name: str, split: str) -> list[dict]:
+    return harmony_split(name, {"train": TRAIN, "test": TEST}[split])
+
+
 # hub dataset -> rows of (config, split); an unknown config raises HarnessUnmapped
-_SOURCES = {"trl-internal-testing/zen": _zen_rows, "trl-internal-testing/toolcall": _toolcall_rows}
+_SOURCES = {
+    "trl-internal-testing/zen": _zen_rows,
+    "trl-internal-testing/toolcall": _toolcall_rows,
+    "trl-internal-testing/harmony": _harmony_rows,
+}
 
 
 def local_dataset_files(path: str, name: str | None) -> dict[str, str]:

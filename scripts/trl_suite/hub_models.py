@@ -15,7 +15,7 @@ import os
 import re
 from pathlib import Path
 
-from hub_templates import CHATML, CHATML_TOKENS, QWEN3
+from hub_templates import CHATML, CHATML_TOKENS, HARMONY, HARMONY_TOKENS, QWEN3
 
 from rlhfkit.testing.cache import cache_root, publish_once
 from rlhfkit.testing.models import SEED
@@ -56,13 +56,13 @@ def _root() -> Path:
     return cache_root() / "trl-suite-v4"
 
 
-def _build_tokenizer(out: Path) -> None:
+def _build_tokenizer(out: Path, tokens=CHATML_TOKENS, eos="<|im_end|>", template=CHATML) -> None:
     from transformers import PreTrainedTokenizerFast
 
     tokenizer = PreTrainedTokenizerFast.from_pretrained(tiny_tokenizer_path())
-    tokenizer.add_special_tokens({"additional_special_tokens": list(CHATML_TOKENS)})
-    tokenizer.eos_token = "<|im_end|>"
-    tokenizer.chat_template = CHATML
+    tokenizer.add_special_tokens({"additional_special_tokens": list(tokens)})
+    tokenizer.eos_token = eos
+    tokenizer.chat_template = template
     tokenizer.padding_side = "right"  # the transformers default; trainers that generate set "left" themselves
     tokenizer.save_pretrained(out)
 
@@ -70,6 +70,16 @@ def _build_tokenizer(out: Path) -> None:
 def tokenizer_dir() -> Path:
     """The harness tokenizer: rlhfkit's tiny BPE, ChatML markers, EOS `<|im_end|>`, right padding."""
     return publish_once(_root() / "tokenizer", "tokenizer.json", _build_tokenizer)
+
+
+def harmony_tokenizer_dir() -> Path:
+    """The gpt-oss stand-in's tokenizer: the same BPE with harmony's markers, EOS `<|return|>`."""
+    build = lambda out: _build_tokenizer(out, HARMONY_TOKENS, "<|return|>", HARMONY)  # noqa: E731
+    return publish_once(_root() / "tokenizer-harmony", "tokenizer.json", build)
+
+
+# model families whose stand-in renders chats its own way (every other model uses `tokenizer_dir`)
+_TOKENIZER_OF = {"GptOssForCausalLM": harmony_tokenizer_dir}
 
 
 def model_class(model_id: str):
@@ -107,7 +117,7 @@ def _build_model(model_id: str, out: Path) -> None:
     from transformers import AutoTokenizer, GenerationConfig
 
     cls = model_class(model_id)
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir())
+    tokenizer = AutoTokenizer.from_pretrained(_TOKENIZER_OF.get(cls.__name__, tokenizer_dir)())
     config = _tiny_config(cls, tokenizer, _LAYERS.get(model_id))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(SEED)

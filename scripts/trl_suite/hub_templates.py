@@ -5,6 +5,7 @@
 `chat_template_path`: the same turns plus Qwen3's habits, tool results gathered in a user turn between
 `<tool_response>` markers and a `<think>` block before each assistant reply (empty unless the message has
 `reasoning_content`; a generation prompt opens an empty one when `enable_thinking` is false).
+`HARMONY` is the gpt-oss stand-in's: harmony turns, the assistant's `thinking` in an analysis channel.
 """
 
 from __future__ import annotations
@@ -84,3 +85,28 @@ QWEN3 = (
     {%- endif %}
 {%- endif %}"""
 )
+
+# gpt-oss's "harmony" turns: `<|start|>{role}<|message|>{content}<|end|>`, a system turn naming the
+# reasoning effort, and each assistant reply as an `analysis` channel (its `thinking`, when it has one)
+# then a `final` channel; the conversation's last reply ends with `<|return|>`, the others with `<|end|>`.
+HARMONY_TOKENS = ("<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|return|>", "<|call|>")
+HARMONY = """
+{%- macro text(message) %}
+    {%- if message.content is string %}{{- message.content }}
+    {%- elif message.content %}{%- for part in message.content %}
+        {%- if part.type == 'text' %}{{- part.text }}{%- endif %}
+    {%- endfor %}{%- endif %}
+{%- endmacro %}
+{{- '<|start|>system<|message|>Reasoning: ' + (reasoning_effort or 'medium') + '<|end|>' }}
+{%- for message in messages %}
+    {%- if message.role == 'assistant' %}
+        {%- if message.thinking %}
+            {{- '<|start|>assistant<|channel|>analysis<|message|>' + message.thinking + '<|end|>' }}
+        {%- endif %}
+        {{- '<|start|>assistant<|channel|>final<|message|>' }}{{- text(message) }}
+        {{- '<|return|>' if loop.last else '<|end|>' }}
+    {%- else %}
+        {{- '<|start|>' + message.role + '<|message|>' }}{{- text(message) }}{{- '<|end|>' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|start|>assistant' }}{%- endif %}"""
