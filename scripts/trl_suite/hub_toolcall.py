@@ -5,7 +5,7 @@ Two configs, as TRL's tests read them: `language_modeling` (`messages`, `tools`)
 tests also decode it into a list of dicts); the assistant's call is a message with `tool_calls`
 (`{"type": "function", "function": {"name", "arguments"}}`, arguments as a dict) and its result a
 `tool` message. Rows differ in which tools they offer and in their arguments' keys, so once stored as
-Arrow structs the missing keys come back as None, as they do in the hub copy.
+Arrow structs the missing keys come back as None: the case TRL's `_as_json` tests guard against.
 """
 
 from __future__ import annotations
