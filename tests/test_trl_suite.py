@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 HARNESS = Path(__file__).resolve().parent.parent / "scripts" / "trl_suite"
 
@@ -90,6 +94,139 @@ def test_model_ids_name_transformers_classes_and_multimodal_ones_are_refused(mon
         hub_models.model_class("trl-internal-testing/tiny-RemoteForCausalLM")
     assert hub_models.is_hub_id("trl-internal-testing/zen") and hub_models.is_hub_id("gpt2")
     assert not hub_models.is_hub_id("/tmp") and not hub_models.is_hub_id("./out/model")
+
+
+def test_remote_code_stand_in_loads_only_when_its_code_is_trusted(monkeypatch):
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    hub_models = _harness("hub_models", monkeypatch)
+    folder = str(hub_models.local_model_dir("trl-internal-testing/tiny-RemoteForCausalLM"))
+    with pytest.raises(ValueError, match="custom code"):
+        AutoModelForCausalLM.from_pretrained(folder)
+    assert type(AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)).__name__ == (
+        "RemoteForCausalLM"
+    )
+    scorer = AutoModelForSequenceClassification.from_pretrained(folder, trust_remote_code=True, num_labels=1)
+    assert type(scorer).__name__ == "RemoteForSequenceClassification"
+    assert scorer(input_ids=torch.tensor([[5, 6, 7]])).logits.shape == (1, 1)
+
+
+def test_auto_classes_hand_the_custom_code_loader_the_local_folder(tmp_path):
+    """Each AutoModelFor... class has its own from_pretrained: mapping only the base class left the
+    custom-code loader looking for the hub id online (run in a subprocess: the map patches transformers)."""
+    script = (
+        "import plugin; plugin._install_model_map()\n"
+        "from transformers import AutoModelForCausalLM\n"
+        "model = AutoModelForCausalLM.from_pretrained('trl-internal-testing/tiny-RemoteForCausalLM',"
+        " trust_remote_code=True)\n"
+        "print(type(model).__name__)\n"
+    )
+    path = os.pathsep.join([str(HARNESS), os.environ.get("PYTHONPATH", "")])
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=path)
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "RemoteForCausalLM"
+
+
+def test_gpt2_stand_in_has_the_layers_the_value_head_tests_read(monkeypatch):
+    hub_models = _harness("hub_models", monkeypatch)
+    folder = hub_models.local_model_dir("trl-internal-testing/tiny-random-GPT2LMHeadModel")
+    config = json.loads((folder / "config.json").read_text())
+    assert config["n_layer"] == 5  # v0.11.4's test_independent_reference reads layer index 4
+    from transformers import AutoTokenizer, GPT2LMHeadModel
+
+    tokenizer = AutoTokenizer.from_pretrained(hub_models.tokenizer_dir())
+    assert hub_models._tiny_config(GPT2LMHeadModel, tokenizer).n_layer == 2  # other ids keep two
+
+
+def test_toolcall_stand_in_has_tool_schemas_calls_and_results(monkeypatch):
+    datasets = _harness("hub_datasets", monkeypatch)
+    files = datasets.local_dataset_files("trl-internal-testing/toolcall", "language_modeling")
+    from datasets import load_dataset
+
+    rows = load_dataset("parquet", data_files=files, split="train")
+    assert rows.column_names == ["messages", "tools"] and len(rows) == 6
+    tools = json.loads(rows[0]["tools"])  # a JSON string, as the tests decode it
+    assert tools[0]["function"]["name"] == "get_weather"
+    roles = [message["role"] for message in rows[0]["messages"]]
+    assert roles == ["user", "assistant", "tool", "assistant"]
+    call = rows[0]["messages"][1]["tool_calls"][0]["function"]
+    assert call["name"] == "get_weather" and call["arguments"]["city"] == "Paris"
+    preference = datasets.local_dataset_files("trl-internal-testing/toolcall", "preference")
+    pairs = load_dataset("parquet", data_files=preference, split="train")
+    assert pairs.column_names == ["prompt", "chosen", "rejected", "tools"]
+    assert pairs[0]["prompt"][-1]["role"] == "tool" and pairs[0]["chosen"] != pairs[0]["rejected"]
+    with pytest.raises(datasets.HarnessUnmapped, match="toolcall 'vision'"):
+        datasets.local_dataset_files("trl-internal-testing/toolcall", "vision")
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(_harness("hub_models", monkeypatch).tokenizer_dir())
+    text = tokenizer.apply_chat_template(rows[0]["messages"], tools=tools, tokenize=False)
+    assert '"name": "get_weather"' in text and "<tool_call>" in text and "sunny, 21 C" in text
+
+
+def test_qwen3_template_stand_in_renders_tool_results_and_thinking(monkeypatch):
+    from transformers import AutoTokenizer
+
+    hub_models = _harness("hub_models", monkeypatch)
+    tokenizer = AutoTokenizer.from_pretrained(hub_models.local_model_dir("Qwen/Qwen3-4B"))
+    chat = [
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}
+        ]},
+        {"role": "tool", "content": "snow"},
+    ]  # fmt: skip
+    text = tokenizer.apply_chat_template(
+        chat, tokenize=False, add_generation_prompt=True, enable_thinking=False
+    )
+    assert text.startswith("<|im_start|>user\nWeather in Oslo?<|im_end|>\n")
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>' in text
+    assert "<|im_start|>user\n<tool_response>\nsnow\n</tool_response><|im_end|>\n" in text
+    assert text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    # only the template differs from the harness tokenizer: a template-only stand-in
+    assert tokenizer.get_vocab() == AutoTokenizer.from_pretrained(hub_models.tokenizer_dir()).get_vocab()
+
+
+def test_harmony_stand_in_has_thinking_replies_and_the_gpt_oss_tokenizer_renders_them(monkeypatch):
+    datasets = _harness("hub_datasets", monkeypatch)
+    expected = {
+        "language_modeling": ["messages"],
+        "prompt_completion": ["prompt", "completion"],
+        "preference": ["prompt", "chosen", "rejected"],
+    }
+    for name, columns in expected.items():
+        rows = datasets.harmony_split(name, datasets.TRAIN)
+        assert len(rows) == 17 and list(rows[0]) == columns, name
+    row = datasets.harmony_split("prompt_completion", datasets.TRAIN)[0]
+    assert [m["role"] for m in row["prompt"]] == ["developer", "user"]
+    assert row["completion"][0]["thinking"] and row["completion"][0]["content"] == "rises in the east."
+    with pytest.raises(datasets.HarnessUnmapped, match="harmony 'prompt_only'"):
+        datasets.harmony_split("prompt_only", datasets.TRAIN)
+    from transformers import AutoTokenizer
+
+    hub_models = _harness("hub_models", monkeypatch)
+    tokenizer = AutoTokenizer.from_pretrained(
+        hub_models.local_model_dir("trl-internal-testing/tiny-GptOssForCausalLM")
+    )
+    assert tokenizer.eos_token == "<|return|>"
+    prompt = tokenizer.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True)
+    full = tokenizer.apply_chat_template(row["prompt"] + row["completion"], tokenize=False)
+    assert full.startswith(prompt) and prompt.endswith(
+        "<|start|>user<|message|>Finish the sentence: The sun<|end|><|start|>assistant"
+    )
+    completion = full[len(prompt) :]
+    thinking = row["completion"][0]["thinking"]
+    assert completion == (
+        f"<|channel|>analysis<|message|>{thinking}<|end|>"
+        "<|start|>assistant<|channel|>final<|message|>rises in the east.<|return|>"
+    )
+    # harmony's markers are single tokens
+    for marker in ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>"):
+        assert tokenizer(marker, add_special_tokens=False)["input_ids"] == [
+            tokenizer.convert_tokens_to_ids(marker)
+        ]
 
 
 def test_causes_group_failures_that_share_a_fix(monkeypatch):

@@ -1,4 +1,6 @@
-"""Local stand-ins for `trl-internal-testing/zen`, the small dataset TRL's tests train on.
+"""Local stand-ins for `trl-internal-testing/zen`, the small dataset TRL's tests train on, for its
+gpt-oss twin `harmony` (the same sentences as developer/user/assistant chats, replies with `thinking`),
+and for the `toolcall` dataset, whose rows hub_toolcall.py writes.
 
 Each config of the hub dataset (`standard_prompt_only`, `conversational_preference`, ...) is rebuilt
 with the same columns and splits (17 train rows, 2 test rows) from short sentences of our own, written
@@ -11,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hub_models import HarnessUnmapped, _root
+from hub_toolcall import toolcall_split
 
 from rlhfkit.testing.cache import publish_once
 
@@ -82,17 +85,73 @@ def zen_split(name: str, pairs: list[tuple[str, str]]) -> list[dict]:
     return rows
 
 
-def _write(name: str, out: Path) -> None:
+def _harmony_row(config: str, prompt: str, chosen: str, rejected: str) -> dict:
+    """A zen sentence as gpt-oss chats are written: a developer instruction and an assistant reply with its
+    `thinking` (the analysis channel), as in `trl-internal-testing/harmony`."""
+    asked = [{"role": "developer", "content": "Finish sentences plainly."}, *_user(prompt)]
+
+    def reply(text: str) -> list[dict]:
+        thinking = f"The sentence starts with {prompt!r}."
+        return [{"role": "assistant", "content": text.strip(), "thinking": thinking}]
+
+    good, bad = reply(chosen), reply(rejected)
+    return {
+        "language_modeling": {"messages": asked + good},
+        "prompt_completion": {"prompt": asked, "completion": good},
+        "preference": {"prompt": asked, "chosen": good, "rejected": bad},
+    }[config]
+
+
+def harmony_split(name: str, pairs: list[tuple[str, str]]) -> list[dict]:
+    """The rows of one split of harmony config `name` ("language_modeling", "prompt_completion",
+    "preference")."""
+    rows = []
+    for index, (prompt, chosen) in enumerate(pairs):
+        try:
+            rows.append(_harmony_row(name, prompt, chosen, pairs[(index + 1) % len(pairs)][1]))
+        except KeyError:
+            unknown = f"no local stand-in for dataset config trl-internal-testing/harmony {name!r}"
+            raise HarnessUnmapped(unknown) from None
+    return rows
+
+
+def _write(rows_of, out: Path) -> None:
     from datasets import Dataset
 
-    for split, pairs in (("train", TRAIN), ("test", TEST)):
-        Dataset.from_list(zen_split(name, pairs)).to_parquet(str(out / f"{split}.parquet"))
+    for split in ("train", "test"):
+        Dataset.from_list(rows_of(split)).to_parquet(str(out / f"{split}.parquet"))
+
+
+def _zen_rows(name: str, split: str) -> list[dict]:
+    return zen_split(name, {"train": TRAIN, "test": TEST}[split])
+
+
+def _toolcall_rows(name: str, split: str) -> list[dict]:
+    try:
+        return toolcall_split(name, split)
+    except KeyError:
+        unknown = f"no local stand-in for dataset config trl-internal-testing/toolcall {name!r}"
+        raise HarnessUnmapped(unknown) from None
+
+
+def _harmony_rows(name: str, split: str) -> list[dict]:
+    return harmony_split(name, {"train": TRAIN, "test": TEST}[split])
+
+
+# hub dataset -> rows of (config, split); an unknown config raises HarnessUnmapped
+_SOURCES = {
+    "trl-internal-testing/zen": _zen_rows,
+    "trl-internal-testing/toolcall": _toolcall_rows,
+    "trl-internal-testing/harmony": _harmony_rows,
+}
 
 
 def local_dataset_files(path: str, name: str | None) -> dict[str, str]:
     """Parquet files per split standing in for hub dataset `path` with config `name`."""
-    if path != "trl-internal-testing/zen" or not name:
+    rows = _SOURCES.get(path)
+    if rows is None or not name:
         raise HarnessUnmapped(f"no local stand-in for hub dataset {path!r} (config {name!r})")
-    zen_split(name, TRAIN[:1])  # refuse unknown configs before writing anything
-    folder = publish_once(_root() / "datasets" / "zen" / name, "test.parquet", lambda out: _write(name, out))
+    rows(name, "test")  # refuse unknown configs before writing anything
+    folder = _root() / "datasets" / path.rpartition("/")[2] / name
+    folder = publish_once(folder, "test.parquet", lambda out: _write(lambda split: rows(name, split), out))
     return {split: str(folder / f"{split}.parquet") for split in ("train", "test")}

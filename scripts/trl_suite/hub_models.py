@@ -5,7 +5,8 @@ sizes, random seeded weights, and a byte-level tokenizer derived from `rlhfkit.t
 ChatML turn markers and a chat template that renders tools, as the tiny Qwen models' do). Ids that
 need more than a tokenizer (vision-language models with image processors) or that do not name a
 class raise `HarnessUnmapped`: the harness, not rlhfkit, cannot run those tests, and the report
-counts them apart.
+counts them apart. A few ids have stand-ins of their own (`_SPECIAL`): the custom-code model
+(hub_remote_model.py) and a Qwen3 checkpoint named only for its chat template (hub_templates.py).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+
+from hub_templates import CHATML, CHATML_TOKENS, HARMONY, HARMONY_TOKENS, QWEN3
 
 from rlhfkit.testing.cache import cache_root, publish_once
 from rlhfkit.testing.models import SEED
@@ -44,33 +47,22 @@ _SIZES = dict(
 # sizes a config refuses to take under that name (it wants the encoder/decoder names instead)
 _REFUSED = {"ProphetNetConfig": {"num_hidden_layers"}}
 
-CHATML_TOKENS = ("<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>")
-# ChatML turns; tools go in a system turn, tool calls as JSON between <tool_call> markers.
-CHAT_TEMPLATE = (
-    "{%- if tools %}<|im_start|>system\nYou may call these tools:\n"
-    "{%- for tool in tools %}\n{{ tool | tojson }}{%- endfor %}<|im_end|>\n{%- endif %}"
-    "{%- for message in messages %}<|im_start|>{{ message['role'] }}\n"
-    "{%- if message['content'] is string %}{{ message['content'] }}"
-    "{%- elif message['content'] %}{%- for part in message['content'] %}"
-    "{%- if part['type'] == 'text' %}{{ part['text'] }}{%- endif %}{%- endfor %}{%- endif %}"
-    "{%- for call in message.get('tool_calls') or [] %}\n<tool_call>\n"
-    "{{ {'name': (call.function or call).name, 'arguments': (call.function or call).arguments} | tojson }}"
-    "\n</tool_call>{%- endfor %}<|im_end|>\n{%- endfor %}"
-    "{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}"
-)
+# layers an id's stand-in has instead of 2: v0.11.4's value-head tests read layer index 4 of this one, as
+# TRL's copy has 5 (only this id: others keep the random weights their tests' outcomes were measured on)
+_LAYERS = {"trl-internal-testing/tiny-random-GPT2LMHeadModel": 5}
 
 
 def _root() -> Path:
-    return cache_root() / "trl-suite-v3"
+    return cache_root() / "trl-suite-v4"
 
 
-def _build_tokenizer(out: Path) -> None:
+def _build_tokenizer(out: Path, tokens=CHATML_TOKENS, eos="<|im_end|>", template=CHATML) -> None:
     from transformers import PreTrainedTokenizerFast
 
     tokenizer = PreTrainedTokenizerFast.from_pretrained(tiny_tokenizer_path())
-    tokenizer.add_special_tokens({"additional_special_tokens": list(CHATML_TOKENS)})
-    tokenizer.eos_token = "<|im_end|>"
-    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.add_special_tokens({"additional_special_tokens": list(tokens)})
+    tokenizer.eos_token = eos
+    tokenizer.chat_template = template
     tokenizer.padding_side = "right"  # the transformers default; trainers that generate set "left" themselves
     tokenizer.save_pretrained(out)
 
@@ -78,6 +70,16 @@ def _build_tokenizer(out: Path) -> None:
 def tokenizer_dir() -> Path:
     """The harness tokenizer: rlhfkit's tiny BPE, ChatML markers, EOS `<|im_end|>`, right padding."""
     return publish_once(_root() / "tokenizer", "tokenizer.json", _build_tokenizer)
+
+
+def harmony_tokenizer_dir() -> Path:
+    """The gpt-oss stand-in's tokenizer: the same BPE with harmony's markers, EOS `<|return|>`."""
+    build = lambda out: _build_tokenizer(out, HARMONY_TOKENS, "<|return|>", HARMONY)  # noqa: E731
+    return publish_once(_root() / "tokenizer-harmony", "tokenizer.json", build)
+
+
+# model families whose stand-in renders chats its own way (every other model uses `tokenizer_dir`)
+_TOKENIZER_OF = {"GptOssForCausalLM": harmony_tokenizer_dir}
 
 
 def model_class(model_id: str):
@@ -94,10 +96,12 @@ def model_class(model_id: str):
     return cls
 
 
-def _tiny_config(cls, tokenizer):
+def _tiny_config(cls, tokenizer, layers: int | None = None):
     default = cls.config_class()
     refused = _REFUSED.get(cls.config_class.__name__, set())
     sizes = {key: value for key, value in _SIZES.items() if hasattr(default, key) and key not in refused}
+    if layers is not None and "num_hidden_layers" in sizes:
+        sizes["num_hidden_layers"] = layers
     special = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id}
     special["pad_token_id"] = tokenizer.pad_token_id
     if default.is_encoder_decoder:
@@ -113,8 +117,8 @@ def _build_model(model_id: str, out: Path) -> None:
     from transformers import AutoTokenizer, GenerationConfig
 
     cls = model_class(model_id)
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir())
-    config = _tiny_config(cls, tokenizer)
+    tokenizer = AutoTokenizer.from_pretrained(_TOKENIZER_OF.get(cls.__name__, tokenizer_dir)())
+    config = _tiny_config(cls, tokenizer, _LAYERS.get(model_id))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(SEED)
         model = cls(config)
@@ -127,11 +131,37 @@ def _build_model(model_id: str, out: Path) -> None:
     tokenizer.save_pretrained(out)
 
 
+def _build_qwen3_tokenizer(out: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir())
+    tokenizer.chat_template = QWEN3
+    tokenizer.save_pretrained(out)
+
+
+def _build_remote_model(out: Path) -> None:
+    from hub_remote_model import build_remote_model
+    from transformers import AutoTokenizer
+
+    build_remote_model(out, _tiny_config, AutoTokenizer.from_pretrained(tokenizer_dir()))
+
+
+# ids whose stand-in is not "a transformers class with tiny sizes": (builder, a file every finished copy has)
+_SPECIAL = {
+    "trl-internal-testing/tiny-RemoteForCausalLM": (_build_remote_model, "modeling_remote.py"),
+    # named as a `chat_template_path` only: a tokenizer with a Qwen3-style template, no weights
+    "Qwen/Qwen3-4B": (_build_qwen3_tokenizer, "tokenizer_config.json"),
+}
+
+
 def local_model_dir(model_id: str) -> Path:
     """Folder holding the stand-in for `model_id` (built once, cached under rlhfkit's test cache)."""
-    model_class(model_id)  # refuse unmapped ids before building anything
+    build, marker = _SPECIAL.get(model_id, (None, "config.json"))
+    if build is None:
+        model_class(model_id)  # refuse unmapped ids before building anything
+        build = lambda out: _build_model(model_id, out)  # noqa: E731
     safe = model_id.replace("/", "--")
-    return publish_once(_root() / "models" / safe, "config.json", lambda out: _build_model(model_id, out))
+    return publish_once(_root() / "models" / safe, marker, build)
 
 
 def is_hub_id(value: object) -> bool:

@@ -30,6 +30,15 @@ _NEEDS_QWEN_TOKENIZER: set[str] = set()
 _OUTCOMES: dict[str, dict] = {}  # node id -> {"outcome", "reason", "duration"}
 
 
+def _subclasses(cls: type) -> list[type]:
+    import transformers.models.auto.modeling_auto  # noqa: F401  (defines the AutoModelFor... classes)
+
+    found = []
+    for sub in cls.__subclasses__():
+        found += [sub, *_subclasses(sub)]
+    return found
+
+
 def _install_model_map() -> None:
     """Route `from_pretrained(<hub id>)` of every transformers loader to the local stand-in folder."""
     import transformers
@@ -41,6 +50,9 @@ def _install_model_map() -> None:
         transformers.PreTrainedModel, transformers.PreTrainedTokenizerBase, transformers.PretrainedConfig,
         transformers.GenerationConfig, transformers.ProcessorMixin,
     ]  # fmt: skip
+    # Each AutoModelFor... class carries its own copy of from_pretrained, which hands the name it was given
+    # to the custom-code loader: it must see the local folder too, not only the classes it calls.
+    owners += [cls for cls in _subclasses(_BaseAutoModelClass) if "from_pretrained" in cls.__dict__]
     for owner in owners:
         original = owner.__dict__["from_pretrained"].__func__
 

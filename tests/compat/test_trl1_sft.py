@@ -7,6 +7,8 @@ that the call is accepted.
 
 from __future__ import annotations
 
+import json
+
 import datasets
 import pytest
 import torch
@@ -198,6 +200,65 @@ def test_chat_template_path(tmp_path, tokenizer):
     )
     assert trainer.processing_class.chat_template == GENERATION_CHAT_TEMPLATE
     trainer.train()
+
+
+def test_chat_template_path_names_a_model_in_the_hub_cache(tmp_path, tokenizer, monkeypatch):
+    """TRL's own tests pass `chat_template_path="Qwen/Qwen3-4B"`: a model name, read here from the local hub
+    cache (a snapshot folder named by refs/main), never downloaded."""
+    from huggingface_hub import constants
+
+    source = tiny_tokenizer(padding_side="right")
+    source.chat_template = GENERATION_CHAT_TEMPLATE
+    repo = tmp_path / "hub" / "models--Org--chat-model"
+    source.save_pretrained(repo / "snapshots" / ("0" * 40))
+    tiny_model("llama").config.save_pretrained(repo / "snapshots" / ("0" * 40))  # a model's snapshot has one
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0" * 40)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    trainer = SFTTrainer(
+        model=tiny_model("llama"),
+        args=_args(tmp_path, chat_template_path="Org/chat-model", assistant_only_loss=True),
+        train_dataset=datasets.Dataset.from_list(MESSAGES),
+        processing_class=tokenizer,
+    )
+    assert trainer.processing_class.chat_template == GENERATION_CHAT_TEMPLATE
+    with pytest.raises(
+        ValueError, match="chat_template_path 'Org/missing' is not a local file, folder or cached"
+    ):
+        SFTTrainer(
+            model=tiny_model("llama"),
+            args=_args(tmp_path, chat_template_path="Org/missing"),
+            train_dataset=datasets.Dataset.from_list(MESSAGES),
+            processing_class=tokenizer,
+        )
+
+
+CUSTOM_TOKENIZER = """from transformers import PreTrainedTokenizerFast
+
+
+class CustomTokenizerFast(PreTrainedTokenizerFast):
+    pass
+"""
+
+
+def test_trust_remote_code_also_covers_the_tokenizer_code_in_the_model_folder(tmp_path):
+    """A model given by path brings its tokenizer, whose class may be code in the folder (tokenizer_config's
+    `auto_map`): `trust_remote_code` lets it run there too, not only for the model."""
+    folder = tmp_path / "custom"
+    tiny_model("llama").save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    (folder / "tokenization_custom.py").write_text(CUSTOM_TOKENIZER)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config.update(
+        tokenizer_class="CustomTokenizerFast",
+        auto_map={"AutoTokenizer": [None, "tokenization_custom.CustomTokenizerFast"]},
+    )
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    data = datasets.Dataset.from_list(TEXT)
+    with pytest.raises(ValueError, match="custom code"):
+        SFTTrainer(model=str(folder), args=_args(tmp_path), train_dataset=data)
+    trainer = SFTTrainer(model=str(folder), args=_args(tmp_path, trust_remote_code=True), train_dataset=data)
+    assert type(trainer.processing_class).__name__ == "CustomTokenizerFast"
 
 
 def test_prompt_tuning(tmp_path, tokenizer):

@@ -85,6 +85,33 @@ def test_grpo_reward_model_path_reads_its_own_tokenizer(tmp_path, small_reward):
     assert torch.isfinite(torch.tensor(logs["reward"]))
 
 
+def test_grpo_reward_model_name_in_the_hub_cache_reads_its_own_tokenizer(tmp_path, small_reward, monkeypatch):
+    """`reward_funcs="org/name"` (TRL's tests name hub reward models so): the model and its tokenizer both
+    come from the local hub cache; before, the name's tokenizer was never looked up and the small
+    reward model was refused for the policy's larger vocabulary."""
+    from huggingface_hub import constants
+
+    from rlhfkit.trainers.grpo.config import GRPOConfig
+    from rlhfkit.trainers.grpo.trainer import GRPOTrainer
+
+    repo = tmp_path / "hub" / "models--Org--small-reward"
+    shutil.copytree(small_reward[0], repo / "snapshots" / ("0" * 40))
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0" * 40)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    assert len(folder_tokenizer("Org/small-reward")) == SMALL_VOCAB
+    assert folder_tokenizer("Org/not-cached") is None
+    args = GRPOConfig(
+        output_dir=str(tmp_path / "out"), report_to="none", use_cpu=True, per_device_train_batch_size=4,
+        num_generations=4, max_completion_length=5, max_steps=1, save_strategy="no", disable_tqdm=True,
+    )  # fmt: skip
+    trainer = GRPOTrainer(
+        tiny_model("llama"), "Org/small-reward", args=args, train_dataset=toy_prompt_dataset(n=8),
+        processing_class=tiny_tokenizer(padding_side="left"),
+    )  # fmt: skip
+    assert len(trainer.scorer.tokenizers[0]) == SMALL_VOCAB
+
+
 def test_grpo_reward_model_path_without_tokenizer_and_a_smaller_vocabulary(tmp_path, small_reward):
     from rlhfkit.trainers.grpo.config import GRPOConfig
     from rlhfkit.trainers.grpo.trainer import GRPOTrainer

@@ -1,9 +1,10 @@
 """`apply_chat_template_path`: replace a tokenizer's chat template by one from a file or another tokenizer.
 
 TRL 1.x's `chat_template_path` (SFT and reward configs) names either a Jinja file (`.jinja` / `.j2`) or a
-tokenizer folder whose template is taken. Only the template is taken: tokens it mentions must already be
-in the tokenizer's vocabulary (checked for the other tokenizer's special tokens, which would otherwise
-be split into pieces), so the model's embeddings never need resizing.
+tokenizer whose template is taken: a folder, or a model name ("Qwen/Qwen3-4B") already in the local hub
+cache. Only the template is taken: tokens it mentions must already be in the tokenizer's vocabulary
+(checked for the other tokenizer's special tokens, which would otherwise be split into pieces), so the
+model's embeddings never need resizing.
 """
 
 from __future__ import annotations
@@ -11,22 +12,38 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from rlhfkit.data.loading import is_model_name, offline_error
+
+
+def _tokenizer_template(source: str) -> tuple[str, list[str]]:
+    """(template, special tokens) of the tokenizer in a folder, or of a hub model already in the local cache
+    (nothing is downloaded: rlhfkit runs offline)."""
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+    except OSError:
+        hint = "Pass a .jinja/.j2 file or a local tokenizer folder"
+        raise offline_error("chat_template_path", source, hint, kind="file, folder or cached model") from None
+    template = getattr(tokenizer, "chat_template", None)
+    if not template:
+        raise ValueError(f"chat_template_path={source!r}: that tokenizer has no chat template")
+    return template, list(getattr(tokenizer, "all_special_tokens", []))
+
 
 def read_chat_template(path: str | Path) -> tuple[str, list[str]]:
-    """(template, the special tokens it comes with) from a .jinja/.j2 file or a tokenizer folder."""
+    """(template, the special tokens it comes with) from a .jinja/.j2 file, a tokenizer folder, or a model
+    name as TRL takes it ("Qwen/Qwen3-4B"), read from the local hub cache."""
+    text = str(path)
     path = Path(path).expanduser()
     if path.is_file() and path.suffix in (".jinja", ".j2"):
         return path.read_text(encoding="utf-8"), []
     if path.is_dir():
-        from transformers import AutoTokenizer
-
-        source = AutoTokenizer.from_pretrained(str(path))
-        template = getattr(source, "chat_template", None)
-        if not template:
-            raise ValueError(f"chat_template_path={str(path)!r}: that tokenizer has no chat template")
-        return template, list(getattr(source, "all_special_tokens", []))
+        return _tokenizer_template(str(path))
+    if not path.exists() and is_model_name(text):
+        return _tokenizer_template(text)
     raise ValueError(
-        f"chat_template_path={str(path)!r} must be a .jinja/.j2 file or a local tokenizer folder; "
+        f"chat_template_path={text!r} must be a .jinja/.j2 file or a local tokenizer folder; "
         f"{'no such file or folder' if not path.exists() else 'it is neither'}"
     )
 

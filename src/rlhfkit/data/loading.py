@@ -22,6 +22,12 @@ DATASET_HINT = (
 )
 
 
+def is_model_name(text: str) -> bool:
+    """ "org/name" as the hub spells a model (loadable offline once it is in the local hub cache), as
+    opposed to a path of ours ("./x", "/x", "~/x", "a/b/c")."""
+    return text.count("/") == 1 and not text.startswith((".", "/", "~")) and "\\" not in text
+
+
 def offline_error(what: str, value: str, hint: str = MODEL_HINT, kind: str = "folder") -> ValueError:
     """The one error for a name that is not on disk: every loader refuses hub names the same way."""
     return ValueError(

@@ -22,14 +22,26 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 def folder_tokenizer(
     path: str | os.PathLike, trust_remote_code: bool = False, padding_side: str | None = None
 ) -> Any | None:
-    """The tokenizer saved in the model folder `path` (pad token: eos when it has none), or None."""
-    folder = Path(path).expanduser()
-    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
-        return None
+    """The tokenizer saved with the model at `path` (pad token: eos when it has none), or None when it has
+    none. `path` is a folder, or a model name ("org/name") read from the local hub cache, as TRL loads a
+    reward model's tokenizer from its name."""
     from transformers import AutoTokenizer
 
-    options = {} if padding_side is None else {"padding_side": padding_side}
-    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code, **options)
+    from rlhfkit.data.loading import is_model_name
+
+    folder = Path(path).expanduser()
+    options = {"trust_remote_code": trust_remote_code}
+    if padding_side is not None:
+        options["padding_side"] = padding_side
+    if not folder.exists() and is_model_name(str(path)):
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(str(path), **options)
+        except OSError:  # not cached, or a cached model without tokenizer files
+            return None
+    elif any((folder / name).is_file() for name in TOKENIZER_FILES):
+        tokenizer = AutoTokenizer.from_pretrained(folder, **options)
+    else:
+        return None
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer

@@ -268,7 +268,8 @@ class ChatTemplatePath:
 
     chat_template_path: str | None = option(
         None,
-        "A Jinja file (.jinja/.j2) or a tokenizer folder whose chat template replaces the tokenizer's.",
+        "A Jinja file (.jinja/.j2), or a tokenizer folder or a model name in the local hub cache, whose chat "
+        "template replaces the tokenizer's.",
     )
 
 

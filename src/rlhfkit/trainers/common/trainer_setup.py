@@ -69,16 +69,17 @@ def resolve_args(
     args = apply_overrides(as_config(args, config_cls, owner, default_output_dir), owner, **overrides)
     if model is None and model_init is None:
         raise ValueError(f"{owner}: pass `model` (a model or a local path) or `model_init`")
+    # the model's folder may ship its tokenizer's code too: trusted as far as the model's is
+    kwargs = args.from_pretrained_kwargs() if hasattr(args, "from_pretrained_kwargs") else {}
+    trust = bool(kwargs.get("trust_remote_code", False))
     if isinstance(model, str) and processing_class is None:
         from transformers import AutoTokenizer
 
-        processing_class = AutoTokenizer.from_pretrained(model)
+        processing_class = AutoTokenizer.from_pretrained(model, trust_remote_code=trust)
     elif processing_class is None and model is not None:  # a model loaded from a local folder: its tokenizer
         from rlhfkit.rewards.reward_models import folder_tokenizer
 
         path = getattr(getattr(model, "config", None), "_name_or_path", "") or ""
-        kwargs = args.from_pretrained_kwargs() if hasattr(args, "from_pretrained_kwargs") else {}
-        trust = bool(kwargs.get("trust_remote_code", False))
         processing_class = folder_tokenizer(path, trust) if path and Path(path).is_dir() else None
     return args, processing_class
 
