@@ -1,7 +1,8 @@
 """The colocate backend's checks against a real engine, run by test_vllm_colocate.py in .venv-vllm.
 
-`python colocate_cases.py REPORT [CASE ...]` runs the cases (default: all) in this one process and writes
-REPORT, a JSON object: case name -> "ok" or the failure's traceback. Each case asserts what it checks.
+`python colocate_cases.py REPORT MODEL [CASE ...]` runs the cases (default: all) on one engine built from
+tiny model MODEL, in this one process, and writes REPORT, a JSON object: case name -> "ok" or the
+failure's traceback. Each case asserts what it checks.
 vLLM needs the entry point guarded (`if __name__ == "__main__"`), hence a script and not a test module.
 """
 
@@ -61,7 +62,7 @@ def _assert_engine_matches(backend, model) -> None:
     torch.testing.assert_close(out.logprobs[out.response_mask], trainer[out.response_mask], **TOLERANCE)
 
 
-def case_completions_are_right_padded_and_end_at_the_first_stop_token(llama, backend):
+def case_completions_are_right_padded_and_end_at_the_first_stop_token(model, backend):
     from rlhfkit.rollout import SamplingParams
 
     query_ids, query_mask = _prompts()
@@ -79,7 +80,7 @@ def case_completions_are_right_padded_and_end_at_the_first_stop_token(llama, bac
     assert (out.response_mask.sum(1) < 12).any()
 
 
-def case_a_seeded_call_samples_the_same_again_and_repeated_prompts_differ(llama, backend):
+def case_a_seeded_call_samples_the_same_again_and_repeated_prompts_differ(model, backend):
     from rlhfkit.rollout import SamplingParams
 
     first, second = _sample(backend, seed=3)[2], _sample(backend, seed=3)[2]
@@ -90,17 +91,17 @@ def case_a_seeded_call_samples_the_same_again_and_repeated_prompts_differ(llama,
     assert not torch.equal(out.responses[0], out.responses[1])
 
 
-def case_engine_logprobs_equal_the_trainers_and_follow_a_weight_sync(llama, backend):
-    _assert_engine_matches(backend, llama)
+def case_engine_logprobs_equal_the_trainers_and_follow_a_weight_sync(model, backend):
+    _assert_engine_matches(backend, model)
     with torch.no_grad():  # an optimizer step, as far as the engine can tell
-        for param in llama.parameters():
+        for param in model.parameters():
             param.add_(torch.randn_like(param) * 0.05)
-    assert _gap(backend, llama) > 1e-2  # the engine still has the old weights: it copied them, not shared
+    assert _gap(backend, model) > 1e-2  # the engine still has the old weights: it copied them, not shared
     backend.sync_weights()
-    _assert_engine_matches(backend, llama)
+    _assert_engine_matches(backend, model)
 
 
-def case_a_lora_policy_is_synced_merged(llama, backend):
+def case_a_lora_policy_is_synced_merged(model, backend):
     from peft import LoraConfig, get_peft_model
 
     from rlhfkit.testing import tiny_model
@@ -118,7 +119,7 @@ def case_a_lora_policy_is_synced_merged(llama, backend):
         assert _gap(backend, model) > 1e-2
 
 
-def case_on_cpu_the_kv_cache_takes_1_gib_not_a_share_of_all_ram(llama, backend):
+def case_on_cpu_the_kv_cache_takes_1_gib_not_a_share_of_all_ram(model, backend):
     cache = backend.llm.llm_engine.vllm_config.cache_config
     assert cache.gpu_memory_utilization == 0.3  # the default, which on CPU would mean 30% of all RAM
     assert cache.kv_cache_memory_bytes == 2**30
@@ -165,7 +166,7 @@ def _grpo_sampler_gaps(engine, sync: bool) -> list[float]:
     return [h[key] for h in trainer.state.log_history if key in h]
 
 
-def case_grpo_samples_from_the_trained_weights_when_synced_after_each_step(llama, backend):
+def case_grpo_samples_from_the_trained_weights_when_synced_after_each_step(model, backend):
     synced, stale = _grpo_sampler_gaps(backend, sync=True), _grpo_sampler_gaps(backend, sync=False)
     print("grpo sampler gaps: synced", synced, "stale", stale)
     assert len(synced) == len(stale) == 3
@@ -176,16 +177,16 @@ def case_grpo_samples_from_the_trained_weights_when_synced_after_each_step(llama
 CASES = {name.removeprefix("case_"): fn for name, fn in globals().items() if name.startswith("case_")}
 
 
-def main(report: str, names: list[str]) -> None:
+def main(report: str, model_name: str, names: list[str]) -> None:
     from rlhfkit.rollout.vllm_colocate import VLLMColocateBackend
     from rlhfkit.testing import tiny_model
 
-    llama = tiny_model("llama")
-    backend = VLLMColocateBackend(llama, PAD)
+    model = tiny_model(model_name)
+    backend = VLLMColocateBackend(model, PAD)
     results = {}
     for name in names or list(CASES):
         try:
-            CASES[name](llama, backend)
+            CASES[name](model, backend)
             results[name] = "ok"
         except Exception:
             results[name] = traceback.format_exc()
@@ -194,4 +195,4 @@ def main(report: str, names: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2:])
+    main(sys.argv[1], sys.argv[2], sys.argv[3:])

@@ -6,8 +6,7 @@ placeholder weights (`load_format="dummy"`, no tokenizer), and the trainer's ten
 straight into it. Its engine core runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), so
 `collective_rpc` calls a function on the engine's worker directly: a weight sync hands the worker an
 iterator over the trainer's tensors (LoRA merged, `engine_weights`), with no file and no HTTP between
-them, and the worker reloads them through its `reload_weights` path (on CPU the engine repacks its
-linear weights, which a bare `load_weights` would miss).
+them, and the worker reloads them as the server's does (`vllm_worker.reload_weights`).
 
 A call samples exactly as `VLLMServerBackend` does (`vllm_common`): the same resolved settings, stop
 tokens, seeds and logprobs (the engine's, at the sampling temperature). With `enable_sleep_mode` (GPU
@@ -22,7 +21,7 @@ import contextlib
 import json
 import os
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +38,7 @@ from rlhfkit.rollout.vllm_common import (
     require_vllm,
     vllm_sampling_params,
 )
+from rlhfkit.rollout.vllm_worker import reload_weights
 
 NO_VLLM_FIX = (
     "run the trainer with .venv-vllm/bin/python, or sample on a server instead: vllm_mode='server' with "
@@ -77,11 +77,6 @@ def _engine_folder(net: torch.nn.Module) -> tempfile.TemporaryDirectory:
     config["architectures"] = [type(net).__name__]  # how vLLM picks its model class
     (Path(folder.name) / "config.json").write_text(json.dumps(config))
     return folder
-
-
-def _reload(worker: Any, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
-    """Run on the engine's worker by `collective_rpc`: load `weights` in place of the current ones."""
-    worker.reload_weights(weights_iterator=weights)
 
 
 class VLLMColocateBackend(GenerationBackend):
@@ -170,5 +165,5 @@ class VLLMColocateBackend(GenerationBackend):
             self.llm.wake_up(tags=["weights"])
             self._weights_asleep = False
         with self.weights_context():
-            self.llm.collective_rpc(_reload, args=(engine_weights(model),))
+            self.llm.collective_rpc(reload_weights, args=(engine_weights(model),))
         self.llm.reset_prefix_cache()  # its keys and values came from the old weights
