@@ -1,5 +1,6 @@
-"""The colocate backend without an engine: its refusals (raised before vLLM is needed) and the order in
-which sleep mode drops and reloads the engine's weights (on a recording stand-in for vLLM's `LLM`)."""
+"""The colocate backend without an engine: its refusals (raised before vLLM is needed), the tied-layer
+refresh after a reload, and the order in which sleep mode drops and reloads the engine's weights (on a
+recording stand-in for vLLM's `LLM`)."""
 
 from __future__ import annotations
 
@@ -64,7 +65,8 @@ class RecordingEngine:
         def reload_weights(weights_iterator):
             self.calls.append(f"load {len(list(weights_iterator))} tensors")
 
-        method(SimpleNamespace(reload_weights=reload_weights), *args)
+        runner = SimpleNamespace(model=torch.nn.Linear(2, 2))  # the engine's model: nothing tied
+        method(SimpleNamespace(reload_weights=reload_weights, model_runner=runner), *args)
 
     def reset_prefix_cache(self):
         self.calls.append("reset prefix cache")
@@ -128,3 +130,25 @@ def test_without_sleep_mode_the_engine_keeps_its_weights_between_calls(model, mo
     backend.generate(prompt, torch.ones_like(prompt), SamplingParams(max_new_tokens=3, top_k=0))
     backend.generate(prompt, torch.ones_like(prompt), SamplingParams(max_new_tokens=3, top_k=0))
     assert engine.calls == ["generate", "generate"]
+
+
+def test_a_reload_redoes_the_after_loading_step_of_tied_layers_only():
+    from rlhfkit.rollout.vllm_worker import reload_weights
+
+    redone = []
+
+    class Layer(torch.nn.Linear):
+        def __init__(self, name):
+            super().__init__(4, 4, bias=False)
+            self.quant_method = SimpleNamespace(process_weights_after_loading=lambda m: redone.append(name))
+
+    embed, head, other = Layer("embed"), Layer("head"), Layer("other")
+    head.weight = embed.weight  # tied, as an lm_head sharing the input embedding
+    net = torch.nn.ModuleDict({"embed": embed, "layer": other, "head": head})
+    loaded = []
+    worker = SimpleNamespace(
+        reload_weights=lambda weights_iterator: loaded.extend(weights_iterator),
+        model_runner=SimpleNamespace(model=net),
+    )
+    reload_weights(worker, iter([("embed.weight", torch.ones(4, 4))]))
+    assert [name for name, _ in loaded] == ["embed.weight"] and sorted(redone) == ["embed", "head"]
