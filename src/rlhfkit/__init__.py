@@ -61,6 +61,7 @@ _LAZY: dict[str, str] = {
     "FixedKLController": "rlhfkit.core.kl",
     "LengthSampler": "rlhfkit.rollout.generation",
     "VLLMServerBackend": "rlhfkit.rollout.vllm_client",
+    "VLLMColocateBackend": "rlhfkit.rollout.vllm_colocate",
     "set_seed": "transformers",
 }
 

@@ -6,6 +6,7 @@ the same tiny Llama loaded here. Needs `make vllm-env` (CI builds it before the 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -38,13 +39,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    """(base URL, model folder) of a server running `rlhfkit vllm-serve` on a saved tiny Llama."""
-    folder = tmp_path_factory.mktemp("served") / "llama"
-    tiny_model("llama").save_pretrained(folder)
+@contextlib.contextmanager
+def _server(folder: Path, name: str):
+    """The base URL of `rlhfkit vllm-serve` running tiny model `name`, saved into `folder`."""
+    tiny_model(name).save_pretrained(folder)
     tiny_tokenizer().save_pretrained(folder)
-    port, log = _free_port(), folder.parent / "server.log"
+    port, log = _free_port(), folder.parent / f"server-{name}.log"
     command = [str(SERVER), "vllm-serve", "--model", str(folder), "--host", "127.0.0.1", "--port", str(port)]
     command += ["--dtype", "float32", "--enforce_eager", "--log_level", "warning"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
@@ -58,12 +58,22 @@ def served(tmp_path_factory):
     except ConnectionError:
         server.kill()
         pytest.fail(f"the server did not start; its log ends:\n{log.read_text()[-3000:]}")
-    yield url, folder
-    os.killpg(server.pid, signal.SIGTERM)  # the engine core and its worker run in the server's group
     try:
-        server.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(server.pid, signal.SIGKILL)
+        yield url
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)  # the engine core and its worker run in the server's group
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """(base URL, model folder) of a server running `rlhfkit vllm-serve` on a saved tiny Llama."""
+    folder = tmp_path_factory.mktemp("served") / "llama"
+    with _server(folder, "llama") as url:
+        yield url, folder
 
 
 def _prompts(pad_id: int):
@@ -201,3 +211,15 @@ def test_logprobs_at_another_temperature_than_the_sampling_one_are_refused(serve
     params = SamplingParams(max_new_tokens=4, temperature=0.7)
     with pytest.raises(ValueError, match=r"sampling temperature \(0.7\), not at logprob_temperature=1"):
         backend.generate(query_ids, query_mask, params, logprob_temperature=1.0)
+
+
+def test_a_tied_output_layer_follows_a_sync(tmp_path):
+    # the tiny Qwen2 ties lm_head to the embedding, as Qwen2.5 does: the engine reaches the tied layer
+    # through the embedding only, and must still compute logits with the synced weights
+    model = tiny_model("qwen2")
+    with _server(tmp_path / "qwen2", "qwen2") as url:
+        backend = VLLMServerBackend(model, 1, base_url=url, timeout=5)
+        with torch.no_grad():
+            model.get_input_embeddings().weight.add_(torch.randn_like(model.get_input_embeddings().weight))
+        backend.sync_weights()
+        _assert_engine_matches(backend, model)

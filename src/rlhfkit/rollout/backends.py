@@ -128,6 +128,8 @@ GENERATION_BACKENDS: dict[str, str] = {
     "transformers": "rlhfkit.rollout.generation:HFGenerationBackend",  # transformers `generate`
     # a `rlhfkit vllm-serve` server, over HTTP; trainers must also call its `sync_weights` after each update
     "vllm-server": "rlhfkit.rollout.vllm_client:VLLMServerBackend",
+    # a vLLM engine in the training process (needs vLLM in the trainer's venv); `sync_weights` after updates
+    "vllm-colocate": "rlhfkit.rollout.vllm_colocate:VLLMColocateBackend",
 }
 
 

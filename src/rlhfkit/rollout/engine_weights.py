@@ -64,19 +64,22 @@ def engine_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     detached and may share storage with the model.
     """
     seen = set()
-    for name, tensor in _named_weights(model):
-        key = (tensor.data_ptr(), tuple(tensor.shape))
-        if tensor.numel() and key in seen:
+    for name, stored, tensor in _named_weights(model):
+        # tied copies are found by the model's own storage: a merged tensor is a temporary, and a later
+        # one may reuse the memory of one the engine has already let go
+        key = (stored.data_ptr(), tuple(stored.shape))
+        if stored.numel() and key in seen:
             continue
         seen.add(key)
         yield name, tensor
 
 
-def _named_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+def _named_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor, torch.Tensor]]:
+    """(checkpoint name, the model's tensor, the tensor to send: merged where LoRA adds to it)."""
     peft = peft_model_of(model)
     net = peft.get_base_model() if peft is not None else generating_module(model)
     if peft is None:
-        yield from ((key, tensor.detach()) for key, tensor in net.state_dict().items())
+        yield from ((key, tensor, tensor.detach()) for key, tensor in net.state_dict().items())
         return
     from peft.utils import ModulesToSaveWrapper
 
@@ -92,4 +95,4 @@ def _named_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
         if name is None:
             continue
         delta = _merged_delta(deltas[name], name) if name in deltas and ".base_layer." in key else None
-        yield name, tensor.detach() if delta is None else tensor.detach() + delta.to(tensor.dtype)
+        yield name, tensor, tensor.detach() if delta is None else tensor.detach() + delta.to(tensor.dtype)

