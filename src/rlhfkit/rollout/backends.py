@@ -128,11 +128,9 @@ GENERATION_BACKENDS: dict[str, str] = {
     "transformers": "rlhfkit.rollout.generation:HFGenerationBackend",  # transformers `generate`
     # a `rlhfkit vllm-serve` server, over HTTP; trainers must also call its `sync_weights` after each update
     "vllm-server": "rlhfkit.rollout.vllm_client:VLLMServerBackend",
-    # a vLLM engine inside the training process (needs vLLM installed there); `sync_weights` as above
+    # a vLLM engine in the training process (needs vLLM in the trainer's venv); `sync_weights` after updates
     "vllm-colocate": "rlhfkit.rollout.vllm_colocate:VLLMColocateBackend",
 }
-# the backends whose engine holds its own copy of the weights: made once per trainer and synced after updates
-ENGINE_BACKENDS = ("vllm-server", "vllm-colocate")
 
 
 def make_generation_backend(
@@ -161,3 +159,7 @@ def make_generation_backend(
         progress=progress,
         **(options or {}),
     )
+
+
+# the backends whose engine holds its own copy of the weights: made once per trainer and synced after updates
+ENGINE_BACKENDS = ("vllm-server", "vllm-colocate")

@@ -11,10 +11,11 @@ import os
 import signal
 import socket
 import subprocess
+import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-
-from rlhfkit.rollout.vllm_client import wait_for_server
 
 
 def free_port() -> int:
@@ -36,10 +37,7 @@ def vllm_server(command: Path, model: Path, log: Path, start_timeout: float = 60
         server = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        try:
-            wait_for_server(url, timeout=start_timeout)
-        except ConnectionError as err:
-            raise RuntimeError(f"the server did not start; its log ends:\n{log.read_text()[-3000:]}") from err
+        _wait_until_healthy(url, server, start_timeout, log)
         yield url
     finally:
         os.killpg(server.pid, signal.SIGTERM)  # the engine core and its worker run in the server's group
@@ -48,3 +46,18 @@ def vllm_server(command: Path, model: Path, log: Path, start_timeout: float = 60
         except subprocess.TimeoutExpired:
             os.killpg(server.pid, signal.SIGKILL)
             server.wait()
+
+
+def _wait_until_healthy(url: str, server: subprocess.Popen, timeout: float, log: Path) -> None:
+    """Return once `url/health/` answers; RuntimeError with the log's end if the server exits or is late."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/health/", timeout=5):
+                return
+        except (urllib.error.URLError, OSError):
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"the server did not start; its log ends:\n{log.read_text()[-3000:]}"
+                ) from None
+            time.sleep(1)

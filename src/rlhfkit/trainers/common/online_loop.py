@@ -114,8 +114,7 @@ class OnlineTrainerLoop:
             # before resuming: the checkpoint holds its history
             self.health = monitor_for(self._health_metrics)
         self._resume(checkpoint)
-        if self.args.generation_engine()[0] in ENGINE_BACKENDS:
-            self._engine_sampler()  # an unreachable or mismatched engine fails here, before any update
+        self._connect_engine()  # an unreachable or mismatched engine fails here, before any update
         per_update = self._episodes_per_update()
         self.state.max_steps = num_updates
         # a streamed dataset has no length: one "epoch" is then the whole run
@@ -289,6 +288,11 @@ class OnlineTrainerLoop:
             weights_context=self._gathered_weights,
             options=options,
         )
+
+    def _connect_engine(self) -> None:
+        """With an inference engine (use_vllm): connect, check and sync it now."""
+        if self.args.generation_engine()[0] in ENGINE_BACKENDS:
+            self._engine_sampler()
 
     def _engine_sampler(self) -> GenerationBackend:
         """The inference engine's backend: connected (and checked) on the first call, which `train` makes
