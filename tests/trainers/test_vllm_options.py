@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from rlhfkit import GRPOConfig, GRPOTrainer, PPOConfig, PPOTrainer, RLOOConfig
-from rlhfkit.rollout import backends
+from rlhfkit.rollout import backends, forward_response, pad_left
+from rlhfkit.rollout.batch import RolloutBatch
 from rlhfkit.tasks import toy_prompt_dataset
 from rlhfkit.testing import tiny_model, tiny_tokenizer, tiny_value_head_model
 from rlhfkit.testing.vllm_server import free_port
@@ -138,3 +139,39 @@ def test_an_unreachable_server_stops_ppo_at_construction(tmp_path):
     )  # fmt: skip
     with pytest.raises(ConnectionError, match=rf"no vLLM server answered at {url}"):
         PPOTrainer(config, tiny_value_head_model("llama"), tokenizer=tiny_tokenizer(padding_side="left"))
+
+
+def _grpo_trainer(tmp_path, **kwargs) -> GRPOTrainer:
+    args = _grpo(
+        tmp_path, use_vllm=True, vllm_mode="server", per_device_train_batch_size=4, num_generations=2,
+        max_completion_length=4, max_steps=1, **kwargs,
+    )  # fmt: skip
+    return GRPOTrainer(
+        tiny_model("llama"), lambda completions, **kw: [0.0] * len(completions), args=args,
+        train_dataset=toy_prompt_dataset(n=8), processing_class=tiny_tokenizer(padding_side="left"),
+    )  # fmt: skip
+
+
+def _sampled_batch() -> RolloutBatch:
+    """Two prompts with three-token completions and made-up sampler logprobs (-0.1 each)."""
+    query_ids, query_mask = pad_left([torch.tensor([5, 6, 7]), torch.tensor([8, 9])], 1)
+    responses = torch.tensor([[10, 11, 12], [13, 14, 15]])
+    mask = torch.ones_like(responses, dtype=torch.bool)
+    return RolloutBatch(query_ids, query_mask, responses, mask, mask, logprobs=torch.full((2, 3), -0.1))
+
+
+@pytest.mark.parametrize("top_k, retaken", [(0, False), (5, True)])
+def test_a_truncated_engine_distribution_is_never_the_old_policy(tmp_path, top_k, retaken):
+    trainer = _grpo_trainer(tmp_path, top_k=top_k, vllm_importance_sampling_correction=False)
+    batch, metrics = trainer._with_old_logprobs(_sampled_batch())
+    assert metrics == {} and trainer._sampler_weights(batch) is None  # the correction stays off
+    if not retaken:  # the engine's logprobs are the full distribution's: they serve as the old policy
+        assert batch.old_logprobs is None
+        return
+    expected = forward_response(trainer.model, *_rollout(batch), temperature=1.0).logprobs
+    torch.testing.assert_close(batch.old_logprobs, expected)
+    assert torch.equal(trainer._old_logprobs(batch), batch.old_logprobs)
+
+
+def _rollout(batch):
+    return batch.query_ids, batch.query_mask, batch.responses, batch.response_mask
