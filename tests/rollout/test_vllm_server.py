@@ -6,10 +6,6 @@ the same tiny Llama loaded here. Needs `make vllm-env` (CI builds it before the 
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -17,8 +13,9 @@ import torch
 from peft import LoraConfig, get_peft_model
 
 from rlhfkit.rollout import SamplingParams, pad_left, vllm_client
-from rlhfkit.rollout.vllm_client import VLLMServerBackend, VLLMServerError, _call, wait_for_server
+from rlhfkit.rollout.vllm_client import VLLMServerBackend, VLLMServerError, _call
 from rlhfkit.testing import tiny_model, tiny_tokenizer
+from rlhfkit.testing.vllm_server import vllm_server
 
 REPO = Path(__file__).resolve().parents[2]
 SERVER = REPO / ".venv-vllm" / "bin" / "rlhfkit"
@@ -32,38 +29,14 @@ pytestmark = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """(base URL, model folder) of a server running `rlhfkit vllm-serve` on a saved tiny Llama."""
     folder = tmp_path_factory.mktemp("served") / "llama"
     tiny_model("llama").save_pretrained(folder)
     tiny_tokenizer().save_pretrained(folder)
-    port, log = _free_port(), folder.parent / "server.log"
-    command = [str(SERVER), "vllm-serve", "--model", str(folder), "--host", "127.0.0.1", "--port", str(port)]
-    command += ["--dtype", "float32", "--enforce_eager", "--log_level", "warning"]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
-    with open(log, "wb") as out:
-        server = subprocess.Popen(
-            command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_for_server(url, timeout=600)
-    except ConnectionError:
-        server.kill()
-        pytest.fail(f"the server did not start; its log ends:\n{log.read_text()[-3000:]}")
-    yield url, folder
-    os.killpg(server.pid, signal.SIGTERM)  # the engine core and its worker run in the server's group
-    try:
-        server.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(server.pid, signal.SIGKILL)
+    with vllm_server(SERVER, folder, folder.parent / "server.log") as url:
+        yield url, folder
 
 
 def _prompts(pad_id: int):
