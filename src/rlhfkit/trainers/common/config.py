@@ -124,14 +124,7 @@ class VLLMOptions:
         if self.vllm_mode == "server":
             url = self.vllm_server_base_url or f"http://{self.vllm_server_host}:{self.vllm_server_port}"
             return "vllm-server", {"base_url": url, "timeout": self.vllm_server_timeout}
-        if self.vllm_tensor_parallel_size > 1:
-            import torch
-
-            if torch.cuda.device_count() < self.vllm_tensor_parallel_size:
-                raise ValueError(
-                    f"vllm_tensor_parallel_size={self.vllm_tensor_parallel_size} needs that many GPUs, "
-                    f"{torch.cuda.device_count()} are visible"
-                )
+        # the colocated backend refuses what it cannot do (tensor parallelism, sleep mode on CPU) itself
         return "vllm-colocate", {
             "gpu_memory_utilization": self.vllm_gpu_memory_utilization,
             "tensor_parallel_size": self.vllm_tensor_parallel_size,
