@@ -7,10 +7,6 @@ the same tiny Llama loaded here. Needs `make vllm-env` (CI builds it before the 
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
-import socket
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -18,8 +14,9 @@ import torch
 from peft import LoraConfig, get_peft_model
 
 from rlhfkit.rollout import SamplingParams, pad_left, vllm_client
-from rlhfkit.rollout.vllm_client import VLLMServerBackend, VLLMServerError, _call, wait_for_server
+from rlhfkit.rollout.vllm_client import VLLMServerBackend, VLLMServerError, _call
 from rlhfkit.testing import tiny_model, tiny_tokenizer
+from rlhfkit.testing.vllm_server import vllm_server
 
 REPO = Path(__file__).resolve().parents[2]
 SERVER = REPO / ".venv-vllm" / "bin" / "rlhfkit"
@@ -33,39 +30,13 @@ pytestmark = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def _server(folder: Path, name: str):
     """The base URL of `rlhfkit vllm-serve` running tiny model `name`, saved into `folder`."""
     tiny_model(name).save_pretrained(folder)
     tiny_tokenizer().save_pretrained(folder)
-    port, log = _free_port(), folder.parent / f"server-{name}.log"
-    command = [str(SERVER), "vllm-serve", "--model", str(folder), "--host", "127.0.0.1", "--port", str(port)]
-    command += ["--dtype", "float32", "--enforce_eager", "--log_level", "warning"]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
-    with open(log, "wb") as out:
-        server = subprocess.Popen(
-            command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_for_server(url, timeout=600)
-    except ConnectionError:
-        server.kill()
-        pytest.fail(f"the server did not start; its log ends:\n{log.read_text()[-3000:]}")
-    try:
+    with vllm_server(SERVER, folder, folder.parent / f"server-{name}.log") as url:
         yield url
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)  # the engine core and its worker run in the server's group
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
 
 
 @pytest.fixture(scope="module")

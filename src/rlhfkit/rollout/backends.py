@@ -142,8 +142,10 @@ def make_generation_backend(
     value_head: torch.nn.Module | None = None,
     weights_context: Callable[[], contextlib.AbstractContextManager] | None = None,
     progress: Callable[[int], None] | None = None,
+    options: Mapping[str, Any] | None = None,
 ) -> GenerationBackend:
-    """The sampler every trainer uses: `engine` is a key of `GENERATION_BACKENDS`."""
+    """The sampler every trainer uses: `engine` is a key of `GENERATION_BACKENDS`; `options`, keyword
+    arguments only that backend takes (a vLLM server's URL and timeout: `VLLMOptions.generation_engine`)."""
     if engine not in GENERATION_BACKENDS:
         raise ValueError(f"generation_backend must be one of {sorted(GENERATION_BACKENDS)}, got {engine!r}")
     module, name = GENERATION_BACKENDS[engine].split(":")
@@ -155,4 +157,9 @@ def make_generation_backend(
         value_head=value_head,
         weights_context=weights_context,
         progress=progress,
+        **(options or {}),
     )
+
+
+# the backends whose engine holds its own copy of the weights: made once per trainer and synced after updates
+ENGINE_BACKENDS = ("vllm-server", "vllm-colocate")

@@ -38,9 +38,106 @@ class NonfiniteStepLimit:
     )
 
 
+VLLM_MODES = ("server", "colocate")
+VLLM_MODEL_IMPLS = ("vllm", "transformers")
+
+
 @dataclass
-class GenerationOptions:
-    """For trainers that sample from the policy while training (`sharding.sharded_generation_context`)."""
+class VLLMOptions:
+    """TRL 1.x's fields that sample on a vLLM engine instead of in-process (docs/vllm.md). "server": a
+    `rlhfkit vllm-serve` server over HTTP; "colocate": an engine inside the training process. Fields whose
+    feature rlhfkit lacks are refused (`check_vllm`) unless left at their default."""
+
+    use_vllm: bool = option(
+        False, "Sample completions on a vLLM engine (vllm_mode) instead of generation_backend."
+    )
+    vllm_mode: str = option(
+        "colocate",
+        "'server': a separate `rlhfkit vllm-serve` process, reached over HTTP; 'colocate': an engine inside "
+        "this process, sharing its device (needs vLLM installed here).",
+    )
+    vllm_server_base_url: str | None = option(
+        None, "Server mode: the server's URL, e.g. 'http://localhost:8000' (then host and port are unused)."
+    )
+    vllm_server_host: str = option("0.0.0.0", "Server mode: the server's host, when no base URL is given.")
+    vllm_server_port: int = option(8000, "Server mode: the server's port, when no base URL is given.")
+    vllm_server_timeout: float = option(
+        240.0, "Server mode: seconds to wait for the server to answer before training; then an error."
+    )
+    vllm_group_port: int = option(
+        51216,
+        "TRL's port of the NCCL weight-transfer group. rlhfkit sends weights over HTTP: only the default "
+        "is accepted.",
+    )
+    vllm_gpu_memory_utilization: float = option(
+        0.3, "Colocate mode: share of the device memory the engine may take (server: a vllm-serve flag)."
+    )
+    vllm_tensor_parallel_size: int = option(
+        1, "Colocate mode: devices the engine splits the model over (server: a vllm-serve flag)."
+    )
+    vllm_max_model_length: int | None = option(
+        None, "Colocate mode: the engine's context window (None: the model config's)."
+    )
+    vllm_enable_sleep_mode: bool = option(
+        False, "Colocate mode: the engine frees its memory while the trainer takes its optimizer steps."
+    )
+    vllm_model_impl: str = option(
+        "vllm", "Colocate mode: the engine's model code, 'vllm' (its own) or 'transformers'."
+    )
+    vllm_structured_outputs_regex: str | None = option(
+        None, "Constrain completions to this regex (TRL's field). Not offered by rlhfkit: only None."
+    )
+
+    def check_vllm(self) -> None:
+        """ValueError naming the field: an unknown mode or model implementation, a bad size, or a setting
+        of a feature rlhfkit does not offer."""
+        if self.vllm_mode not in VLLM_MODES:
+            raise ValueError(f"vllm_mode must be one of {', '.join(VLLM_MODES)}; got {self.vllm_mode!r}")
+        if self.vllm_model_impl not in VLLM_MODEL_IMPLS:
+            raise ValueError(
+                f"vllm_model_impl must be one of {', '.join(VLLM_MODEL_IMPLS)}; got {self.vllm_model_impl!r}"
+            )
+        check_positive_integers(
+            self, ("vllm_server_port", "vllm_tensor_parallel_size"), optional=("vllm_max_model_length",)
+        )
+        check_positive_numbers(self, ("vllm_server_timeout",))
+        if not 0 < self.vllm_gpu_memory_utilization <= 1:
+            raise ValueError(
+                f"vllm_gpu_memory_utilization must be in (0, 1], got {self.vllm_gpu_memory_utilization!r}"
+            )
+        if self.vllm_structured_outputs_regex is not None:
+            raise ValueError(
+                "vllm_structured_outputs_regex is not offered by rlhfkit (no constrained decoding yet): "
+                "leave it None"
+            )
+        if self.vllm_group_port != 51216:
+            raise ValueError(
+                f"vllm_group_port={self.vllm_group_port} has no effect in rlhfkit: weights go to the server "
+                "over HTTP, not through an NCCL group; leave it at 51216"
+            )
+
+    def generation_engine(self) -> tuple[str, dict[str, Any]]:
+        """(key of `GENERATION_BACKENDS`, the keyword options of its constructor) this config samples
+        with: the one place the vLLM fields turn into a backend."""
+        if not self.use_vllm:
+            return self.generation_backend, {}
+        if self.vllm_mode == "server":
+            url = self.vllm_server_base_url or f"http://{self.vllm_server_host}:{self.vllm_server_port}"
+            return "vllm-server", {"base_url": url, "timeout": self.vllm_server_timeout}
+        # the colocated backend refuses what it cannot do (tensor parallelism, sleep mode on CPU) itself
+        return "vllm-colocate", {
+            "gpu_memory_utilization": self.vllm_gpu_memory_utilization,
+            "tensor_parallel_size": self.vllm_tensor_parallel_size,
+            "max_model_length": self.vllm_max_model_length,
+            "enable_sleep_mode": self.vllm_enable_sleep_mode,
+            "model_impl": self.vllm_model_impl,
+        }
+
+
+@dataclass
+class GenerationOptions(VLLMOptions):
+    """For trainers that sample from the policy while training (`sharding.sharded_generation_context`);
+    `generation_engine()` says with what."""
 
     ds3_gather_for_generation: bool = option(
         True,

@@ -28,7 +28,8 @@ from torch import nn
 from transformers import TrainerState
 from transformers.trainer_utils import TrainOutput
 
-from rlhfkit.rollout import HFGenerationBackend, forward_response, make_generation_backend, pad_left
+from rlhfkit.rollout import GenerationBackend, forward_response, make_generation_backend, pad_left
+from rlhfkit.rollout.backends import ENGINE_BACKENDS
 from rlhfkit.rollout.batch import RolloutBatch
 from rlhfkit.rollout.host_memory import fix_mmap_threshold, release_free_heap
 from rlhfkit.trainers.common.checkpointing import load_state, save_state
@@ -113,6 +114,7 @@ class OnlineTrainerLoop:
             # before resuming: the checkpoint holds its history
             self.health = monitor_for(self._health_metrics)
         self._resume(checkpoint)
+        self._connect_engine()  # an unreachable or mismatched engine fails here, before any update
         per_update = self._episodes_per_update()
         self.state.max_steps = num_updates
         # a streamed dataset has no length: one "epoch" is then the whole run
@@ -272,15 +274,45 @@ class OnlineTrainerLoop:
         not to)."""
         return sharded_generation_context(self.accelerator, self.model, self.args.ds3_gather_for_generation)
 
-    def _sampler(self, chunk_size: int | None = None) -> HFGenerationBackend:
-        """The generation backend over the current policy (weights gathered under ZeRO-3)."""
+    def _sampler(self, chunk_size: int | None = None) -> GenerationBackend:
+        """The generation backend over the current policy (weights gathered under ZeRO-3); an inference
+        engine's (use_vllm) is made once and holds the policy's latest weights."""
+        engine, options = self.args.generation_engine()
+        if engine in ENGINE_BACKENDS:
+            return self._engine_sampler()
         return make_generation_backend(
             self.accelerator.unwrap_model(self.model),
             self.processing_class.pad_token_id,
-            engine=self.args.generation_backend,
+            engine=engine,
             chunk_size=chunk_size,
             weights_context=self._gathered_weights,
+            options=options,
         )
+
+    def _connect_engine(self) -> None:
+        """With an inference engine (use_vllm): connect, check and sync it now."""
+        if self.args.generation_engine()[0] in ENGINE_BACKENDS:
+            self._engine_sampler()
+
+    def _engine_sampler(self) -> GenerationBackend:
+        """The inference engine's backend: connected (and checked) on the first call, which `train` makes
+        before any update, then given the policy's weights whenever an optimizer step changed them."""
+        if getattr(self, "_engine", None) is None:
+            engine, options = self.args.generation_engine()
+            if self.accelerator.num_processes > 1:  # each process would push its weights and sample alone
+                raise ValueError(f"use_vllm ({engine}) runs with one training process for now")
+            self._engine = make_generation_backend(
+                self.accelerator.unwrap_model(self.model),
+                self.processing_class.pad_token_id,
+                engine=engine,
+                weights_context=self._gathered_weights,
+                options=options,
+            )
+            self._engine_step = None  # the engine serves the checkpoint on disk, not necessarily the policy
+        if self._engine_step != self.state.global_step:
+            self._engine.sync_weights(self.accelerator.unwrap_model(self.model))
+            self._engine_step = self.state.global_step
+        return self._engine
 
     def _pad_prompts(self, rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """Token-id lists, left-padded and on this process's device: (query_ids, query_mask), each (B, Q)."""

@@ -11,7 +11,8 @@ so its users call `on_ppo_step` after `step()` and merge the returned metrics in
 
 Runs on the main process only: the others go on and wait for it at their next collective (so not under
 ZeRO-3 or FSDP, where no process holds the whole weights). The RNG is forked while sampling, so a run
-trains the same with and without the callback.
+trains the same with and without the callback. A trainer with `use_vllm` lends its engine for the
+policy's completions; the reference's are sampled in-process.
 """
 
 from __future__ import annotations
@@ -144,7 +145,8 @@ class WinRateCallback(TrainerCallback):
             raise ValueError(
                 "WinRateCallback needs a tokenizer: pass tokenizer= or give the trainer a processing_class"
             )
-        policy_texts, reference_texts = self._sample(model, tokenizer, step)
+        trainer = trainer if trainer is not None else self.trainer
+        policy_texts, reference_texts = self._sample(model, tokenizer, step, _engine_of(trainer))
         pairs = [[ref, own] for ref, own in zip(reference_texts, policy_texts)]  # the policy is index 1
         judgements = self.judge.judge(list(self.prompts), pairs, shuffle_order=self.shuffle_order)
         rate, low, high = win_rate(judgements, model_index=1)
@@ -163,8 +165,13 @@ class WinRateCallback(TrainerCallback):
             )
         return {"eval/win_rate": rate, "eval/win_rate_low": low, "eval/win_rate_high": high}
 
-    def _sample(self, model: torch.nn.Module, tokenizer: Any, step: int) -> tuple[list[str], list[str]]:
-        """Completions of the held-out prompts by the policy and by the reference, in the same RNG state."""
+    def _sample(
+        self, model: torch.nn.Module, tokenizer: Any, step: int, engine: Any = None
+    ) -> tuple[list[str], list[str]]:
+        """Completions of the held-out prompts by the policy and by the reference, in the same RNG state.
+
+        `engine`: the trainer's inference-engine backend (use_vllm), which then samples the policy; the
+        reference samples in-process, so that the engine keeps the policy's weights."""
         device = next(model.parameters()).device
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         ids, mask = pad_left(
@@ -186,9 +193,12 @@ class WinRateCallback(TrainerCallback):
                 with (
                     self.reference(model) if role == "reference" else contextlib.nullcontext(model) as acting
                 ):
-                    out = make_generation_backend(acting, pad_id, chunk_size=self.batch_size).generate(
-                        ids, mask, params
+                    sampler = (
+                        engine
+                        if engine is not None and role == "policy"
+                        else make_generation_backend(acting, pad_id, chunk_size=self.batch_size)
                     )
+                    out = sampler.generate(ids, mask, params)
             texts.append(
                 [
                     tokenizer.decode(r[m], skip_special_tokens=True)
@@ -196,6 +206,15 @@ class WinRateCallback(TrainerCallback):
                 ]
             )
         return texts[0], texts[1]
+
+
+def _engine_of(trainer: Any) -> Any:
+    """The trainer's inference-engine backend, synced with its policy, when its config has use_vllm; else
+    None. The settings are the trainer's: `args` (Trainer-based trainers) or `config` (PPOTrainer)."""
+    settings = getattr(trainer, "args", None) or getattr(trainer, "config", None)
+    if not getattr(settings, "use_vllm", False):
+        return None
+    return trainer._engine_sampler()
 
 
 def _held_out_prompts(prompts: Sequence[str] | None, trainer: Any) -> list[str]:

@@ -234,6 +234,7 @@ class GRPOConfig(
             if not ok(value):
                 raise ValueError(f"{name} must be {expected}, got {value!r}")
         self.check_sampler_correction()
+        self.check_vllm()
         self._warn_level_mismatch()
 
     def _warn_level_mismatch(self) -> None:

@@ -25,14 +25,27 @@ class SamplerCorrectionMethods:
         active = getattr(self.args, "sampler_correction_active", None)  # a config without the fields: off
         return bool(active is not None and active())
 
+    def _engine_logprobs_processed(self) -> bool:
+        """Whether the sampler's logprobs are not the training policy's: an inference engine (use_vllm)
+        reports those of the distribution after top-k/top-p/min-p and the repetition penalty."""
+        p = self.sampling_params
+        processed = (
+            bool(p.top_k) or (p.top_p or 1.0) < 1 or bool(p.min_p) or (p.repetition_penalty or 1.0) != 1
+        )
+        return bool(getattr(self.args, "use_vllm", False)) and processed
+
     @torch.no_grad()
     def _with_old_logprobs(self, batch: RolloutBatch) -> tuple[RolloutBatch, dict[str, float]]:
         """`batch` with the training policy's `old_logprobs` and the weights' statistics, when the
-        correction is on; else `batch` unchanged and no metrics."""
-        if not self._sampler_correction_on():
+        correction is on; else `batch` unchanged and no metrics. An engine's processed logprobs are no old
+        policy, so then the training pass gives `old_logprobs` with the correction off too."""
+        correct = self._sampler_correction_on()
+        if not correct and not self._engine_logprobs_processed():
             return batch, {}
         with self.accelerator.autocast():
             batch = batch.replace(old_logprobs=self._policy_logprobs_now(batch))
+        if not correct:
+            return batch, {}
         mode = self.args.vllm_importance_sampling_mode
         stats = importance_weight_stats(self._sampler_weights(batch), batch.loss_mask, mode)
         everywhere = self.accelerator.gather(stats[None].to(self.accelerator.device)).float()  # (P, 3)
@@ -52,8 +65,8 @@ class SamplerCorrectionMethods:
         return rows.logprobs if rows.old_logprobs is None else rows.old_logprobs
 
     def _sampler_weights(self, rows: RolloutBatch) -> torch.Tensor | None:
-        """(N, R) importance weights of `rows`, or None without the correction (no `old_logprobs`)."""
-        if rows.old_logprobs is None:
+        """(N, R) importance weights of `rows`, or None without the correction."""
+        if rows.old_logprobs is None or not self._sampler_correction_on():
             return None
         args = self.args
         return sampler_importance_weights(

@@ -191,6 +191,7 @@ class PPOConfig(AccelerateTracking, NonfiniteStepLimit, GenerationOptions, Healt
                 "set gradient accumulation with PPOConfig.gradient_accumulation_steps, "
                 "not in accelerator_kwargs"
             )
+        self.check_vllm()
         self._derive_sizes(self.world_size or 1)
 
     def _derive_sizes(self, world_size: int) -> None:

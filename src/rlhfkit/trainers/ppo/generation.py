@@ -3,7 +3,8 @@
 The queries are checked and moved to the trainer's device, split into groups (one per `length_sampler`
 draw, as in TRL), and each group is sampled by the configured generation backend. When `step()` can reuse
 what sampling computed (`sampling_cache.reuse_is_exact`), the old logprobs and values of every sampled
-token are recorded in `trainer.rollouts` on the way.
+token are recorded in `trainer.rollouts` on the way. An inference engine (use_vllm) returns no values (no
+hidden states), so then nothing is recorded and `step()` computes logprobs and values with a forward pass.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 import torch
 
 from rlhfkit.rollout import SamplingParams, eval_mode, make_generation_backend, pad_left
+from rlhfkit.rollout.backends import ENGINE_BACKENDS
 from rlhfkit.rollout.host_memory import fix_mmap_threshold, release_free_heap
 from rlhfkit.trainers.common.sharding import sharded_generation_context
 from rlhfkit.trainers.ppo.inputs import as_token_tensor, generation_config_from_kwargs
@@ -108,15 +110,20 @@ class GenerationMethods:
                 self.accelerator, self.policy, self.config.ds3_gather_for_generation
             )
 
-        engine = self.config.generation_backend
-        policy = make_generation_backend(
-            self.policy,
-            pad_id,
-            engine=engine,
-            chunk_size=chunk_size,
-            weights_context=gathered,
-            value_head=self.policy.v_head if record else None,
-        )
+        engine, options = self.config.generation_engine()
+        if engine in ENGINE_BACKENDS:
+            policy = self._engine_sampler()
+            engine, options = self.config.generation_backend, {}  # the reference samples in-process
+        else:
+            policy = make_generation_backend(
+                self.policy,
+                pad_id,
+                engine=engine,
+                chunk_size=chunk_size,
+                weights_context=gathered,
+                value_head=self.policy.v_head if record else None,
+                options=options,
+            )
         # logprobs at temperature 1, as step() scores them
         out = policy.generate(ids, mask, params, logprob_temperature=1.0 if record else None)
         release_free_heap(self.policy, len(queries))
@@ -131,6 +138,30 @@ class GenerationMethods:
             )
             ref_out = reference.generate(ids, mask, params)
         return responses, [r[m] for r, m in zip(ref_out.responses, ref_out.response_mask)]
+
+    def _engine_sampler(self) -> Any:
+        """The inference engine's backend (use_vllm): connected and checked on the first call, which the
+        trainer's construction makes, then given the policy's weights after every optimizer step."""
+        if getattr(self, "_engine", None) is None:
+            engine, options = self.config.generation_engine()
+            if self.accelerator.num_processes > 1:  # each process would push its weights and sample alone
+                raise ValueError(f"use_vllm ({engine}) runs with one training process for now")
+            pad_id = self.tokenizer.pad_token_id
+            self._engine = make_generation_backend(
+                self.policy,
+                self.tokenizer.eos_token_id if pad_id is None else pad_id,
+                engine=engine,
+                weights_context=lambda: sharded_generation_context(
+                    self.accelerator, self.policy, self.config.ds3_gather_for_generation
+                ),
+                options=options,
+            )
+            # the engine serves the checkpoint on disk, not necessarily the policy
+            self._engine_version = None
+        if self._engine_version != self.policy_version:
+            self._engine.sync_weights(self.policy)
+            self._engine_version = self.policy_version
+        return self._engine
 
     def _records_rollouts(self) -> bool:
         """Whether generate() keeps logprobs and values for step() (`sampling_cache.reuse_is_exact`)."""

@@ -102,6 +102,11 @@ def reuse_is_exact(config: Any, accelerator: Any, policy: torch.nn.Module, is_en
     float32 = accelerator.mixed_precision == "no" and all(
         p.dtype == torch.float32 for p in policy.parameters() if p.is_floating_point()
     )
+    engine = getattr(config, "use_vllm", False)  # an inference engine returns no values (no hidden states)
     return (
-        config.reuse_generation_outputs and not is_encoder_decoder and config.kl_penalty != "full" and float32
+        config.reuse_generation_outputs
+        and not engine
+        and not is_encoder_decoder
+        and config.kl_penalty != "full"
+        and float32
     )

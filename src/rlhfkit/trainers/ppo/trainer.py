@@ -110,6 +110,8 @@ class PPOTrainer(GenerationMethods, TrackingMethods, TRLMethods, SavingMethods):
         if self.ref_model is not None and any(True for _ in self.ref_model.parameters()):
             self.ref_model = self.ref_model.to(self.current_device)
         construction.start_trackers(self.accelerator, config)
+        if config.use_vllm:
+            self._engine_sampler()  # an unreachable or mismatched engine fails here, before any step
 
     def _init_run_state(self, config: PPOConfig) -> None:
         """The state that `step()` moves on: KL controller, score moments, counters, guards, rollouts."""

@@ -246,6 +246,7 @@ class RLOOConfig(
         return (float(value[0]), float(value[1]))
 
     def validate(self) -> None:
+        self.check_vllm()
         if self._form == "current":
             return  # `settle` checks the current form's fields
         positive = {

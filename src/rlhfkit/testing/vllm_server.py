@@ -1,0 +1,63 @@
+"""A real `rlhfkit vllm-serve` server for tests: started from the vLLM venv on a local model folder.
+
+vLLM lives in its own venv (`make vllm-env`: .venv-vllm); a test module starts one server (float32, eager,
+1 GiB of KV cache) and stops it with its whole process group (the engine core runs in a child).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def vllm_server(command: Path, model: Path, log: Path, start_timeout: float = 600) -> Iterator[str]:
+    """The base URL of `command vllm-serve --model model` while the block runs; RuntimeError with the end
+    of its `log` when it does not start within `start_timeout` seconds."""
+    port = free_port()
+    argv = [str(command), "vllm-serve", "--model", str(model), "--host", "127.0.0.1", "--port", str(port)]
+    argv += ["--dtype", "float32", "--enforce_eager", "--log_level", "warning"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    with open(log, "wb") as out:
+        server = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_until_healthy(url, server, start_timeout, log)
+        yield url
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)  # the engine core and its worker run in the server's group
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+
+
+def _wait_until_healthy(url: str, server: subprocess.Popen, timeout: float, log: Path) -> None:
+    """Return once `url/health/` answers; RuntimeError with the log's end if the server exits or is late."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/health/", timeout=5):
+                return
+        except (urllib.error.URLError, OSError):
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"the server did not start; its log ends:\n{log.read_text()[-3000:]}"
+                ) from None
+            time.sleep(1)
