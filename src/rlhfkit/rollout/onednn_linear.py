@@ -1,0 +1,115 @@
+"""Training passes on a CPU with the model's large float32 linear layers on oneDNN, forward and backward.
+
+A scoring or training pass multiplies a thousand rows or so (16 completions of ~70 tokens) by each weight
+matrix. At Qwen2.5-0.5B's shape oneDNN does those products faster than the BLAS torch uses for float32 on a
+CPU (benchmarks/onednn_training.json, conversions included): the forward X W^T, the input gradient dY W and
+the weight gradient dY^T X. `onednn_linears` runs each large `nn.Linear` of a model through `OneDNNLinear`
+within its block: the same function as `F.linear` (values and gradients equal up to float rounding), on
+oneDNN's inner-product kernels. Weights are read at each call, never copied beyond the call: a step of the
+optimizer, a sharded or PEFT-wrapped weight and a frozen reference all work unchanged, and nothing stays
+resident (a reference converted once would hold another 1.4 GiB at that shape).
+
+The layers are those `packed_linear` converts for sampling (`packable`), and a call takes oneDNN only at
+`ONEDNN_MIN_ROWS` rows or more; bfloat16 layers keep torch's linear, which already runs on oneDNN. Where
+the result's graph would be replayed, the block changes nothing: a model with activation checkpointing
+recomputes its layers in backward, outside the block, and must see the same operations both times.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterator
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from rlhfkit.rollout.packed_linear import packable
+
+ONEDNN_MIN_ROWS = 64  # benchmarks/onednn_training.json: forward and input gradient gain from 64 rows up
+WEIGHT_GRAD_MIN_ROWS = 1024  # the weight gradient gains only with many rows (0.6-0.8x at 256)
+
+
+class OneDNNLinear(torch.autograd.Function):
+    """y = x W^T + b for float32 CPU tensors, forward and both gradients on oneDNN's inner product."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1]).contiguous()
+        dnn_bias = None if bias is None else bias.detach().to_mkldnn()
+        out = torch._C._nn.mkldnn_linear(flat.to_mkldnn(), weight.detach(), dnn_bias).to_dense()
+        ctx.save_for_backward(flat if ctx.needs_input_grad[1] else None, weight)  # no copies: held anyway
+        ctx.x_shape, ctx.has_bias = x.shape, bias is not None
+        return out.reshape(*x.shape[:-1], out.shape[-1])
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out: torch.Tensor):
+        flat, weight = ctx.saved_tensors
+        need_x, need_w, need_b = ctx.needs_input_grad
+        grad = grad_out.reshape(-1, grad_out.shape[-1]).contiguous()
+        dnn_grad = grad.to_mkldnn()
+        grad_x = grad_w = grad_b = None
+        if need_x:
+            rows_by_inputs = [grad.shape[0], weight.shape[1]]
+            grad_x = torch.ops.aten.mkldnn_linear_backward_input(rows_by_inputs, dnn_grad, weight.detach())
+            grad_x = grad_x.to_dense().reshape(ctx.x_shape)
+        if need_w and grad.shape[0] >= WEIGHT_GRAD_MIN_ROWS:
+            grad_w, grad_b = torch.ops.aten.mkldnn_linear_backward_weights(
+                dnn_grad, flat.to_mkldnn(), weight.detach(), ctx.has_bias
+            )
+        elif need_w:
+            grad_w = grad.t().mm(flat)
+        if need_b and grad_b is None:
+            grad_b = grad.sum(0)
+        return grad_x, grad_w, grad_b if need_b else None
+
+
+def _onednn_forward(layer: torch.nn.Linear):
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        weight, bias = layer.weight, layer.bias
+        usable = (
+            x.dtype == weight.dtype == torch.float32
+            and type(weight.data) is torch.Tensor  # not a DTensor shard or another subclass
+            and x.device.type == "cpu"
+            and x.shape[:-1].numel() >= ONEDNN_MIN_ROWS
+            and not torch.is_autocast_enabled("cpu")
+        )
+        if not usable:
+            return torch.nn.functional.linear(x, weight, bias)
+        return OneDNNLinear.apply(x, weight, bias)
+
+    return forward
+
+
+@contextlib.contextmanager
+def onednn_linears(model: torch.nn.Module) -> Iterator[int]:
+    """Within the block, every large float32 CPU `nn.Linear` of `model` (PEFT's base layers included) runs
+    through `OneDNNLinear`, with or without gradients; yields how many. Without oneDNN, or in a model with
+    activation checkpointing on: none."""
+    modules = list(model.modules()) if torch.backends.mkldnn.is_available() else []
+    if any(getattr(m, "gradient_checkpointing", False) is True for m in modules):
+        modules = []  # backward replays the layers' forwards, outside this block
+    layers = [
+        m
+        for m in modules
+        if packable(m) and m.weight.dtype == torch.float32 and "forward" not in m.__dict__  # not patched
+    ]
+    for layer in layers:
+        layer.forward = _onednn_forward(layer)
+    try:
+        yield len(layers)
+    finally:
+        for layer in layers:
+            del layer.forward  # the class's own forward again
+
+
+def with_onednn_linears(fn):
+    """Decorator: `fn(model, ...)` runs within `onednn_linears(model)`."""
+
+    @functools.wraps(fn)
+    def wrapped(model: torch.nn.Module, *args, **kwargs):
+        with onednn_linears(model):
+            return fn(model, *args, **kwargs)
+
+    return wrapped
