@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-import rlhfkit.rollout.onednn_linear as onednn_linear
+import rlhfkit.core.onednn_products as onednn_products
 import rlhfkit.rollout.packed_linear as packed_linear
 from rlhfkit.rollout.onednn_linear import OneDNNLinear, onednn_linears
 
@@ -127,13 +127,13 @@ def test_a_grpo_step_ends_where_torchs_linear_takes_it(tmp_path, monkeypatch):
     # every layer of the tiny Llama counts as large here, and every call and product takes oneDNN
     monkeypatch.setattr(packed_linear, "PACK_MIN_ELEMENTS", 1)
     monkeypatch.setattr(packed_linear, "PACK_MIN_INPUTS", 1)
-    monkeypatch.setattr(onednn_linear, "WEIGHT_GRAD_MIN_ROWS", 1)
+    monkeypatch.setattr(onednn_products, "WEIGHT_GRAD_MIN_ROWS", 1)
     calls = []
     apply = OneDNNLinear.apply
     monkeypatch.setattr(OneDNNLinear, "apply", lambda *args: calls.append(1) or apply(*args))
 
     def trained(min_rows: int) -> dict[str, torch.Tensor]:
-        monkeypatch.setattr(onednn_linear, "ONEDNN_MIN_ROWS", min_rows)
+        monkeypatch.setattr(onednn_products, "ONEDNN_MIN_ROWS", min_rows)
         model = tiny_model("llama")
         args = GRPOConfig(output_dir=str(tmp_path / "out"), report_to="none", use_cpu=True, optim="sgd",
                           per_device_train_batch_size=8, num_generations=4, max_completion_length=5,

@@ -9,8 +9,9 @@ oneDNN's inner-product kernels. Weights are read at each call, never copied beyo
 optimizer, a sharded or PEFT-wrapped weight and a frozen reference all work unchanged, and nothing stays
 resident (a reference converted once would hold another 1.4 GiB at that shape).
 
-The layers are those `packed_linear` converts for sampling (`packable`), and a call takes oneDNN only at
-`ONEDNN_MIN_ROWS` rows or more; bfloat16 layers keep torch's linear, which already runs on oneDNN. Where
+The layers are those `packed_linear` converts for sampling (`packable`); each product takes oneDNN from
+its measured crossover in rows up (`core.onednn_products`), and bfloat16 layers, autocast and fewer rows
+keep torch's linear (bfloat16 products on a CPU are oneDNN's already). Where
 the result's graph would be replayed, the block changes nothing: a model with activation checkpointing
 recomputes its layers in backward, outside the block, and must see the same operations both times.
 """
@@ -24,22 +25,20 @@ from collections.abc import Iterator
 import torch
 from torch.autograd.function import once_differentiable
 
+from rlhfkit.core import onednn_products
+from rlhfkit.core.onednn_products import linear_forward, linear_input_grad, linear_weight_grad, onednn_usable
 from rlhfkit.rollout.packed_linear import packable
-
-ONEDNN_MIN_ROWS = 64  # benchmarks/onednn_training.json: forward and input gradient gain from 64 rows up
-WEIGHT_GRAD_MIN_ROWS = 1024  # the weight gradient gains only with many rows (0.6-0.8x at 256)
 
 
 class OneDNNLinear(torch.autograd.Function):
-    """y = x W^T + b for float32 CPU tensors, forward and both gradients on oneDNN's inner product."""
+    """y = x W^T + b, forward and both gradients through `core.onednn_products` (oneDNN where it pays)."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        flat = x.reshape(-1, x.shape[-1]).contiguous()
-        dnn_bias = None if bias is None else bias.detach().to_mkldnn()
-        out = torch._C._nn.mkldnn_linear(flat.to_mkldnn(), weight.detach(), dnn_bias).to_dense()
+        flat = x.reshape(-1, x.shape[-1])
+        out = linear_forward(flat, weight, bias)
         ctx.save_for_backward(flat if ctx.needs_input_grad[1] else None, weight)  # no copies: held anyway
-        ctx.x_shape, ctx.has_bias = x.shape, bias is not None
+        ctx.x_shape = x.shape
         return out.reshape(*x.shape[:-1], out.shape[-1])
 
     @staticmethod
@@ -47,35 +46,16 @@ class OneDNNLinear(torch.autograd.Function):
     def backward(ctx, grad_out: torch.Tensor):
         flat, weight = ctx.saved_tensors
         need_x, need_w, need_b = ctx.needs_input_grad
-        grad = grad_out.reshape(-1, grad_out.shape[-1]).contiguous()
-        dnn_grad = grad.to_mkldnn()
-        grad_x = grad_w = grad_b = None
-        if need_x:
-            rows_by_inputs = [grad.shape[0], weight.shape[1]]
-            grad_x = torch.ops.aten.mkldnn_linear_backward_input(rows_by_inputs, dnn_grad, weight.detach())
-            grad_x = grad_x.to_dense().reshape(ctx.x_shape)
-        if need_w and grad.shape[0] >= WEIGHT_GRAD_MIN_ROWS:
-            grad_w, grad_b = torch.ops.aten.mkldnn_linear_backward_weights(
-                dnn_grad, flat.to_mkldnn(), weight.detach(), ctx.has_bias
-            )
-        elif need_w:
-            grad_w = grad.t().mm(flat)
-        if need_b and grad_b is None:
-            grad_b = grad.sum(0)
-        return grad_x, grad_w, grad_b if need_b else None
+        grad = grad_out.reshape(-1, grad_out.shape[-1])
+        grad_x = linear_input_grad(grad, weight).reshape(ctx.x_shape) if need_x else None
+        grad_w = linear_weight_grad(grad, flat) if need_w else None
+        return grad_x, grad_w, grad.sum(0) if need_b else None
 
 
 def _onednn_forward(layer: torch.nn.Linear):
     def forward(x: torch.Tensor) -> torch.Tensor:
         weight, bias = layer.weight, layer.bias
-        usable = (
-            x.dtype == weight.dtype == torch.float32
-            and type(weight.data) is torch.Tensor  # not a DTensor shard or another subclass
-            and x.device.type == "cpu"
-            and x.shape[:-1].numel() >= ONEDNN_MIN_ROWS
-            and not torch.is_autocast_enabled("cpu")
-        )
-        if not usable:
+        if x.shape[:-1].numel() < onednn_products.ONEDNN_MIN_ROWS or not onednn_usable(x, weight, bias):
             return torch.nn.functional.linear(x, weight, bias)
         return OneDNNLinear.apply(x, weight, bias)
 
