@@ -56,3 +56,28 @@ def test_only_plain_float32_cpu_tensors_without_autocast_are_usable(conversions)
     conversions.clear()
     torch.testing.assert_close(linear_forward(x.double(), weight.double()), x.double() @ weight.double().T)
     assert not conversions  # torch's product
+
+
+def test_narrow_maps_keep_torchs_product(conversions):
+    x, weight = torch.randn(2000, 64), torch.randn(128, 64)  # 64 inputs: below ONEDNN_MIN_INPUTS
+    linear_forward(x, weight), linear_input_grad(torch.randn(2000, 128), weight)
+    linear_weight_grad(torch.randn(2000, 128), x)
+    assert not conversions
+
+
+def test_the_chunked_head_on_onednn_matches_full_logits(conversions):
+    from rlhfkit.core.chunked_logprobs import chunked_token_logprobs
+
+    torch.manual_seed(0)
+    hidden = torch.randn(1100, 320, requires_grad=True)  # rows above both crossovers
+    weight = (torch.randn(3000, 320) / 8).requires_grad_()
+    targets = torch.randint(0, 3000, (1100,))
+    got = chunked_token_logprobs(hidden, weight, None, targets, temperature=0.7)
+    assert conversions  # the tiles' forward products ran on oneDNN
+    expected = (hidden @ weight.T / 0.7).log_softmax(-1).gather(-1, targets[:, None]).squeeze(-1)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-4)
+    weights_of_rows = torch.randn(1100)
+    got_grads = torch.autograd.grad((got * weights_of_rows).sum(), [hidden, weight])
+    expected_grads = torch.autograd.grad((expected * weights_of_rows).sum(), [hidden, weight])
+    for g, e in zip(got_grads, expected_grads):
+        assert _relative_error(g, e) < 1e-5

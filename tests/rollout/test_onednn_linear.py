@@ -128,6 +128,7 @@ def test_a_grpo_step_ends_where_torchs_linear_takes_it(tmp_path, monkeypatch):
     monkeypatch.setattr(packed_linear, "PACK_MIN_ELEMENTS", 1)
     monkeypatch.setattr(packed_linear, "PACK_MIN_INPUTS", 1)
     monkeypatch.setattr(onednn_products, "WEIGHT_GRAD_MIN_ROWS", 1)
+    monkeypatch.setattr(onednn_products, "ONEDNN_MIN_INPUTS", 1)
     calls = []
     apply = OneDNNLinear.apply
     monkeypatch.setattr(OneDNNLinear, "apply", lambda *args: calls.append(1) or apply(*args))

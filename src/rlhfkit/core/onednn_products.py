@@ -4,8 +4,9 @@ For y = x W^T (x: (N, in), W: (out, in)) training needs the forward y, the input
 weight gradient g^T x (g = dL/dy). On a CPU torch runs float32 products on its BLAS (MKL); oneDNN's inner
 product does the same ones faster at a transformer's sizes from a few dozen rows up, and the weight
 gradient from about a thousand rows (benchmarks/onednn_training.json, conversions of the rows included; the
-weight is read in place). Each function here takes oneDNN when `onednn_usable` and its rows reach the
-crossover, else torch's product: the results are the same up to float rounding either way.
+weight is read in place). Each function here takes oneDNN when `onednn_usable`, its rows reach the crossover
+and the map has `ONEDNN_MIN_INPUTS` inputs, else torch's product: the results are the same up to float
+rounding either way.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import torch
 
 ONEDNN_MIN_ROWS = 64  # forward and input gradient: 1.5-2.7x at 64 rows for Qwen2.5-0.5B's MLP matrices
 WEIGHT_GRAD_MIN_ROWS = 1024  # the weight gradient: 0.6-0.8x at 256 rows, 1.2-1.6x at 1,120
+ONEDNN_MIN_INPUTS = 256  # narrower maps (the 64-wide benchmark models) keep torch's: `rollout.packed_linear`
 
 
 def onednn_usable(*tensors: torch.Tensor | None) -> bool:
@@ -33,7 +35,7 @@ def onednn_usable(*tensors: torch.Tensor | None) -> bool:
 def linear_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x W^T + b for x (N, in), weight (out, in), bias (out,) or None -> (N, out); no autograd graph."""
     x, weight = x.detach(), weight.detach()
-    if x.shape[0] < ONEDNN_MIN_ROWS or not onednn_usable(x, weight, bias):
+    if x.shape[0] < ONEDNN_MIN_ROWS or x.shape[1] < ONEDNN_MIN_INPUTS or not onednn_usable(x, weight, bias):
         return torch.nn.functional.linear(x, weight, None if bias is None else bias.detach())
     dnn_bias = None if bias is None else bias.detach().to_mkldnn()
     return torch._C._nn.mkldnn_linear(x.contiguous().to_mkldnn(), weight.contiguous(), dnn_bias).to_dense()
@@ -42,7 +44,11 @@ def linear_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
 def linear_input_grad(grad: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """g W for g (N, out), weight (out, in) -> (N, in)."""
     grad, weight = grad.detach(), weight.detach()
-    if grad.shape[0] < ONEDNN_MIN_ROWS or not onednn_usable(grad, weight):
+    if (
+        grad.shape[0] < ONEDNN_MIN_ROWS
+        or weight.shape[1] < ONEDNN_MIN_INPUTS
+        or not onednn_usable(grad, weight)
+    ):
         return grad.mm(weight)
     rows_by_inputs = [grad.shape[0], weight.shape[1]]
     dnn_grad = grad.contiguous().to_mkldnn()
@@ -54,7 +60,7 @@ def linear_input_grad(grad: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 def linear_weight_grad(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """g^T x for g (N, out), x (N, in) -> (out, in): the weight's gradient, summed over the N rows."""
     grad, x = grad.detach(), x.detach()
-    if grad.shape[0] < WEIGHT_GRAD_MIN_ROWS or not onednn_usable(grad, x):
+    if grad.shape[0] < WEIGHT_GRAD_MIN_ROWS or x.shape[1] < ONEDNN_MIN_INPUTS or not onednn_usable(grad, x):
         return grad.t().mm(x)
     # the weight argument only gives the result's dtype and device
     dnn_grad, dnn_x = grad.contiguous().to_mkldnn(), x.contiguous().to_mkldnn()
