@@ -2,7 +2,7 @@
 
 For y = x W^T (x: (N, in), W: (out, in)) training needs the forward y, the input gradient g W and the
 weight gradient g^T x (g = dL/dy). On a CPU torch runs float32 products on its BLAS (MKL); oneDNN's inner
-product does the same ones faster at a transformer's sizes from a few dozen rows up, and the weight
+product does the same ones faster at a transformer's sizes from a few hundred rows up, and the weight
 gradient from about a thousand rows (benchmarks/onednn_training.json, conversions of the rows included; the
 weight is read in place). Each function here takes oneDNN when `onednn_usable`, its rows reach the crossover
 and the map has `ONEDNN_MIN_INPUTS` inputs, else torch's product: the results are the same up to float
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import torch
 
-ONEDNN_MIN_ROWS = 64  # forward and input gradient: 1.5-2.7x at 64 rows for Qwen2.5-0.5B's MLP matrices
-WEIGHT_GRAD_MIN_ROWS = 1024  # the weight gradient: 0.6-0.8x at 256 rows, 1.2-1.6x at 1,120
+ONEDNN_MIN_ROWS = 256  # forward and input gradient: 1.4-4x at 256 rows; at 64, 0.5x to 8x from run to run
+WEIGHT_GRAD_MIN_ROWS = 1024  # the weight gradient: 0.6-0.8x at 256 rows for the 4,864 x 896 matrices
 ONEDNN_MIN_INPUTS = 256  # narrower maps (the 64-wide benchmark models) keep torch's: `rollout.packed_linear`
 
 
