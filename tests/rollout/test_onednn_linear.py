@@ -87,6 +87,8 @@ def test_layers_that_must_keep_torchs_linear():
     bf16 = _model().to(torch.bfloat16)  # torch's bfloat16 linear is oneDNN's already
     with onednn_linears(bf16) as count:
         assert count == 0
+    with onednn_linears(torch.compile(_model())) as count:  # compiled: patched forwards would be traced
+        assert count == 0
     sharded = _model()
     sharded.model.layers[0].mlp.up_proj.weight.ds_id = 7  # a ZeRO-3 shard
     with onednn_linears(sharded) as count:

@@ -20,10 +20,12 @@ ONEDNN_MIN_INPUTS = 256  # narrower maps (the 64-wide benchmark models) keep tor
 
 def onednn_usable(*tensors: torch.Tensor | None) -> bool:
     """Whether oneDNN may run products of these tensors: plain float32 CPU tensors (no subclass such as a
-    DTensor shard), torch built with oneDNN, and no CPU autocast (which would pick another dtype)."""
+    DTensor shard), torch built with oneDNN, no CPU autocast (which would pick another dtype) and no
+    torch.compile tracing."""
     return (
         torch.backends.mkldnn.is_available()
         and not torch.is_autocast_enabled("cpu")
+        and not torch.compiler.is_compiling()  # a traced graph keeps torch's ops
         and all(
             t is None
             or (type(t.data) is torch.Tensor and t.dtype == torch.float32 and t.device.type == "cpu")

@@ -65,11 +65,13 @@ def _onednn_forward(layer: torch.nn.Linear):
 @contextlib.contextmanager
 def onednn_linears(model: torch.nn.Module) -> Iterator[int]:
     """Within the block, every large float32 CPU `nn.Linear` of `model` (PEFT's base layers included) runs
-    through `OneDNNLinear`, with or without gradients; yields how many. Without oneDNN, or in a model with
-    activation checkpointing on: none."""
+    through `OneDNNLinear`, with or without gradients; yields how many. Without oneDNN, in a model with
+    activation checkpointing on, or a torch.compile'd one: none."""
     modules = list(model.modules()) if torch.backends.mkldnn.is_available() else []
     if any(getattr(m, "gradient_checkpointing", False) is True for m in modules):
         modules = []  # backward replays the layers' forwards, outside this block
+    if any(hasattr(m, "_orig_mod") for m in modules):
+        modules = []  # torch.compile'd: patched forwards would be traced or recompiled
     layers = [
         m
         for m in modules
