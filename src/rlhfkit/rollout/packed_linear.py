@@ -28,7 +28,8 @@ PACK_MIN_ELEMENTS = 2**19  # at 16 rows: 896 x 896 gains 1.6x, 128 x 896 loses (
 PACK_MIN_INPUTS = 256  # 2,048 x 256 gains 1.4x at 16 rows
 
 
-def _packable(module: torch.nn.Module) -> bool:
+def packable(module: torch.nn.Module) -> bool:
+    """Whether `module` is a large CPU `nn.Linear` that oneDNN multiplies faster (and may run it)."""
     weight = getattr(module, "weight", None)
     return (
         type(module) is torch.nn.Linear
@@ -45,7 +46,7 @@ def _packable(module: torch.nn.Module) -> bool:
 def _lora_factors(module: torch.nn.Module) -> list[tuple[torch.Tensor, torch.Tensor, float]] | None:
     """[(A, B, scaling)] of each active adapter of a PEFT LoRA layer whose forward is base(x) + sum of
     scaling * B A x, so that one merged weight can stand for it; None for anything else."""
-    if not (hasattr(module, "lora_A") and hasattr(module, "scaling") and _packable(module.base_layer)):
+    if not (hasattr(module, "lora_A") and hasattr(module, "scaling") and packable(module.base_layer)):
         return None
     if module.disable_adapters or module.merged:
         return None  # the base alone (its own weight already holds a merged adapter)
@@ -90,7 +91,7 @@ def packed_linears(model: torch.nn.Module) -> Iterator[int]:
     modules = list(model.modules()) if usable else []
     lora = {id(m): (m, f) for m in modules if (f := _lora_factors(m)) is not None}
     merged_bases = {id(m.base_layer) for m, _ in lora.values()}  # run inside the merged product
-    plain = [m for m in modules if _packable(m) and id(m) not in merged_bases]
+    plain = [m for m in modules if packable(m) and id(m) not in merged_bases]
     layers = plain + [m for m, _ in lora.values()]
     own = {id(layer): layer.__dict__.get("forward") for layer in layers}  # a forward set on the instance
     for layer in layers:

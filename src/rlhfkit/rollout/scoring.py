@@ -18,6 +18,7 @@ from rlhfkit.models.peft_detection import peft_model_of, without_peft
 from rlhfkit.rollout.batch import RolloutBatch
 from rlhfkit.rollout.generation import is_encoder_decoder
 from rlhfkit.rollout.lm_head import chunked_response_outputs
+from rlhfkit.rollout.onednn_linear import with_onednn_linears
 from rlhfkit.rollout.packing import maybe_pack, packed_chunked_outputs, packed_logits_and_values
 
 
@@ -112,6 +113,7 @@ def _padded_logits(model, input_ids, attention_mask, position_ids, length_r: int
     return logits, values
 
 
+@with_onednn_linears  # on a CPU: oneDNN for the large matrices, forward and backward
 def forward_response(
     model: torch.nn.Module,
     query_ids: torch.Tensor,
@@ -239,6 +241,7 @@ def forward_batch(
     )
 
 
+@with_onednn_linears
 def last_token_scores(
     backbone: torch.nn.Module, head: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
 ) -> torch.Tensor:
