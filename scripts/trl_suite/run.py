@@ -165,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--pytest-args", nargs=argparse.REMAINDER, default=[], help="passed on to pytest")
     args = parser.parse_args(argv)
+    commit = _rlhfkit_commit()  # the code under test: read before the run, which edits nothing
     results, per_file, trl_commits = {}, {}, {}
     folders = [path.resolve() for path in args.trl_tests]
     for folder in folders:
@@ -177,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         results.update(file_results)
     record = {
         "command": _command(argv or sys.argv[1:], args.deps),
-        "commit": _rlhfkit_commit(),
+        "commit": commit,
         "trl_commits": trl_commits,
         "date": datetime.date.today().isoformat(),
         "per_test_timeout_s": args.timeout,
