@@ -348,7 +348,7 @@ class HealthMonitor:
             message = (
                 f"{' and '.join(found)} nats: the sampler and the training forward pass disagree; generate "
                 "in the training dtype with dropout off, or correct for the gap with importance weights "
-                "(vllm_importance_sampling_correction=True)"
+                "(GRPO: vllm_importance_sampling_correction=True)"
             )
         return {}, message
 
