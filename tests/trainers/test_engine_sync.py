@@ -1,0 +1,41 @@
+"""Who sends an inference engine its weights under several training processes (`engine_sync`)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from rlhfkit.trainers.common.engine_sync import engine_options, sync_engine
+
+
+def _accelerator(processes: int, main: bool, events: list | None = None):
+    return SimpleNamespace(
+        num_processes=processes,
+        is_main_process=main,
+        wait_for_everyone=lambda: events.append("barrier") if events is not None else None,
+    )
+
+
+def test_only_the_main_process_sends_weights_to_a_server():
+    options = {"base_url": "http://h:1", "timeout": 5.0}
+    assert engine_options("vllm-server", options, _accelerator(2, True))["sends_weights"] is True
+    assert engine_options("vllm-server", options, _accelerator(2, False)) == {
+        **options,
+        "sends_weights": False,
+    }
+    assert engine_options("vllm-server", options, _accelerator(1, True))["sends_weights"] is True
+
+
+def test_a_colocated_engine_under_several_processes_is_refused_naming_server_mode():
+    assert engine_options("vllm-colocate", {"a": 1}, _accelerator(1, True)) == {"a": 1}
+    with pytest.raises(ValueError, match=r"use_vllm \(vllm-colocate\) runs with one training process.*"
+                       r"with 2, use vllm_mode='server'"):  # fmt: skip
+        engine_options("vllm-colocate", {}, _accelerator(2, True))
+
+
+def test_every_process_waits_for_the_weights_before_sampling():
+    events = []
+    engine = SimpleNamespace(sync_weights=lambda model: events.append(("sync", model)))
+    sync_engine(engine, "policy", _accelerator(2, False, events))
+    assert events == [("sync", "policy"), "barrier"]
