@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+import types
 from types import SimpleNamespace
 
 import pytest
@@ -20,10 +22,8 @@ def _accelerator(processes: int, main: bool, events: list | None = None):
 def test_only_the_main_process_sends_weights_to_a_server():
     options = {"base_url": "http://h:1", "timeout": 5.0}
     assert engine_options("vllm-server", options, _accelerator(2, True))["sends_weights"] is True
-    assert engine_options("vllm-server", options, _accelerator(2, False)) == {
-        **options,
-        "sends_weights": False,
-    }
+    expected = {**options, "sends_weights": False, "gather_module": None}
+    assert engine_options("vllm-server", options, _accelerator(2, False)) == expected
     assert engine_options("vllm-server", options, _accelerator(1, True))["sends_weights"] is True
 
 
@@ -39,3 +39,15 @@ def test_every_process_waits_for_the_weights_before_sampling():
     engine = SimpleNamespace(sync_weights=lambda model: events.append(("sync", model)))
     sync_engine(engine, "policy", _accelerator(2, False, events))
     assert events == [("sync", "policy"), "barrier"]
+
+
+def test_under_zero3_the_server_sync_gathers_one_module_at_a_time(monkeypatch):
+    fake = types.ModuleType("deepspeed")  # DeepSpeed does not run on CPU: a stand-in module
+    fake.zero = SimpleNamespace(GatheredParameters=object())
+    monkeypatch.setitem(sys.modules, "deepspeed", fake)
+    accelerator = _accelerator(2, True)
+    accelerator.state = SimpleNamespace(deepspeed_plugin=SimpleNamespace(zero_stage=3))
+    options = engine_options("vllm-server", {}, accelerator)
+    assert options["gather_module"] is fake.zero.GatheredParameters
+    accelerator.state.deepspeed_plugin.zero_stage = 2  # whole weights on every process: nothing to gather
+    assert engine_options("vllm-server", {}, accelerator)["gather_module"] is None

@@ -19,6 +19,7 @@ generation or weight reload, but finite, so that a run never hangs).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import http.client
 import json
@@ -30,8 +31,9 @@ from typing import Any
 
 import torch
 
+from rlhfkit.models.peft_detection import peft_model_of
 from rlhfkit.rollout.backends import GenerationBackend, GenerationOutput, SamplingParams
-from rlhfkit.rollout.engine_weights import engine_weights
+from rlhfkit.rollout.engine_weights import engine_weights, engine_weights_by_module
 from rlhfkit.rollout.streaming import generating_module
 from rlhfkit.rollout.vllm_common import engine_request, generation_output
 
@@ -137,8 +139,10 @@ class VLLMServerBackend(GenerationBackend):
 
     `chunk_size` and `progress` are accepted for the common constructor and unused: the engine batches
     the whole call itself. With several training processes only one `sends_weights`; the others' syncs
-    only take part in gathering sharded weights (a collective), then send nothing. A `value_head` cannot
-    be served (the engine returns no hidden states).
+    only take part in gathering sharded weights (a collective), then send nothing. With `gather_module`
+    (ZeRO-3: `sharding.module_gatherer`) a sync gathers one module at a time instead of the whole model
+    (a PEFT model is still gathered whole: its merge needs the adapters beside each weight).
+    A `value_head` cannot be served (the engine returns no hidden states).
     """
 
     def __init__(
@@ -150,6 +154,7 @@ class VLLMServerBackend(GenerationBackend):
         timeout: float = 240.0,
         request_timeout: float = REQUEST_TIMEOUT,
         sends_weights: bool = True,
+        gather_module: Callable[[list[torch.nn.Parameter]], contextlib.AbstractContextManager] | None = None,
         chunk_size: int | None = None,
         value_head: torch.nn.Module | None = None,
         weights_context: Callable[[], contextlib.AbstractContextManager] | None = None,
@@ -165,6 +170,7 @@ class VLLMServerBackend(GenerationBackend):
                 raise ValueError(f"{name} must be > 0 seconds, got {seconds!r}")
         self.model, self.pad_token_id = model, pad_token_id
         self.request_timeout, self.sends_weights = request_timeout, sends_weights
+        self.gather_module = gather_module
         self.base_url = base_url.rstrip("/")
         self.weights_context = weights_context or contextlib.nullcontext
         self.info = wait_for_server(self.base_url, timeout)
@@ -185,12 +191,18 @@ class VLLMServerBackend(GenerationBackend):
         alone), so at most two pieces are copied at a time; the engine reloads once, from all of them.
         """
         model = self.model if model is None else model
+        if self.gather_module is None or peft_model_of(model) is not None:  # LoRA merges need it whole
+            weights, gathered = engine_weights(model), self.weights_context()
+        else:  # ZeRO-3: one module gathered at a time, while it is sent
+            weights = engine_weights_by_module(model, self.gather_module, WEIGHT_PIECE_BYTES)
+            gathered = contextlib.nullcontext()
         if not self.sends_weights:
-            with self.weights_context():  # every process must join the gathering of sharded weights
-                return
+            with gathered:  # every process must join the gathering of sharded weights
+                collections.deque(weights, maxlen=0)
+            return
         url, timeout = f"{self.base_url}/update_weights/", self.request_timeout
-        with self.weights_context(), self._lost_if_unreachable("loading the policy's weights"):
-            pieces = _pieces(engine_weights(model), WEIGHT_PIECE_BYTES)
+        with gathered, self._lost_if_unreachable("loading the policy's weights"):
+            pieces = _pieces(weights, WEIGHT_PIECE_BYTES)
             piece = next(pieces)
             for following in pieces:  # one piece ahead: the last one tells the server to reload
                 _call(f"{url}?last=false", body=piece, timeout=timeout)

@@ -3,7 +3,7 @@
 As in TRL's server mode, every process samples its own prompts on the one server, and after each
 optimizer step the main process alone sends the new weights while the others wait at a barrier, so that
 no process samples from weights the server is still loading. A colocated engine lives inside one
-process and stays one-process.
+process and stays one-process. Under ZeRO-3 the sync gathers the policy one module at a time.
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from torch import nn
+
+from rlhfkit.trainers.common.sharding import module_gatherer
 
 
 def engine_options(engine: str, options: dict[str, Any], accelerator: Any) -> dict[str, Any]:
@@ -23,7 +25,11 @@ def engine_options(engine: str, options: dict[str, Any], accelerator: Any) -> di
                 "vllm_mode='server' (every process samples on the server, the main one sends the weights)"
             )
         return options
-    return {**options, "sends_weights": bool(accelerator.is_main_process)}
+    return {
+        **options,
+        "sends_weights": bool(accelerator.is_main_process),
+        "gather_module": module_gatherer(accelerator),
+    }
 
 
 def sync_engine(engine: Any, model: nn.Module, accelerator: Any) -> None:
