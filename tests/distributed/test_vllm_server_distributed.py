@@ -18,10 +18,19 @@ pytestmark = [
 ]
 
 
-def test_two_processes_sample_on_one_server_and_the_main_one_syncs_it(tmp_path):
-    with vllm_server(SERVER, tiny_model_path("llama"), tmp_path / "server.log") as url:
-        r0, r1 = launch("vllm_server_worker.py", url, timeout=600)
+@pytest.fixture(scope="module")
+def url(tmp_path_factory):
+    log = tmp_path_factory.mktemp("server") / "server.log"
+    with vllm_server(SERVER, tiny_model_path("llama"), log) as base_url:
+        yield base_url
+
+
+@pytest.mark.parametrize("setting", ["ddp", "fsdp2"])
+def test_two_processes_sample_on_one_server_and_the_main_one_syncs_it(url, setting):
+    # each run starts by sending its initial weights, so the engine forgets the previous run's
+    r0, r1 = launch("vllm_server_worker.py", url, *(["--fsdp"] if setting == "fsdp2" else []), timeout=600)
     assert (r0["rank"], r1["rank"], r0["world"]) == (0, 1, 2)
+    assert r0["sharded"] == r1["sharded"] == (setting == "fsdp2")
     assert r0["steps"] == r1["steps"] == 2
     # every rank samples on the server, once for each of the 2 updates
     assert r0["generate_calls"] == r1["generate_calls"] == 2

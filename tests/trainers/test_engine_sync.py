@@ -51,3 +51,11 @@ def test_under_zero3_the_server_sync_gathers_one_module_at_a_time(monkeypatch):
     assert options["gather_module"] is fake.zero.GatheredParameters
     accelerator.state.deepspeed_plugin.zero_stage = 2  # whole weights on every process: nothing to gather
     assert engine_options("vllm-server", {}, accelerator)["gather_module"] is None
+
+
+def test_under_fsdp_the_server_sync_reads_one_tensor_at_a_time():
+    accelerator = _accelerator(2, False)
+    accelerator.state = SimpleNamespace(fsdp_plugin=object())
+    gather = engine_options("vllm-server", {}, accelerator)["gather_module"]
+    with gather([]) as gathered:  # DTensors are gathered as they are read: the block itself does nothing
+        assert gathered is None

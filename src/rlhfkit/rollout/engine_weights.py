@@ -7,8 +7,9 @@ LoRA layer (its active adapters), the active copy of each `modules_to_save` modu
 adapters themselves. The model is not touched, so the adapters keep training, and the base weight is
 never merged and unmerged in place (which would drift it by rounding each time).
 
-A ZeRO-3 model keeps only a shard of each weight: `engine_weights_by_module` gathers it one module at a
-time while the weights are sent, so a sync never holds the whole model gathered.
+A ZeRO-3 or FSDP2 model keeps only a shard of each weight: `engine_weights_by_module` gathers it one
+module (FSDP2: one tensor) at a time while the weights are sent, so a sync never holds the whole model
+gathered.
 """
 
 from __future__ import annotations
@@ -106,12 +107,13 @@ def _named_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor, torch.
 def engine_weights_by_module(
     model: nn.Module, gather: Callable[[list[nn.Parameter]], AbstractContextManager], budget: int
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """`engine_weights` of a sharded model (ZeRO-3), gathered one module at a time, never all at once.
+    """`engine_weights` of a sharded model (ZeRO-3, FSDP2), gathered a module at a time, never all at once.
 
     `gather(params)` makes `params` whole inside its block (a collective: every process must walk the
-    same modules). A module whose whole weights fit in `budget` bytes is gathered at once, a larger one
-    holds only its own weights and its children are visited in turn; a tensor must be copied before the
-    next one is asked for. LoRA models are refused: their merge needs layers gathered together.
+    same modules); FSDP2's DTensors are made whole one at a time as they are handed out. A module whose
+    whole weights fit in `budget` bytes is gathered at once, a larger one holds only its own weights and
+    its children are visited in turn; a tensor must be copied before the next one is asked for. LoRA
+    models are refused: their merge needs layers gathered together.
     """
     if peft_model_of(model) is not None:
         raise ValueError(
@@ -135,7 +137,8 @@ def engine_weights_by_module(
         params = [getattr(owner, attr) for _, owner, attr in members]
         with gather([p for p in params if isinstance(p, nn.Parameter)]):
             for (name, _, _), tensor in zip(members, params):
-                yield name, tensor.detach()
+                # FSDP2's DTensor shard: all-gathered whole here, one tensor at a time
+                yield name, tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor.detach()
 
 
 def _full_bytes(params: Iterator[nn.Parameter]) -> int:

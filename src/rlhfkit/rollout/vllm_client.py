@@ -108,11 +108,20 @@ def _model_facts(net: torch.nn.Module) -> dict[str, Any]:
     config = net.config.get_text_config()
     return {
         "model": getattr(net, "name_or_path", None) or type(net).__name__,
-        "architectures": [type(net).__name__],
+        "architectures": [_model_class(net).__name__],
         "vocab_size": config.vocab_size,
         "hidden_size": getattr(config, "hidden_size", None),
         "num_hidden_layers": getattr(config, "num_hidden_layers", None),
     }
+
+
+def _model_class(net: torch.nn.Module) -> type:
+    """`net`'s model class; under FSDP2 the class it wraps (`fully_shard` makes a class `FSDP<name>`)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if not isinstance(net, FSDPModule):
+        return type(net)
+    return next(c for c in type(net).__mro__ if not issubclass(c, FSDPModule))
 
 
 def check_same_model(info: dict[str, Any], model: torch.nn.Module, base_url: str) -> None:
@@ -140,7 +149,7 @@ class VLLMServerBackend(GenerationBackend):
     `chunk_size` and `progress` are accepted for the common constructor and unused: the engine batches
     the whole call itself. With several training processes only one `sends_weights`; the others' syncs
     only take part in gathering sharded weights (a collective), then send nothing. With `gather_module`
-    (ZeRO-3: `sharding.module_gatherer`) a sync gathers one module at a time instead of the whole model
+    (ZeRO-3, FSDP2: `sharding.module_gatherer`) a sync gathers one module at a time, not the whole model
     (a PEFT model is still gathered whole: its merge needs the adapters beside each weight).
     A `value_head` cannot be served (the engine returns no hidden states).
     """
@@ -193,7 +202,7 @@ class VLLMServerBackend(GenerationBackend):
         model = self.model if model is None else model
         if self.gather_module is None or peft_model_of(model) is not None:  # LoRA merges need it whole
             weights, gathered = engine_weights(model), self.weights_context()
-        else:  # ZeRO-3: one module gathered at a time, while it is sent
+        else:  # ZeRO-3, FSDP2: one module gathered at a time, while it is sent
             weights = engine_weights_by_module(model, self.gather_module, WEIGHT_PIECE_BYTES)
             gathered = contextlib.nullcontext()
         if not self.sends_weights:

@@ -26,6 +26,11 @@ def recording_call(url, payload=None, **kwargs):
 
 
 vllm_client._call = recording_call
+settings, whole = {}, lambda net: torch.cat([p.detach().reshape(-1) for p in net.parameters()])
+if "--fsdp" in sys.argv:  # the policy sharded by accelerate's FSDP2
+    from fsdp_cpu import FSDP2_ARGS, full_params, is_sharded
+
+    settings, whole = FSDP2_ARGS, full_params
 
 
 def count_e(completions, **kwargs):
@@ -36,7 +41,7 @@ config = GRPOConfig(
     output_dir=tempfile.mkdtemp(), report_to="none", use_cpu=True, per_device_train_batch_size=8,
     num_generations=4, max_completion_length=5, max_steps=2, logging_steps=1, save_strategy="no",
     disable_tqdm=True, seed=3, learning_rate=1e-2,
-    use_vllm=True, vllm_mode="server", vllm_server_base_url=sys.argv[1], vllm_server_timeout=60,
+    use_vllm=True, vllm_mode="server", vllm_server_base_url=sys.argv[1], vllm_server_timeout=60, **settings,
 )  # fmt: skip
 trainer = GRPOTrainer(
     tiny_model("llama"), count_e, args=config, train_dataset=toy_prompt_dataset(n=32),
@@ -67,7 +72,8 @@ save_result(
         "rank": trainer.accelerator.process_index,
         "world": trainer.accelerator.num_processes,
         "prompts": sorted({tuple(p) for p in prompts if p[:3] != [5, 6, 7]}),
-        "weight_sum": float(sum(p.double().sum() for p in model.parameters())),
+        "weight_sum": float(whole(model).double().sum()),
+        "sharded": bool(settings) and is_sharded(model),
         "gap_trained": engine_gap(model),
         "gap_initial": engine_gap(tiny_model("llama")),
         "steps": trainer.state.global_step,
