@@ -7,6 +7,7 @@ the same tiny Llama loaded here. Needs `make vllm-env` (CI builds it before the 
 from __future__ import annotations
 
 import contextlib
+import copy
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from peft import LoraConfig, get_peft_model
 from rlhfkit.rollout import SamplingParams, pad_left, vllm_client
 from rlhfkit.rollout.vllm_client import VLLMServerBackend, VLLMServerError, _call
 from rlhfkit.testing import tiny_model, tiny_tokenizer
+from rlhfkit.testing.sharding import StandInZero3
 from rlhfkit.testing.vllm_server import vllm_server
 
 REPO = Path(__file__).resolve().parents[2]
@@ -130,6 +132,24 @@ def test_engine_logprobs_equal_the_trainers_and_follow_a_weight_sync(served, mon
     _assert_engine_matches(backend, model)
     backend.sync_weights(tiny_model("llama"))  # the other tests expect the saved weights
     _assert_engine_matches(backend, tiny_model("llama"))
+
+
+def test_a_zero3_policy_is_synced_one_module_at_a_time(served, monkeypatch):
+    monkeypatch.setattr(vllm_client, "WEIGHT_PIECE_BYTES", 64 * 2**10)  # the budget of one gather, too
+    torch.manual_seed(1)
+    model = tiny_model("llama")
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn_like(param) * 0.05)
+    sharded = copy.deepcopy(model)
+    zero3 = StandInZero3(sharded)
+    backend = VLLMServerBackend(model, 1, base_url=served[0], timeout=5, gather_module=zero3.gather)
+    backend.sync_weights(sharded)
+    _assert_engine_matches(backend, model)  # every weight arrived whole
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert zero3.calls > model.config.num_hidden_layers and zero3.peak < total / 2 and zero3.live == 0
+    backend.gather_module = None
+    backend.sync_weights(tiny_model("llama"))  # the other tests expect the saved weights
 
 
 def test_a_lora_policy_is_synced_merged(served):

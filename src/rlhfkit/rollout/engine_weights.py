@@ -6,11 +6,16 @@ weight. An engine such as vLLM loads plain checkpoints, so `engine_weights` hand
 LoRA layer (its active adapters), the active copy of each `modules_to_save` module, and nothing of the
 adapters themselves. The model is not touched, so the adapters keep training, and the base weight is
 never merged and unmerged in place (which would drift it by rounding each time).
+
+A ZeRO-3 or FSDP2 model keeps only a shard of each weight: `engine_weights_by_module` gathers it one
+module (FSDP2: one tensor) at a time while the weights are sent, so a sync never holds the whole model
+gathered.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 
 import torch
 from torch import nn
@@ -96,3 +101,71 @@ def _named_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor, torch.
             continue
         delta = _merged_delta(deltas[name], name) if name in deltas and ".base_layer." in key else None
         yield name, tensor, tensor.detach() if delta is None else tensor.detach() + delta.to(tensor.dtype)
+
+
+@torch.no_grad()
+def engine_weights_by_module(
+    model: nn.Module, gather: Callable[[list[nn.Parameter]], AbstractContextManager], budget: int
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """`engine_weights` of a sharded model (ZeRO-3, FSDP2), gathered a module at a time, never all at once.
+
+    `gather(params)` makes `params` whole inside its block (a collective: every process must walk the
+    same modules); FSDP2's DTensors are made whole one at a time as they are handed out. A module whose
+    whole weights fit in `budget` bytes is gathered at once, a larger one holds only its own weights and
+    its children are visited in turn; a tensor must be copied before the next one is asked for. LoRA
+    models are refused: their merge needs layers gathered together.
+    """
+    if peft_model_of(model) is not None:
+        raise ValueError(
+            "a PEFT model cannot be synced shard by shard yet: leave the policy unsharded (ZeRO-2 or "
+            "DDP) for use_vllm with PEFT"
+        )
+    entries: list[tuple[str, nn.Module, str]] = []  # (checkpoint name, owner, attribute), each tensor once
+    seen: set[int] = set()
+    for prefix, module in generating_module(model).named_modules(remove_duplicate=False):
+        own = [(k, t) for k, t in module._parameters.items() if t is not None]
+        own += [
+            (k, t)
+            for k, t in module._buffers.items()
+            if t is not None and k not in module._non_persistent_buffers_set
+        ]
+        for attr, tensor in own:
+            if id(tensor) not in seen:  # a tied weight comes once, under its first name
+                seen.add(id(tensor))
+                entries.append((f"{prefix}.{attr}" if prefix else attr, module, attr))
+    for members in _gather_units(generating_module(model), budget, entries):
+        params = [getattr(owner, attr) for _, owner, attr in members]
+        with gather([p for p in params if isinstance(p, nn.Parameter)]):
+            for (name, _, _), tensor in zip(members, params):
+                # FSDP2's DTensor shard: all-gathered whole here, one tensor at a time
+                yield name, tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor.detach()
+
+
+def _full_bytes(params: Iterator[nn.Parameter]) -> int:
+    """Bytes of `params` when whole (ZeRO-3 keeps a shard; `ds_numel` is the whole size)."""
+    return sum(getattr(p, "ds_numel", p.numel()) * p.element_size() for p in params)
+
+
+def _gather_units(
+    net: nn.Module, budget: int, entries: list[tuple[str, nn.Module, str]]
+) -> list[list[tuple[str, nn.Module, str]]]:
+    """`entries` grouped into the units gathered together: whole modules of at most `budget` bytes, else a
+    module's own tensors alone (its children visited in turn); in the model's order."""
+    unit_of: dict[int, int] = {}
+    count = 0
+
+    def visit(module: nn.Module) -> None:
+        nonlocal count
+        whole = _full_bytes(module.parameters()) <= budget
+        for inner in module.modules() if whole else [module]:
+            unit_of.setdefault(id(inner), count)
+        count += 1
+        if not whole:
+            for child in module.children():
+                visit(child)
+
+    visit(net)
+    units: dict[int, list] = {}
+    for entry in entries:
+        units.setdefault(unit_of[id(entry[1])], []).append(entry)
+    return [units[k] for k in sorted(units)]

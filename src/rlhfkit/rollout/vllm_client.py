@@ -11,11 +11,17 @@ only when none of those truncate or penalise; and they are at the sampling tempe
 another `logprob_temperature` is refused. Before any sampling the server is checked: it must answer
 within `timeout` and serve a model of the trainer's architecture, sizes and vocabulary.
 `sync_weights(model)` sends the trainer's current weights (LoRA merged) to the engine.
+
+A server that dies or stops answering mid-run raises `VLLMServerLost` (the URL, and how to go on): a
+refused connection at once, a silent server after `request_timeout` seconds (long enough for a real
+generation or weight reload, but finite, so that a run never hangs).
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import http.client
 import json
 import time
 import urllib.error
@@ -25,16 +31,37 @@ from typing import Any
 
 import torch
 
+from rlhfkit.models.peft_detection import peft_model_of
 from rlhfkit.rollout.backends import GenerationBackend, GenerationOutput, SamplingParams
-from rlhfkit.rollout.engine_weights import engine_weights
+from rlhfkit.rollout.engine_weights import engine_weights, engine_weights_by_module
 from rlhfkit.rollout.streaming import generating_module
 from rlhfkit.rollout.vllm_common import engine_request, generation_output
 
 WEIGHT_PIECE_BYTES = 256 * 2**20  # largest safetensors piece one weight-update request carries
+REQUEST_TIMEOUT = 1800.0  # seconds one generate or weight-update request may take before the server is lost
 
 
 class VLLMServerError(RuntimeError):
     """The vLLM server refused a request or could not be reached."""
+
+
+class VLLMServerUnreachable(VLLMServerError):
+    """No answer from the vLLM server: connection refused or reset, or silent past the timeout."""
+
+
+class VLLMServerLost(VLLMServerError):
+    """The vLLM server stopped answering during training; the run cannot go on without it."""
+
+
+def server_lost(base_url: str, doing: str, err: Exception) -> VLLMServerLost:
+    """The error a trainer stops with when the server at `base_url` is gone while `doing` something."""
+    return VLLMServerLost(
+        f"the vLLM server at {base_url} stopped answering while {doing} ({err}). The run stops here; its "
+        "checkpoints are complete (one is written whole or not at all). Restart the server on the "
+        "latest checkpoint's model (`rlhfkit vllm-serve --model <output_dir>/checkpoint-<step>` or on the "
+        "starting model; the trainer sends its weights before sampling), then train again with "
+        "resume_from_checkpoint=True (--resume_from_checkpoint true)"
+    )
 
 
 def _call(url: str, payload: Any = None, *, body: bytes | None = None, timeout: float | None = None) -> Any:
@@ -54,8 +81,8 @@ def _call(url: str, payload: Any = None, *, body: bytes | None = None, timeout: 
         with contextlib.suppress(ValueError):
             detail = json.loads(detail).get("detail", detail)
         raise VLLMServerError(f"the vLLM server refused {url} ({err.code}): {detail}") from err
-    except (urllib.error.URLError, OSError) as err:
-        raise VLLMServerError(f"the vLLM server at {url} could not be reached: {err}") from err
+    except (urllib.error.URLError, OSError, http.client.HTTPException) as err:  # refused, reset, timed out
+        raise VLLMServerUnreachable(f"the vLLM server at {url} could not be reached: {err!r}") from err
 
 
 def wait_for_server(base_url: str, timeout: float) -> dict[str, Any]:
@@ -81,11 +108,20 @@ def _model_facts(net: torch.nn.Module) -> dict[str, Any]:
     config = net.config.get_text_config()
     return {
         "model": getattr(net, "name_or_path", None) or type(net).__name__,
-        "architectures": [type(net).__name__],
+        "architectures": [_model_class(net).__name__],
         "vocab_size": config.vocab_size,
         "hidden_size": getattr(config, "hidden_size", None),
         "num_hidden_layers": getattr(config, "num_hidden_layers", None),
     }
+
+
+def _model_class(net: torch.nn.Module) -> type:
+    """`net`'s model class; under FSDP2 the class it wraps (`fully_shard` makes a class `FSDP<name>`)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if not isinstance(net, FSDPModule):
+        return type(net)
+    return next(c for c in type(net).__mro__ if not issubclass(c, FSDPModule))
 
 
 def check_same_model(info: dict[str, Any], model: torch.nn.Module, base_url: str) -> None:
@@ -111,7 +147,11 @@ class VLLMServerBackend(GenerationBackend):
     """Samples on a `rlhfkit vllm-serve` server at `base_url` (see the module docstring).
 
     `chunk_size` and `progress` are accepted for the common constructor and unused: the engine batches
-    the whole call itself. A `value_head` cannot be served (the engine returns no hidden states).
+    the whole call itself. With several training processes only one `sends_weights`; the others' syncs
+    only take part in gathering sharded weights (a collective), then send nothing. With `gather_module`
+    (ZeRO-3, FSDP2: `sharding.module_gatherer`) a sync gathers one module at a time, not the whole model
+    (a PEFT model is still gathered whole: its merge needs the adapters beside each weight).
+    A `value_head` cannot be served (the engine returns no hidden states).
     """
 
     def __init__(
@@ -121,6 +161,9 @@ class VLLMServerBackend(GenerationBackend):
         *,
         base_url: str = "http://localhost:8000",
         timeout: float = 240.0,
+        request_timeout: float = REQUEST_TIMEOUT,
+        sends_weights: bool = True,
+        gather_module: Callable[[list[torch.nn.Parameter]], contextlib.AbstractContextManager] | None = None,
         chunk_size: int | None = None,
         value_head: torch.nn.Module | None = None,
         weights_context: Callable[[], contextlib.AbstractContextManager] | None = None,
@@ -131,9 +174,12 @@ class VLLMServerBackend(GenerationBackend):
                 "the vLLM server backend returns no value-head outputs: PPO's rollout reuse needs "
                 "generation_backend 'rlhfkit' or 'transformers'"
             )
-        if not timeout > 0:
-            raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
+        for name, seconds in (("timeout", timeout), ("request_timeout", request_timeout)):
+            if not seconds > 0:
+                raise ValueError(f"{name} must be > 0 seconds, got {seconds!r}")
         self.model, self.pad_token_id = model, pad_token_id
+        self.request_timeout, self.sends_weights = request_timeout, sends_weights
+        self.gather_module = gather_module
         self.base_url = base_url.rstrip("/")
         self.weights_context = weights_context or contextlib.nullcontext
         self.info = wait_for_server(self.base_url, timeout)
@@ -143,7 +189,8 @@ class VLLMServerBackend(GenerationBackend):
         body = engine_request(
             self.model, self.pad_token_id, query_ids, query_mask, params, logprob_temperature
         )
-        answer = _call(f"{self.base_url}/generate/", body)
+        with self._lost_if_unreachable("sampling"):
+            answer = _call(f"{self.base_url}/generate/", body, timeout=self.request_timeout)
         return generation_output(answer, body["max_tokens"], self.pad_token_id, query_ids.device)
 
     def sync_weights(self, model: torch.nn.Module | None = None) -> None:
@@ -153,13 +200,31 @@ class VLLMServerBackend(GenerationBackend):
         alone), so at most two pieces are copied at a time; the engine reloads once, from all of them.
         """
         model = self.model if model is None else model
-        with self.weights_context():
-            pieces = _pieces(engine_weights(model), WEIGHT_PIECE_BYTES)
+        if self.gather_module is None or peft_model_of(model) is not None:  # LoRA merges need it whole
+            weights, gathered = engine_weights(model), self.weights_context()
+        else:  # ZeRO-3, FSDP2: one module gathered at a time, while it is sent
+            weights = engine_weights_by_module(model, self.gather_module, WEIGHT_PIECE_BYTES)
+            gathered = contextlib.nullcontext()
+        if not self.sends_weights:
+            with gathered:  # every process must join the gathering of sharded weights
+                collections.deque(weights, maxlen=0)
+            return
+        url, timeout = f"{self.base_url}/update_weights/", self.request_timeout
+        with gathered, self._lost_if_unreachable("loading the policy's weights"):
+            pieces = _pieces(weights, WEIGHT_PIECE_BYTES)
             piece = next(pieces)
             for following in pieces:  # one piece ahead: the last one tells the server to reload
-                _call(f"{self.base_url}/update_weights/?last=false", body=piece, timeout=None)
+                _call(f"{url}?last=false", body=piece, timeout=timeout)
                 piece = following
-            _call(f"{self.base_url}/update_weights/?last=true", body=piece, timeout=None)
+            _call(f"{url}?last=true", body=piece, timeout=timeout)
+
+    @contextlib.contextmanager
+    def _lost_if_unreachable(self, doing: str) -> Iterator[None]:
+        """`VLLMServerLost` (what to do next) in place of an unreachable server while `doing` something."""
+        try:
+            yield
+        except VLLMServerUnreachable as err:
+            raise server_lost(self.base_url, doing, err) from err
 
 
 def _pieces(weights: Iterator[tuple[str, torch.Tensor]], limit: int) -> Iterator[bytes]:

@@ -29,6 +29,22 @@ def free_port() -> int:
 def vllm_server(command: Path, model: Path, log: Path, start_timeout: float = 600) -> Iterator[str]:
     """The base URL of `command vllm-serve --model model` while the block runs; RuntimeError with the end
     of its `log` when it does not start within `start_timeout` seconds."""
+    with vllm_server_process(command, model, log, start_timeout) as (url, _):
+        yield url
+
+
+def kill_server(server: subprocess.Popen) -> None:
+    """Kill a server of `vllm_server_process` at once (SIGKILL, engine core included), as a crash would."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(server.pid, signal.SIGKILL)
+    server.wait()
+
+
+@contextlib.contextmanager
+def vllm_server_process(
+    command: Path, model: Path, log: Path, start_timeout: float = 600
+) -> Iterator[tuple[str, subprocess.Popen]]:
+    """`vllm_server`, also yielding the server's process (for `kill_server`: a test of a server that dies)."""
     port = free_port()
     argv = [str(command), "vllm-serve", "--model", str(model), "--host", "127.0.0.1", "--port", str(port)]
     argv += ["--dtype", "float32", "--enforce_eager", "--log_level", "warning"]
@@ -38,14 +54,15 @@ def vllm_server(command: Path, model: Path, log: Path, start_timeout: float = 60
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_until_healthy(url, server, start_timeout, log)
-        yield url
+        yield url, server
     finally:
-        os.killpg(server.pid, signal.SIGTERM)  # the engine core and its worker run in the server's group
+        with contextlib.suppress(ProcessLookupError):  # a server that died may leave its engine core
+            os.killpg(server.pid, signal.SIGTERM)  # the engine core and its worker run in the server's group
         try:
             server.wait(timeout=60)
         except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
+            pass
+        kill_server(server)
 
 
 def _wait_until_healthy(url: str, server: subprocess.Popen, timeout: float, log: Path) -> None:

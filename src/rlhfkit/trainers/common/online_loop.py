@@ -33,6 +33,7 @@ from rlhfkit.rollout.backends import ENGINE_BACKENDS
 from rlhfkit.rollout.batch import RolloutBatch
 from rlhfkit.rollout.host_memory import fix_mmap_threshold, release_free_heap
 from rlhfkit.trainers.common.checkpointing import load_state, save_state
+from rlhfkit.trainers.common.engine_sync import engine_options, sync_engine
 from rlhfkit.trainers.common.health import HealthMonitor, monitor_for, watch, watch_judge
 from rlhfkit.trainers.common.progress import print_sample_table, save_samples, text_writer
 from rlhfkit.trainers.common.sharding import sharded_generation_context
@@ -296,11 +297,11 @@ class OnlineTrainerLoop:
 
     def _engine_sampler(self) -> GenerationBackend:
         """The inference engine's backend: connected (and checked) on the first call, which `train` makes
-        before any update, then given the policy's weights whenever an optimizer step changed them."""
+        before any update, then given the policy's weights whenever an optimizer step changed them (by the
+        main process, the others waiting: `engine_sync`)."""
         if getattr(self, "_engine", None) is None:
             engine, options = self.args.generation_engine()
-            if self.accelerator.num_processes > 1:  # each process would push its weights and sample alone
-                raise ValueError(f"use_vllm ({engine}) runs with one training process for now")
+            options = engine_options(engine, options, self.accelerator)
             self._engine = make_generation_backend(
                 self.accelerator.unwrap_model(self.model),
                 self.processing_class.pad_token_id,
@@ -310,7 +311,7 @@ class OnlineTrainerLoop:
             )
             self._engine_step = None  # the engine serves the checkpoint on disk, not necessarily the policy
         if self._engine_step != self.state.global_step:
-            self._engine.sync_weights(self.accelerator.unwrap_model(self.model))
+            sync_engine(self._engine, self.accelerator.unwrap_model(self.model), self.accelerator)
             self._engine_step = self.state.global_step
         return self._engine
 

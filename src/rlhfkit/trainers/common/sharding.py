@@ -40,6 +40,20 @@ def sharded_generation_context(accelerator: Any, model: torch.nn.Module, gather:
     return deepspeed.zero.GatheredParameters(list(model.parameters()))
 
 
+def module_gatherer(accelerator: Any) -> Callable[[list[torch.nn.Parameter]], Any] | None:
+    """Under DeepSpeed ZeRO-3 or FSDP, what gathers a few sharded weights at a time (an inference engine's
+    sync sends the policy one module at a time: `engine_weights_by_module`); otherwise None. FSDP2's
+    DTensors are gathered one by one as they are read, so there its gather does nothing."""
+    if getattr(getattr(accelerator, "state", None), "fsdp_plugin", None) is not None:
+        return lambda params: contextlib.nullcontext()
+    plugin = getattr(getattr(accelerator, "state", None), "deepspeed_plugin", None)
+    if plugin is None or getattr(plugin, "zero_stage", None) != 3:
+        return None
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters
+
+
 @contextlib.contextmanager
 def fsdp_generation_context(accelerator: Any, model: torch.nn.Module, gather: bool = True) -> Iterator[None]:
     """Under FSDP2, the weights of `model` that `generate` needs, all-gathered before it and re-sharded after.

@@ -210,9 +210,12 @@ class WinRateCallback(TrainerCallback):
 
 def _engine_of(trainer: Any) -> Any:
     """The trainer's inference-engine backend, synced with its policy, when its config has use_vllm; else
-    None. The settings are the trainer's: `args` (Trainer-based trainers) or `config` (PPOTrainer)."""
+    None. The settings are the trainer's: `args` (Trainer-based trainers) or `config` (PPOTrainer).
+
+    Under several processes also None: the win rate runs on the main process alone, and a sync there
+    would wait at a barrier the others do not reach; the policy then samples in-process."""
     settings = getattr(trainer, "args", None) or getattr(trainer, "config", None)
-    if not getattr(settings, "use_vllm", False):
+    if not getattr(settings, "use_vllm", False) or trainer.accelerator.num_processes > 1:
         return None
     return trainer._engine_sampler()
 

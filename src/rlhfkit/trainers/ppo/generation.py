@@ -17,6 +17,7 @@ import torch
 from rlhfkit.rollout import SamplingParams, eval_mode, make_generation_backend, pad_left
 from rlhfkit.rollout.backends import ENGINE_BACKENDS
 from rlhfkit.rollout.host_memory import fix_mmap_threshold, release_free_heap
+from rlhfkit.trainers.common.engine_sync import engine_options, sync_engine
 from rlhfkit.trainers.common.sharding import sharded_generation_context
 from rlhfkit.trainers.ppo.inputs import as_token_tensor, generation_config_from_kwargs
 from rlhfkit.trainers.ppo.sampling_cache import reuse_is_exact
@@ -144,8 +145,7 @@ class GenerationMethods:
         trainer's construction makes, then given the policy's weights after every optimizer step."""
         if getattr(self, "_engine", None) is None:
             engine, options = self.config.generation_engine()
-            if self.accelerator.num_processes > 1:  # each process would push its weights and sample alone
-                raise ValueError(f"use_vllm ({engine}) runs with one training process for now")
+            options = engine_options(engine, options, self.accelerator)
             pad_id = self.tokenizer.pad_token_id
             self._engine = make_generation_backend(
                 self.policy,
@@ -159,7 +159,7 @@ class GenerationMethods:
             # the engine serves the checkpoint on disk, not necessarily the policy
             self._engine_version = None
         if self._engine_version != self.policy_version:
-            self._engine.sync_weights(self.policy)
+            sync_engine(self._engine, self.policy, self.accelerator)
             self._engine_version = self.policy_version
         return self._engine
 
