@@ -272,16 +272,15 @@ def _commit() -> str:
 
 
 def _python(path: str, args: argparse.Namespace) -> tuple[str, dict]:
-    """The interpreter and environment of a path's process: the TRL venv sees no rlhfkit source."""
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT / "src"),
-        "HF_HUB_OFFLINE": "1",
-        "VLLM_CPU_KVCACHE_SPACE": "1",
-    }
+    """The interpreter and environment of a path's process: the TRL run sees no rlhfkit source (the rest of
+    PYTHONPATH is kept: the GPU machine's wheels)."""
+    src = ROOT / "src"
+    rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and Path(p).resolve() != src]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), *rest])}
+    env.update(HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1")
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     if path == "trl-generate":
-        return args.trl_python, {**env, "PYTHONPATH": ""}
+        return args.trl_python, {**env, "PYTHONPATH": os.pathsep.join(rest)}
     if path == "vllm-colocate":
         return args.vllm_python, env
     return sys.executable, env
