@@ -9,11 +9,18 @@
    TRL under benchmarks/.venvs/trl-new); every `--eval-every` steps the weights are saved (clocks paused).
 3. Every saved checkpoint of both runs is scored afterwards by the same function here: greedy held-out
    accuracy on a fixed subset of held-out problems. Writes grpo_learning.json and grpo_learning.png.
+
+With `--use-vllm` (issue 34) the two runs are both rlhfkit's: `rlhfkit-vllm` samples on a vLLM server
+(`rlhfkit vllm-serve` from .venv-vllm on the SFT folder, float32, eager; `use_vllm=True, vllm_mode="server"`,
+weights pushed after every step, TRL's default sampler correction on) and `rlhfkit` on the decode loop, from
+the same SFT folder with the same seed; grpo_learning_vllm[_seed<N>].json/.png say whether the curves agree.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import json
 import os
 import subprocess
@@ -26,6 +33,7 @@ sys.path.insert(0, str(HERE / "workloads"))
 from _common import git_commit  # noqa: E402
 
 LIBRARIES = ("rlhfkit", "trl")
+VLLM_RUNS = ("rlhfkit", "rlhfkit-vllm")  # --use-vllm: the decode loop against a vLLM server
 # TRL-only switches, each at what rlhfkit does (rlhfkit has none of these features)
 TRL_SETTINGS = dict(
     use_vllm=False,
@@ -84,11 +92,11 @@ def prepare(work: Path, eval_prompts: int):
     return cfg, task
 
 
-def train(library: str, work: Path, cfg, save_every: int, trl_python: str, seed: int) -> dict:
+def train(library: str, work: Path, cfg, save_every: int, trl_python: str, seed: int, engine: dict) -> dict:
     """One GRPO run in a subprocess (torch on one thread); returns its checkpoint timings and process
-    times."""
+    times. `library` "rlhfkit-vllm" is rlhfkit with the `engine` settings (use_vllm and the server's URL)."""
     out = work / f"grpo-{library}-seed{seed}"
-    settings = {**grpo_settings(cfg), "seed": seed}
+    settings = {**grpo_settings(cfg), "seed": seed, **(engine if library == "rlhfkit-vllm" else {})}
     spec = {
         "model": str(work / "sft-addition"),
         "train": str(work / "train.jsonl"),
@@ -102,13 +110,13 @@ def train(library: str, work: Path, cfg, save_every: int, trl_python: str, seed:
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     env.pop("PYTHONPATH", None)
     python = trl_python if library == "trl" else sys.executable
-    if library == "rlhfkit":
+    if library != "trl":
         env["PYTHONPATH"] = str(HERE.parent / "src")
     driver = HERE / "workloads" / "trl_grpo_addition.py"
     load_before = os.getloadavg()
     start = time.perf_counter()
     done = subprocess.run(
-        [python, str(driver), str(out / "spec.json"), "--library", library],
+        [python, str(driver), str(out / "spec.json"), "--library", "trl" if library == "trl" else "rlhfkit"],
         env=env,
         capture_output=True,
         text=True,
@@ -171,6 +179,35 @@ def verdict(curves: dict) -> dict:
     }
 
 
+def vllm_verdict(curves: dict) -> dict:
+    """The vLLM and decode-loop runs agree when each final accuracy lies in the other's 95% interval (one
+    seed each: the interval stands in for seed noise; more seeds, `--seed`, tell more)."""
+    v, k = curves["rlhfkit-vllm"][-1], curves["rlhfkit"][-1]
+    return {
+        "vllm_final_accuracy": v["accuracy"],
+        "decode_loop_final_accuracy": k["accuracy"],
+        "difference": v["accuracy"] - k["accuracy"],
+        "within_intervals": k["ci95"][0] <= v["accuracy"] <= k["ci95"][1]
+        and v["ci95"][0] <= k["accuracy"] <= v["ci95"][1],
+        "vllm_wall_seconds": v["wall_seconds"],
+        "decode_loop_wall_seconds": k["wall_seconds"],
+        "wall_speedup": k["wall_seconds"] / v["wall_seconds"],
+    }
+
+
+@contextlib.contextmanager
+def engine_settings(use_vllm: bool, work: Path, vllm_python: str):
+    """The GRPOConfig fields of the vLLM run, while a server on the SFT folder runs (nothing without
+    --use-vllm)."""
+    if not use_vllm:
+        yield {}
+        return
+    from rlhfkit.testing.vllm_server import vllm_server
+
+    with vllm_server([vllm_python, "-m", "rlhfkit"], work / "sft-addition", work / "vllm-server.log") as url:
+        yield {"use_vllm": True, "vllm_mode": "server", "vllm_server_base_url": url}
+
+
 def plot(curves: dict, path: Path) -> None:
     import matplotlib
 
@@ -178,7 +215,7 @@ def plot(curves: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
-    for library, style in zip(LIBRARIES, ("o-", "s--")):
+    for library, style in zip(curves, ("o-", "s--")):
         pts = curves[library]
         for ax, key in zip(axes, ("step", "wall_seconds")):
             ax.errorbar(
@@ -195,7 +232,9 @@ def plot(curves: dict, path: Path) -> None:
     axes[0].set(xlabel="GRPO step", ylabel="held-out greedy accuracy")
     axes[1].set(xlabel="training wall seconds")
     axes[0].legend()
-    fig.suptitle("Addition task: GRPO from one SFT checkpoint, same settings (95% Wilson intervals)")
+    fig.suptitle(
+        "Addition task: GRPO from one SFT checkpoint, same settings (95% Wilson intervals)", fontsize=10
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -211,6 +250,15 @@ def parse_args(argv):
         help="the TRL 1.16 venv's interpreter (benchmarks/setup_trl.sh builds it)",
     )
     parser.add_argument("--eval-prompts", type=int, default=400)
+    parser.add_argument(
+        "--use-vllm",
+        action="store_true",
+        help="rlhfkit on a vLLM server against rlhfkit's decode loop (no TRL)",
+    )
+    parser.add_argument("--vllm-python", default=str(HERE.parent / ".venv-vllm" / "bin" / "python"))
+    parser.add_argument(
+        "--max-steps", type=int, default=None, help="fewer GRPO steps than the demo's (a short run)"
+    )
     parser.add_argument(
         "--seed", type=int, default=0, help="GRPO seed (the SFT warm start is always the demo's, seed 0)"
     )
@@ -228,12 +276,16 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)
     work = Path(args.work_dir)
     cfg, task = prepare(work, args.eval_prompts)
+    if args.max_steps is not None:
+        cfg = dataclasses.replace(cfg, rl_updates=args.max_steps)
     heldout = [json.loads(line) for line in (work / "heldout.jsonl").read_text().splitlines()]
     base_correct = greedy_accuracy(work / "sft-addition", task, heldout, cfg.response_length)
     runs, curves, cpu_before = {}, {}, 0.0
-    for library in reversed(LIBRARIES):  # TRL first: a failure of the other venv shows early
+    # the other venv first (TRL's, vLLM's): a failure there shows early
+    for library in reversed(VLLM_RUNS if args.use_vllm else LIBRARIES):
         cpu_before = os.times().children_user + os.times().children_system
-        runs[library] = train(library, work, cfg, args.eval_every, args.trl_python, args.seed)
+        with engine_settings(library == "rlhfkit-vllm", work, args.vllm_python) as engine:
+            runs[library] = train(library, work, cfg, args.eval_every, args.trl_python, args.seed, engine)
         runs[library]["process_cpu_seconds"] = runs[library].pop("children_cpu_after") - cpu_before
         curves[library] = [point(0, 0.0, 0.0, *base_correct)] + [
             point(
@@ -250,8 +302,17 @@ def main(argv=None) -> int:
             for t in runs[library]["timings"]
         ]
     commit = git_commit(__file__)
+    other = args.vllm_python if args.use_vllm else args.trl_python
     trl_version = subprocess.run(
-        [args.trl_python, "-c", "import trl; print(trl.__version__)"], capture_output=True, text=True
+        [
+            other,
+            "-c",
+            "import vllm as v; print(v.__version__)"
+            if args.use_vllm
+            else "import trl; print(trl.__version__)",
+        ],
+        capture_output=True,
+        text=True,
     ).stdout.strip()
     data = {
         "what": __doc__.splitlines()[0],
@@ -260,9 +321,9 @@ def main(argv=None) -> int:
         + " ".join(argv if argv is not None else sys.argv[1:]),
         "machine": f"{os.cpu_count()} CPU cores, torch 1 thread per run, runs one after the other (each run "
         "records the load average before and after it)",
-        "trl_version": trl_version,
+        ("vllm_version" if args.use_vllm else "trl_version"): trl_version,
         "settings": {**grpo_settings(cfg), "seed": args.seed},
-        "trl_only_settings": TRL_SETTINGS,
+        **({} if args.use_vllm else {"trl_only_settings": TRL_SETTINGS}),
         "eval": {
             "heldout_problems": len(heldout),
             "every_steps": args.eval_every,
@@ -271,11 +332,12 @@ def main(argv=None) -> int:
         },
         "runs": runs,
         "curves": curves,
-        "result": verdict(curves),
+        "result": vllm_verdict(curves) if args.use_vllm else verdict(curves),
     }
     out = Path(args.output_dir)
     # seed 0 is the recorded run
-    stem = "grpo_learning" if args.seed == 0 else f"grpo_learning_seed{args.seed}"
+    stem = "grpo_learning_vllm" if args.use_vllm else "grpo_learning"
+    stem += "" if args.seed == 0 else f"_seed{args.seed}"
     (out / f"{stem}.json").write_text(json.dumps(data, indent=1) + "\n")
     plot(curves, out / f"{stem}.png")
     print(json.dumps(data["result"], indent=1))

@@ -28,8 +28,10 @@ PREF_ROWS = 512
 SIZES = {"tiny": ("llama", "llama-reward"), "small": ("llama-small", None)}
 # Large-vocabulary models (issue 16): hidden 64, 2 layers, vocabularies up to Qwen2's 151,936 tokens.
 # `v152k-eos` is v152k whose eos logit is raised so sampled completions stop at spread-out lengths.
+# `v152k-h32` is v152k with 2 attention heads of 32 instead of 4 of 16 (the same weights' sizes): vLLM's CPU
+# attention takes head sizes of 32 and up, so the vLLM benchmark (vllm_generation.py) samples from it.
 VOCAB_SIZES = {"v1k": 1000, "v8k": 8192, "v32k": 32000, "v152k": 151_936, "v152k-eos": 151_936,
-               "v152k-q05": 151_936}  # fmt: skip
+               "v152k-h32": 151_936, "v152k-q05": 151_936}  # fmt: skip
 # The shape users train (issue 32): `v152k-q05` is Qwen2.5-0.5B's architecture (24 layers, hidden 896, 14
 # query and 2 key/value heads, MLP 4,864, tied 151,936-token embeddings) with seeded random weights and the
 # word-level tokenizer; its workloads score with rules, so no reward model is written for it.
@@ -169,9 +171,10 @@ def write_vocab_model(work: Path, name: str) -> dict:
 
         model = Qwen2ForCausalLM(Qwen2Config(**ids, **REAL_SHAPES[name]))
     else:
+        heads = 2 if name == "v152k-h32" else 4
         config = LlamaConfig(
-            **ids, hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=4, tie_word_embeddings=False,
+            **ids, hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_attention_heads=heads,
+            num_key_value_heads=heads, tie_word_embeddings=False,
         )  # fmt: skip
         model = LlamaForCausalLM(config)
     if name.endswith("-eos"):

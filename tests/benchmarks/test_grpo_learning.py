@@ -74,3 +74,17 @@ def test_driver_reward_agrees_with_rlhfkits():
     completions, answers = ["85", "8 5", "85\n", "", "135"], ["85", "85", "85", "85", "135"]
     expected = exact_match_reward("answer")(completions, answer=answers)
     assert driver.exact_match(["p"] * 5, completions, answer=answers) == expected
+
+
+@pytest.mark.parametrize(("vllm_acc", "agree"), [(0.76, True), (0.72, True), (0.65, False), (0.85, False)])
+def test_vllm_verdict_asks_each_final_accuracy_inside_the_others_interval(vllm_acc, agree):
+    # 400 problems at 0.75: the 95% interval is about 0.75 +- 0.042
+    result = learning.vllm_verdict({"rlhfkit-vllm": _curve(vllm_acc, 20.0), "rlhfkit": _curve(0.75, 30.0)})
+    assert result["within_intervals"] is agree
+    assert result["difference"] == pytest.approx(vllm_acc - 0.75) and result["wall_speedup"] == 1.5
+
+
+def test_use_vllm_and_max_steps_parse():
+    args = learning.parse_args(["--use-vllm", "--max-steps", "10"])
+    assert args.use_vllm and args.max_steps == 10 and args.vllm_python.endswith(".venv-vllm/bin/python")
+    assert not learning.parse_args([]).use_vllm

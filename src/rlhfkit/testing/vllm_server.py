@@ -14,7 +14,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 
@@ -25,11 +25,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# the CPU recipe: a float32 trainer's logprobs, no torch.compile warm-up
+CPU_FLAGS = ("--dtype", "float32", "--enforce_eager")
+
+
 @contextlib.contextmanager
-def vllm_server(command: Path, model: Path, log: Path, start_timeout: float = 600) -> Iterator[str]:
-    """The base URL of `command vllm-serve --model model` while the block runs; RuntimeError with the end
-    of its `log` when it does not start within `start_timeout` seconds."""
-    with vllm_server_process(command, model, log, start_timeout) as (url, _):
+def vllm_server(
+    command: Path | Sequence[str],
+    model: Path,
+    log: Path,
+    start_timeout: float = 600,
+    flags: Sequence[str] = CPU_FLAGS,
+) -> Iterator[str]:
+    """The base URL of `command vllm-serve --model model *flags` while the block runs; RuntimeError with the
+    end of its `log` when it does not start within `start_timeout` seconds. `command` is the `rlhfkit`
+    program, or an argv that runs it (`[python, "-m", "rlhfkit"]` where rlhfkit is not installed)."""
+    with vllm_server_process(command, model, log, start_timeout, flags) as (url, _):
         yield url
 
 
@@ -42,12 +53,17 @@ def kill_server(server: subprocess.Popen) -> None:
 
 @contextlib.contextmanager
 def vllm_server_process(
-    command: Path, model: Path, log: Path, start_timeout: float = 600
+    command: Path | Sequence[str],
+    model: Path,
+    log: Path,
+    start_timeout: float = 600,
+    flags: Sequence[str] = CPU_FLAGS,
 ) -> Iterator[tuple[str, subprocess.Popen]]:
     """`vllm_server`, also yielding the server's process (for `kill_server`: a test of a server that dies)."""
     port = free_port()
-    argv = [str(command), "vllm-serve", "--model", str(model), "--host", "127.0.0.1", "--port", str(port)]
-    argv += ["--dtype", "float32", "--enforce_eager", "--log_level", "warning"]
+    argv = [str(command)] if isinstance(command, (str, Path)) else [str(c) for c in command]
+    argv += ["vllm-serve", "--model", str(model), "--host", "127.0.0.1", "--port", str(port)]
+    argv += [*flags, "--log_level", "warning"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
     with open(log, "wb") as out:
         server = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
