@@ -14,94 +14,36 @@ import traceback
 
 import torch
 
-TEMPERATURE = 0.7
-# the engine computes in float32 too, with its own kernels: agreement to float rounding (as the server's test)
-TOLERANCE = dict(rtol=0, atol=2e-4)
 PAD = 1
 
 
-def _prompts():
-    from rlhfkit.rollout import pad_left
-
-    return pad_left([torch.tensor([5, 6, 7, 8, 9]), torch.tensor([10, 11]), torch.tensor([12, 13, 14])], PAD)
-
-
-def _sample(backend, seed=0, max_new_tokens=8):
-    from rlhfkit.rollout import SamplingParams
-
-    query_ids, query_mask = _prompts()
-    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=TEMPERATURE, top_k=0)
-    torch.manual_seed(seed)
-    out = backend.generate(query_ids, query_mask, params, logprob_temperature=TEMPERATURE)
-    return query_ids, query_mask, out
-
-
-def _trainer_logprobs(model, query_ids, query_mask, out) -> torch.Tensor:
-    """(B, R) logprob of each completion token under softmax(logits / TEMPERATURE), one row at a time."""
-    rows = torch.zeros(out.responses.shape)
-    with torch.no_grad():
-        for i in range(len(query_ids)):
-            prompt = query_ids[i][query_mask[i].bool()]
-            completion = out.responses[i][out.response_mask[i]]
-            logits = model(torch.cat([prompt, completion])[None]).logits[0, len(prompt) - 1 : -1]
-            chosen = (logits / TEMPERATURE).log_softmax(-1).gather(-1, completion[:, None])[:, 0]
-            rows[i, : len(completion)] = chosen
-    return rows
-
-
-def _gap(backend, model) -> float:
-    """Largest |engine logprob - trainer logprob| over the tokens of one sampled batch."""
-    query_ids, query_mask, out = _sample(backend)
-    trainer = _trainer_logprobs(model, query_ids, query_mask, out)
-    return float((out.logprobs - trainer)[out.response_mask].abs().max())
-
-
-def _assert_engine_matches(backend, model) -> None:
-    query_ids, query_mask, out = _sample(backend)
-    trainer = _trainer_logprobs(model, query_ids, query_mask, out)
-    torch.testing.assert_close(out.logprobs[out.response_mask], trainer[out.response_mask], **TOLERANCE)
-
-
 def case_completions_are_right_padded_and_end_at_the_first_stop_token(model, backend):
-    from rlhfkit.rollout import SamplingParams
+    from engine_checks import assert_stops_and_padding
 
-    query_ids, query_mask = _prompts()
-    stops = tuple(range(2, 400))  # ~40% of the vocabulary: most rows stop early
-    params = SamplingParams(max_new_tokens=12, temperature=1.0, top_k=0, stop_token_ids=stops)
-    out = backend.generate(query_ids, query_mask, params)
-    assert out.responses.shape == out.response_mask.shape == (3, 12) and out.logprobs is None
-    for ids, mask in zip(out.responses, out.response_mask):
-        n = int(mask.sum())
-        assert mask[:n].all() and not mask[n:].any()  # real tokens first, then padding
-        assert (ids[n:] == PAD).all()
-        is_stop = torch.tensor([int(t) in stops for t in ids[:n]])
-        assert not is_stop[:-1].any()  # nothing sampled after a stop token
-        assert n == 12 or is_stop[-1]  # a short row ends with its stop token, which is kept
-    assert (out.response_mask.sum(1) < 12).any()
+    assert_stops_and_padding(backend, PAD)
 
 
 def case_a_seeded_call_samples_the_same_again_and_repeated_prompts_differ(model, backend):
-    from rlhfkit.rollout import SamplingParams
+    from engine_checks import assert_seeded_and_varied
 
-    first, second = _sample(backend, seed=3)[2], _sample(backend, seed=3)[2]
-    assert torch.equal(first.responses, second.responses)
-    assert not torch.equal(first.responses, _sample(backend, seed=4)[2].responses)
-    prompt = torch.tensor([[5, 6, 7]] * 2)  # a group: one prompt, two completions
-    out = backend.generate(prompt, torch.ones_like(prompt), SamplingParams(max_new_tokens=8, top_k=0))
-    assert not torch.equal(out.responses[0], out.responses[1])
+    assert_seeded_and_varied(backend, PAD)
 
 
 def case_engine_logprobs_equal_the_trainers_and_follow_a_weight_sync(model, backend):
-    _assert_engine_matches(backend, model)
+    from engine_checks import assert_engine_matches, logprob_gap
+
+    assert_engine_matches(backend, model, PAD)
     with torch.no_grad():  # an optimizer step, as far as the engine can tell
         for param in model.parameters():
             param.add_(torch.randn_like(param) * 0.05)
-    assert _gap(backend, model) > 1e-2  # the engine still has the old weights: it copied them, not shared
+    # the engine still has the old weights: it copied them, not shared
+    assert logprob_gap(backend, model, PAD) > 1e-2
     backend.sync_weights()
-    _assert_engine_matches(backend, model)
+    assert_engine_matches(backend, model, PAD)
 
 
 def case_a_lora_policy_is_synced_merged(model, backend):
+    from engine_checks import assert_engine_matches, logprob_gap
     from peft import LoraConfig, get_peft_model
 
     from rlhfkit.testing import tiny_model
@@ -114,9 +56,9 @@ def case_a_lora_policy_is_synced_merged(model, backend):
             if "lora_B" in name:
                 param.add_(torch.randn_like(param) * 0.2)
     backend.sync_weights(model)  # the same architecture: one engine serves both
-    _assert_engine_matches(backend, model)
+    assert_engine_matches(backend, model, PAD)
     with model.disable_adapter():  # the merged update is in the engine, not only the base weights
-        assert _gap(backend, model) > 1e-2
+        assert logprob_gap(backend, model, PAD) > 1e-2
 
 
 def case_on_cpu_the_kv_cache_takes_1_gib_not_a_share_of_all_ram(model, backend):

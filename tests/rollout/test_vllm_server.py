@@ -12,9 +12,16 @@ from pathlib import Path
 
 import pytest
 import torch
+from engine_checks import (
+    assert_engine_matches,
+    assert_seeded_and_varied,
+    assert_stops_and_padding,
+    engine_prompts,
+    logprob_gap,
+)
 from peft import LoraConfig, get_peft_model
 
-from rlhfkit.rollout import SamplingParams, pad_left, vllm_client
+from rlhfkit.rollout import SamplingParams, vllm_client
 from rlhfkit.rollout.vllm_client import VLLMServerBackend, VLLMServerError, _call
 from rlhfkit.testing import tiny_model, tiny_tokenizer
 from rlhfkit.testing.sharding import StandInZero3
@@ -22,9 +29,6 @@ from rlhfkit.testing.vllm_server import vllm_server
 
 REPO = Path(__file__).resolve().parents[2]
 SERVER = REPO / ".venv-vllm" / "bin" / "rlhfkit"
-TEMPERATURE = 0.7
-# the engine computes in float32 too, with its own kernels: agreement to float rounding
-TOLERANCE = dict(rtol=0, atol=2e-4)
 
 pytestmark = [
     pytest.mark.slow,
@@ -49,89 +53,33 @@ def served(tmp_path_factory):
         yield url, folder
 
 
-def _prompts(pad_id: int):
-    return pad_left(
-        [torch.tensor([5, 6, 7, 8, 9]), torch.tensor([10, 11]), torch.tensor([12, 13, 14])], pad_id
-    )
-
-
-def _trainer_logprobs(model, query_ids, query_mask, out) -> torch.Tensor:
-    """(B, R) logprob of each completion token under softmax(logits / TEMPERATURE), one row at a time."""
-    rows = torch.zeros(out.responses.shape)
-    with torch.no_grad():
-        for i in range(len(query_ids)):
-            prompt = query_ids[i][query_mask[i].bool()]
-            completion = out.responses[i][out.response_mask[i]]
-            logits = model(torch.cat([prompt, completion])[None]).logits[0, len(prompt) - 1 : -1]
-            chosen = (logits / TEMPERATURE).log_softmax(-1).gather(-1, completion[:, None])[:, 0]
-            rows[i, : len(completion)] = chosen
-    return rows
-
-
-def _sample(backend, pad_id, seed=0, max_new_tokens=8):
-    query_ids, query_mask = _prompts(pad_id)
-    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=TEMPERATURE, top_k=0)
-    torch.manual_seed(seed)
-    return (
-        query_ids,
-        query_mask,
-        backend.generate(query_ids, query_mask, params, logprob_temperature=TEMPERATURE),
-    )
-
-
 def test_completions_are_right_padded_and_end_at_the_first_stop_token(served):
     url, folder = served
     model, pad_id = tiny_model("llama"), 1
     backend = VLLMServerBackend(model, pad_id, base_url=url, timeout=5)
-    query_ids, query_mask = _prompts(pad_id)
-    stops = tuple(range(2, 400))  # ~40% of the vocabulary: most rows stop early
-    params = SamplingParams(max_new_tokens=12, temperature=1.0, top_k=0, stop_token_ids=stops)
-    out = backend.generate(query_ids, query_mask, params)
-    assert out.responses.shape == out.response_mask.shape == (3, 12) and out.logprobs is None
-    for ids, mask in zip(out.responses, out.response_mask):
-        n = int(mask.sum())
-        assert mask[:n].all() and not mask[n:].any()  # real tokens first, then padding
-        assert (ids[n:] == pad_id).all()
-        is_stop = torch.tensor([int(t) in stops for t in ids[:n]])
-        assert not is_stop[:-1].any()  # nothing sampled after a stop token
-        assert n == 12 or is_stop[-1]  # a short row ends with its stop token, which is kept
-    assert (out.response_mask.sum(1) < 12).any()
+    assert_stops_and_padding(backend, pad_id)
 
 
 def test_a_seeded_call_samples_the_same_again_and_repeated_prompts_differ(served):
     backend = VLLMServerBackend(tiny_model("llama"), 1, base_url=served[0], timeout=5)
-    first, second = _sample(backend, 1, seed=3)[2], _sample(backend, 1, seed=3)[2]
-    assert torch.equal(first.responses, second.responses)
-    assert not torch.equal(first.responses, _sample(backend, 1, seed=4)[2].responses)
-    prompt = torch.tensor([[5, 6, 7]] * 2)  # a group: one prompt, two completions
-    out = backend.generate(prompt, torch.ones_like(prompt), SamplingParams(max_new_tokens=8, top_k=0))
-    assert not torch.equal(out.responses[0], out.responses[1])
-
-
-def _assert_engine_matches(backend, model):
-    query_ids, query_mask, out = _sample(backend, 1)
-    trainer = _trainer_logprobs(model, query_ids, query_mask, out)
-    torch.testing.assert_close(out.logprobs[out.response_mask], trainer[out.response_mask], **TOLERANCE)
+    assert_seeded_and_varied(backend, 1)
 
 
 def test_engine_logprobs_equal_the_trainers_and_follow_a_weight_sync(served, monkeypatch):
     monkeypatch.setattr(vllm_client, "WEIGHT_PIECE_BYTES", 64 * 2**10)  # a dozen pieces, one reload
     model = tiny_model("llama")
     backend = VLLMServerBackend(model, 1, base_url=served[0], timeout=5)
-    _assert_engine_matches(backend, model)
+    assert_engine_matches(backend, model, 1)
 
     with torch.no_grad():  # an optimizer step, as far as the engine can tell
         for param in model.parameters():
             param.add_(torch.randn_like(param) * 0.05)
-    query_ids, query_mask, out = _sample(backend, 1)
-    trainer = _trainer_logprobs(model, query_ids, query_mask, out)
-    gap = (out.logprobs - trainer)[out.response_mask].abs().max()
-    assert gap > 1e-2  # the engine still has the old weights
+    assert logprob_gap(backend, model, 1) > 1e-2  # the engine still has the old weights
 
     backend.sync_weights()
-    _assert_engine_matches(backend, model)
+    assert_engine_matches(backend, model, 1)
     backend.sync_weights(tiny_model("llama"))  # the other tests expect the saved weights
-    _assert_engine_matches(backend, tiny_model("llama"))
+    assert_engine_matches(backend, tiny_model("llama"), 1)
 
 
 def test_a_zero3_policy_is_synced_one_module_at_a_time(served, monkeypatch):
@@ -145,7 +93,7 @@ def test_a_zero3_policy_is_synced_one_module_at_a_time(served, monkeypatch):
     zero3 = StandInZero3(sharded)
     backend = VLLMServerBackend(model, 1, base_url=served[0], timeout=5, gather_module=zero3.gather)
     backend.sync_weights(sharded)
-    _assert_engine_matches(backend, model)  # every weight arrived whole
+    assert_engine_matches(backend, model, 1)  # every weight arrived whole
     total = sum(p.numel() * p.element_size() for p in model.parameters())
     assert zero3.calls > model.config.num_hidden_layers and zero3.peak < total / 2 and zero3.live == 0
     backend.gather_module = None
@@ -162,7 +110,7 @@ def test_a_lora_policy_is_synced_merged(served):
                 param.add_(torch.randn_like(param) * 0.2)
     backend = VLLMServerBackend(model, 1, base_url=served[0], timeout=5)
     backend.sync_weights()
-    _assert_engine_matches(backend, model)
+    assert_engine_matches(backend, model, 1)
     backend.sync_weights(tiny_model("llama"))
 
 
@@ -193,12 +141,12 @@ def test_weights_the_model_does_not_have_are_refused_before_the_engine_sees_them
     backend = VLLMServerBackend(tiny_model("llama"), 1, base_url=served[0], timeout=5)
     with pytest.raises(VLLMServerError, match=f"could not load the weights, the model has no {problem}"):
         _call(f"{backend.base_url}/update_weights/?last=true", body=save(tensor))
-    _assert_engine_matches(backend, tiny_model("llama"))  # still serving, with its weights
+    assert_engine_matches(backend, tiny_model("llama"), 1)  # still serving, with its weights
 
 
 def test_logprobs_at_another_temperature_than_the_sampling_one_are_refused(served):
     backend = VLLMServerBackend(tiny_model("llama"), 1, base_url=served[0], timeout=5)
-    query_ids, query_mask = _prompts(1)
+    query_ids, query_mask = engine_prompts(1)
     params = SamplingParams(max_new_tokens=4, temperature=0.7)
     with pytest.raises(ValueError, match=r"sampling temperature \(0.7\), not at logprob_temperature=1"):
         backend.generate(query_ids, query_mask, params, logprob_temperature=1.0)
@@ -213,4 +161,4 @@ def test_a_tied_output_layer_follows_a_sync(tmp_path):
         with torch.no_grad():
             model.get_input_embeddings().weight.add_(torch.randn_like(model.get_input_embeddings().weight))
         backend.sync_weights()
-        _assert_engine_matches(backend, model)
+        assert_engine_matches(backend, model, 1)
