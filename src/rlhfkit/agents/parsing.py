@@ -24,6 +24,7 @@ LLAMA3 = "llama3"
 RESPONSE_TEMPLATE = "response_template"
 _HERMES_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 _PYTHON_TAG = "<|python_tag|>"
+_THINK_END = "</think>"
 
 
 @dataclass
@@ -36,6 +37,7 @@ class Turn:
     tool_calls: list[dict]
     malformed: int
     problems: list[str] = field(default_factory=list)
+    reasoning: str = ""  # the text before a closing </think>, when the turn has one
 
 
 def _template_text(tokenizer: Any, chat_template: str | dict | None) -> str:
@@ -62,7 +64,7 @@ def tool_call_format(tokenizer: Any, chat_template: str | dict | None = None) ->
     )
 
 
-def _reply_text(tokenizer: Any, completion_ids: list[int]) -> str:
+def reply_text(tokenizer: Any, completion_ids: list[int]) -> str:
     """The decoded turn without its closing end-of-turn / pad tokens (special tokens inside are kept)."""
     ends = {tokenizer.eos_token_id, tokenizer.pad_token_id} - {None}
     ids = list(completion_ids)
@@ -109,8 +111,10 @@ def _collect(turn: Turn, found: tuple[dict | None, str]) -> None:
 
 
 def parse_hermes(text: str) -> Turn:
-    """Hermes / Qwen2 `<tool_call>` blocks out of `text`; the rest, stripped, is the content."""
-    turn = Turn(content="", tool_calls=[], malformed=0)
+    """Hermes / Qwen2 `<tool_call>` blocks out of `text`; the rest, stripped, is the content. Calls are
+    read after a closing </think> only: a call drafted while reasoning is not made."""
+    reasoning, _, text = text.rpartition(_THINK_END)
+    turn = Turn(content="", tool_calls=[], malformed=0, reasoning=reasoning.removeprefix("<think>").strip())
     for block in _HERMES_BLOCK.findall(text):
         _collect(turn, _call_from_json(block.strip()))
     rest = _HERMES_BLOCK.sub("", text)
@@ -135,7 +139,7 @@ def _parse_with_response_template(tokenizer: Any, completion_ids, prefix_ids, to
     try:
         parsed = tokenizer.parse_response(list(completion_ids), prefix=list(prefix_ids), tools=tools or None)
     except Exception as error:  # noqa: BLE001 - transformers' parsers raise assorted errors on bad replies
-        text = _reply_text(tokenizer, completion_ids)
+        text = reply_text(tokenizer, completion_ids)
         problem = f"the reply does not follow the chat template's format ({type(error).__name__})"
         return Turn(content=text.strip(), tool_calls=[], malformed=1, problems=[problem])
     parsed = parsed or {}
@@ -166,5 +170,5 @@ def parse_turn(
     kind = tool_call_format(tokenizer, chat_template)
     if kind == RESPONSE_TEMPLATE:
         return _parse_with_response_template(tokenizer, completion_ids, prefix_ids, tools)
-    text = _reply_text(tokenizer, completion_ids)
+    text = reply_text(tokenizer, completion_ids)
     return parse_hermes(text) if kind == HERMES else parse_llama3(text)
