@@ -18,6 +18,8 @@ from typing import Any
 import torch
 from accelerate.utils import gather_object
 
+from rlhfkit.agents.episodes import episode_metrics
+from rlhfkit.agents.rollout import run_episodes
 from rlhfkit.rollout.batch import RolloutBatch
 from rlhfkit.rollout.generation import pad_left, pad_right
 from rlhfkit.trainers.common.prompts import context_length, prompt_ids
@@ -135,8 +137,6 @@ class AgentSamplingMethods:
         keep = -args.max_prompt_length if args.max_prompt_length else 0  # the last tokens of a long prompt
         ids = [prompt_ids(p, tok, {**template_kwargs, "tools": b.schemas or None})[keep:]
                for p, b in zip(prompts, toolboxes)]  # fmt: skip
-        from rlhfkit.agents.rollout import run_episodes
-
         episodes = run_episodes(
             self._sampler(), self.sampling_params, ids, toolboxes, tok,
             max_iterations=args.max_tool_calling_iterations, max_completion_length=args.max_completion_length,
@@ -181,7 +181,5 @@ class AgentSamplingMethods:
         """TRL's `tools/*` metrics and ours over this generation batch's episodes, every process's."""
         if self.agents is None or not self.agents.uses_tools:
             return {}
-        from rlhfkit.agents.episodes import episode_metrics
-
         local = [{k: getattr(e, k) for k in EPISODE_COUNTERS} for e in self._episodes]
         return episode_metrics([SimpleNamespace(**counters) for counters in gather_object(local)])
