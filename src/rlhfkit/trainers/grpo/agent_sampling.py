@@ -12,6 +12,7 @@ messages) and, with environments, `environments=`, one per rollout.
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 from typing import Any
 
@@ -110,6 +111,20 @@ def with_observation(prompt: list[dict], observation: Any) -> list[dict]:
     return [*prompt[:-1], {**prompt[-1], "content": content}]
 
 
+def conversation_text(messages: list[dict]) -> str:
+    """An episode's assistant and tool messages as lines of text (the completions table): each tool call as
+    `name({arguments})`, each tool result after the name of its tool."""
+    lines = []
+    for message in messages:
+        calls = [
+            f"{c['function']['name']}({json.dumps(c['function']['arguments'])})"
+            for c in message.get("tool_calls") or []
+        ]
+        who = message["role"] if message["role"] != "tool" else f"tool {message.get('name', '')}".strip()
+        lines.append(f"[{who}] " + " ".join([message.get("content") or "", *calls]).strip())
+    return "\n".join(lines)
+
+
 class AgentSamplingMethods:
     """Mixed into `GRPOTrainer`; relies on its `args`, `agents`, `processing_class`, `accelerator`,
     `sampling_params`, `_sampler`, `_owner` and `_scored_groups`."""
@@ -151,7 +166,9 @@ class AgentSamplingMethods:
         )  # fmt: skip
         replies = [list(e.messages) for e in episodes]
         extras = {} if environments is None else {"environments": environments}
-        return self._scored_groups(batch, prompts, columns, replies=replies, extras=extras)
+        groups = self._scored_groups(batch, prompts, columns, replies=replies, extras=extras)
+        groups.completions = [conversation_text(m) for m in replies]  # the completions table shows every turn
+        return groups
 
     def _custom_rollout_groups(self, columns: dict[str, list]) -> SampledGroups:
         """The user's `rollout_func(prompts, trainer)`: one completion per prompt (each prompt repeated
