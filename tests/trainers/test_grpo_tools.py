@@ -146,6 +146,39 @@ def test_tool_results_are_in_the_sequence_but_out_of_the_loss(tmp_path):
     ]
 
 
+def test_a_cut_last_turn_is_truncated_and_the_iteration_cap_stops_tools(tmp_path):
+    # the tool rows hold the call and its eos (61 tokens), the result turn (14), "12" and eos (3): with 77,
+    # the answer loses its eos
+    config = _config(tmp_path, max_completion_length=77, mask_truncated_completions=True)
+    trainer = _trainer(tmp_path, config=config, tools=[multiply])
+    trainer.train()
+    batch, logs = trainer._buffer, _last_log(trainer)
+    cut = trainer._truncated(batch)
+    assert cut.tolist() == [True, False] * 4  # an earlier turn's eos does not count as the end
+    assert logs["completions/clipped_ratio"] == 0.5
+    assert not batch.loss_mask[cut].any() and batch.loss_mask[~cut].any()  # DAPO's mask, tool rows out
+    # with 63 the result turn does not fit: left out, the episode ends on the call's eos (TRL: not clipped)
+    short = _trainer(tmp_path, config=_config(tmp_path, max_completion_length=63), tools=[multiply])
+    short.train()
+    assert short._buffer.response_mask.sum(1).tolist() == [61, 2] * 4
+    assert not short._truncated(short._buffer).any() and _last_log(short)["tools/call_frequency"] == 0.5
+    capped = _trainer(tmp_path, config=_config(tmp_path, max_tool_calling_iterations=0), tools=[multiply])
+    capped.train()
+    logs = _last_log(capped)
+    assert logs["tools/call_frequency"] == 0.0 and logs["tools/iteration_cap_frac"] == 0.5
+    assert logs["reward"] == 0.0  # no tool ran: nobody says 12
+
+
+def test_sampler_correction_weighs_only_sampled_tokens(tmp_path):
+    config = _config(tmp_path, vllm_importance_sampling_correction=True)
+    trainer = _trainer(tmp_path, config=config, tools=[multiply])
+    trainer.train()
+    logs = _last_log(trainer)
+    # the sampler's logprobs are the policy's: every ratio is 1 (a tool token, logprob 0, would be e^7)
+    for stat in ("min", "mean", "max"):
+        assert logs[f"sampling/importance_sampling_ratio/{stat}"] == pytest.approx(1.0, abs=1e-4)
+
+
 class Counter:
     """A running total the model adds to; its reward is the total."""
 
