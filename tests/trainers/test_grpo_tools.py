@@ -357,13 +357,16 @@ class NoReset:
         ({"tools": [multiply]}, "plain", "chat template ignores tools"),
         ({"environment_factory": NoReset}, "gpt2", "NoReset made by environment_factory has no reset"),
         ({"tools": [multiply], "rollout_func": lambda p, t: {}}, "gpt2", "does not combine"),
+        ({"tools": [multiply], "generation_kwargs": {"num_beams": 2}}, "gpt2", "leave num_beams at 1"),
     ],
 )
 def test_construction_checks_name_what_is_wrong(tmp_path, kwargs, tokenizer, error):
     tok = tool_chat_tokenizer("gpt2") if tokenizer == "gpt2" else tiny_tokenizer()
     dataset = Dataset.from_dict({"prompt": chat("hi", "ho")})
+    kwargs = dict(kwargs)  # the parameter's dict is shared: do not pop from it
+    config = _config(tmp_path, generation_kwargs=kwargs.pop("generation_kwargs", None))
     with pytest.raises(ValueError, match=error):
-        GRPOTrainer(tiny_model("llama"), correct, args=_config(tmp_path), train_dataset=dataset,
+        GRPOTrainer(tiny_model("llama"), correct, args=config, train_dataset=dataset,
                     processing_class=tok, **kwargs)  # fmt: skip
 
 
