@@ -27,10 +27,15 @@ from rlhfkit.trainers.common.prompts import context_length, prompt_ids
 from rlhfkit.trainers.grpo.groups import SampledGroups
 
 ROLLOUT_KEYS = ("prompt_ids", "completion_ids", "logprobs")  # what rollout_func must return
+# what `episode_metrics` reads of each episode (gathered from every process)
 EPISODE_COUNTERS = (
-    "tool_calls", "tool_errors", "malformed_calls", "turns", "inserted_tokens", "hit_iteration_cap",
-    "truncated",
-)  # fmt: skip
+    "tool_calls",
+    "tool_errors",
+    "malformed_calls",
+    "turns",
+    "inserted_tokens",
+    "hit_iteration_cap",
+)
 
 
 def _right_padded(rows: list[list], width: int, dtype: torch.dtype) -> torch.Tensor:
