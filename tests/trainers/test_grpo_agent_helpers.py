@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from rlhfkit.trainers.grpo.agent_sampling import (
+    check_prompt_lengths,
     check_rollout_output,
     conversation_text,
     sequences_batch,
@@ -149,3 +150,10 @@ def test_conversation_text_shows_calls_and_results():
         {"role": "assistant", "content": "Done."},
     ]  # fmt: skip
     assert conversation_text(messages) == '[assistant] put({"value": 3})\n[tool put] ok\n[assistant] Done.'
+
+
+def test_a_tool_prompt_longer_than_max_prompt_length_is_refused_not_cut():
+    check_prompt_lengths([[1] * 5, [1] * 3], 5, "T")
+    check_prompt_lengths([[1] * 9], None, "T")
+    with pytest.raises(ValueError, match="has 6 tokens, more than max_prompt_length=5.*drop the tools"):
+        check_prompt_lengths([[1] * 5, [1] * 6], 5, "T")
