@@ -157,3 +157,20 @@ def test_a_tool_prompt_longer_than_max_prompt_length_is_refused_not_cut():
     check_prompt_lengths([[1] * 9], None, "T")
     with pytest.raises(ValueError, match="has 6 tokens, more than max_prompt_length=5.*drop the tools"):
         check_prompt_lengths([[1] * 5, [1] * 6], 5, "T")
+
+
+@pytest.mark.parametrize(
+    "field, value, error",
+    [
+        ("max_tool_calling_iterations", -1, "max_tool_calling_iterations must be an integer >= 0 or None"),
+        ("max_tool_calling_iterations", 1.5, "max_tool_calling_iterations must be int or None, got float"),
+        ("tool_timeout", 0, r"tool_timeout must be > 0 \(seconds\), got 0"),
+    ],
+)
+def test_tool_fields_are_checked_on_both_configs(tmp_path, field, value, error):
+    from rlhfkit.trainers.grpo.config import GRPOConfig
+    from rlhfkit.trainers.rloo.config import RLOOConfig
+
+    for config_class in (GRPOConfig, RLOOConfig):  # RLOO: a tool field picks the current form, checked
+        with pytest.raises((TypeError, ValueError), match=error):
+            config_class(output_dir=str(tmp_path), use_cpu=True, **{field: value})
