@@ -316,6 +316,12 @@ def test_rollout_func_columns_reach_rewards_and_env_mask_leaves_the_loss(tmp_pat
         2 + i % 3 for i in range(8)
     ]
     torch.testing.assert_close(batch.scores, torch.arange(8, dtype=torch.float))
+    # with an inference engine, rollout_func samples from the latest weights: the engine is synced first
+    synced = []
+    trainer._sampler = lambda *args, **kwargs: synced.append(True)
+    trainer.args.use_vllm = True  # only read by this call: no engine is started
+    trainer._custom_rollout_groups({"input_ids": [[1]] * 8, "prompt": got["prompts"], "x": [0] * 8})
+    assert synced == [True]
 
     def incomplete(prompts, trainer):
         return {"prompt_ids": [[1]] * len(prompts), "completion_ids": [[2]] * len(prompts)}
