@@ -81,19 +81,20 @@ def task_reward(task: Any) -> Any:
 
 
 def inputs(script_args: GRPOScriptArguments) -> tuple[Any, Any, dict[str, Any]]:
-    """Prompts (a built-in task or a local dataset) and the reward functions the flags name."""
+    """Prompts (a built-in task or a local dataset), the reward functions and the agent objects (tools,
+    environments, rollout function) the flags name; names are imported first, so a bad one fails fast."""
+    funcs = import_callables(script_args.reward_funcs, "--reward_funcs")
+    agents = script_args.agent_keywords()
     train, evaluation, task = load_prompts(
         script_args.dataset_name,
         script_args.dataset_train_split,
         script_args.dataset_test_split,
         script_args.num_eval_prompts,
     )
-    funcs = import_callables(script_args.reward_funcs, "--reward_funcs")
     if script_args.reward_model_name_or_path:
         funcs.insert(0, local_folder(script_args.reward_model_name_or_path, "--reward_model_name_or_path"))
     if not funcs and task is not None:
         funcs.append(task_reward(task))
-    agents = script_args.agent_keywords()
     if not funcs and "environment_factory" not in agents:  # an environment may score with get_reward
         raise ValueError(
             "give --reward_funcs or --reward_model_name_or_path (or a built-in task as --dataset_name, or an "
