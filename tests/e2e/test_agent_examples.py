@@ -57,9 +57,8 @@ def test_guessing_game_dataset_holds_the_secret_reset_receives():
 def test_calculator_tools_and_their_reward():
     calc = _load("calculator_tools")
     tools = ToolBox(calc.TOOLS)
-    assert tools.names == ["add", "multiply"]
-    assert tools.call("multiply", {"a": 37, "b": 48}, timeout=5).content == "1776"
-    assert tools.call("add", {"a": 37, "b": 48}, timeout=5).content == "85"
+    assert tools.names == ["multiply"]
+    assert tools.call("multiply", {"a": 37, "b": "48"}, timeout=5).content == "1776"
     call = {"type": "function", "function": {"name": "multiply", "arguments": {"a": 37, "b": 48}}}
     conversation = [
         {"role": "assistant", "content": "", "tool_calls": [call]},
