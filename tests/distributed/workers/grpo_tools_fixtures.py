@@ -1,10 +1,9 @@
 """GRPO with a tool, on a scripted sampler: shared by the 2-process worker and the 1-process reference.
 
-Every prompt is "What is 6 * 7?". The scripted sampler decides by row: a row that calls the tool writes
-`<tool_call>{"name": "multiply", ...}</tool_call>` and, once the tool's answer is in its prompt, "42"; a row
-that does not answers "41" at once. The exact answer scores 1, so each group of two (one caller, one not)
-has advantages of opposite sign, and every update moves the policy. The sampled tokens are the script's;
-their logprobs are the policy's own (a forward pass), as a real sampler's would be.
+Every prompt is "What is 6 * 7?". The sampler (`rlhfkit.testing.scripted`) decides by row: a row that calls
+the tool writes `<tool_call>{"name": "multiply", ...}</tool_call>` and, once the tool's answer is in its
+context, "42"; a row that does not answers "41" at once. The exact answer scores 1, so each group of two
+(one caller, one not) has advantages of opposite sign, and every update moves the policy.
 """
 
 from __future__ import annotations
@@ -14,11 +13,9 @@ import os
 import torch
 from datasets import Dataset
 
-from rlhfkit.rollout import forward_response
-from rlhfkit.rollout.backends import GenerationBackend, GenerationOutput
-from rlhfkit.rollout.generation import pad_right
 from rlhfkit.testing import tiny_model
 from rlhfkit.testing.chat_templates import tool_chat_tokenizer
+from rlhfkit.testing.scripted import scripted_sampler
 
 from .rl_fixtures import sgd
 
@@ -40,34 +37,16 @@ def exact_answer(prompts, completions, **columns) -> list[float]:
     return [float(c[-1]["content"].strip() == "42") for c in completions]
 
 
-def _contains(sequence: list[int], part: list[int]) -> bool:
-    return any(sequence[i : i + len(part)] == part for i in range(len(sequence) - len(part) + 1))
+def tool_script(calls):
+    """The sampler's script: row `row` of a turn-1 call writes the call when `calls(row)`, else "41"; a row
+    whose context holds the tool's answer writes "42"."""
 
+    def script(context: str, row: int) -> str:
+        if CALL in context:
+            return "42"
+        return CALL if calls(row) else "41"
 
-class ScriptedToolSampler(GenerationBackend):
-    """Turn 1: row i calls the tool when `calls(i)`, else answers "41"; a row whose prompt holds the call
-    answers "42". Each reply ends with the EOS token."""
-
-    def __init__(self, model, tokenizer, calls) -> None:
-        self.model, self.calls = model, calls
-        self.call = tokenizer.encode(CALL, add_special_tokens=False)
-        self.answers = {text: tokenizer.encode(text, add_special_tokens=False) for text in ("41", "42")}
-        self.eos, self.pad = tokenizer.eos_token_id, tokenizer.pad_token_id
-
-    def _sample(self, query_ids, query_mask, params, logprob_temperature) -> GenerationOutput:
-        replies = []
-        for i, (ids, mask) in enumerate(zip(query_ids.tolist(), query_mask.tolist())):
-            prompt = [t for t, m in zip(ids, mask) if m]
-            text = self.answers["42"] if _contains(prompt, self.call) else None
-            reply = text or (self.call if self.calls(i) else self.answers["41"])
-            replies.append(torch.tensor([*reply, self.eos][: params.max_new_tokens]))
-        responses, response_mask = pad_right(replies, self.pad)
-        with torch.no_grad():
-            logprobs = forward_response(
-                self.model, query_ids, query_mask, responses, response_mask,
-                temperature=logprob_temperature or 1.0,
-            ).logprobs  # fmt: skip
-        return GenerationOutput(responses, response_mask.bool(), logprobs)
+    return script
 
 
 def rank() -> int:
@@ -99,8 +78,8 @@ def grpo_tools_trainer(out: str, per_device: int, calls, **kw):
         optimizers=optimizers,
         tools=[multiply],
     )
-    trainer._sampler = lambda *args, **kwargs: ScriptedToolSampler(
-        trainer.accelerator.unwrap_model(trainer.model), tokenizer, calls
+    trainer._sampler = lambda *args, **kwargs: scripted_sampler(
+        trainer.accelerator.unwrap_model(trainer.model), tokenizer, tool_script(calls)
     )
     return trainer
 
