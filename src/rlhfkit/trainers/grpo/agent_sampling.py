@@ -12,12 +12,15 @@ messages) and, with environments, `environments=`, one per rollout.
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 from typing import Any
 
 import torch
 from accelerate.utils import gather_object
 
+from rlhfkit.agents.episodes import episode_metrics
+from rlhfkit.agents.rollout import run_episodes
 from rlhfkit.rollout.batch import RolloutBatch
 from rlhfkit.rollout.generation import pad_left, pad_right
 from rlhfkit.trainers.common.prompts import context_length, prompt_ids
@@ -108,6 +111,20 @@ def with_observation(prompt: list[dict], observation: Any) -> list[dict]:
     return [*prompt[:-1], {**prompt[-1], "content": content}]
 
 
+def conversation_text(messages: list[dict]) -> str:
+    """An episode's assistant and tool messages as lines of text (the completions table): each tool call as
+    `name({arguments})`, each tool result after the name of its tool."""
+    lines = []
+    for message in messages:
+        calls = [
+            f"{c['function']['name']}({json.dumps(c['function']['arguments'])})"
+            for c in message.get("tool_calls") or []
+        ]
+        who = message["role"] if message["role"] != "tool" else f"tool {message.get('name', '')}".strip()
+        lines.append(f"[{who}] " + " ".join([message.get("content") or "", *calls]).strip())
+    return "\n".join(lines)
+
+
 class AgentSamplingMethods:
     """Mixed into `GRPOTrainer`; relies on its `args`, `agents`, `processing_class`, `accelerator`,
     `sampling_params`, `_sampler`, `_owner` and `_scored_groups`."""
@@ -135,8 +152,6 @@ class AgentSamplingMethods:
         keep = -args.max_prompt_length if args.max_prompt_length else 0  # the last tokens of a long prompt
         ids = [prompt_ids(p, tok, {**template_kwargs, "tools": b.schemas or None})[keep:]
                for p, b in zip(prompts, toolboxes)]  # fmt: skip
-        from rlhfkit.agents.rollout import run_episodes
-
         episodes = run_episodes(
             self._sampler(), self.sampling_params, ids, toolboxes, tok,
             max_iterations=args.max_tool_calling_iterations, max_completion_length=args.max_completion_length,
@@ -151,7 +166,9 @@ class AgentSamplingMethods:
         )  # fmt: skip
         replies = [list(e.messages) for e in episodes]
         extras = {} if environments is None else {"environments": environments}
-        return self._scored_groups(batch, prompts, columns, replies=replies, extras=extras)
+        groups = self._scored_groups(batch, prompts, columns, replies=replies, extras=extras)
+        groups.completions = [conversation_text(m) for m in replies]  # the completions table shows every turn
+        return groups
 
     def _custom_rollout_groups(self, columns: dict[str, list]) -> SampledGroups:
         """The user's `rollout_func(prompts, trainer)`: one completion per prompt (each prompt repeated
@@ -181,7 +198,5 @@ class AgentSamplingMethods:
         """TRL's `tools/*` metrics and ours over this generation batch's episodes, every process's."""
         if self.agents is None or not self.agents.uses_tools:
             return {}
-        from rlhfkit.agents.episodes import episode_metrics
-
         local = [{k: getattr(e, k) for k in EPISODE_COUNTERS} for e in self._episodes]
         return episode_metrics([SimpleNamespace(**counters) for counters in gather_object(local)])

@@ -200,13 +200,18 @@ def with_environment_rewards(reward_funcs: Any, processing_classes: Any, agents:
     return [*funcs, *agents.rewards], processing_classes
 
 
-def check_agents(
-    agents: Agents | None, tokenizer: Any, train_dataset: Any, template_kwargs: dict | None, owner: str
-) -> None:
-    """With tools or environments: the template check and the train set check below."""
-    if agents is not None and agents.uses_tools:
-        check_tool_template(tokenizer, agents.schemas, template_kwargs, owner)
-        check_agent_dataset(train_dataset, agents, owner)
+def check_agents(agents: Agents | None, tokenizer: Any, train_dataset: Any, args: Any, owner: str) -> None:
+    """With tools or environments: the template and train set checks below, and a sampler that streams
+    token logprobs (beam search scores beams: a multi-turn completion's turns could not be trained on)."""
+    if agents is None or not agents.uses_tools:
+        return
+    if int((args.generation_kwargs or {}).get("num_beams") or 1) > 1:
+        raise ValueError(
+            f"{owner}: tools and environments sample each turn with token logprobs; beam search "
+            "(num_beams > 1 in generation_kwargs) gives none: leave num_beams at 1"
+        )
+    check_tool_template(tokenizer, agents.schemas, args.chat_template_kwargs, owner)
+    check_agent_dataset(train_dataset, agents, owner)
 
 
 def check_tool_template(
