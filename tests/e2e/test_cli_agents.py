@@ -325,3 +325,14 @@ def test_rollout_func_flag_replaces_generation(agent_run, capsys):
     assert code == 0, capsys.readouterr().err[-2000:]
     assert _logged(trained[0], "reward") == [1.0, 1.0]  # the function's own column reached the reward
     assert trained[0].agents.rollout_func.__name__ == "scripted_rollout"
+
+
+@pytest.mark.parametrize("command", ["grpo", "rloo"])
+def test_help_lists_the_agent_flags(command, capsys):
+    main = {"grpo": grpo.main, "rloo": rloo.main}[command]
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = capsys.readouterr().out
+    for flag in ("--tools", "--environment_factory", "--rollout_func", "--max_tool_calling_iterations",
+                 "--tool_timeout", "--chat_template_path"):  # fmt: skip
+        assert flag in text, flag
