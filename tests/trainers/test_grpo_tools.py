@@ -18,6 +18,7 @@ from datasets import Dataset
 
 from rlhfkit.rollout import forward_response
 from rlhfkit.rollout.backends import GenerationBackend, GenerationOutput
+from rlhfkit.rollout.batch import RolloutBatch
 from rlhfkit.rollout.generation import pad_right
 from rlhfkit.testing import tiny_model, tiny_tokenizer
 from rlhfkit.testing.chat_templates import tool_chat_tokenizer
@@ -315,6 +316,12 @@ def test_rollout_func_columns_reach_rewards_and_env_mask_leaves_the_loss(tmp_pat
         2 + i % 3 for i in range(8)
     ]
     torch.testing.assert_close(batch.scores, torch.arange(8, dtype=torch.float))
+    # with an inference engine, rollout_func samples from the latest weights: the engine is synced first
+    synced = []
+    trainer._sampler = lambda *args, **kwargs: synced.append(True)
+    trainer.args.use_vllm = True  # only read by this call: no engine is started
+    trainer._custom_rollout_groups({"input_ids": [[1]] * 8, "prompt": got["prompts"], "x": [0] * 8})
+    assert synced == [True]
 
     def incomplete(prompts, trainer):
         return {"prompt_ids": [[1]] * len(prompts), "completion_ids": [[2]] * len(prompts)}
@@ -334,6 +341,16 @@ def test_rloo_current_form_trains_with_tools(tmp_path):
     # the policy is its reference before the first update; a tool token (logprob 0) would count ~7 nats
     assert logs["kl"] == pytest.approx(0.0, abs=1e-5)
     assert logs["sampling/sampling_logp_difference/max"] < 1e-4
+    # RLOO's KL penalty sums log pi - log pi_ref over sampled tokens: the tool token (middle) adds nothing
+    two = RolloutBatch(
+        torch.ones(2, 1, dtype=torch.long), torch.ones(2, 1, dtype=torch.bool),
+        torch.ones(2, 3, dtype=torch.long), torch.ones(2, 3, dtype=torch.bool),
+        torch.tensor([[True, False, True]] * 2),
+        logprobs=torch.tensor([[-1.0, 0.0, -2.0]] * 2), ref_logprobs=torch.tensor([[-1.5, -9.0, -2.0]] * 2),
+        model_mask=torch.tensor([[True, False, True]] * 2),
+    )  # fmt: skip
+    _, metrics = trainer._advantages(two, torch.tensor([1.0, 0.0]), group_size=2)
+    assert metrics["kl"] == pytest.approx(0.5 / 2)  # (0.5 + 0) over the 2 sampled tokens of each row
 
 
 def undocumented(a: int) -> int:

@@ -97,7 +97,7 @@ class Agents:
         if self.pool is None:
             return None, [None] * n
         names = list(rows["environment"]) if self.multi else [None] * n
-        check_environment_names(names, self.pool.factories, owner)
+        check_environment_names(names, self.pool.factories, owner, what="the prompts being sampled: rollout")
         environments = self.pool.take(names)
         keys = [k for k in rows if not (self.multi and k == "environment")]
         observations = [env.reset(**{k: rows[k][i] for k in keys}) for i, env in enumerate(environments)]
@@ -109,12 +109,14 @@ class Agents:
         return ToolBox([*self.tools, *methods])
 
 
-def check_environment_names(names: list, factories: dict, owner: str, what: str = "train_dataset") -> None:
+def check_environment_names(
+    names: list, factories: dict, owner: str, what: str = "train_dataset row"
+) -> None:
     """ValueError naming the first row whose `environment` names no factory (TRL's check)."""
     for row, name in enumerate(names):
         if name not in factories:
             raise ValueError(
-                f"{owner}: {what} row {row} has environment={name!r}, which is not a key of "
+                f"{owner}: {what} {row} has environment={name!r}, which is not a key of "
                 f"environment_factory; expected one of {sorted(map(str, factories))}"
             )
 
