@@ -29,6 +29,12 @@ def case_a_seeded_call_samples_the_same_again_and_repeated_prompts_differ(model,
     assert_seeded_and_varied(backend, PAD)
 
 
+def case_the_output_says_when_its_logprobs_are_of_a_processed_distribution(model, backend):
+    from engine_checks import assert_processed_logprobs_reported
+
+    assert_processed_logprobs_reported(backend, model, PAD)
+
+
 def case_engine_logprobs_equal_the_trainers_and_follow_a_weight_sync(model, backend):
     from engine_checks import assert_engine_matches, logprob_gap
 

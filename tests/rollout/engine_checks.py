@@ -84,3 +84,20 @@ def assert_stops_and_padding(backend, pad_id: int) -> None:
         assert not is_stop[:-1].any()  # nothing sampled after a stop token
         assert n == 12 or is_stop[-1]  # a short row ends with its stop token, which is kept
     assert (out.response_mask.sum(1) < 12).any()
+
+
+def assert_processed_logprobs_reported(backend, model, pad_id: int) -> None:
+    """The output says when its logprobs are of a truncated distribution: top-k raises every sampled token's
+    logprob above the trainer's (the same mass spread over fewer tokens); without top-k they are equal."""
+    query_ids, query_mask = engine_prompts(pad_id)
+    full = sample(backend, pad_id)[2]
+    assert not full.logprobs_processed
+    torch.manual_seed(0)
+    params = SamplingParams(max_new_tokens=8, temperature=TEMPERATURE, top_k=5)
+    out = backend.generate(query_ids, query_mask, params, logprob_temperature=TEMPERATURE)
+    assert out.logprobs_processed
+    gap = (out.logprobs - trainer_logprobs(model, query_ids, query_mask, out))[out.response_mask]
+    assert (gap > 0.1).all()  # a random tiny model puts most of its mass outside any 5 tokens
+    # min_new_tokens reaches the engine only as a transformers extra, and blocks the stop token: processed
+    extra = SamplingParams(max_new_tokens=4, temperature=TEMPERATURE, top_k=0, extra={"min_new_tokens": 2})
+    assert backend.generate(query_ids, query_mask, extra, logprob_temperature=TEMPERATURE).logprobs_processed

@@ -14,6 +14,7 @@ import pytest
 import torch
 from engine_checks import (
     assert_engine_matches,
+    assert_processed_logprobs_reported,
     assert_seeded_and_varied,
     assert_stops_and_padding,
     engine_prompts,
@@ -80,6 +81,11 @@ def test_engine_logprobs_equal_the_trainers_and_follow_a_weight_sync(served, mon
     assert_engine_matches(backend, model, 1)
     backend.sync_weights(tiny_model("llama"))  # the other tests expect the saved weights
     assert_engine_matches(backend, tiny_model("llama"), 1)
+
+
+def test_the_output_says_when_its_logprobs_are_of_a_processed_distribution(served):
+    model = tiny_model("llama")
+    assert_processed_logprobs_reported(VLLMServerBackend(model, 1, base_url=served[0], timeout=5), model, 1)
 
 
 def test_a_zero3_policy_is_synced_one_module_at_a_time(served, monkeypatch):

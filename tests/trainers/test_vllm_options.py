@@ -153,14 +153,17 @@ def _sampled_batch() -> RolloutBatch:
     return RolloutBatch(query_ids, query_mask, responses, mask, mask, logprobs=torch.full((2, 3), -0.1))
 
 
-@pytest.mark.parametrize("top_k, retaken", [(0, False), (5, True)])
-def test_a_truncated_engine_distribution_is_never_the_old_policy(tmp_path, top_k, retaken):
-    trainer = _grpo_trainer(tmp_path, top_k=top_k, vllm_importance_sampling_correction=False)
-    batch, metrics = trainer._with_old_logprobs(_sampled_batch())
-    assert metrics == {} and trainer._sampler_weights(batch) is None  # the correction stays off
-    if not retaken:  # the engine's logprobs are the full distribution's: they serve as the old policy
-        assert batch.old_logprobs is None
+@pytest.mark.parametrize("processed", [False, True])
+def test_processed_engine_logprobs_are_never_the_old_policy(tmp_path, processed):
+    # the backend says whether its logprobs are processed (`GenerationOutput`), not the trainer's top_k:
+    # here the trainer's own settings would truncate nothing either way
+    trainer = _grpo_trainer(tmp_path, top_k=0, vllm_importance_sampling_correction=False)
+    batch, metrics = trainer._with_old_logprobs(_sampled_batch(), processed)
+    assert trainer._sampler_weights(batch) is None  # the correction stays off
+    if not processed:  # the engine's logprobs are the full distribution's: they serve as the old policy
+        assert batch.old_logprobs is None and metrics == {}
         return
+    assert metrics == {"sampling/logprobs_processed": 1.0}  # for the health alarm: no engine mismatch
     expected = forward_response(trainer.model, *_rollout(batch), temperature=1.0).logprobs
     torch.testing.assert_close(batch.old_logprobs, expected)
     assert torch.equal(trainer._old_logprobs(batch), batch.old_logprobs)

@@ -129,6 +129,31 @@ def test_rloo_current_form_takes_its_old_logprobs_from_the_training_pass(tmp_pat
     mask = batch.response_mask
     assert (batch.old_logprobs - batch.logprobs)[mask].abs().max() > 1e-3  # truncation raised the engine's
     assert (batch.logprobs[mask] >= batch.old_logprobs[mask] - 1e-4).all()
+    # that gap is the truncation, not an engine mismatch: the health alarm stays silent, and would name
+    # no field RLOO lacks
+    logged = next(h for h in trainer.state.log_history if "loss" in h)
+    assert logged["sampling/sampling_logp_difference/mean"] > 0.05  # the alarm's limit
+    assert logged["sampling/logprobs_processed"] == 1.0
+    assert "health/logprob_mismatch" not in logged and logged["health/alarms"] == 0
+
+
+def test_a_processor_given_only_in_generation_kwargs_makes_grpo_take_a_training_pass(
+    tmp_path, url, tokenizer, syncs
+):
+    # min_new_tokens has no GRPO field: only the backend, resolving what it sends, sees that it blocks
+    # the stop token; with the correction off the old policy must still come from the training pass
+    config = _group_config(
+        GRPOConfig, tmp_path, url, max_steps=1, num_iterations=2, vllm_importance_sampling_correction=False,
+        generation_kwargs={"min_new_tokens": 3},
+    )  # fmt: skip
+    trainer = GRPOTrainer(
+        tiny_model("llama"), count_e, args=config, train_dataset=toy_prompt_dataset(n=16),
+        processing_class=tokenizer,
+    )  # fmt: skip
+    trainer.train()
+    batch = trainer._buffer
+    assert batch.old_logprobs is not None and (batch.response_mask.sum(1) >= 3).all()
+    assert not torch.equal(batch.old_logprobs[batch.response_mask], batch.logprobs[batch.response_mask])
 
 
 def test_rloo_classic_form_samples_on_the_server(tmp_path, url, tokenizer, syncs):

@@ -191,7 +191,7 @@ class VLLMServerBackend(GenerationBackend):
         )
         with self._lost_if_unreachable("sampling"):
             answer = _call(f"{self.base_url}/generate/", body, timeout=self.request_timeout)
-        return generation_output(answer, body["max_tokens"], self.pad_token_id, query_ids.device)
+        return generation_output(answer, body, self.pad_token_id, query_ids.device)
 
     def sync_weights(self, model: torch.nn.Module | None = None) -> None:
         """Load `model`'s current weights (default: this backend's model) into the engine, LoRA merged.

@@ -156,7 +156,7 @@ class VLLMColocateBackend(GenerationBackend):
         if self.enable_sleep_mode:
             self._sleep()
         answer = engine_answer(outputs, request["logprobs"])
-        return generation_output(answer, request["max_tokens"], self.pad_token_id, query_ids.device)
+        return generation_output(answer, request, self.pad_token_id, query_ids.device)
 
     def sync_weights(self, model: torch.nn.Module | None = None) -> None:
         """Load `model`'s current weights (default: this backend's model) into the engine, LoRA merged."""

@@ -99,6 +99,22 @@ def engine_request(
     }
 
 
+def logprobs_processed(request: dict[str, Any]) -> bool:
+    """Whether the engine's logprobs for generate `request` (`engine_request`'s dict, the settings actually
+    sent) are of a processed distribution rather than softmax(raw logits / temperature).
+
+    vLLM reports the distribution it sampled from (`processed_logprobs`): top-k, top-p and min-p truncate it
+    when sampling, a repetition penalty moves it, min_tokens blocks the stop tokens for a row's first
+    tokens, and a structured-output regex masks every token the pattern does not allow.
+    """
+    truncated = request["temperature"] > 0 and (
+        request["top_k"] > 0 or request["top_p"] < 1 or request["min_p"] > 0
+    )
+    blocked = bool(request["stop_token_ids"]) and any(request.get("min_tokens") or ())
+    constrained = request.get("regex") is not None
+    return truncated or request["repetition_penalty"] != 1 or blocked or constrained
+
+
 def vllm_sampling_params(request: dict[str, Any]):
     """The vllm.SamplingParams of each prompt of a generate request (`engine_request`'s dict).
 
@@ -143,9 +159,11 @@ def engine_answer(outputs: list[Any], with_logprobs: bool) -> dict[str, Any]:
 
 
 def generation_output(
-    answer: dict[str, Any], width: int, pad_token_id: int, device: torch.device
+    answer: dict[str, Any], request: dict[str, Any], pad_token_id: int, device: torch.device
 ) -> GenerationOutput:
-    """`engine_answer`'s completions right-padded to `width` columns, on `device`."""
+    """`engine_answer`'s completions to generate `request`, right-padded to its max_tokens columns, on
+    `device`; the output says whether its logprobs are processed (`logprobs_processed`)."""
+    width = request["max_tokens"]
     rows = len(answer["completion_ids"])
     responses = torch.full((rows, width), pad_token_id, dtype=torch.long)
     mask = torch.zeros((rows, width), dtype=torch.bool)
@@ -156,5 +174,8 @@ def generation_output(
         if logprobs is not None:
             logprobs[i, : len(ids)] = torch.tensor(answer["logprobs"][i], dtype=torch.float32)
     return GenerationOutput(
-        responses.to(device), mask.to(device), None if logprobs is None else logprobs.to(device)
+        responses.to(device),
+        mask.to(device),
+        None if logprobs is None else logprobs.to(device),
+        logprobs_processed=logprobs is not None and logprobs_processed(request),
     )
