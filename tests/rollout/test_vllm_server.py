@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 from engine_checks import (
+    REGEX,
+    assert_completions_match_the_regex,
     assert_engine_matches,
     assert_processed_logprobs_reported,
     assert_seeded_and_varied,
@@ -86,6 +88,23 @@ def test_engine_logprobs_equal_the_trainers_and_follow_a_weight_sync(served, mon
 def test_the_output_says_when_its_logprobs_are_of_a_processed_distribution(served):
     model = tiny_model("llama")
     assert_processed_logprobs_reported(VLLMServerBackend(model, 1, base_url=served[0], timeout=5), model, 1)
+
+
+def test_every_completion_matches_the_structured_outputs_regex(served):
+    backend = VLLMServerBackend(
+        tiny_model("llama"), 1, base_url=served[0], timeout=5, structured_outputs_regex=REGEX
+    )
+    assert_completions_match_the_regex(backend, tiny_tokenizer(), 1)
+
+
+def test_a_regex_the_engine_cannot_compile_is_refused_naming_it(served):
+    backend = VLLMServerBackend(tiny_model("llama"), 1, base_url=served[0], timeout=5)
+    backend.structured_outputs_regex = "(unclosed"
+    query_ids, query_mask = engine_prompts(1)
+    with pytest.raises(VLLMServerError, match=r"refused .*generate.* \(400\)"):
+        backend.generate(query_ids, query_mask, SamplingParams(max_new_tokens=4, top_k=0))
+    backend.structured_outputs_regex = None
+    assert_engine_matches(backend, tiny_model("llama"), 1)  # the server still serves
 
 
 def test_a_zero3_policy_is_synced_one_module_at_a_time(served, monkeypatch):

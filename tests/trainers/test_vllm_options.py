@@ -72,7 +72,12 @@ def test_colocate_mode_passes_its_fields_to_the_colocated_engine(tmp_path):
         ("vllm_tensor_parallel_size", 0, r"vllm_tensor_parallel_size must be a positive integer, got 0"),
         ("vllm_max_model_length", -5, r"vllm_max_model_length must be a positive integer, got -5"),
         ("vllm_gpu_memory_utilization", 1.5, r"vllm_gpu_memory_utilization must be in \(0, 1\], got 1.5"),
-        ("vllm_structured_outputs_regex", r"\d+", r"vllm_structured_outputs_regex is not offered"),
+        ("vllm_structured_outputs_regex", "(yes", r"vllm_structured_outputs_regex='\(yes' is not a regular"),
+        (
+            "vllm_structured_outputs_regex",
+            r"\d+",
+            r"vllm_structured_outputs_regex constrains .* use_vllm=True",
+        ),
         (
             "vllm_group_port",
             51217,
@@ -87,6 +92,32 @@ def test_bad_or_unoffered_settings_name_the_field(tmp_path, field, value, messag
         RLOOConfig(output_dir=str(tmp_path), report_to="none", **{field: value})
     with pytest.raises(ValueError, match=message):
         PPOConfig(**{field: value})
+
+
+def test_a_structured_outputs_regex_reaches_either_engine(tmp_path):
+    from rlhfkit.trainers.common.engine_sync import engine_options
+
+    server = _grpo(tmp_path, use_vllm=True, vllm_mode="server", vllm_structured_outputs_regex=r"\d+")
+    assert server.generation_engine()[1]["structured_outputs_regex"] == r"\d+"
+    config = PPOConfig(use_vllm=True, vllm_structured_outputs_regex=r"(yes|no)")
+    engine, options = config.generation_engine()
+    assert options["structured_outputs_regex"] == "(yes|no)"
+
+    class OneProcess:
+        num_processes = 1
+
+    tokenizer = tiny_tokenizer()  # the colocated engine matches text: it needs the tokenizer, a server not
+    assert engine_options(engine, options, OneProcess(), tokenizer)["tokenizer"] is tokenizer
+    assert "tokenizer" not in engine_options(
+        engine, PPOConfig(use_vllm=True).generation_engine()[1], OneProcess()
+    )
+
+
+def test_the_colocated_engine_refuses_a_regex_without_a_tokenizer():
+    from rlhfkit.rollout.vllm_colocate import VLLMColocateBackend
+
+    with pytest.raises(ValueError, match=r"structured_outputs_regex needs the tokenizer \(tokenizer=...\)"):
+        VLLMColocateBackend(tiny_model("llama"), 1, structured_outputs_regex="(yes|no)")
 
 
 def test_make_generation_backend_passes_the_options_to_the_backend(monkeypatch):

@@ -151,7 +151,8 @@ class VLLMServerBackend(GenerationBackend):
     only take part in gathering sharded weights (a collective), then send nothing. With `gather_module`
     (ZeRO-3, FSDP2: `sharding.module_gatherer`) a sync gathers one module at a time, not the whole model
     (a PEFT model is still gathered whole: its merge needs the adapters beside each weight).
-    A `value_head` cannot be served (the engine returns no hidden states).
+    A `value_head` cannot be served (the engine returns no hidden states). With `structured_outputs_regex`
+    every completion matches that regular expression (vLLM's structured outputs, on the server's tokenizer).
     """
 
     def __init__(
@@ -168,6 +169,7 @@ class VLLMServerBackend(GenerationBackend):
         value_head: torch.nn.Module | None = None,
         weights_context: Callable[[], contextlib.AbstractContextManager] | None = None,
         progress: Callable[[int], None] | None = None,
+        structured_outputs_regex: str | None = None,
     ):
         if value_head is not None:
             raise ValueError(
@@ -179,7 +181,7 @@ class VLLMServerBackend(GenerationBackend):
                 raise ValueError(f"{name} must be > 0 seconds, got {seconds!r}")
         self.model, self.pad_token_id = model, pad_token_id
         self.request_timeout, self.sends_weights = request_timeout, sends_weights
-        self.gather_module = gather_module
+        self.gather_module, self.structured_outputs_regex = gather_module, structured_outputs_regex
         self.base_url = base_url.rstrip("/")
         self.weights_context = weights_context or contextlib.nullcontext
         self.info = wait_for_server(self.base_url, timeout)
@@ -187,7 +189,13 @@ class VLLMServerBackend(GenerationBackend):
 
     def _sample(self, query_ids, query_mask, params: SamplingParams, logprob_temperature) -> GenerationOutput:
         body = engine_request(
-            self.model, self.pad_token_id, query_ids, query_mask, params, logprob_temperature
+            self.model,
+            self.pad_token_id,
+            query_ids,
+            query_mask,
+            params,
+            logprob_temperature,
+            self.structured_outputs_regex,
         )
         with self._lost_if_unreachable("sampling"):
             answer = _call(f"{self.base_url}/generate/", body, timeout=self.request_timeout)

@@ -61,10 +61,12 @@ def engine_request(
     query_mask,
     params: SamplingParams,
     logprob_temperature,
+    regex: str | None = None,
 ) -> dict[str, Any]:
     """One generate request: prompts without padding, settings resolved as the other backends resolve them.
 
-    A row stops at the resolved stop tokens only (`ignore_eos`: the engine's own eos rule is off).
+    A row stops at the resolved stop tokens only (`ignore_eos`: the engine's own eos rule is off). With
+    `regex`, the engine samples only completions the regular expression matches (structured outputs).
     """
     from rlhfkit.rollout.generation import HFGenerationBackend
 
@@ -96,6 +98,7 @@ def engine_request(
         # vLLM seeds each request; drawn from torch's RNG so that a seeded run samples the same again
         "seed": int(torch.randint(0, 2**31 - 2**20, ())),
         "logprobs": logprob_temperature is not None,
+        "regex": regex,
     }
 
 
@@ -118,9 +121,11 @@ def logprobs_processed(request: dict[str, Any]) -> bool:
 def vllm_sampling_params(request: dict[str, Any]):
     """The vllm.SamplingParams of each prompt of a generate request (`engine_request`'s dict).
 
-    Row i samples with seed `seed + i`: rows repeating one prompt must not draw the same completion.
+    Row i samples with seed `seed + i`: rows repeating one prompt must not draw the same completion. A
+    `regex` becomes vLLM's structured-outputs constraint (the engine needs its tokenizer for it).
     """
     from vllm import SamplingParams as VLLMSamplingParams
+    from vllm.sampling_params import StructuredOutputsParams
 
     n = len(request["prompt_token_ids"])
     min_tokens = request.get("min_tokens") or [0] * n
@@ -136,11 +141,17 @@ def vllm_sampling_params(request: dict[str, Any]):
         stop_token_ids=request["stop_token_ids"],
         ignore_eos=request["ignore_eos"],
         logprobs=0 if request["logprobs"] else None,
-        detokenize=False,  # token ids are all a trainer reads; the colocated engine has no tokenizer
+        detokenize=False,  # token ids are all a trainer reads
     )
-    seed = request.get("seed")
+    regex, seed = request.get("regex"), request.get("seed")
     return [
-        VLLMSamplingParams(**settings, min_tokens=min_tokens[i], seed=None if seed is None else seed + i)
+        VLLMSamplingParams(
+            **settings,
+            min_tokens=min_tokens[i],
+            seed=None if seed is None else seed + i,
+            # one constraint object per row: vLLM records its grammar backend on it
+            structured_outputs=None if regex is None else StructuredOutputsParams(regex=regex),
+        )
         for i in range(n)
     ]
 
