@@ -43,6 +43,17 @@ def test_two_processes_sample_on_one_server_and_the_main_one_syncs_it(url, setti
     assert r0["gap_initial"] > 1e-2 and r1["gap_initial"] > 1e-2
 
 
+def test_a_lora_policy_sharded_by_fsdp2_is_synced_merged(url):
+    # each LoRA layer is gathered with its adapters and sent merged, one module at a time
+    r0, r1 = launch("vllm_server_worker.py", url, "--fsdp", "--lora", timeout=600)
+    assert r0["sharded"] and r1["sharded"] and r0["steps"] == r1["steps"] == 2
+    assert r0["weight_requests"] == 3 and r1["weight_requests"] == 0
+    # the last update came after the last sampling: until the sync the engine serves the weights before it
+    assert r0["gap_before_sync"] > 1e-2 and r1["gap_before_sync"] > 1e-2
+    assert r0["gap_trained"] < 2e-4 and r1["gap_trained"] < 2e-4  # after it, the merged trained policy
+    assert r0["gap_initial"] > 1e-2 and r1["gap_initial"] > 1e-2
+
+
 @pytest.mark.parametrize("setting", ["ddp", "fsdp2"])
 def test_ppo_on_two_processes_generates_on_one_server_and_the_main_one_syncs_it(url, setting):
     r0, r1 = launch(

@@ -125,6 +125,27 @@ def test_a_zero3_policy_is_synced_one_module_at_a_time(served, monkeypatch):
     backend.sync_weights(tiny_model("llama"))  # the other tests expect the saved weights
 
 
+def test_a_zero3_lora_policy_is_synced_merged_one_module_at_a_time(served, monkeypatch):
+    monkeypatch.setattr(vllm_client, "WEIGHT_PIECE_BYTES", 64 * 2**10)  # the budget of one gather, too
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
+    model = get_peft_model(tiny_model("llama"), config)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.add_(torch.randn_like(param) * 0.2)
+    sharded = copy.deepcopy(model)
+    zero3 = StandInZero3(sharded)
+    backend = VLLMServerBackend(model, 1, base_url=served[0], timeout=5, gather_module=zero3.gather)
+    backend.sync_weights(sharded)
+    assert_engine_matches(backend, model, 1)  # every weight arrived whole, the adapters merged
+    with model.disable_adapter():
+        assert logprob_gap(backend, model, 1) > 1e-2
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert zero3.peak < total / 2 and zero3.live == 0
+    backend.gather_module = None
+    backend.sync_weights(tiny_model("llama"))  # the other tests expect the saved weights
+
+
 def test_a_lora_policy_is_synced_merged(served):
     model = get_peft_model(
         tiny_model("llama"), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])

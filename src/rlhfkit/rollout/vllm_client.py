@@ -31,7 +31,6 @@ from typing import Any
 
 import torch
 
-from rlhfkit.models.peft_detection import peft_model_of
 from rlhfkit.rollout.backends import GenerationBackend, GenerationOutput, SamplingParams
 from rlhfkit.rollout.engine_weights import engine_weights, engine_weights_by_module
 from rlhfkit.rollout.streaming import generating_module
@@ -150,7 +149,7 @@ class VLLMServerBackend(GenerationBackend):
     the whole call itself. With several training processes only one `sends_weights`; the others' syncs
     only take part in gathering sharded weights (a collective), then send nothing. With `gather_module`
     (ZeRO-3, FSDP2: `sharding.module_gatherer`) a sync gathers one module at a time, not the whole model
-    (a PEFT model is still gathered whole: its merge needs the adapters beside each weight).
+    (a LoRA layer with its adapters, for its merge).
     A `value_head` cannot be served (the engine returns no hidden states). With `structured_outputs_regex`
     every completion matches that regular expression (vLLM's structured outputs, on the server's tokenizer).
     """
@@ -208,9 +207,9 @@ class VLLMServerBackend(GenerationBackend):
         alone), so at most two pieces are copied at a time; the engine reloads once, from all of them.
         """
         model = self.model if model is None else model
-        if self.gather_module is None or peft_model_of(model) is not None:  # LoRA merges need it whole
+        if self.gather_module is None:
             weights, gathered = engine_weights(model), self.weights_context()
-        else:  # ZeRO-3, FSDP2: one module gathered at a time, while it is sent
+        else:  # ZeRO-3, FSDP2: one module (a LoRA layer with its adapters) gathered at a time, while sent
             weights = engine_weights_by_module(model, self.gather_module, WEIGHT_PIECE_BYTES)
             gathered = contextlib.nullcontext()
         if not self.sends_weights:
