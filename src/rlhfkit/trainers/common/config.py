@@ -67,8 +67,8 @@ class VLLMOptions:
     )
     vllm_group_port: int = option(
         51216,
-        "TRL's port of the NCCL weight-transfer group. rlhfkit sends weights over HTTP: only the default "
-        "is accepted.",
+        "TRL's port of the NCCL weight-transfer group. rlhfkit sends weights over HTTP or in memory (no "
+        "NCCL group, so CPU works): only the default is accepted.",
     )
     vllm_gpu_memory_utilization: float = option(
         0.3, "Colocate mode: share of the device memory the engine may take (server: a vllm-serve flag)."
@@ -111,8 +111,9 @@ class VLLMOptions:
         check_regex(self.vllm_structured_outputs_regex, bool(self.use_vllm))
         if self.vllm_group_port != 51216:
             raise ValueError(
-                f"vllm_group_port={self.vllm_group_port} has no effect in rlhfkit: weights go to the server "
-                "over HTTP, not through an NCCL group; leave it at 51216"
+                f"vllm_group_port={self.vllm_group_port} has no effect in rlhfkit: it is the port of TRL's "
+                "NCCL weight-transfer group, and rlhfkit sends the weights over HTTP (server) or in memory "
+                "(colocate) instead, which works on CPU too, where there is no NCCL group; leave it at 51216"
             )
 
     def generation_engine(self) -> tuple[str, dict[str, Any]]:
