@@ -29,6 +29,24 @@ def case_a_seeded_call_samples_the_same_again_and_repeated_prompts_differ(model,
     assert_seeded_and_varied(backend, PAD)
 
 
+def case_the_output_says_when_its_logprobs_are_of_a_processed_distribution(model, backend):
+    from engine_checks import assert_processed_logprobs_reported
+
+    assert_processed_logprobs_reported(backend, model, PAD)
+
+
+def case_every_completion_matches_the_structured_outputs_regex(model, backend):
+    from engine_checks import REGEX, assert_completions_match_the_regex
+
+    from rlhfkit.testing import tiny_tokenizer
+
+    backend.structured_outputs_regex = REGEX  # the engine has the tokenizer (see `main`)
+    try:
+        assert_completions_match_the_regex(backend, tiny_tokenizer(), PAD)
+    finally:
+        backend.structured_outputs_regex = None
+
+
 def case_engine_logprobs_equal_the_trainers_and_follow_a_weight_sync(model, backend):
     from engine_checks import assert_engine_matches, logprob_gap
 
@@ -121,10 +139,11 @@ CASES = {name.removeprefix("case_"): fn for name, fn in globals().items() if nam
 
 def main(report: str, model_name: str, names: list[str]) -> None:
     from rlhfkit.rollout.vllm_colocate import VLLMColocateBackend
-    from rlhfkit.testing import tiny_model
+    from rlhfkit.testing import tiny_model, tiny_tokenizer
 
     model = tiny_model(model_name)
-    backend = VLLMColocateBackend(model, PAD)
+    # with the tokenizer, for the structured-outputs case: one engine per process serves every case
+    backend = VLLMColocateBackend(model, PAD, tokenizer=tiny_tokenizer())
     results = {}
     for name in names or list(CASES):
         try:

@@ -84,3 +84,42 @@ def assert_stops_and_padding(backend, pad_id: int) -> None:
         assert not is_stop[:-1].any()  # nothing sampled after a stop token
         assert n == 12 or is_stop[-1]  # a short row ends with its stop token, which is kept
     assert (out.response_mask.sum(1) < 12).any()
+
+
+def assert_processed_logprobs_reported(backend, model, pad_id: int) -> None:
+    """The output says when its logprobs are of a truncated distribution: top-k raises every sampled token's
+    logprob above the trainer's (the same mass spread over fewer tokens); without top-k they are equal."""
+    query_ids, query_mask = engine_prompts(pad_id)
+    full = sample(backend, pad_id)[2]
+    assert not full.logprobs_processed
+    torch.manual_seed(0)
+    params = SamplingParams(max_new_tokens=8, temperature=TEMPERATURE, top_k=5)
+    out = backend.generate(query_ids, query_mask, params, logprob_temperature=TEMPERATURE)
+    assert out.logprobs_processed
+    gap = (out.logprobs - trainer_logprobs(model, query_ids, query_mask, out))[out.response_mask]
+    assert (gap > 0.1).all()  # a random tiny model puts most of its mass outside any 5 tokens
+    # min_new_tokens reaches the engine only as a transformers extra, and blocks the stop token: processed
+    extra = SamplingParams(max_new_tokens=4, temperature=TEMPERATURE, top_k=0, extra={"min_new_tokens": 2})
+    assert backend.generate(query_ids, query_mask, extra, logprob_temperature=TEMPERATURE).logprobs_processed
+
+
+REGEX = r"(yes|no) [0-9]{1,3}"  # at most 7 tokens of the tiny tokenizer (byte-level), then the stop token
+
+
+def assert_completions_match_the_regex(backend, tokenizer, pad_id: int) -> None:
+    """With a structured-outputs regex, every completion is a full match of `REGEX` followed by the stop
+    token (eos 0); the logprobs are then of the masked distribution (processed)."""
+    import re
+
+    query_ids, query_mask = engine_prompts(pad_id)
+    query_ids, query_mask = query_ids.repeat(3, 1), query_mask.repeat(3, 1)  # 9 rows
+    params = SamplingParams(max_new_tokens=16, temperature=1.0, top_k=0)
+    out = backend.generate(query_ids, query_mask, params, logprob_temperature=1.0)
+    assert out.logprobs_processed
+    texts = []
+    for ids, mask in zip(out.responses, out.response_mask):
+        completion = ids[mask].tolist()
+        assert completion[-1] == 0, completion  # ended by the regex's end, not cut at max_new_tokens
+        texts.append(tokenizer.decode(completion[:-1]))
+    assert all(re.fullmatch(REGEX, text) for text in texts), texts
+    assert len(set(texts)) > 1  # sampled, not one forced string

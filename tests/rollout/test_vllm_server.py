@@ -13,7 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 from engine_checks import (
+    REGEX,
+    assert_completions_match_the_regex,
     assert_engine_matches,
+    assert_processed_logprobs_reported,
     assert_seeded_and_varied,
     assert_stops_and_padding,
     engine_prompts,
@@ -82,6 +85,28 @@ def test_engine_logprobs_equal_the_trainers_and_follow_a_weight_sync(served, mon
     assert_engine_matches(backend, tiny_model("llama"), 1)
 
 
+def test_the_output_says_when_its_logprobs_are_of_a_processed_distribution(served):
+    model = tiny_model("llama")
+    assert_processed_logprobs_reported(VLLMServerBackend(model, 1, base_url=served[0], timeout=5), model, 1)
+
+
+def test_every_completion_matches_the_structured_outputs_regex(served):
+    backend = VLLMServerBackend(
+        tiny_model("llama"), 1, base_url=served[0], timeout=5, structured_outputs_regex=REGEX
+    )
+    assert_completions_match_the_regex(backend, tiny_tokenizer(), 1)
+
+
+def test_a_regex_the_engine_cannot_compile_is_refused_naming_it(served):
+    backend = VLLMServerBackend(tiny_model("llama"), 1, base_url=served[0], timeout=5)
+    backend.structured_outputs_regex = "(unclosed"
+    query_ids, query_mask = engine_prompts(1)
+    with pytest.raises(VLLMServerError, match=r"refused .*generate.* \(400\)"):
+        backend.generate(query_ids, query_mask, SamplingParams(max_new_tokens=4, top_k=0))
+    backend.structured_outputs_regex = None
+    assert_engine_matches(backend, tiny_model("llama"), 1)  # the server still serves
+
+
 def test_a_zero3_policy_is_synced_one_module_at_a_time(served, monkeypatch):
     monkeypatch.setattr(vllm_client, "WEIGHT_PIECE_BYTES", 64 * 2**10)  # the budget of one gather, too
     torch.manual_seed(1)
@@ -96,6 +121,27 @@ def test_a_zero3_policy_is_synced_one_module_at_a_time(served, monkeypatch):
     assert_engine_matches(backend, model, 1)  # every weight arrived whole
     total = sum(p.numel() * p.element_size() for p in model.parameters())
     assert zero3.calls > model.config.num_hidden_layers and zero3.peak < total / 2 and zero3.live == 0
+    backend.gather_module = None
+    backend.sync_weights(tiny_model("llama"))  # the other tests expect the saved weights
+
+
+def test_a_zero3_lora_policy_is_synced_merged_one_module_at_a_time(served, monkeypatch):
+    monkeypatch.setattr(vllm_client, "WEIGHT_PIECE_BYTES", 64 * 2**10)  # the budget of one gather, too
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
+    model = get_peft_model(tiny_model("llama"), config)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.add_(torch.randn_like(param) * 0.2)
+    sharded = copy.deepcopy(model)
+    zero3 = StandInZero3(sharded)
+    backend = VLLMServerBackend(model, 1, base_url=served[0], timeout=5, gather_module=zero3.gather)
+    backend.sync_weights(sharded)
+    assert_engine_matches(backend, model, 1)  # every weight arrived whole, the adapters merged
+    with model.disable_adapter():
+        assert logprob_gap(backend, model, 1) > 1e-2
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert zero3.peak < total / 2 and zero3.live == 0
     backend.gather_module = None
     backend.sync_weights(tiny_model("llama"))  # the other tests expect the saved weights
 

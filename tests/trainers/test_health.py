@@ -180,6 +180,25 @@ def test_sampling_and_training_logprobs_disagree(mean, largest, expected):
     assert len(messages) == 1 and expected in messages[0] and "training dtype" in messages[0]
 
 
+def test_a_gap_of_processed_sampler_logprobs_is_no_mismatch():
+    # an engine sampling with top-k reports the truncated distribution's logprobs: the gap to the training
+    # pass is then the truncation, and the alarm stays silent while the step says so
+    gap = {"sampling/sampling_logp_difference/mean": 0.4, "sampling/sampling_logp_difference/max": 9.0}
+    monitor = HealthMonitor(GRPO)
+    values, messages = monitor.check({**gap, "sampling/logprobs_processed": 1.0}, 1)
+    assert "health/logprob_mismatch" not in values and messages == []
+    values, messages = monitor.check(gap, 2)  # the same gap of unprocessed logprobs is a mismatch
+    assert values["health/logprob_mismatch"] == 1.0 and len(messages) == 1
+
+
+def test_the_mismatch_hint_names_only_a_field_the_trainer_has():
+    gap = {"sampling/sampling_logp_difference/mean": 0.4}
+    grpo = HealthMonitor(GRPO).check(gap, 1)[1][0]
+    assert "vllm_importance_sampling_correction=True" in grpo
+    rloo = HealthMonitor(TRAINER_METRICS["rloo_current"]).check(gap, 1)[1][0]
+    assert "importance" not in rloo and "training dtype" in rloo and "--dtype" in rloo
+
+
 # -------------------------------------------------------------------------------- limits and channel
 def test_an_alarm_that_persists_warns_once_per_warn_every_steps():
     monitor = HealthMonitor(GRPO, HealthThresholds(warn_every=100))

@@ -56,3 +56,27 @@ def test_grpo_command_trains_with_a_colocated_engine_synced_every_step(tmp_path)
     assert max(gaps) < 1e-3, gaps  # every step sampled from the weights it trained
     assert all("sampling/importance_sampling_ratio/mean" in step for step in steps)
     assert (tmp_path / "out" / "model.safetensors").exists()
+
+
+def test_grpo_command_constrains_a_colocated_engine_to_the_regex(tmp_path):
+    # the colocated engine compiles the regex against the trainer's tokenizer, which the trainer hands it
+    (tmp_path / "cli_rewards.py").write_text(  # fails the run unless every completion matched
+        "import re\n"
+        "def matches(prompts, completions, **columns):\n"
+        "    assert all(re.fullmatch('(yes|no)!', c) for c in completions), completions\n"
+        "    return [float(c == 'yes!') for c in completions]\n"
+    )
+    Dataset.from_dict({"prompt": ["the film was", "a story about"] * 4}).to_json(str(tmp_path / "data.jsonl"))
+    argv = [
+        str(COMMAND), "grpo", "--model_name_or_path", str(tiny_model_path("llama")),
+        "--dataset_name", "data.jsonl", "--output_dir", "out", "--reward_funcs", "cli_rewards.matches",
+        "--use_vllm", "true", "--vllm_mode", "colocate", "--vllm_structured_outputs_regex", "(yes|no)!",
+        "--per_device_train_batch_size", "8", "--num_generations", "4", "--max_completion_length", "6",
+        "--max_steps", "1", "--report_to", "none", "--use_cpu", "--logging_steps", "1",
+        "--save_strategy", "no", "--disable_tqdm", "true",
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "HF_HUB_OFFLINE": "1"}
+    run = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-4000:]
+    (step,) = _logged(run.stdout)
+    assert float(step["sampling/logprobs_processed"]) == 1.0  # masked by the regex: the old policy is retaken

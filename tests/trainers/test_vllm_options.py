@@ -72,11 +72,17 @@ def test_colocate_mode_passes_its_fields_to_the_colocated_engine(tmp_path):
         ("vllm_tensor_parallel_size", 0, r"vllm_tensor_parallel_size must be a positive integer, got 0"),
         ("vllm_max_model_length", -5, r"vllm_max_model_length must be a positive integer, got -5"),
         ("vllm_gpu_memory_utilization", 1.5, r"vllm_gpu_memory_utilization must be in \(0, 1\], got 1.5"),
-        ("vllm_structured_outputs_regex", r"\d+", r"vllm_structured_outputs_regex is not offered"),
+        ("vllm_structured_outputs_regex", "(yes", r"vllm_structured_outputs_regex='\(yes' is not a regular"),
+        (
+            "vllm_structured_outputs_regex",
+            r"\d+",
+            r"vllm_structured_outputs_regex constrains .* use_vllm=True",
+        ),
         (
             "vllm_group_port",
             51217,
-            r"vllm_group_port=51217 has no effect in rlhfkit: weights go .* over HTTP",
+            r"vllm_group_port=51217 has no effect .* NCCL weight-transfer group.* over HTTP .* in memory "
+            r".* on CPU too, where there is no NCCL group; leave it at 51216",
         ),
     ],
 )
@@ -87,6 +93,32 @@ def test_bad_or_unoffered_settings_name_the_field(tmp_path, field, value, messag
         RLOOConfig(output_dir=str(tmp_path), report_to="none", **{field: value})
     with pytest.raises(ValueError, match=message):
         PPOConfig(**{field: value})
+
+
+def test_a_structured_outputs_regex_reaches_either_engine(tmp_path):
+    from rlhfkit.trainers.common.engine_sync import engine_options
+
+    server = _grpo(tmp_path, use_vllm=True, vllm_mode="server", vllm_structured_outputs_regex=r"\d+")
+    assert server.generation_engine()[1]["structured_outputs_regex"] == r"\d+"
+    config = PPOConfig(use_vllm=True, vllm_structured_outputs_regex=r"(yes|no)")
+    engine, options = config.generation_engine()
+    assert options["structured_outputs_regex"] == "(yes|no)"
+
+    class OneProcess:
+        num_processes = 1
+
+    tokenizer = tiny_tokenizer()  # the colocated engine matches text: it needs the tokenizer, a server not
+    assert engine_options(engine, options, OneProcess(), tokenizer)["tokenizer"] is tokenizer
+    assert "tokenizer" not in engine_options(
+        engine, PPOConfig(use_vllm=True).generation_engine()[1], OneProcess()
+    )
+
+
+def test_the_colocated_engine_refuses_a_regex_without_a_tokenizer():
+    from rlhfkit.rollout.vllm_colocate import VLLMColocateBackend
+
+    with pytest.raises(ValueError, match=r"structured_outputs_regex needs the tokenizer \(tokenizer=...\)"):
+        VLLMColocateBackend(tiny_model("llama"), 1, structured_outputs_regex="(yes|no)")
 
 
 def test_make_generation_backend_passes_the_options_to_the_backend(monkeypatch):
@@ -153,14 +185,17 @@ def _sampled_batch() -> RolloutBatch:
     return RolloutBatch(query_ids, query_mask, responses, mask, mask, logprobs=torch.full((2, 3), -0.1))
 
 
-@pytest.mark.parametrize("top_k, retaken", [(0, False), (5, True)])
-def test_a_truncated_engine_distribution_is_never_the_old_policy(tmp_path, top_k, retaken):
-    trainer = _grpo_trainer(tmp_path, top_k=top_k, vllm_importance_sampling_correction=False)
-    batch, metrics = trainer._with_old_logprobs(_sampled_batch())
-    assert metrics == {} and trainer._sampler_weights(batch) is None  # the correction stays off
-    if not retaken:  # the engine's logprobs are the full distribution's: they serve as the old policy
-        assert batch.old_logprobs is None
+@pytest.mark.parametrize("processed", [False, True])
+def test_processed_engine_logprobs_are_never_the_old_policy(tmp_path, processed):
+    # the backend says whether its logprobs are processed (`GenerationOutput`), not the trainer's top_k:
+    # here the trainer's own settings would truncate nothing either way
+    trainer = _grpo_trainer(tmp_path, top_k=0, vllm_importance_sampling_correction=False)
+    batch, metrics = trainer._with_old_logprobs(_sampled_batch(), processed)
+    assert trainer._sampler_weights(batch) is None  # the correction stays off
+    if not processed:  # the engine's logprobs are the full distribution's: they serve as the old policy
+        assert batch.old_logprobs is None and metrics == {}
         return
+    assert metrics == {"sampling/logprobs_processed": 1.0}  # for the health alarm: no engine mismatch
     expected = forward_response(trainer.model, *_rollout(batch), temperature=1.0).logprobs
     torch.testing.assert_close(batch.old_logprobs, expected)
     assert torch.equal(trainer._old_logprobs(batch), batch.old_logprobs)

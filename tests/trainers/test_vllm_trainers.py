@@ -9,6 +9,7 @@ line reaches it.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -129,6 +130,53 @@ def test_rloo_current_form_takes_its_old_logprobs_from_the_training_pass(tmp_pat
     mask = batch.response_mask
     assert (batch.old_logprobs - batch.logprobs)[mask].abs().max() > 1e-3  # truncation raised the engine's
     assert (batch.logprobs[mask] >= batch.old_logprobs[mask] - 1e-4).all()
+    # that gap is the truncation, not an engine mismatch: the health alarm stays silent, and would name
+    # no field RLOO lacks
+    logged = next(h for h in trainer.state.log_history if "loss" in h)
+    assert logged["sampling/sampling_logp_difference/mean"] > 0.05  # the alarm's limit
+    assert logged["sampling/logprobs_processed"] == 1.0
+    assert "health/logprob_mismatch" not in logged and logged["health/alarms"] == 0
+
+
+def test_a_processor_given_only_in_generation_kwargs_makes_grpo_take_a_training_pass(
+    tmp_path, url, tokenizer, syncs
+):
+    # min_new_tokens has no GRPO field: only the backend, resolving what it sends, sees that it blocks
+    # the stop token; with the correction off the old policy must still come from the training pass
+    config = _group_config(
+        GRPOConfig, tmp_path, url, max_steps=1, num_iterations=2, vllm_importance_sampling_correction=False,
+        generation_kwargs={"min_new_tokens": 3},
+    )  # fmt: skip
+    trainer = GRPOTrainer(
+        tiny_model("llama"), count_e, args=config, train_dataset=toy_prompt_dataset(n=16),
+        processing_class=tokenizer,
+    )  # fmt: skip
+    trainer.train()
+    batch = trainer._buffer
+    assert batch.old_logprobs is not None and (batch.response_mask.sum(1) >= 3).all()
+    assert not torch.equal(batch.old_logprobs[batch.response_mask], batch.logprobs[batch.response_mask])
+
+
+def test_grpo_trains_only_on_completions_the_regex_matches(tmp_path, url, tokenizer, syncs):
+    seen = []
+
+    def matches(completions, **kwargs):
+        seen.extend(completions)
+        return [float(c.startswith("yes")) for c in completions]
+
+    config = _group_config(
+        GRPOConfig, tmp_path, url, max_steps=2, max_completion_length=10,
+        vllm_structured_outputs_regex=r"(yes|no) [0-9]{1,3}",
+    )  # fmt: skip
+    trainer = GRPOTrainer(
+        tiny_model("llama"), matches, args=config, train_dataset=toy_prompt_dataset(n=16),
+        processing_class=tokenizer,
+    )  # fmt: skip
+    trainer.train()
+    assert len(seen) == 16 and all(re.fullmatch(r"(yes|no) [0-9]{1,3}", c) for c in seen), seen
+    # the engine's logprobs are of the masked distribution: the old policy comes from the training pass
+    assert trainer._buffer.old_logprobs is not None
+    assert all(h["sampling/logprobs_processed"] == 1.0 for h in trainer.state.log_history if "loss" in h)
 
 
 def test_rloo_classic_form_samples_on_the_server(tmp_path, url, tokenizer, syncs):
@@ -180,8 +228,11 @@ def test_ppo_generates_on_the_server_and_step_computes_the_values(url, tokenizer
 def test_the_grpo_command_trains_on_the_server(tmp_path, url, monkeypatch, capsys):
     from rlhfkit.commands.grpo import main
 
-    (tmp_path / "cli_rewards.py").write_text(
-        "def has_e(prompts, completions, **columns):\n    return [float('e' in c) for c in completions]\n"
+    (tmp_path / "cli_rewards.py").write_text(  # fails the run unless the regex held
+        "import re\n"
+        "def has_e(prompts, completions, **columns):\n"
+        "    assert all(re.fullmatch('[a-e]{1,3}', c) for c in completions), completions\n"
+        "    return [float('e' in c) for c in completions]\n"
     )
     Dataset.from_dict({"prompt": ["the film was", "a story about"] * 4}).to_json(str(tmp_path / "data.jsonl"))
     monkeypatch.chdir(tmp_path)
@@ -189,6 +240,7 @@ def test_the_grpo_command_trains_on_the_server(tmp_path, url, monkeypatch, capsy
         "--model_name_or_path", str(tiny_model_path("llama")), "--dataset_name", str(tmp_path / "data.jsonl"),
         "--output_dir", str(tmp_path / "out"), "--reward_funcs", "cli_rewards.has_e",
         "--use_vllm", "true", "--vllm_mode", "server", "--vllm_server_base_url", url,
+        "--vllm_structured_outputs_regex", "[a-e]{1,3}",
         "--per_device_train_batch_size", "8", "--num_generations", "4", "--max_completion_length", "4",
         "--max_steps", "1", "--report_to", "none", "--use_cpu", "--logging_steps", "1",
         "--save_strategy", "no", "--disable_tqdm", "true",

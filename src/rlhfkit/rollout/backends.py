@@ -87,6 +87,9 @@ class GenerationOutput:
     response_mask: torch.Tensor  # (B, R) bool, True = a real token (the stop token included)
     logprobs: torch.Tensor | None = None  # (B, R) float32 logprob of each sampled token; junk where masked
     values: torch.Tensor | None = None  # (B, R) float32 value-head output at each token; junk where masked
+    # True: `logprobs` are of the distribution after truncation, penalties or a constraint (an engine's
+    # processed logprobs), not softmax(raw logits / logprob_temperature); no stand-in for the old policy
+    logprobs_processed: bool = False
 
 
 class GenerationBackend:

@@ -8,8 +8,8 @@ adapters themselves. The model is not touched, so the adapters keep training, an
 never merged and unmerged in place (which would drift it by rounding each time).
 
 A ZeRO-3 or FSDP2 model keeps only a shard of each weight: `engine_weights_by_module` gathers it one
-module (FSDP2: one tensor) at a time while the weights are sent, so a sync never holds the whole model
-gathered.
+module (FSDP2: one tensor; a LoRA layer: its base weight with its adapters) at a time while the weights
+are sent, so a sync never holds the whole model gathered.
 """
 
 from __future__ import annotations
@@ -86,14 +86,7 @@ def _named_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor, torch.
     if peft is None:
         yield from ((key, tensor, tensor.detach()) for key, tensor in net.state_dict().items())
         return
-    from peft.utils import ModulesToSaveWrapper
-
-    wrappers = {
-        name: module.active_adapter
-        for name, module in net.named_modules()
-        if isinstance(module, ModulesToSaveWrapper)
-    }
-    wrappers = {k: v[0] if isinstance(v, list) else v for k, v in wrappers.items()}
+    wrappers = _save_wrappers(net)
     deltas = {f"{name}.weight": layer for name, layer in _lora_layers(net).items()}
     for key, tensor in net.state_dict().items():
         name = _checkpoint_name(key, wrappers)
@@ -112,17 +105,17 @@ def engine_weights_by_module(
     `gather(params)` makes `params` whole inside its block (a collective: every process must walk the
     same modules); FSDP2's DTensors are made whole one at a time as they are handed out. A module whose
     whole weights fit in `budget` bytes is gathered at once, a larger one holds only its own weights and
-    its children are visited in turn; a tensor must be copied before the next one is asked for. LoRA
-    models are refused: their merge needs layers gathered together.
+    its children are visited in turn; a tensor must be copied before the next one is asked for. A LoRA
+    layer is always gathered whole, its adapters with its base weight: it is sent merged, as
+    `engine_weights` does, and its adapters are not sent.
     """
-    if peft_model_of(model) is not None:
-        raise ValueError(
-            "a PEFT model cannot be synced shard by shard yet: leave the policy unsharded (ZeRO-2 or "
-            "DDP) for use_vllm with PEFT"
-        )
-    entries: list[tuple[str, nn.Module, str]] = []  # (checkpoint name, owner, attribute), each tensor once
+    peft = peft_model_of(model)
+    net = peft.get_base_model() if peft is not None else generating_module(model)
+    wrappers = _save_wrappers(net) if peft is not None else {}
+    lora = _lora_layers(net) if peft is not None else {}
+    entries: list[tuple[str, nn.Module, str]] = []  # (state-dict key, owner, attribute), each tensor once
     seen: set[int] = set()
-    for prefix, module in generating_module(model).named_modules(remove_duplicate=False):
+    for prefix, module in net.named_modules(remove_duplicate=False):
         own = [(k, t) for k, t in module._parameters.items() if t is not None]
         own += [
             (k, t)
@@ -133,12 +126,37 @@ def engine_weights_by_module(
             if id(tensor) not in seen:  # a tied weight comes once, under its first name
                 seen.add(id(tensor))
                 entries.append((f"{prefix}.{attr}" if prefix else attr, module, attr))
-    for members in _gather_units(generating_module(model), budget, entries):
+    whole_units = {id(layer) for layer in lora.values()}
+    for members in _gather_units(net, budget, entries, whole_units):
         params = [getattr(owner, attr) for _, owner, attr in members]
         with gather([p for p in params if isinstance(p, nn.Parameter)]):
-            for (name, _, _), tensor in zip(members, params):
-                # FSDP2's DTensor shard: all-gathered whole here, one tensor at a time
-                yield name, tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor.detach()
+            for (key, _, _), tensor in zip(members, params):
+                name = _checkpoint_name(key, wrappers) if peft is not None else key
+                if name is None:  # an adapter's own tensor, or an inactive modules_to_save copy
+                    continue
+                layer = lora.get(name.removesuffix(".weight")) if key.endswith(".base_layer.weight") else None
+                delta = None if layer is None else _merged_delta(layer, name)
+                if delta is None:
+                    yield name, _whole(tensor)
+                else:  # under FSDP2 the delta of sharded adapters is a DTensor too
+                    yield name, _whole(tensor) + _whole(delta).to(tensor.dtype)
+
+
+def _whole(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor` whole and detached: an FSDP2 DTensor shard is all-gathered here (a collective)."""
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor.detach()
+
+
+def _save_wrappers(net: nn.Module) -> dict[str, str]:
+    """Prefix of each PEFT `modules_to_save` wrapper inside `net` -> its active adapter's name."""
+    from peft.utils import ModulesToSaveWrapper
+
+    wrappers = {
+        name: module.active_adapter
+        for name, module in net.named_modules()
+        if isinstance(module, ModulesToSaveWrapper)
+    }
+    return {k: v[0] if isinstance(v, list) else v for k, v in wrappers.items()}
 
 
 def _full_bytes(params: Iterator[nn.Parameter]) -> int:
@@ -147,16 +165,17 @@ def _full_bytes(params: Iterator[nn.Parameter]) -> int:
 
 
 def _gather_units(
-    net: nn.Module, budget: int, entries: list[tuple[str, nn.Module, str]]
+    net: nn.Module, budget: int, entries: list[tuple[str, nn.Module, str]], keep_whole: set[int] = frozenset()
 ) -> list[list[tuple[str, nn.Module, str]]]:
-    """`entries` grouped into the units gathered together: whole modules of at most `budget` bytes, else a
-    module's own tensors alone (its children visited in turn); in the model's order."""
+    """`entries` grouped into the units gathered together: whole modules of at most `budget` bytes (or
+    whose id is in `keep_whole`), else a module's own tensors alone (its children visited in turn); in the
+    model's order."""
     unit_of: dict[int, int] = {}
     count = 0
 
     def visit(module: nn.Module) -> None:
         nonlocal count
-        whole = _full_bytes(module.parameters()) <= budget
+        whole = id(module) in keep_whole or _full_bytes(module.parameters()) <= budget
         for inner in module.modules() if whole else [module]:
             unit_of.setdefault(id(inner), count)
         count += 1

@@ -31,7 +31,6 @@ from typing import Any
 
 import torch
 
-from rlhfkit.models.peft_detection import peft_model_of
 from rlhfkit.rollout.backends import GenerationBackend, GenerationOutput, SamplingParams
 from rlhfkit.rollout.engine_weights import engine_weights, engine_weights_by_module
 from rlhfkit.rollout.streaming import generating_module
@@ -150,8 +149,9 @@ class VLLMServerBackend(GenerationBackend):
     the whole call itself. With several training processes only one `sends_weights`; the others' syncs
     only take part in gathering sharded weights (a collective), then send nothing. With `gather_module`
     (ZeRO-3, FSDP2: `sharding.module_gatherer`) a sync gathers one module at a time, not the whole model
-    (a PEFT model is still gathered whole: its merge needs the adapters beside each weight).
-    A `value_head` cannot be served (the engine returns no hidden states).
+    (a LoRA layer with its adapters, for its merge).
+    A `value_head` cannot be served (the engine returns no hidden states). With `structured_outputs_regex`
+    every completion matches that regular expression (vLLM's structured outputs, on the server's tokenizer).
     """
 
     def __init__(
@@ -168,6 +168,7 @@ class VLLMServerBackend(GenerationBackend):
         value_head: torch.nn.Module | None = None,
         weights_context: Callable[[], contextlib.AbstractContextManager] | None = None,
         progress: Callable[[int], None] | None = None,
+        structured_outputs_regex: str | None = None,
     ):
         if value_head is not None:
             raise ValueError(
@@ -179,7 +180,7 @@ class VLLMServerBackend(GenerationBackend):
                 raise ValueError(f"{name} must be > 0 seconds, got {seconds!r}")
         self.model, self.pad_token_id = model, pad_token_id
         self.request_timeout, self.sends_weights = request_timeout, sends_weights
-        self.gather_module = gather_module
+        self.gather_module, self.structured_outputs_regex = gather_module, structured_outputs_regex
         self.base_url = base_url.rstrip("/")
         self.weights_context = weights_context or contextlib.nullcontext
         self.info = wait_for_server(self.base_url, timeout)
@@ -187,11 +188,17 @@ class VLLMServerBackend(GenerationBackend):
 
     def _sample(self, query_ids, query_mask, params: SamplingParams, logprob_temperature) -> GenerationOutput:
         body = engine_request(
-            self.model, self.pad_token_id, query_ids, query_mask, params, logprob_temperature
+            self.model,
+            self.pad_token_id,
+            query_ids,
+            query_mask,
+            params,
+            logprob_temperature,
+            self.structured_outputs_regex,
         )
         with self._lost_if_unreachable("sampling"):
             answer = _call(f"{self.base_url}/generate/", body, timeout=self.request_timeout)
-        return generation_output(answer, body["max_tokens"], self.pad_token_id, query_ids.device)
+        return generation_output(answer, body, self.pad_token_id, query_ids.device)
 
     def sync_weights(self, model: torch.nn.Module | None = None) -> None:
         """Load `model`'s current weights (default: this backend's model) into the engine, LoRA merged.
@@ -200,9 +207,9 @@ class VLLMServerBackend(GenerationBackend):
         alone), so at most two pieces are copied at a time; the engine reloads once, from all of them.
         """
         model = self.model if model is None else model
-        if self.gather_module is None or peft_model_of(model) is not None:  # LoRA merges need it whole
+        if self.gather_module is None:
             weights, gathered = engine_weights(model), self.weights_context()
-        else:  # ZeRO-3, FSDP2: one module gathered at a time, while it is sent
+        else:  # ZeRO-3, FSDP2: one module (a LoRA layer with its adapters) gathered at a time, while sent
             weights = engine_weights_by_module(model, self.gather_module, WEIGHT_PIECE_BYTES)
             gathered = contextlib.nullcontext()
         if not self.sends_weights:

@@ -70,12 +70,15 @@ def _check_settings(gpu_memory_utilization, tensor_parallel_size, enable_sleep_m
         )
 
 
-def _engine_folder(net: torch.nn.Module) -> tempfile.TemporaryDirectory:
-    """A temporary folder holding `net`'s config.json, the only file the engine is built from."""
+def _engine_folder(net: torch.nn.Module, tokenizer: Any = None) -> tempfile.TemporaryDirectory:
+    """A temporary folder holding `net`'s config.json, the file the engine is built from, and `tokenizer`'s
+    files when given (structured outputs need it)."""
     folder = tempfile.TemporaryDirectory(prefix="rlhfkit-vllm-")
     config = json.loads(net.config.to_json_string())
     config["architectures"] = [type(net).__name__]  # how vLLM picks its model class
     (Path(folder.name) / "config.json").write_text(json.dumps(config))
+    if tokenizer is not None:
+        tokenizer.save_pretrained(folder.name)
     return folder
 
 
@@ -85,7 +88,9 @@ class VLLMColocateBackend(GenerationBackend):
     `gpu_memory_utilization`: on GPU, the share of the device the engine may take; on CPU, where vLLM
     would reserve that share of all RAM, the KV cache gets 1 GiB instead (or `VLLM_CPU_KVCACHE_SPACE`
     GiB when set). `max_model_length`: longest prompt + completion (None: the model's own limit).
-    `chunk_size` and `progress` are accepted for the common constructor and unused.
+    `chunk_size` and `progress` are accepted for the common constructor and unused. With
+    `structured_outputs_regex` every completion matches that regular expression (vLLM's structured
+    outputs); the engine then needs `tokenizer` (without one it gets none: token ids in and out).
     """
 
     def __init__(
@@ -102,15 +107,23 @@ class VLLMColocateBackend(GenerationBackend):
         value_head: torch.nn.Module | None = None,
         weights_context: Callable[[], contextlib.AbstractContextManager] | None = None,
         progress: Callable[[int], None] | None = None,
+        structured_outputs_regex: str | None = None,
+        tokenizer: Any = None,
     ):
         _check_settings(gpu_memory_utilization, tensor_parallel_size, enable_sleep_mode, value_head)
+        if structured_outputs_regex is not None and tokenizer is None:
+            raise ValueError(
+                "structured_outputs_regex needs the tokenizer (tokenizer=...): the engine matches the "
+                "regular expression against the text of each token"
+            )
         require_vllm("vllm_mode='colocate'", NO_VLLM_FIX)
         self.model, self.pad_token_id = model, pad_token_id
         self.weights_context = weights_context or contextlib.nullcontext
-        self.enable_sleep_mode = enable_sleep_mode
+        self.enable_sleep_mode, self.structured_outputs_regex = enable_sleep_mode, structured_outputs_regex
         net = generating_module(model)
-        self._folder = _engine_folder(net)  # kept while the engine lives
+        self._folder = _engine_folder(net, tokenizer)  # kept while the engine lives
         self.llm = self._start_engine(
+            skip_tokenizer_init=tokenizer is None,  # prompts arrive as token ids and only ids come back
             dtype=str(next(net.parameters()).dtype).removeprefix("torch."),
             gpu_memory_utilization=gpu_memory_utilization,
             max_model_len=max_model_length,
@@ -130,7 +143,6 @@ class VLLMColocateBackend(GenerationBackend):
         kwargs = dict(
             model=self._folder.name,
             load_format="dummy",  # the trainer's weights are loaded next, from memory
-            skip_tokenizer_init=True,  # prompts arrive as token ids and only ids come back
             tensor_parallel_size=1,
             enforce_eager=on_cpu,  # no torch.compile warm-up on CPU, where it costs minutes
             logprobs_mode="processed_logprobs",  # the logprobs of what was sampled from, as the server's
@@ -145,7 +157,13 @@ class VLLMColocateBackend(GenerationBackend):
 
     def _sample(self, query_ids, query_mask, params: SamplingParams, logprob_temperature) -> GenerationOutput:
         request = engine_request(
-            self.model, self.pad_token_id, query_ids, query_mask, params, logprob_temperature
+            self.model,
+            self.pad_token_id,
+            query_ids,
+            query_mask,
+            params,
+            logprob_temperature,
+            self.structured_outputs_regex,
         )
         if self._weights_asleep:  # nothing synced since the last call dropped them
             self.sync_weights()
@@ -156,7 +174,7 @@ class VLLMColocateBackend(GenerationBackend):
         if self.enable_sleep_mode:
             self._sleep()
         answer = engine_answer(outputs, request["logprobs"])
-        return generation_output(answer, request["max_tokens"], self.pad_token_id, query_ids.device)
+        return generation_output(answer, request, self.pad_token_id, query_ids.device)
 
     def sync_weights(self, model: torch.nn.Module | None = None) -> None:
         """Load `model`'s current weights (default: this backend's model) into the engine, LoRA merged."""

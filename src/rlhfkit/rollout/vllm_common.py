@@ -61,10 +61,12 @@ def engine_request(
     query_mask,
     params: SamplingParams,
     logprob_temperature,
+    regex: str | None = None,
 ) -> dict[str, Any]:
     """One generate request: prompts without padding, settings resolved as the other backends resolve them.
 
-    A row stops at the resolved stop tokens only (`ignore_eos`: the engine's own eos rule is off).
+    A row stops at the resolved stop tokens only (`ignore_eos`: the engine's own eos rule is off). With
+    `regex`, the engine samples only completions the regular expression matches (structured outputs).
     """
     from rlhfkit.rollout.generation import HFGenerationBackend
 
@@ -96,15 +98,34 @@ def engine_request(
         # vLLM seeds each request; drawn from torch's RNG so that a seeded run samples the same again
         "seed": int(torch.randint(0, 2**31 - 2**20, ())),
         "logprobs": logprob_temperature is not None,
+        "regex": regex,
     }
+
+
+def logprobs_processed(request: dict[str, Any]) -> bool:
+    """Whether the engine's logprobs for generate `request` (`engine_request`'s dict, the settings actually
+    sent) are of a processed distribution rather than softmax(raw logits / temperature).
+
+    vLLM reports the distribution it sampled from (`processed_logprobs`): top-k, top-p and min-p truncate it
+    when sampling, a repetition penalty moves it, min_tokens blocks the stop tokens for a row's first
+    tokens, and a structured-output regex masks every token the pattern does not allow.
+    """
+    truncated = request["temperature"] > 0 and (
+        request["top_k"] > 0 or request["top_p"] < 1 or request["min_p"] > 0
+    )
+    blocked = bool(request["stop_token_ids"]) and any(request.get("min_tokens") or ())
+    constrained = request.get("regex") is not None
+    return truncated or request["repetition_penalty"] != 1 or blocked or constrained
 
 
 def vllm_sampling_params(request: dict[str, Any]):
     """The vllm.SamplingParams of each prompt of a generate request (`engine_request`'s dict).
 
-    Row i samples with seed `seed + i`: rows repeating one prompt must not draw the same completion.
+    Row i samples with seed `seed + i`: rows repeating one prompt must not draw the same completion. A
+    `regex` becomes vLLM's structured-outputs constraint (the engine needs its tokenizer for it).
     """
     from vllm import SamplingParams as VLLMSamplingParams
+    from vllm.sampling_params import StructuredOutputsParams
 
     n = len(request["prompt_token_ids"])
     min_tokens = request.get("min_tokens") or [0] * n
@@ -120,11 +141,17 @@ def vllm_sampling_params(request: dict[str, Any]):
         stop_token_ids=request["stop_token_ids"],
         ignore_eos=request["ignore_eos"],
         logprobs=0 if request["logprobs"] else None,
-        detokenize=False,  # token ids are all a trainer reads; the colocated engine has no tokenizer
+        detokenize=False,  # token ids are all a trainer reads
     )
-    seed = request.get("seed")
+    regex, seed = request.get("regex"), request.get("seed")
     return [
-        VLLMSamplingParams(**settings, min_tokens=min_tokens[i], seed=None if seed is None else seed + i)
+        VLLMSamplingParams(
+            **settings,
+            min_tokens=min_tokens[i],
+            seed=None if seed is None else seed + i,
+            # one constraint object per row: vLLM records its grammar backend on it
+            structured_outputs=None if regex is None else StructuredOutputsParams(regex=regex),
+        )
         for i in range(n)
     ]
 
@@ -143,9 +170,11 @@ def engine_answer(outputs: list[Any], with_logprobs: bool) -> dict[str, Any]:
 
 
 def generation_output(
-    answer: dict[str, Any], width: int, pad_token_id: int, device: torch.device
+    answer: dict[str, Any], request: dict[str, Any], pad_token_id: int, device: torch.device
 ) -> GenerationOutput:
-    """`engine_answer`'s completions right-padded to `width` columns, on `device`."""
+    """`engine_answer`'s completions to generate `request`, right-padded to its max_tokens columns, on
+    `device`; the output says whether its logprobs are processed (`logprobs_processed`)."""
+    width = request["max_tokens"]
     rows = len(answer["completion_ids"])
     responses = torch.full((rows, width), pad_token_id, dtype=torch.long)
     mask = torch.zeros((rows, width), dtype=torch.bool)
@@ -156,5 +185,8 @@ def generation_output(
         if logprobs is not None:
             logprobs[i, : len(ids)] = torch.tensor(answer["logprobs"][i], dtype=torch.float32)
     return GenerationOutput(
-        responses.to(device), mask.to(device), None if logprobs is None else logprobs.to(device)
+        responses.to(device),
+        mask.to(device),
+        None if logprobs is None else logprobs.to(device),
+        logprobs_processed=logprobs is not None and logprobs_processed(request),
     )

@@ -7,7 +7,8 @@ except the weights:
 - `GET /health/`: 200 once the engine is up.
 - `GET /info/`: what is served (model, architecture, vocabulary size, max model length, vLLM version),
   for the client to check against the trainer's model before training starts.
-- `POST /generate/`: prompt token ids (no padding) and sampling settings in; per prompt the completion
+- `POST /generate/`: prompt token ids (no padding) and sampling settings in (a `regex` constrains the
+  completions: vLLM's structured outputs, with the served model's tokenizer); per prompt the completion
   token ids (the stop token kept) and, when asked, the logprob of each sampled token out.
 - `POST /update_weights/?last=true|false`: a safetensors file as the request body, tensors under
   transformers checkpoint names. Pieces with `last=false` are kept on disk; the last one reloads the
@@ -141,6 +142,7 @@ def build_app(llm: Any, info: dict[str, Any], expected: dict[str, list[int]] | N
     """The FastAPI app over engine `llm`; `expected`: the served checkpoint's tensor shapes, when known."""
     from fastapi import FastAPI, HTTPException, Request
     from pydantic import BaseModel
+    from vllm.exceptions import VLLMClientError
 
     class GenerateRequest(BaseModel):
         prompt_token_ids: list[list[int]]
@@ -155,6 +157,7 @@ def build_app(llm: Any, info: dict[str, Any], expected: dict[str, list[int]] | N
         min_tokens: list[int] | None = None
         seed: int | None = None
         logprobs: bool = False
+        regex: str | None = None
 
     app = FastAPI(title="rlhfkit vllm-serve")
     lock = threading.Lock()
@@ -177,8 +180,11 @@ def build_app(llm: Any, info: dict[str, Any], expected: dict[str, list[int]] | N
         except (TypeError, ValueError) as err:
             raise HTTPException(status_code=400, detail=f"invalid sampling settings: {err}") from err
         prompts = [{"prompt_token_ids": ids} for ids in request.prompt_token_ids]
-        with lock:
-            outputs = llm.generate(prompts, params, use_tqdm=False)
+        try:
+            with lock:
+                outputs = llm.generate(prompts, params, use_tqdm=False)
+        except (VLLMClientError, ValueError) as err:  # e.g. a regex the grammar backend cannot compile
+            raise HTTPException(status_code=400, detail=f"the engine refused the request: {err}") from err
         return vllm_common.engine_answer(outputs, request.logprobs)
 
     @app.post("/update_weights/")

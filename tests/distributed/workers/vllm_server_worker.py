@@ -1,6 +1,7 @@
 """Worker: GRPO on 2 gloo processes sampling through one real `rlhfkit vllm-serve` server (its URL is the
-first argument). Each rank reports the requests it made, the prompts it sampled, its final weights' sum,
-and how far the engine's logprobs are from its trained and from its initial model's after the last sync."""
+first argument; `--fsdp`: the policy sharded by FSDP2, `--lora`: a LoRA policy). Each rank reports the
+requests it made, the prompts it sampled, its final weights' sum, and how far the engine's logprobs are from
+its trained model's before and after the last sync, and from its initial model's."""
 
 import sys
 import tempfile
@@ -33,6 +34,13 @@ if "--fsdp" in sys.argv:  # the policy sharded by accelerate's FSDP2
     settings, whole = FSDP2_ARGS, full_params
 
 
+lora = None
+if "--lora" in sys.argv:  # a LoRA policy: the engine must get the adapters merged into the base weights
+    from peft import LoraConfig
+
+    lora = LoraConfig(r=4, lora_alpha=32, target_modules=["q_proj", "v_proj", "up_proj"])
+
+
 def count_e(completions, **kwargs):
     return KeywordReward("e")(completions)
 
@@ -40,16 +48,16 @@ def count_e(completions, **kwargs):
 config = GRPOConfig(
     output_dir=tempfile.mkdtemp(), report_to="none", use_cpu=True, per_device_train_batch_size=8,
     num_generations=4, max_completion_length=5, max_steps=2, logging_steps=1, save_strategy="no",
-    disable_tqdm=True, seed=3, learning_rate=1e-2,
+    disable_tqdm=True, seed=3, learning_rate=1e-2 if lora is None else 5e-2,
     use_vllm=True, vllm_mode="server", vllm_server_base_url=sys.argv[1], vllm_server_timeout=60, **settings,
 )  # fmt: skip
 trainer = GRPOTrainer(
     tiny_model("llama"), count_e, args=config, train_dataset=toy_prompt_dataset(n=32),
-    processing_class=tiny_tokenizer(padding_side="left"),
+    processing_class=tiny_tokenizer(padding_side="left"), peft_config=lora,
 )  # fmt: skip
 trainer.train()
-engine = trainer._sampler()  # the last update came after the last sampling: synced now, by rank 0
 model = trainer.accelerator.unwrap_model(trainer.model)
+engine = trainer._engine
 
 
 def engine_gap(net) -> float:
@@ -65,10 +73,16 @@ def engine_gap(net) -> float:
     return float((out.logprobs[0][: len(completion)] - ours).abs().max())
 
 
-counted = {"generate_calls": requests.count("generate"), "weight_requests": requests.count("update_weights")}
+gap_before_sync = engine_gap(model)  # the last update came after the last sampling
+assert trainer._sampler() is engine  # synced now, by rank 0
+counted = {  # the training's requests and the sync's, not the checks' own generate calls
+    "generate_calls": requests.count("generate") - 1,
+    "weight_requests": requests.count("update_weights"),
+}
 save_result(
     {
-        **counted,  # the training's requests, before the checks' own below
+        "gap_before_sync": gap_before_sync,
+        **counted,
         "rank": trainer.accelerator.process_index,
         "world": trainer.accelerator.num_processes,
         "prompts": sorted({tuple(p) for p in prompts if p[:3] != [5, 6, 7]}),

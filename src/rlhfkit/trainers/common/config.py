@@ -13,6 +13,7 @@ TrainingArguments accept any value.
 
 from __future__ import annotations
 
+import re
 import types
 from dataclasses import MISSING, dataclass, field
 from typing import Any, Literal
@@ -66,8 +67,8 @@ class VLLMOptions:
     )
     vllm_group_port: int = option(
         51216,
-        "TRL's port of the NCCL weight-transfer group. rlhfkit sends weights over HTTP: only the default "
-        "is accepted.",
+        "TRL's port of the NCCL weight-transfer group. rlhfkit sends weights over HTTP or in memory (no "
+        "NCCL group, so CPU works): only the default is accepted.",
     )
     vllm_gpu_memory_utilization: float = option(
         0.3, "Colocate mode: share of the device memory the engine may take (server: a vllm-serve flag)."
@@ -85,7 +86,9 @@ class VLLMOptions:
         "vllm", "Colocate mode: the engine's model code, 'vllm' (its own) or 'transformers'."
     )
     vllm_structured_outputs_regex: str | None = option(
-        None, "Constrain completions to this regex (TRL's field). Not offered by rlhfkit: only None."
+        None,
+        "Constrain every completion to this regular expression (vLLM's structured outputs; None: no "
+        "constraint). Needs use_vllm.",
     )
 
     def check_vllm(self) -> None:
@@ -105,15 +108,12 @@ class VLLMOptions:
             raise ValueError(
                 f"vllm_gpu_memory_utilization must be in (0, 1], got {self.vllm_gpu_memory_utilization!r}"
             )
-        if self.vllm_structured_outputs_regex is not None:
-            raise ValueError(
-                "vllm_structured_outputs_regex is not offered by rlhfkit (no constrained decoding yet): "
-                "leave it None"
-            )
+        check_regex(self.vllm_structured_outputs_regex, bool(self.use_vllm))
         if self.vllm_group_port != 51216:
             raise ValueError(
-                f"vllm_group_port={self.vllm_group_port} has no effect in rlhfkit: weights go to the server "
-                "over HTTP, not through an NCCL group; leave it at 51216"
+                f"vllm_group_port={self.vllm_group_port} has no effect in rlhfkit: it is the port of TRL's "
+                "NCCL weight-transfer group, and rlhfkit sends the weights over HTTP (server) or in memory "
+                "(colocate) instead, which works on CPU too, where there is no NCCL group; leave it at 51216"
             )
 
     def generation_engine(self) -> tuple[str, dict[str, Any]]:
@@ -121,9 +121,11 @@ class VLLMOptions:
         with: the one place the vLLM fields turn into a backend."""
         if not self.use_vllm:
             return self.generation_backend, {}
+        regex = self.vllm_structured_outputs_regex
+        constrained = {} if regex is None else {"structured_outputs_regex": regex}
         if self.vllm_mode == "server":
             url = self.vllm_server_base_url or f"http://{self.vllm_server_host}:{self.vllm_server_port}"
-            return "vllm-server", {"base_url": url, "timeout": self.vllm_server_timeout}
+            return "vllm-server", {"base_url": url, "timeout": self.vllm_server_timeout, **constrained}
         # the colocated backend refuses what it cannot do (tensor parallelism, sleep mode on CPU) itself
         return "vllm-colocate", {
             "gpu_memory_utilization": self.vllm_gpu_memory_utilization,
@@ -131,7 +133,28 @@ class VLLMOptions:
             "max_model_length": self.vllm_max_model_length,
             "enable_sleep_mode": self.vllm_enable_sleep_mode,
             "model_impl": self.vllm_model_impl,
+            **constrained,
         }
+
+
+def check_regex(regex: str | None, use_vllm: bool) -> None:
+    """ValueError naming vllm_structured_outputs_regex: not a string, not a regular expression, or given
+    without an engine (only vLLM constrains completions; the in-process samplers would ignore it)."""
+    if regex is None:
+        return
+    if not isinstance(regex, str) or not regex:
+        raise ValueError(f"vllm_structured_outputs_regex must be a non-empty string or None, got {regex!r}")
+    try:
+        re.compile(regex)
+    except re.error as err:
+        raise ValueError(
+            f"vllm_structured_outputs_regex={regex!r} is not a regular expression: {err}"
+        ) from err
+    if not use_vllm:
+        raise ValueError(
+            "vllm_structured_outputs_regex constrains a vLLM engine's sampling: set use_vllm=True, or leave "
+            "it None (generation_backend cannot constrain completions)"
+        )
 
 
 @dataclass

@@ -15,15 +15,20 @@ from torch import nn
 from rlhfkit.trainers.common.sharding import module_gatherer
 
 
-def engine_options(engine: str, options: dict[str, Any], accelerator: Any) -> dict[str, Any]:
+def engine_options(
+    engine: str, options: dict[str, Any], accelerator: Any, tokenizer: Any = None
+) -> dict[str, Any]:
     """`options` for `make_generation_backend` in this process; ValueError for a colocated engine under
-    several processes."""
+    several processes. A colocated engine constraining completions to a regex gets the `tokenizer` (a
+    server has its own)."""
     if engine != "vllm-server":
         if accelerator.num_processes > 1:
             raise ValueError(
                 f"use_vllm ({engine}) runs with one training process; with {accelerator.num_processes}, use "
                 "vllm_mode='server' (every process samples on the server, the main one sends the weights)"
             )
+        if options.get("structured_outputs_regex") is not None:
+            return {**options, "tokenizer": tokenizer}
         return options
     return {
         **options,

@@ -17,6 +17,7 @@ starting values and warning times instead of warming its alarms up again.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from collections import deque
@@ -79,6 +80,10 @@ class MetricNames:
     approxkl: str | None = None
     logp_gap_mean: str | None = None
     logp_gap_max: str | None = None
+    # 1.0 when the sampler's logprobs were of a truncated or penalised distribution (an engine's top-k):
+    # the gap then measures the truncation, not a mismatch, and the alarm stays silent
+    logp_processed: str | None = None
+    logp_gap_fix: str | None = None  # the config option that corrects a sampling/training gap, if any
     judge: str | None = "eval/win_rate"  # in [0, 1], logged by a win-rate callback when one is given
 
 
@@ -96,8 +101,12 @@ TRAINER_METRICS = {
         length="completions/mean_length", clipfrac="clip_ratio/region_mean",
         logp_gap_mean="sampling/sampling_logp_difference/mean",
         logp_gap_max="sampling/sampling_logp_difference/max",
+        logp_processed="sampling/logprobs_processed",
+        logp_gap_fix="vllm_importance_sampling_correction=True",
     ),
 }  # fmt: skip
+# RLOO's current form logs GRPO's names, but its config has no sampler correction
+TRAINER_METRICS["rloo_current"] = dataclasses.replace(TRAINER_METRICS["grpo"], logp_gap_fix=None)
 
 
 class _Series:
@@ -206,7 +215,7 @@ class HealthMonitor:
     def _record(self, metrics: Mapping[str, Any], step: int) -> None:
         for f in fields(self.names):
             key = getattr(self.names, f.name)
-            if f.name in ("kl_per_token", "kl_option", "judge") or key not in metrics:
+            if f.name in ("kl_per_token", "kl_option", "logp_gap_fix", "judge") or key not in metrics:
                 continue
             value = _as_number(metrics[key])
             if value is not None:
@@ -337,6 +346,8 @@ class HealthMonitor:
 
     def _logprob_mismatch(self) -> tuple[dict[str, float], str | None] | None:
         t = self.thresholds
+        if self._logprobs_processed():
+            return None
         found = self._over(
             ("logp_gap_mean", "mean |sampling - training| logprob", t.logp_gap_mean_max),
             ("logp_gap_max", "largest |sampling - training| logprob", t.logp_gap_max_max),
@@ -345,12 +356,21 @@ class HealthMonitor:
             return None
         message = None
         if found:
+            fix = self.names.logp_gap_fix
             message = (
                 f"{' and '.join(found)} nats: the sampler and the training forward pass disagree; generate "
-                "in the training dtype with dropout off, or correct for the gap with importance weights "
-                "(GRPO: vllm_importance_sampling_correction=True)"
+                "in the training dtype with dropout off (a vLLM server: --dtype of the trainer's weights)"
+                + (f", or correct for the gap with importance weights ({fix})" if fix else "")
             )
         return {}, message
+
+    def _logprobs_processed(self) -> bool:
+        """The latest gap was measured on processed sampler logprobs (`MetricNames.logp_processed`)."""
+        flag, gap = self._series.get("logp_processed"), self._series.get("logp_gap_mean")
+        gap = gap or self._series.get("logp_gap_max")
+        if flag is None or gap is None:
+            return False
+        return any(step == gap.last[-1][0] and value > 0 for step, value in flag.last)
 
     def _over(self, *limits: tuple[str, str, float]) -> list[str] | None:
         """For each (signal, label, limit) whose latest value exceeds its limit, 'label value > limit';

@@ -301,7 +301,7 @@ class OnlineTrainerLoop:
         main process, the others waiting: `engine_sync`)."""
         if getattr(self, "_engine", None) is None:
             engine, options = self.args.generation_engine()
-            options = engine_options(engine, options, self.accelerator)
+            options = engine_options(engine, options, self.accelerator, self.processing_class)
             self._engine = make_generation_backend(
                 self.accelerator.unwrap_model(self.model),
                 self.processing_class.pad_token_id,

@@ -23,13 +23,15 @@ class SampledGroups:
     """One or more rounds of groups. batch: N rows with `scores` (N,) set (NaN: no reward applied);
     per_source: (S, N) the score of each reward function (NaN where it returned None); applies: (S, N) bool,
     False where it returned None; prompts: the N prompts as given to reward functions; completions: the N
-    decoded completions."""
+    decoded completions; logprobs_processed: the sampler's logprobs are of a truncated or penalised
+    distribution (`GenerationOutput.logprobs_processed`), so they cannot serve as the old policy."""
 
     batch: RolloutBatch
     per_source: torch.Tensor
     applies: torch.Tensor
     prompts: list
     completions: list[str]
+    logprobs_processed: bool = False
 
     def __len__(self) -> int:
         return len(self.batch)
@@ -42,6 +44,7 @@ class SampledGroups:
             self.applies[:, index],
             [self.prompts[i] for i in rows],
             [self.completions[i] for i in rows],
+            self.logprobs_processed,
         )
 
 
@@ -80,6 +83,7 @@ def concat_groups(parts: list[SampledGroups], pad_token_id: int) -> SampledGroup
         torch.cat([p.applies for p in parts], dim=1),
         [x for p in parts for x in p.prompts],
         [x for p in parts for x in p.completions],
+        any(p.logprobs_processed for p in parts),
     )
 
 

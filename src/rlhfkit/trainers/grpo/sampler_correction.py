@@ -14,6 +14,7 @@ import torch
 
 from rlhfkit.core.sampler_correction import importance_weight_stats, sampler_importance_weights
 from rlhfkit.rollout.batch import RolloutBatch
+from rlhfkit.trainers.common.guards import any_across_ranks
 
 STAT_NAMES = ("min", "mean", "max")
 
@@ -25,37 +26,36 @@ class SamplerCorrectionMethods:
         active = getattr(self.args, "sampler_correction_active", None)  # a config without the fields: off
         return bool(active is not None and active())
 
-    def _engine_logprobs_processed(self) -> bool:
-        """Whether the sampler's logprobs are not the training policy's: an inference engine (use_vllm)
-        reports those of the distribution after top-k/top-p/min-p and the repetition penalty."""
-        p = self.sampling_params
-        processed = (
-            bool(p.top_k) or (p.top_p or 1.0) < 1 or bool(p.min_p) or (p.repetition_penalty or 1.0) != 1
-        )
-        return bool(getattr(self.args, "use_vllm", False)) and processed
-
     @torch.no_grad()
-    def _with_old_logprobs(self, batch: RolloutBatch) -> tuple[RolloutBatch, dict[str, float]]:
+    def _with_old_logprobs(
+        self, batch: RolloutBatch, processed: bool = False
+    ) -> tuple[RolloutBatch, dict[str, float]]:
         """`batch` with the training policy's `old_logprobs` and the weights' statistics, when the
-        correction is on; else `batch` unchanged and no metrics. An engine's processed logprobs are no old
-        policy, so then the training pass gives `old_logprobs` with the correction off too."""
+        correction is on; else `batch` unchanged and no metrics. Logprobs the sampler reports `processed`
+        (an engine's, after top-k/top-p/min-p, a penalty or a constraint: `GenerationOutput`) are no old
+        policy: the training pass gives `old_logprobs` then with the correction off too, and
+        `sampling/logprobs_processed` tells the health alarm that their gap is no engine mismatch."""
         correct = self._sampler_correction_on()
-        if not correct and not self._engine_logprobs_processed():
+        processed = any_across_ranks(processed, self.accelerator)  # the pass below may be a collective
+        flag = {"sampling/logprobs_processed": 1.0} if processed else {}
+        if not correct and not processed:
             return batch, {}
         with self.accelerator.autocast():
             batch = batch.replace(old_logprobs=self._policy_logprobs_now(batch))
         if not correct:
-            return batch, {}
+            return batch, flag
         mode = self.args.vllm_importance_sampling_mode
         stats = importance_weight_stats(self._sampler_weights(batch), batch.loss_mask, mode)
         everywhere = self.accelerator.gather(stats[None].to(self.accelerator.device)).float()  # (P, 3)
         known = everywhere[~everywhere.isnan().any(1)]
         if not len(known):  # no loss token anywhere: nothing to report
-            return batch, {}
+            return batch, flag
         summary = (known[:, 0].min(), known[:, 1].mean(), known[:, 2].max())
         return batch, {
-            f"sampling/importance_sampling_ratio/{name}": value.item()
-            for name, value in zip(STAT_NAMES, summary)
+            **flag,
+            **{
+                f"sampling/importance_sampling_ratio/{name}": v.item() for name, v in zip(STAT_NAMES, summary)
+            },
         }
 
     @staticmethod

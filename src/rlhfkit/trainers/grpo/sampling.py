@@ -96,7 +96,14 @@ class SamplingMethods:
             function_extras={**self._reward_extras(), **(extras or {})},
         )
         scores, per_source = scored
-        return SampledGroups(batch.replace(scores=scores), per_source, scored.applies, prompts, completions)
+        return SampledGroups(
+            batch.replace(scores=scores),
+            per_source,
+            scored.applies,
+            prompts,
+            completions,
+            logprobs_processed=out.logprobs_processed and not beams,  # beams: the training pass's logprobs
+        )
 
     @staticmethod
     def _rollout_tensors(batch: RolloutBatch) -> tuple[torch.Tensor, ...]:

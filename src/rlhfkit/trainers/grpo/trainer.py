@@ -274,7 +274,8 @@ class GRPOTrainer(
         groups, metrics = self._sample_batch()
         extra_columns, reward_metrics = self._flush_reward_logs()
         batch = padded_to_multiple(groups.batch, args.pad_to_multiple_of, self.processing_class.pad_token_id)
-        batch, correction_metrics = self._with_old_logprobs(batch)  # the sampler correction, when on
+        # the sampler correction when on; old logprobs from a training pass when the sampler's are processed
+        batch, correction_metrics = self._with_old_logprobs(batch, groups.logprobs_processed)
         # 3. reference logprobs, only with a KL term
         if self.reference is not None:
             batch = batch.replace(ref_logprobs=self._reference_logprobs(batch))

@@ -145,7 +145,7 @@ class GenerationMethods:
         trainer's construction makes, then given the policy's weights after every optimizer step."""
         if getattr(self, "_engine", None) is None:
             engine, options = self.config.generation_engine()
-            options = engine_options(engine, options, self.accelerator)
+            options = engine_options(engine, options, self.accelerator, self.tokenizer)
             pad_id = self.tokenizer.pad_token_id
             self._engine = make_generation_backend(
                 self.policy,

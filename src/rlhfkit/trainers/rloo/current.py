@@ -36,6 +36,7 @@ class GroupRLOOTrainer(RLOOTrainer, GRPOTrainer):
 
     _tag_names = ["rlhfkit", "rloo"]
     _owner, _config_class = "RLOOTrainer", RLOOConfig
+    _health_metrics = "rloo_current"  # GRPO's metric names; no sampler-correction field to suggest
 
     def _settle(self, args: RLOOConfig) -> None:
         args.settle("current")

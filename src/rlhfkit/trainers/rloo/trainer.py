@@ -3,7 +3,7 @@
 One update:
   1. take `local_batch_size / rloo_k` prompts and sample `rloo_k` completions of each, in chunks of
      `local_rollout_forward_batch_size` rows, cut after the stop token; the sampling logprobs are kept
-     while generating (no second policy pass);
+     while generating (no second policy pass, unless an engine reports processed ones);
   2. reference logprobs, and scores from the reward model(s) / function(s);
   3. the missing-eos penalty;
   4. the RLHF reward: score - kl_coef * KL to the reference (per sequence or per token);
@@ -39,7 +39,7 @@ from rlhfkit.models.reference import choose_reference
 from rlhfkit.rewards.scoring import RewardScorer
 from rlhfkit.rollout import SamplingParams, forward_response
 from rlhfkit.rollout.batch import RolloutBatch
-from rlhfkit.trainers.common.guards import RobustTrainerMixin
+from rlhfkit.trainers.common.guards import RobustTrainerMixin, any_across_ranks
 from rlhfkit.trainers.common.online_loop import OnlineTrainerLoop
 from rlhfkit.trainers.common.progress import RichProgressCallback
 from rlhfkit.trainers.common.prompts import (
@@ -230,7 +230,8 @@ class ClassicRLOOTrainer(RLOOTrainer, OnlineTrainerLoop, RobustTrainerMixin, Tra
         """`rloo_k` completions of each of the B prompts: completion j of prompt i in row i * rloo_k + j.
 
         Sampled `local_rollout_forward_batch_size` rows at a time, each cut after the stop token; the
-        sampling logprobs are kept (no second policy pass). Columns past the longest completion are dropped.
+        sampling logprobs are kept (no second policy pass), unless an inference engine reports them processed
+        (`GenerationOutput.logprobs_processed`). Columns past the longest completion are dropped.
         """
         args = self.args
         query_ids, query_mask = prompts
@@ -242,8 +243,11 @@ class ClassicRLOOTrainer(RLOOTrainer, OnlineTrainerLoop, RobustTrainerMixin, Tra
         )
         batch = RolloutBatch(
             query_ids, query_mask, out.responses, out.response_mask, out.response_mask, logprobs=out.logprobs
-        )
-        return batch.trimmed()
+        ).trimmed()
+        # an engine's logprobs of a penalised distribution (a model's repetition_penalty) are no old policy
+        if any_across_ranks(out.logprobs_processed, self.accelerator):
+            batch = batch.replace(logprobs=self._policy_logprobs_now(batch))
+        return batch
 
     def _score(self, batch: RolloutBatch) -> torch.Tensor:
         """(N,) scores of the completions from the reward model(s) / function(s)."""
