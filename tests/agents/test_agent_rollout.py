@@ -150,3 +150,27 @@ def test_later_turns_are_sampled_on_exactly_the_sequence_the_trainer_scores(back
     second = torch.tensor(episode.model_mask) & (torch.arange(len(episode.model_mask)) >= len(first))
     assert second.sum() > 0
     torch.testing.assert_close(torch.tensor(episode.logprobs)[second], scored[second], atol=1e-4, rtol=1e-4)
+
+
+class ProcessedLaterTurns(ScriptedBackend):
+    """The scripted turns, reported as sampled from a truncated distribution from the second call on."""
+
+    def _sample(self, query_ids, query_mask, params, logprob_temperature):
+        out = super()._sample(query_ids, query_mask, params, logprob_temperature)
+        out.logprobs_processed = len(self.calls) > 1
+        return out
+
+
+def test_an_episode_says_when_a_turn_was_sampled_from_a_processed_distribution():
+    tokenizer = tool_chat_tokenizer("gpt2")
+    box = ToolBox([multiply])
+    tool_prompt = prompt_of(tokenizer, "What is 3 times 4?", box.schemas)
+    plain_prompt = prompt_of(tokenizer, "Say hi.")
+    answer = char_ids(tokenizer, "12") + [tokenizer.eos_token_id]
+    scripts = {tuple(tool_prompt): [sampled_call(tokenizer, "gpt2"), answer], tuple(plain_prompt): [answer]}
+    tool_ep, plain_ep = run(
+        ProcessedLaterTurns(scripts, 1), [tool_prompt, plain_prompt], [box, None], tokenizer
+    )
+    # only the tool row was sampled again, by the call that reported processed logprobs
+    assert tool_ep.turns == 2 and tool_ep.logprobs_processed
+    assert plain_ep.turns == 1 and not plain_ep.logprobs_processed

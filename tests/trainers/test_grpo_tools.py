@@ -1,11 +1,12 @@
 """GRPOTrainer and RLOO's current form with tools, environments and rollout_func, on the tiny Llama.
 
-The completions come from `ScriptedBackend`: a sampler that writes given replies (a tool call, then an answer
-once the tool's result is in the context) and reports the policy's own logprobs of them, so the real trainer
-loop runs on known multi-turn completions. Checked: tool results stay in the sequence but out of the loss
-(the logged loss equals the one recomputed by hand with that mask, the sampling gap sees no tool token),
-environments reset per rollout with their state kept per rollout, `get_reward`, a dict of environments chosen
-by the `environment` column, rollout_func's extra columns and env_mask, and the checks made at construction.
+The completions come from `rlhfkit.testing.scripted_sampler` (rows numbered across calls): a sampler that
+writes given replies (a tool call, then an answer once the tool's result is in the context) and reports the
+policy's own logprobs of them, so the real trainer loop runs on known multi-turn completions. Checked: tool
+results stay in the sequence but out of the loss (the logged loss equals the one recomputed by hand with that
+mask, the sampling gap sees no tool token), environments reset per rollout with their state kept per rollout,
+`get_reward`, a dict of environments chosen by the `environment` column, rollout_func's extra columns and
+env_mask, and the checks made at construction.
 """
 
 from __future__ import annotations
@@ -16,12 +17,11 @@ import pytest
 import torch
 from datasets import Dataset
 
-from rlhfkit.rollout import forward_response
-from rlhfkit.rollout.backends import GenerationBackend, GenerationOutput
+from rlhfkit.rollout.backends import GenerationBackend
 from rlhfkit.rollout.batch import RolloutBatch
-from rlhfkit.rollout.generation import pad_right
 from rlhfkit.testing import tiny_model, tiny_tokenizer
 from rlhfkit.testing.chat_templates import tool_chat_tokenizer
+from rlhfkit.testing.scripted import scripted_sampler
 from rlhfkit.trainers.grpo.config import GRPOConfig
 from rlhfkit.trainers.grpo.trainer import GRPOTrainer
 from rlhfkit.trainers.rloo.config import RLOOConfig
@@ -40,30 +40,6 @@ def multiply(a: int, b: int) -> int:
 
 def call(name: str, **arguments) -> str:
     return "<tool_call>" + json.dumps({"name": name, "arguments": arguments}) + "</tool_call>"
-
-
-class ScriptedBackend(GenerationBackend):
-    """Replies `script(context, k)` to the k-th row it is asked for (context: the decoded prompt plus the
-    completion so far), ended by the eos token and cut at max_new_tokens; logprobs are the policy's."""
-
-    def __init__(self, model, tokenizer, script):
-        self.model, self.tok, self.script, self.calls = model, tokenizer, script, 0
-
-    def _sample(self, query_ids, query_mask, params, logprob_temperature):
-        replies = []
-        for ids, mask in zip(query_ids, query_mask.bool()):
-            context = self.tok.decode(ids[mask], skip_special_tokens=False)
-            text = self.script(context, self.calls)
-            self.calls += 1
-            reply = self.tok.encode(text, add_special_tokens=False) + [self.tok.eos_token_id]
-            replies.append(torch.tensor(reply[: params.max_new_tokens]))
-        responses, response_mask = pad_right(replies, self.tok.pad_token_id)
-        with torch.no_grad():
-            logprobs = forward_response(
-                self.model, query_ids, query_mask, responses, response_mask,
-                temperature=logprob_temperature or 1.0,
-            ).logprobs  # fmt: skip
-        return GenerationOutput(responses, response_mask.bool(), logprobs.float())
 
 
 def math_script(context: str, k: int) -> str:
@@ -102,7 +78,7 @@ def _trainer(tmp_path, reward=correct, script=math_script, dataset=None, cls=GRP
         processing_class=tokenizer,
         **kw,
     )
-    backend = ScriptedBackend(model, tokenizer, script)
+    backend = scripted_sampler(model, tokenizer, script, across_calls=True)
     trainer._sampler = lambda *args, **kwargs: backend
     return trainer
 
@@ -178,6 +154,25 @@ def test_sampler_correction_weighs_only_sampled_tokens(tmp_path):
     # the sampler's logprobs are the policy's: every ratio is 1 (a tool token, logprob 0, would be e^7)
     for stat in ("min", "mean", "max"):
         assert logs[f"sampling/importance_sampling_ratio/{stat}"] == pytest.approx(1.0, abs=1e-4)
+
+
+def test_a_turn_sampled_from_a_processed_distribution_takes_the_old_logprobs_from_a_training_pass(tmp_path):
+    trainer = _trainer(tmp_path, tools=[multiply])
+    scripted = trainer._sampler()
+
+    class TruncatedEngine(GenerationBackend):  # as an engine sampling with top-k reports its turns
+        def _sample(self, query_ids, query_mask, params, logprob_temperature):
+            out = scripted.generate(query_ids, query_mask, params, logprob_temperature=logprob_temperature)
+            out.logprobs_processed = True
+            return out
+
+    engine = TruncatedEngine()
+    trainer._sampler = lambda *args, **kwargs: engine
+    trainer.train()
+    assert _last_log(trainer)["sampling/logprobs_processed"] == 1.0
+    batch = trainer._buffer
+    assert batch.old_logprobs is not None  # from the training pass, not the sampler
+    torch.testing.assert_close(batch.old_logprobs * batch.loss_mask, batch.logprobs * batch.loss_mask)
 
 
 class Counter:
@@ -401,11 +396,11 @@ class HintThenPolicy(GenerationBackend):
     """The first turn calls `hint` (scripted, the policy's logprobs); every later turn is the policy's own
     sample from `sampler`."""
 
-    def __init__(self, scripted: ScriptedBackend, sampler: GenerationBackend):
-        self.scripted, self.sampler = scripted, sampler
+    def __init__(self, scripted: GenerationBackend, sampler: GenerationBackend, tokenizer):
+        self.scripted, self.sampler, self.tok = scripted, sampler, tokenizer
 
     def _sample(self, query_ids, query_mask, params, logprob_temperature):
-        context = self.scripted.tok.decode(query_ids[0][query_mask[0].bool()])
+        context = self.tok.decode(query_ids[0][query_mask[0].bool()])
         source = self.sampler if "<|tool|>" in context else self.scripted
         return source.generate(query_ids, query_mask, params, logprob_temperature=logprob_temperature)
 
@@ -429,7 +424,7 @@ def test_reward_rises_through_tool_calling_episodes(tmp_path):
     )
     scripted = trainer._sampler()
     policy = make_generation_backend(trainer.model, trainer.processing_class.pad_token_id)
-    backend = HintThenPolicy(scripted, policy)
+    backend = HintThenPolicy(scripted, policy, trainer.processing_class)
     trainer._sampler = lambda *args, **kwargs: backend
     trainer.train()
     rewards = [h["reward"] for h in trainer.state.log_history if "reward" in h]

@@ -18,6 +18,8 @@ class Episode:
     `logprobs` are the sampler's, one per completion token (0.0 where inserted, and everywhere when the
     backend returned none). `messages` are the assistant and tool messages in order. `truncated`: the last
     turn was cut by `max_completion_length` / the context, or a tool result did not fit and was left out.
+    `logprobs_processed`: some turn's logprobs are of a truncated or penalised distribution (the backend's
+    `GenerationOutput.logprobs_processed`), so they cannot stand for the policy's.
     """
 
     prompt_ids: list[int]
@@ -32,6 +34,7 @@ class Episode:
     inserted_tokens: int = 0
     hit_iteration_cap: bool = False
     truncated: bool = False
+    logprobs_processed: bool = False
 
     def add_sampled(self, ids: Sequence[int], logprobs: Sequence[float]) -> None:
         """Append a turn the model sampled, with the logprob of each of its tokens."""

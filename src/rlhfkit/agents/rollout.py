@@ -100,6 +100,7 @@ def _sample_turn(
             ids, logprobs, stopped = ids[:budget], logprobs[:budget], False
         episode.add_sampled(ids, logprobs)
         episode.truncated = not stopped
+        episode.logprobs_processed |= bool(out.logprobs_processed)
         ended.append(stopped)
     return ended
 

@@ -3,8 +3,10 @@
 An untrained tiny model never writes a well-formed tool call; tests of the agent paths need rows that do.
 `scripted_sampler(model, tokenizer, script)` is a `GenerationBackend` whose reply to row `row` of a call is
 `script(context, row)` (context: that row's prompt plus its completion so far, decoded with the special
-tokens) followed by the EOS token, cut at `max_new_tokens`. Its logprobs are the model's own for those
-tokens (one forward pass), as a real sampler's would be, so the trainer's sampling-gap checks hold.
+tokens) followed by the EOS token, cut at `max_new_tokens`; with `across_calls=True` rows are numbered on from
+one call to the next (the k-th row ever asked for), so a script can tell every rollout of a run apart. Its
+logprobs are the model's own for those tokens (one forward pass), as a real sampler's would be, so the
+trainer's sampling-gap checks hold.
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ from collections.abc import Callable
 from typing import Any
 
 
-def scripted_sampler(model: Any, tokenizer: Any, script: Callable[[str, int], str]) -> Any:
+def scripted_sampler(
+    model: Any, tokenizer: Any, script: Callable[[str, int], str], across_calls: bool = False
+) -> Any:
     """A GenerationBackend replying `script(context, row)` + EOS to each row (the class is made here: it
     subclasses `rollout`'s interface, which `testing` may not import at module level)."""
     import torch
@@ -23,9 +27,13 @@ def scripted_sampler(model: Any, tokenizer: Any, script: Callable[[str, int], st
     from rlhfkit.rollout.generation import pad_right
 
     class ScriptedSampler(GenerationBackend):
+        rows_served = 0  # rows replied to in earlier calls (numbering with across_calls)
+
         def _sample(self, query_ids, query_mask, params, logprob_temperature) -> GenerationOutput:
             replies = []
-            for row, (ids, mask) in enumerate(zip(query_ids, query_mask.bool())):
+            first = self.rows_served if across_calls else 0
+            self.rows_served += len(query_ids)
+            for row, (ids, mask) in enumerate(zip(query_ids, query_mask.bool()), start=first):
                 context = tokenizer.decode(ids[mask], skip_special_tokens=False)
                 reply = tokenizer.encode(script(context, row), add_special_tokens=False)
                 replies.append(torch.tensor([*reply, tokenizer.eos_token_id][: params.max_new_tokens]))

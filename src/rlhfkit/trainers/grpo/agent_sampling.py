@@ -185,7 +185,10 @@ class AgentSamplingMethods:
         )  # fmt: skip
         replies = [list(e.messages) for e in episodes]
         extras = {} if environments is None else {"environments": environments}
-        groups = self._scored_groups(batch, prompts, columns, replies=replies, extras=extras)
+        processed = any(e.logprobs_processed for e in episodes)
+        groups = self._scored_groups(
+            batch, prompts, columns, replies=replies, extras=extras, processed=processed
+        )
         groups.completions = [conversation_text(m) for m in replies]  # the completions table shows every turn
         return groups
 

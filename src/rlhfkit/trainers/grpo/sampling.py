@@ -60,7 +60,8 @@ class SamplingMethods:
             batch = batch.replace(logprobs=self._policy_logprobs_now(batch))
         prompts = [rows["prompt"][i] for i in repeat] if "prompt" in rows else None
         columns = {k: [v[i] for i in repeat] for k, v in rows.items() if k not in ("prompt", "input_ids")}
-        return self._scored_groups(batch, prompts, columns)
+        # beams: the logprobs are the training pass's
+        return self._scored_groups(batch, prompts, columns, processed=out.logprobs_processed and not beams)
 
     def _scored_groups(
         self,
@@ -69,10 +70,12 @@ class SamplingMethods:
         columns: dict[str, list],
         replies: list | None = None,
         extras: dict | None = None,
+        processed: bool = False,
     ) -> SampledGroups:
         """`batch` scored by every reward source. Reward functions get `prompts` (None: the decoded queries),
         `completions` (`replies`, else the decoded responses, as one assistant message each for chat
-        prompts), `completion_ids`, `columns` and each of `extras` they take."""
+        prompts), `completion_ids`, `columns` and each of `extras` they take. `processed`: the batch's
+        logprobs are of a truncated or penalised distribution (`SampledGroups.logprobs_processed`)."""
         if self.args.mask_truncated_completions:  # DAPO: a cut-off completion is no evidence either way
             batch = batch.replace(loss_mask=batch.loss_mask & ~self._truncated(batch)[:, None])
         prompt_texts, completions = self._decode(batch.query_ids, batch.responses, batch.response_mask)
@@ -102,7 +105,7 @@ class SamplingMethods:
             scored.applies,
             prompts,
             completions,
-            logprobs_processed=out.logprobs_processed and not beams,  # beams: the training pass's logprobs
+            logprobs_processed=processed,
         )
 
     @staticmethod
