@@ -2,8 +2,8 @@
 .venv-vllm, `make vllm-env`) on the saved tiny Llama serves the whole module.
 
 GRPO trains through it and the engine follows the policy (one sync before each generation after an
-update); RLOO in both forms, PPO's `generate` and the win-rate sampler sample through it; the command
-line reaches it.
+update), also with tools (multi-turn episodes); RLOO in both forms, PPO's `generate` and the win-rate
+sampler sample through it; the command line reaches it.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from rlhfkit.rollout import SamplingParams, pad_left
 from rlhfkit.rollout.vllm_client import VLLMServerBackend
 from rlhfkit.tasks import toy_prompt_dataset
 from rlhfkit.testing import tiny_model, tiny_model_path, tiny_tokenizer, tiny_value_head_model
+from rlhfkit.testing.chat_templates import tool_chat_tokenizer
 from rlhfkit.testing.vllm_server import vllm_server
 from rlhfkit.trainers.common.win_rate import WinRateCallback
 
@@ -177,6 +178,55 @@ def test_grpo_trains_only_on_completions_the_regex_matches(tmp_path, url, tokeni
     # the engine's logprobs are of the masked distribution: the old policy comes from the training pass
     assert trainer._buffer.old_logprobs is not None
     assert all(h["sampling/logprobs_processed"] == 1.0 for h in trainer.state.log_history if "loss" in h)
+
+
+def multiply(a: int, b: int) -> int:
+    """Multiply two integers.
+
+    Args:
+        a: The first factor.
+        b: The second factor.
+    """
+    return a * b
+
+
+def test_grpo_runs_tool_calling_episodes_on_the_engine(tmp_path, url, syncs):
+    # the tiny model never writes a tool call by itself: the regex makes the engine write one or the answer
+    call = '<tool_call>{"name": "multiply", "arguments": {"a": 3, "b": 4}}</tool_call>'
+    conversations = []
+
+    def says_12(completions, **kwargs):
+        conversations.extend(completions)
+        return [float(c[-1]["content"] == "12") for c in completions]
+
+    config = _group_config(
+        GRPOConfig, tmp_path, url, max_steps=2, max_completion_length=96, max_tool_calling_iterations=1,
+        vllm_structured_outputs_regex=re.escape(call) + "|12|7",
+    )  # fmt: skip
+    prompts = [[{"role": "user", "content": f"what is 3 times 4? ({i})"}] for i in range(4)]
+    trainer = GRPOTrainer(
+        tiny_model("llama"), says_12, args=config, train_dataset=Dataset.from_dict({"prompt": prompts}),
+        processing_class=tool_chat_tokenizer("gpt2"), tools=[multiply],
+    )  # fmt: skip
+    trainer.train()
+    assert len(syncs) == 2 and len(conversations) == 16
+    called = [c for c in conversations if c[0].get("tool_calls")]
+    assert called and len(called) < 16, conversations  # the engine chose a call for some episodes only
+    for conversation in called:  # the engine's call, run by us, then the engine's next turn
+        assert conversation[0]["tool_calls"][0]["function"] == {
+            "name": "multiply",
+            "arguments": {"a": 3, "b": 4},
+        }
+        assert conversation[1] == {"role": "tool", "name": "multiply", "content": "12"}
+        assert conversation[2]["role"] == "assistant"
+    batch = trainer._buffer
+    inserted = batch.response_mask & ~batch.loss_mask
+    calls_in_batch = sum(1 for c in conversations[-8:] if c[0].get("tool_calls"))
+    assert int(inserted.any(1).sum()) == calls_in_batch  # tool tokens: in the sequence, out of the loss
+    logged = [h for h in trainer.state.log_history if "loss" in h]
+    assert sum(h["tools/call_frequency"] for h in logged) == pytest.approx(len(called) / 8)
+    assert all(h["sampling/logprobs_processed"] == 1.0 for h in logged)  # the regex masks the distribution
+    trainer._engine.sync_weights(tiny_model("llama"))  # the next tests start from the saved weights
 
 
 def test_rloo_classic_form_samples_on_the_server(tmp_path, url, tokenizer, syncs):
