@@ -35,6 +35,12 @@ def case_the_output_says_when_its_logprobs_are_of_a_processed_distribution(model
     assert_processed_logprobs_reported(backend, model, PAD)
 
 
+def case_a_batch_past_the_engines_step_budget_is_sampled(model, backend):
+    from engine_checks import assert_a_batch_past_the_step_budget_is_sampled
+
+    assert_a_batch_past_the_step_budget_is_sampled(backend, PAD)
+
+
 def case_every_completion_matches_the_structured_outputs_regex(model, backend):
     from engine_checks import REGEX, assert_completions_match_the_regex
 
@@ -83,6 +89,8 @@ def case_on_cpu_the_kv_cache_takes_1_gib_not_a_share_of_all_ram(model, backend):
     cache = backend.llm.llm_engine.vllm_config.cache_config
     assert cache.gpu_memory_utilization == 0.3  # the default, which on CPU would mean 30% of all RAM
     assert cache.kv_cache_memory_bytes == 2**30
+    # prompts prefilled whole (see the step-budget case)
+    assert not backend.llm.llm_engine.vllm_config.scheduler_config.enable_chunked_prefill
 
 
 def _grpo_sampler_gaps(engine, sync: bool) -> list[float]:

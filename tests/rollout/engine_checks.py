@@ -123,3 +123,12 @@ def assert_completions_match_the_regex(backend, tokenizer, pad_id: int) -> None:
         texts.append(tokenizer.decode(completion[:-1]))
     assert all(re.fullmatch(REGEX, text) for text in texts), texts
     assert len(set(texts)) > 1  # sampled, not one forced string
+
+
+def assert_a_batch_past_the_step_budget_is_sampled(backend, pad_id: int) -> None:
+    """128 seeded rows of 90 prompt tokens (11,520 > vLLM's 4,096 tokens a step) come back whole: a prompt
+    prefilled in pieces would make vLLM rewind a CPU generator, which kills the engine."""
+    rows = [torch.tensor([5 + (i + j) % 200 for j in range(90)]) for i in range(128)]
+    query_ids, query_mask = pad_left(rows, pad_id)
+    out = backend.generate(query_ids, query_mask, SamplingParams(max_new_tokens=4, top_k=0))
+    assert out.responses.shape == (128, 4) and bool(out.response_mask.any(1).all())

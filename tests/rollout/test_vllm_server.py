@@ -14,6 +14,7 @@ import pytest
 import torch
 from engine_checks import (
     REGEX,
+    assert_a_batch_past_the_step_budget_is_sampled,
     assert_completions_match_the_regex,
     assert_engine_matches,
     assert_processed_logprobs_reported,
@@ -88,6 +89,12 @@ def test_engine_logprobs_equal_the_trainers_and_follow_a_weight_sync(served, mon
 def test_the_output_says_when_its_logprobs_are_of_a_processed_distribution(served):
     model = tiny_model("llama")
     assert_processed_logprobs_reported(VLLMServerBackend(model, 1, base_url=served[0], timeout=5), model, 1)
+
+
+def test_a_batch_past_the_engines_step_budget_is_sampled(served):
+    assert_a_batch_past_the_step_budget_is_sampled(
+        VLLMServerBackend(tiny_model("llama"), 1, base_url=served[0], timeout=60), 1
+    )
 
 
 def test_every_completion_matches_the_structured_outputs_regex(served):

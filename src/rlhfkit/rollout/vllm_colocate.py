@@ -31,6 +31,7 @@ from rlhfkit.rollout.backends import GenerationBackend, GenerationOutput, Sampli
 from rlhfkit.rollout.engine_weights import engine_weights
 from rlhfkit.rollout.streaming import generating_module
 from rlhfkit.rollout.vllm_common import (
+    cpu_scheduler_kwargs,
     engine_answer,
     engine_request,
     generation_output,
@@ -147,6 +148,7 @@ class VLLMColocateBackend(GenerationBackend):
             enforce_eager=on_cpu,  # no torch.compile warm-up on CPU, where it costs minutes
             logprobs_mode="processed_logprobs",  # the logprobs of what was sampled from, as the server's
             **kv_cache_kwargs(),
+            **cpu_scheduler_kwargs(),
             **settings,
         )
         return LLM(**{k: v for k, v in kwargs.items() if v is not None})

@@ -54,6 +54,17 @@ def kv_cache_kwargs(kv_cache_memory_gib: float | None = None) -> dict[str, int]:
     return {}
 
 
+def cpu_scheduler_kwargs() -> dict[str, bool]:
+    """On CPU, prompts are prefilled whole (`enable_chunked_prefill=False`); on GPU vLLM's default stays.
+
+    A batch whose prompts exceed vLLM's token budget per step (4,096) has its last prompt prefilled in
+    pieces, and vLLM then rewinds that request's random generator; a seeded request on CPU has a CPU
+    generator, which cannot rewind, and the engine dies ("CPU Generator does not use offset"). Every request
+    of ours is seeded, and 128 GRPO rollouts of ~90 prompt tokens reach that budget.
+    """
+    return {} if torch.cuda.is_available() else {"enable_chunked_prefill": False}
+
+
 def engine_request(
     model: torch.nn.Module,
     pad_token_id: int,

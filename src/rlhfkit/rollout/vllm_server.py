@@ -61,7 +61,7 @@ def engine_kwargs(args: Any) -> dict[str, Any]:
         logprobs_mode="processed_logprobs",
         worker_extension_cls="rlhfkit.rollout.vllm_worker.WeightLoadingExtension",
     )
-    kwargs.update(vllm_common.kv_cache_kwargs(args.kv_cache_memory_gib))
+    kwargs.update(vllm_common.kv_cache_kwargs(args.kv_cache_memory_gib), **vllm_common.cpu_scheduler_kwargs())
     return {k: v for k, v in kwargs.items() if v is not None}
 
 
