@@ -1,9 +1,9 @@
 """The source tree keeps its shape: files under 500 lines, functions under 80, imports in layers.
 
 Layers, lowest first (a module may import its own subpackage and any lower layer at module level):
-core < models, data < rollout, testing < rewards < tasks < judges < trainers < demo < commands < cli <
-__main__. Imports inside functions and under TYPE_CHECKING are not counted: they run late, so they cannot
-form an import cycle.
+core < models, data < rollout, testing < agents < rewards < tasks < judges < trainers < demo < commands <
+cli < __main__. Imports inside functions and under TYPE_CHECKING are not counted: they run late, so they
+cannot form an import cycle.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ LAYERS = [
     {"core"},
     {"models", "data"},
     {"rollout", "testing"},
+    {"agents"},
     {"rewards"},
     {"tasks"},
     {"judges"},
