@@ -129,3 +129,25 @@ def test_registry_task_carries_tools_and_template():
     assert task.tools == (calc.multiply,) and task.chat_template == calc.CHAT_TEMPLATE
     assert task.reward_columns == ("answer",)
     assert task.reward([[{"role": "assistant", "content": "6"}]], answer=["6"]) == [1.0]
+
+
+def test_transcript_turns_parse_back_to_the_tool_call_and_answer():
+    from rlhfkit.agents import check_prefix_preserving, parse_turn, tool_suffix_ids
+
+    tokenizer = _tokenizer()
+    check_prefix_preserving(tokenizer)  # results can be appended token by token
+    out = tokenizer.apply_chat_template(
+        calc.transcript(417, 86), tools=calc.tool_schemas(), return_assistant_tokens_mask=True, return_dict=True
+    )
+    ids, mask = out["input_ids"], out["assistant_masks"]
+    starts = [i for i in range(len(ids)) if mask[i] and not (i and mask[i - 1])]
+    ends = [i + 1 for i in range(len(ids)) if mask[i] and not (i + 1 < len(ids) and mask[i + 1])]
+    call_turn, answer_turn = (ids[s:e] for s, e in zip(starts, ends))
+    parsed = parse_turn(tokenizer, call_turn, [], calc.tool_schemas())
+    assert parsed.tool_calls == [calc.tool_call(417, 86)] and parsed.malformed == 0 and parsed.content == ""
+    final = parse_turn(tokenizer, answer_turn, [], calc.tool_schemas())
+    assert (final.content, final.tool_calls) == ("35862", [])
+    # what the rollout inserts after the call turn is exactly the template's text between the two turns
+    suffix = tool_suffix_ids(tokenizer, [{"role": "tool", "name": "multiply", "content": "35862"}])
+    assert ids[ends[0] : starts[1]] == suffix
+    assert tokenizer.decode(suffix) == "\n<|tool|>\n35862<|endoftext|>\n<|assistant|>\n"
