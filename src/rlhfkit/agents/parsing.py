@@ -62,7 +62,7 @@ def tool_call_format(tokenizer: Any, chat_template: str | dict | None = None) ->
     )
 
 
-def _reply_text(tokenizer: Any, completion_ids: list[int]) -> str:
+def reply_text(tokenizer: Any, completion_ids: list[int]) -> str:
     """The decoded turn without its closing end-of-turn / pad tokens (special tokens inside are kept)."""
     ends = {tokenizer.eos_token_id, tokenizer.pad_token_id} - {None}
     ids = list(completion_ids)
@@ -135,7 +135,7 @@ def _parse_with_response_template(tokenizer: Any, completion_ids, prefix_ids, to
     try:
         parsed = tokenizer.parse_response(list(completion_ids), prefix=list(prefix_ids), tools=tools or None)
     except Exception as error:  # noqa: BLE001 - transformers' parsers raise assorted errors on bad replies
-        text = _reply_text(tokenizer, completion_ids)
+        text = reply_text(tokenizer, completion_ids)
         problem = f"the reply does not follow the chat template's format ({type(error).__name__})"
         return Turn(content=text.strip(), tool_calls=[], malformed=1, problems=[problem])
     parsed = parsed or {}
@@ -166,5 +166,5 @@ def parse_turn(
     kind = tool_call_format(tokenizer, chat_template)
     if kind == RESPONSE_TEMPLATE:
         return _parse_with_response_template(tokenizer, completion_ids, prefix_ids, tools)
-    text = _reply_text(tokenizer, completion_ids)
+    text = reply_text(tokenizer, completion_ids)
     return parse_hermes(text) if kind == HERMES else parse_llama3(text)
