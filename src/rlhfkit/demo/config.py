@@ -85,7 +85,7 @@ _CALCULATOR: dict[str, Any] = {
     "rl_batch_size": 128,
     "rl_learning_rate": 1e-4,
     "temperature": 0.4,
-    "response_length": 80,
+    "response_length": 96,
     "eval_num_prompts": 512,
 }
 TASK_PRESETS: dict[str, dict[str, dict[str, Any]]] = {
