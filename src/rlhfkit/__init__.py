@@ -56,6 +56,10 @@ _LAZY: dict[str, str] = {
     "BasePairwiseJudge": "rlhfkit.judges.base",
     "BaseRankJudge": "rlhfkit.judges.base",
     "WinRateCallback": "rlhfkit.trainers.common.win_rate",
+    # agents: tools and multi-turn episodes
+    "ToolBox": "rlhfkit.agents.tools",
+    "Episode": "rlhfkit.agents.episodes",
+    "run_episodes": "rlhfkit.agents.rollout",
     # misc
     "AdaptiveKLController": "rlhfkit.core.kl",
     "FixedKLController": "rlhfkit.core.kl",

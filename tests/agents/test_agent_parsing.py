@@ -109,3 +109,11 @@ def test_a_template_without_a_known_call_format_is_refused():
         tool_call_format(tiny_tokenizer())
     assert tool_call_format(tiny_tokenizer(), chat_template="{{ '<tool_call>' }}") == "hermes"
     assert tool_call_format(tool_chat_tokenizer("llama")) == "llama3"
+
+
+def test_calls_drafted_while_reasoning_are_not_made():
+    text = '<think>\nMaybe <tool_call>{"name": "drop_tables"}</tool_call>? No.\n</think>\n\nAsking.\n'
+    text += '<tool_call>{"name": "multiply", "arguments": {"a": 3, "b": 4}}</tool_call>'
+    turn = parse_hermes(text)
+    assert turn.tool_calls == [call("multiply", a=3, b=4)] and turn.content == "Asking."
+    assert turn.reasoning == 'Maybe <tool_call>{"name": "drop_tables"}</tool_call>? No.'

@@ -8,7 +8,14 @@ from scripted_backend import ScriptedBackend, char_ids, scripted_logprobs
 
 from rlhfkit.agents import ToolBox, run_episodes
 from rlhfkit.agents.turns import render_ids, tool_suffix_ids
-from rlhfkit.rollout import DecodeLoopBackend, SamplingParams, pad_left
+from rlhfkit.rollout import (
+    DecodeLoopBackend,
+    GenerationBackend,
+    GenerationOutput,
+    HFGenerationBackend,
+    SamplingParams,
+    pad_left,
+)
 from rlhfkit.testing import tiny_model
 from rlhfkit.testing.chat_templates import tool_chat_tokenizer
 
@@ -121,3 +128,41 @@ def test_a_tiny_model_that_calls_no_tool_gives_one_plain_sample():
         torch.testing.assert_close(torch.tensor(episode.logprobs), direct.logprobs[row][real])
         assert all(episode.model_mask) and episode.turns == 1 and episode.tool_calls == 0
         assert episode.messages == [{"role": "assistant", "content": episode.messages[0]["content"]}]
+
+
+class ScriptedFirstTurn(GenerationBackend):
+    """Turn 1 from a script (the tiny model would not call a tool by itself), later turns from `inner`."""
+
+    def __init__(self, first: list[int], inner: GenerationBackend):
+        self.first, self.inner, self.turn = first, inner, 0
+
+    def _sample(self, query_ids, query_mask, params, logprob_temperature):
+        self.turn += 1
+        if self.turn > 1:
+            return self.inner.generate(query_ids, query_mask, params, logprob_temperature=logprob_temperature)
+        ids = torch.tensor([self.first] * len(query_ids))
+        return GenerationOutput(ids, torch.ones_like(ids, dtype=torch.bool), torch.zeros(ids.shape))
+
+
+@pytest.mark.parametrize("backend_class", [DecodeLoopBackend, HFGenerationBackend])
+def test_later_turns_are_sampled_on_exactly_the_sequence_the_trainer_scores(backend_class):
+    tokenizer = tool_chat_tokenizer("gpt2")
+    model = tiny_model("gpt2").eval()
+    box = ToolBox([multiply])
+    prompt = prompt_of(tokenizer, "What is 3 times 4?", box.schemas)
+    first = sampled_call(tokenizer, "gpt2")
+    backend = ScriptedFirstTurn(first, backend_class(model, tokenizer.pad_token_id))
+    torch.manual_seed(0)
+    budget = len(first) + 30
+    settings = dict(max_completion_length=budget, logprob_temperature=0.7)
+    (episode,) = run(backend, [prompt], [box], tokenizer, **settings)
+    suffix = tool_suffix_ids(tokenizer, [{"role": "tool", "name": "multiply", "content": "12"}])
+    assert episode.completion_ids[: len(first) + len(suffix)] == first + suffix and episode.turns == 2
+    # the trainer's forward pass over prompt + completion gives the sampler's logprobs at the model's tokens
+    sequence = torch.tensor([prompt + episode.completion_ids])
+    with torch.no_grad():
+        logits = model(sequence).logits[0, len(prompt) - 1 : -1].float() / 0.7
+    scored = logits.log_softmax(-1).gather(1, sequence[0, len(prompt) :, None])[:, 0]
+    second = torch.tensor(episode.model_mask) & (torch.arange(len(episode.model_mask)) >= len(first))
+    assert second.sum() > 0
+    torch.testing.assert_close(torch.tensor(episode.logprobs)[second], scored[second], atol=1e-4, rtol=1e-4)

@@ -229,3 +229,20 @@ def test_long_error_messages_are_cut_for_the_model():
 def test_timeout_must_be_positive_seconds(timeout):
     with pytest.raises(ValueError, match="timeout must be a positive number of seconds"):
         ToolBox([multiply]).call("multiply", {"a": 1, "b": 2}, timeout=timeout)
+
+
+def test_a_result_that_cannot_be_written_out_is_the_tools_error():
+    class Unprintable:
+        def __str__(self):
+            raise RuntimeError("no text")
+
+    def odd(n: int) -> object:
+        """Return an odd object.
+
+        Args:
+            n: Ignored.
+        """
+        return Unprintable()
+
+    result = ToolBox([odd]).call("odd", {"n": 1}, timeout=5)
+    assert result == ToolResult("error: tool 'odd' raised RuntimeError: no text", True)

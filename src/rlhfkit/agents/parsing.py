@@ -24,6 +24,7 @@ LLAMA3 = "llama3"
 RESPONSE_TEMPLATE = "response_template"
 _HERMES_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 _PYTHON_TAG = "<|python_tag|>"
+_THINK_END = "</think>"
 
 
 @dataclass
@@ -36,6 +37,7 @@ class Turn:
     tool_calls: list[dict]
     malformed: int
     problems: list[str] = field(default_factory=list)
+    reasoning: str = ""  # the text before a closing </think>, when the turn has one
 
 
 def _template_text(tokenizer: Any, chat_template: str | dict | None) -> str:
@@ -109,8 +111,10 @@ def _collect(turn: Turn, found: tuple[dict | None, str]) -> None:
 
 
 def parse_hermes(text: str) -> Turn:
-    """Hermes / Qwen2 `<tool_call>` blocks out of `text`; the rest, stripped, is the content."""
-    turn = Turn(content="", tool_calls=[], malformed=0)
+    """Hermes / Qwen2 `<tool_call>` blocks out of `text`; the rest, stripped, is the content. Calls are
+    read after a closing </think> only: a call drafted while reasoning is not made."""
+    reasoning, _, text = text.rpartition(_THINK_END)
+    turn = Turn(content="", tool_calls=[], malformed=0, reasoning=reasoning.removeprefix("<think>").strip())
     for block in _HERMES_BLOCK.findall(text):
         _collect(turn, _call_from_json(block.strip()))
     rest = _HERMES_BLOCK.sub("", text)

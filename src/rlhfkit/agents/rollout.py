@@ -115,6 +115,8 @@ def _record_turn(
         prefix = episode.prompt_ids + episode.completion_ids[:before]
         turn = parse_turn(tokenizer, turn_ids, prefix, toolbox.schemas, chat_template=chat_template)
     message: dict[str, Any] = {"role": "assistant", "content": turn.content}
+    if turn.reasoning:
+        message["reasoning_content"] = turn.reasoning
     if turn.tool_calls:
         message["tool_calls"] = turn.tool_calls
     episode.messages.append(message)

@@ -87,7 +87,7 @@ def _run(tool: Callable, arguments: dict, timeout: float, outcome: dict) -> None
         value = tool(**arguments)
         if inspect.isawaitable(value):
             value = asyncio.run(asyncio.wait_for(_awaited(value), timeout))
-        outcome["value"] = value
+        outcome["text"] = result_text(value)  # here too: a __str__ that raises is the tool's error
     except BaseException as error:  # noqa: BLE001 - SystemExit inside a tool must not stop the trainer either
         outcome["error"] = error
 
@@ -155,7 +155,7 @@ class ToolBox:
             return ToolResult(f"error: tool {name!r} timed out after {timeout:g}s", True)
         if "error" in outcome:
             return ToolResult(_error_text(name, outcome["error"], timeout), True)
-        return ToolResult(result_text(outcome.get("value")), False)
+        return ToolResult(outcome["text"], False)
 
 
 def _argument_problem(tool: Callable, arguments: dict) -> str:

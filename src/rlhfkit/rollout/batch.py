@@ -7,6 +7,10 @@ One row per sampled completion. Queries are left-padded, responses right-padded,
 - `loss_mask`: 1 where that token is trained on (a subset of `response_mask`: PPO's optional
   per-sample response masks remove tool output or forced tokens from the loss).
 
+A multi-turn rollout also carries `model_mask`: 1 where the policy sampled the token, 0 where a tool or an
+environment inserted it; such tokens stay in the sequence (the model reads them) but are neither trained on
+nor counted as generated.
+
 Fields filled later in a step (reference logprobs, values, scores, advantages, returns) start as
 None; `replace` returns a copy with them set, so a step reads as a chain of small functions.
 """
@@ -30,6 +34,7 @@ _PER_TOKEN = (
     "advantages",
     "returns",
     "old_logprobs",
+    "model_mask",
 )
 
 
@@ -41,7 +46,8 @@ class RolloutBatch:
     response_mask (B, R) bool; loss_mask (B, R) bool. Optional: logprobs (B, R) sampling-policy
     logprobs, ref_logprobs (B, R), values (B, R), scores (B,) one per sequence, advantages (B, R) or
     (B,) for sequence-level estimators, returns (B, R), old_logprobs (B, R) the training policy's logprobs
-    at sampling time when a separate pass computes them (the sampler correction; None: `logprobs` serve).
+    at sampling time when a separate pass computes them (the sampler correction; None: `logprobs` serve),
+    model_mask (B, R) bool, False at tokens a tool or environment inserted (None: the policy sampled all).
     """
 
     query_ids: torch.Tensor
@@ -56,6 +62,7 @@ class RolloutBatch:
     advantages: torch.Tensor | None = None
     returns: torch.Tensor | None = None
     old_logprobs: torch.Tensor | None = None
+    model_mask: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         rows = self.query_ids.shape[0]
@@ -93,6 +100,11 @@ class RolloutBatch:
 
     def __len__(self) -> int:
         return self.query_ids.shape[0]
+
+    def model_tokens(self) -> torch.Tensor:
+        """(B, R) bool: the response tokens the policy sampled (tool and environment insertions left out)."""
+        mask = self.response_mask.bool()
+        return mask if self.model_mask is None else mask & self.model_mask.bool()
 
     def replace(self, **changes: torch.Tensor | None) -> RolloutBatch:
         """A copy with some fields set (shapes are re-checked)."""

@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass
 
 from rlhfkit.trainers.common.config import (
+    ChatTemplatePath,
     SyncRefModel,
     check_positive_integers,
     exact_div,
@@ -25,7 +26,7 @@ REFERENCE_DTYPES = (None, "bfloat16", "float16", "float32")
 
 
 @dataclass
-class GroupRollouts(SyncRefModel):
+class GroupRollouts(ChatTemplatePath, SyncRefModel):
     """Sampling, sizes, clipping and logging shared by the group trainers; checked by `check_groups`."""
 
     max_prompt_length: int | None = option(
@@ -86,6 +87,16 @@ class GroupRollouts(SyncRefModel):
         "Dropout off in the policy: sampling and training then score a completion alike. TRL defaults to "
         "False; rlhfkit to True.",
     )
+    max_tool_calling_iterations: int | None = option(
+        None,
+        "With tools or environments: the most times one completion's tool calls are run and the model "
+        "sampled again (None: no cap; the episode ends without a call or at max_completion_length).",
+    )
+    tool_timeout: float = option(
+        30.0,
+        "rlhfkit only: seconds one tool call may run; a call that takes longer answers the model with an "
+        "error and the episode goes on.",
+    )
 
     def check_groups(self) -> None:
         """ValueError naming the field for a bad group setting (`compute_group_sizes` fills in the sizes)."""
@@ -115,6 +126,12 @@ class GroupRollouts(SyncRefModel):
             "beta": (self.beta, lambda v: v >= 0, ">= 0"),
             "epsilon": (self.epsilon, lambda v: v > 0, "> 0"),
             "epsilon_high": (self.epsilon_high, lambda v: v is None or v > 0, "> 0 or None"),
+            "tool_timeout": (self.tool_timeout, lambda v: v > 0, "> 0 (seconds)"),
+            "max_tool_calling_iterations": (
+                self.max_tool_calling_iterations,
+                lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 0),
+                "an integer >= 0 or None (0: tools are never run)",
+            ),
         }
         for name, (value, ok, expected) in checks.items():
             if not ok(value):

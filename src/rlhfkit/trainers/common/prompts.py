@@ -12,7 +12,8 @@ from typing import Any
 import torch
 
 
-def _context_length(model: Any) -> int | None:
+def context_length(model: Any) -> int | None:
+    """The most tokens `model` reads at once, from its config (None when it does not say)."""
     config = getattr(model, "config", None)
     for name in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
         value = getattr(config, name, None)
@@ -114,7 +115,7 @@ def check_prompts(dataset: Any, what: str, response_length: int, models: dict[st
         raise ValueError(f"{what} row {lengths.index(0)} has an empty prompt")
     longest = max(lengths)
     for name, model in models.items():
-        context = _context_length(model)
+        context = context_length(model)
         if context is not None and longest + response_length > context:
             raise ValueError(
                 f"{what}: the longest prompt has {longest} tokens (row {lengths.index(longest)}); with "

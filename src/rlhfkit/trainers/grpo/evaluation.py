@@ -88,7 +88,7 @@ def evaluation_metrics(trainer: Any, dataset: Any) -> dict[str, float]:
             batch = groups.batch
             scores += batch.scores.tolist()
             per_source += groups.per_source.T.tolist()
-            lengths += batch.response_mask.sum(1).tolist()
+            lengths += batch.model_tokens().sum(1).tolist()
             truncated += trainer._truncated(batch).tolist()
             losses += [evaluation_loss(trainer, groups, group)] * len(batch)
     finally:

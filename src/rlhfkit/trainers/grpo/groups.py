@@ -67,6 +67,7 @@ def concat_rollouts(batches: list[RolloutBatch], pad_token_id: int) -> RolloutBa
         "ref_logprobs": 0.0,
         "scores": 0.0,
         "advantages": 0.0,
+        "model_mask": False,
     }
     joined_fields = {name: joined(name, fill) for name, fill in fields.items()}
     return RolloutBatch(query_ids, query_mask.to(batches[0].query_mask.dtype), **joined_fields)
@@ -206,7 +207,7 @@ def padded_to_multiple(batch: RolloutBatch, multiple: int | None, pad_token_id: 
         "query_mask": _pad_columns(batch.query_mask, left, 0, 0),
         "responses": _pad_columns(batch.responses, 0, right, pad_token_id),
     }
-    for name in ("response_mask", "loss_mask", "logprobs", "ref_logprobs"):
+    for name in ("response_mask", "loss_mask", "logprobs", "ref_logprobs", "model_mask"):
         value = getattr(batch, name)
         if value is not None:
             changes[name] = _pad_columns(value, 0, right, 0)

@@ -16,7 +16,8 @@ from rlhfkit.trainers.grpo.groups import SampledGroups, fill_batch
 
 class SamplingMethods:
     """Mixed into `GRPOTrainer`; relies on its `args`, `prompts`, `scorer`, `processing_class`, `accelerator`,
-    `_sampler`, `_pad_prompts`, `_decode`, `_policy_logprobs_now` and `_reward_extras`."""
+    `agents`, `_sampler`, `_pad_prompts`, `_decode`, `_policy_logprobs_now`, `_reward_extras` and (multi-turn)
+    `_agent_groups`."""
 
     def _sample_batch(self) -> tuple[SampledGroups, dict[str, float]]:
         """One generation batch of scored groups; with dynamic sampling, only informative groups (DAPO)."""
@@ -40,6 +41,8 @@ class SamplingMethods:
 
     def _score_groups(self, rows: dict[str, list], num_generations: int) -> SampledGroups:
         """`num_generations` completions of each prompt of `rows` (dataset columns), decoded and scored."""
+        if self.agents is not None:  # multi-turn: tool-calling episodes or the user's rollout_func
+            return self._agent_groups(rows, num_generations)
         args = self.args
         repeat = [i for i in range(len(rows["input_ids"])) for _ in range(num_generations)]
         query_ids, query_mask = self._pad_prompts([rows["input_ids"][i] for i in repeat])
@@ -55,25 +58,42 @@ class SamplingMethods:
         batch = batch.trimmed()
         if beams:
             batch = batch.replace(logprobs=self._policy_logprobs_now(batch))
-        if args.mask_truncated_completions:  # DAPO: a cut-off completion is no evidence either way
-            batch = batch.replace(loss_mask=batch.response_mask & ~self._truncated(batch)[:, None])
+        prompts = [rows["prompt"][i] for i in repeat] if "prompt" in rows else None
+        columns = {k: [v[i] for i in repeat] for k, v in rows.items() if k not in ("prompt", "input_ids")}
+        return self._scored_groups(batch, prompts, columns)
+
+    def _scored_groups(
+        self,
+        batch: RolloutBatch,
+        prompts: list | None,
+        columns: dict[str, list],
+        replies: list | None = None,
+        extras: dict | None = None,
+    ) -> SampledGroups:
+        """`batch` scored by every reward source. Reward functions get `prompts` (None: the decoded queries),
+        `completions` (`replies`, else the decoded responses, as one assistant message each for chat
+        prompts), `completion_ids`, `columns` and each of `extras` they take."""
+        if self.args.mask_truncated_completions:  # DAPO: a cut-off completion is no evidence either way
+            batch = batch.replace(loss_mask=batch.loss_mask & ~self._truncated(batch)[:, None])
         prompt_texts, completions = self._decode(batch.query_ids, batch.responses, batch.response_mask)
-        prompts = [rows["prompt"][i] for i in repeat] if "prompt" in rows else prompt_texts
-        conversational = bool(prompts) and isinstance(prompts[0], list)
-        kwargs = {k: [v[i] for i in repeat] for k, v in rows.items() if k not in ("prompt", "input_ids")}
-        kwargs.update(
-            prompts=prompts,
-            completions=[[{"role": "assistant", "content": c}] for c in completions]
-            if conversational
-            else completions,
-            completion_ids=[r[m].tolist() for r, m in zip(batch.responses, batch.response_mask.bool())],
-        )
+        prompts = prompt_texts if prompts is None else prompts
+        if replies is None:
+            conversational = bool(prompts) and isinstance(prompts[0], list)
+            replies = (
+                [[{"role": "assistant", "content": c}] for c in completions]
+                if conversational
+                else completions
+            )
+        kwargs = dict(columns, prompts=prompts, completions=replies)
+        kwargs["completion_ids"] = [
+            r[m].tolist() for r, m in zip(batch.responses, batch.response_mask.bool())
+        ]
         scored = self.scorer(
             *self._rollout_tensors(batch),
             prompt_texts,
             completions,
             kwargs,
-            function_extras=self._reward_extras(),
+            function_extras={**self._reward_extras(), **(extras or {})},
         )
         scores, per_source = scored
         return SampledGroups(batch.replace(scores=scores), per_source, scored.applies, prompts, completions)
@@ -83,8 +103,11 @@ class SamplingMethods:
         return batch.query_ids, batch.query_mask, batch.responses, batch.response_mask
 
     def _truncated(self, batch: RolloutBatch) -> torch.Tensor:
-        """(N,) bool: the completion was cut at max_completion_length before its eos token."""
+        """(N,) bool: the completion was cut at max_completion_length: its last token is not the eos token
+        (a multi-turn completion holds the eos of each of its turns)."""
         eos = self.processing_class.eos_token_id
+        mask = batch.response_mask.bool()
         if eos is None:
-            return batch.response_mask.sum(1) >= self.args.max_completion_length
-        return ~((batch.responses == eos) & batch.response_mask.bool()).any(1)
+            return mask.sum(1) >= self.args.max_completion_length
+        last = mask & (mask.long().cumsum(1) == mask.sum(1, keepdim=True))  # each row's last real token
+        return ~((batch.responses == eos) & last).any(1)

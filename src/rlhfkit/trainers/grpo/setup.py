@@ -9,6 +9,7 @@ from datasets import Dataset
 from torch import nn
 from transformers import AutoModelForSequenceClassification
 
+from rlhfkit.data.chat_templates import apply_chat_template_path
 from rlhfkit.models.reference import choose_reference
 from rlhfkit.rewards.reward_models import folder_tokenizer
 from rlhfkit.rollout import SamplingParams
@@ -23,6 +24,16 @@ def default_output_dir(model: Any, owner: str = OWNER) -> str:
     """`<model name>-GRPO` (`-RLOO` for RLOOTrainer), after the last part of the model's path or hub name."""
     name = model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", "")
     return f"{str(name or 'model').rstrip('/').split('/')[-1]}-{owner.removesuffix('Trainer')}"
+
+
+def prepare_tokenizer(tokenizer: Any, args: Any, owner: str = OWNER) -> None:
+    """Check the policy's tokenizer is there, pad with its eos token when it has no pad token, and put in
+    the chat template of `chat_template_path` (when set)."""
+    if tokenizer is None:
+        raise ValueError(f"{owner}: processing_class (the tokenizer) is required when model is not a path")
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    apply_chat_template_path(tokenizer, getattr(args, "chat_template_path", None), owner)
 
 
 def reward_sources(

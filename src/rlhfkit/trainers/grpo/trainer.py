@@ -43,6 +43,8 @@ from rlhfkit.trainers.common.moe import attach_router_aux_loss
 from rlhfkit.trainers.common.online_loop import OnlineTrainerLoop
 from rlhfkit.trainers.common.progress import RichProgressCallback
 from rlhfkit.trainers.common.trainer_setup import disable_dropout, load_policy, resolve_args, tag_model
+from rlhfkit.trainers.grpo.agent_sampling import AgentSamplingMethods
+from rlhfkit.trainers.grpo.agent_setup import check_agents, setup_agents, with_environment_rewards
 from rlhfkit.trainers.grpo.config import GRPOConfig
 from rlhfkit.trainers.grpo.entropy import EntropyControl
 from rlhfkit.trainers.grpo.evaluation import EvaluationMethods
@@ -62,6 +64,7 @@ from rlhfkit.trainers.grpo.setup import (
     cast_lm_head_to_fp32,
     default_output_dir,
     prepare_datasets,
+    prepare_tokenizer,
     reward_sources,
     sampling_params,
 )
@@ -73,6 +76,7 @@ class GRPOTrainer(
     EvaluationMethods,
     ReportingMethods,
     SamplerCorrectionMethods,
+    AgentSamplingMethods,
     SamplingMethods,
     OnlineTrainerLoop,
     RobustTrainerMixin,
@@ -85,6 +89,12 @@ class GRPOTrainer(
     model or its local path, or a list of these (weighted by `args.reward_weights`). Reward models read the
     policy's token ids unless `reward_processing_classes` gives their own tokenizer. `peft_config` wraps the
     model with PEFT; the reference is then the adapter-disabled base.
+
+    Multi-turn rollouts (`agent_setup`, `agent_sampling`): `tools` (functions with type hints and a
+    docstring the model may call), `environment_factory` (a callable making an environment, or a dict of them
+    picked by the dataset's `environment` column: public methods are tools, `reset(**row)` starts each
+    rollout, `get_reward()` adds a reward source named after its class) and `rollout_func(prompts, trainer)`
+    (returns prompt_ids, completion_ids, logprobs, optionally env_mask and columns for reward functions).
     """
 
     _tag_names = ["rlhfkit", "grpo"]
@@ -105,6 +115,9 @@ class GRPOTrainer(
         callbacks: list | None = None,
         optimizers: tuple = (None, None),
         peft_config: Any = None,
+        tools: list | None = None,
+        rollout_func: Any = None,
+        environment_factory: Any = None,
     ) -> None:
         owner = self._owner
         args, processing_class = resolve_args(
@@ -118,12 +131,9 @@ class GRPOTrainer(
             None,
         )
         self._settle(args)
-        if processing_class is None:
-            raise ValueError(
-                f"{owner}: processing_class (the tokenizer) is required when model is not a path"
-            )
-        if processing_class.pad_token_id is None:
-            processing_class.pad_token = processing_class.eos_token
+        prepare_tokenizer(processing_class, args, owner)
+        self.agents = setup_agents(tools, rollout_func, environment_factory, owner)
+        check_agents(self.agents, processing_class, train_dataset, args.chat_template_kwargs, owner)
         policy = load_policy(
             model, AutoModelForCausalLM, args.from_pretrained_kwargs(), peft_config, owner, args.seed
         )
@@ -132,8 +142,10 @@ class GRPOTrainer(
             for module in (policy, None if self.reference is None else self.reference.model):
                 if module is not None:
                     cast_lm_head_to_fp32(module, self._owner)
+        # an environment's get_reward is one more reward source
+        funcs, classes = with_environment_rewards(reward_funcs, reward_processing_classes, self.agents)
         sources, self.reward_func_names, reward_processing_classes = reward_sources(
-            reward_funcs, args.from_pretrained_kwargs(), reward_processing_classes, owner
+            funcs, args.from_pretrained_kwargs(), classes, owner
         )  # a reward model path brings its own tokenizer
         ref_model = None if self.reference is None else self.reference.model
         # dropout off: the logprobs taken while sampling must equal those of the training forward pass
@@ -177,9 +189,11 @@ class GRPOTrainer(
 
     def _setup_rollout(self, sources: list, reward_processing_classes: Any) -> None:
         args, tok = self.args, self.processing_class
-        self.scorer = RewardScorer(
-            sources, tok, reward_processing_classes, args.reward_weights, self.accelerator.device
-        )
+        weights = args.reward_weights
+        if weights is not None and self.agents is not None:  # an environment's get_reward weighs 1
+            weights = [*weights, *[1.0] * len(self.agents.rewards)]
+        self.scorer = RewardScorer(sources, tok, reward_processing_classes, weights, self.accelerator.device)
+        self._episodes: list = []  # the tool-calling episodes of the generation batch being sampled
         self._source_names = [source_name(s) for s in sources]
         # why the current generation batch must not be trained on (see `groups.reward_problem`), or None
         self._reward_problem: str | None = None
@@ -256,6 +270,7 @@ class GRPOTrainer(
     def _generate(self) -> tuple[RolloutBatch, dict[str, float]]:
         args = self.args
         # 1-2. groups of completions, scored
+        self._episodes.clear()
         groups, metrics = self._sample_batch()
         extra_columns, reward_metrics = self._flush_reward_logs()
         batch = padded_to_multiple(groups.batch, args.pad_to_multiple_of, self.processing_class.pad_token_id)
@@ -273,7 +288,8 @@ class GRPOTrainer(
         rank, n = self.accelerator.process_index, len(batch)
         batch = batch.replace(advantages=advantages[rank * n : (rank + 1) * n].to(batch.scores.device))
         stats = reward_stats(scores, per_source, self.reward_func_names, args.num_generations)
-        lengths, truncated = batch.response_mask.sum(1), self._truncated(batch)
+        # lengths count sampled tokens only: tool results inserted into a completion are not generated (TRL)
+        lengths, truncated = batch.model_tokens().sum(1), self._truncated(batch)
         stats.update(completion_stats(gather(lengths), gather(truncated)))
         if metrics:
             counts = gather(torch.tensor(list(metrics.values()), device=lengths.device)[None])
@@ -283,8 +299,8 @@ class GRPOTrainer(
             }
         metrics.update({k: v.item() for k, v in stats.items()})
         metrics.update(advantage_metrics, **correction_metrics)
-        metrics.update(reward_metrics)
-        tokens = gather((batch.query_mask.sum() + batch.response_mask.sum())[None]).sum().item()
+        metrics.update(reward_metrics, **self._agent_metrics())
+        tokens = gather((batch.query_mask.sum() + batch.model_tokens().sum())[None]).sum().item()
         self.state.num_input_tokens_seen += int(tokens)  # prompt + completion tokens, all processes (TRL)
         metrics["num_tokens"] = self.state.num_input_tokens_seen
         self._log_completions(groups, batch, extra_columns)
@@ -397,7 +413,7 @@ class GRPOTrainer(
             **stats,
             **router_metrics,
             "loss": loss.detach(),
-            "entropy": masked_mean(out.entropy.detach(), rows.response_mask),  # every generated token, as TRL
+            "entropy": masked_mean(out.entropy.detach(), rows.model_tokens()),  # every sampled token (TRL)
             "clip_ratio/low_mean": result.clip_ratio_low,
             "clip_ratio/high_mean": result.clip_ratio_high,
             "clip_ratio/region_mean": result.clip_ratio_region,

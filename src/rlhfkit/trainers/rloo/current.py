@@ -54,8 +54,8 @@ class GroupRLOOTrainer(RLOOTrainer, GRPOTrainer):
         rewards = scores
         if args.reward_clip_bounds is not None:
             rewards = rewards.clamp(*args.reward_clip_bounds)  # NaN (unscored) stays NaN
-        if batch.ref_logprobs is not None:
-            mask = batch.response_mask.to(batch.logprobs.dtype)
+        if batch.ref_logprobs is not None:  # over sampled tokens: a tool's inserted result is no action
+            mask = batch.model_tokens().to(batch.logprobs.dtype)
             per_token = (batch.logprobs - batch.ref_logprobs) * mask
             kl = self.accelerator.gather(per_token.sum(1))
             rewards = rewards - args.beta * kl.to(rewards.dtype)
@@ -87,7 +87,7 @@ class GroupRLOOTrainer(RLOOTrainer, GRPOTrainer):
             high = ((ratio > 1 + epsilon_high) & (rows.advantages > 0)).float().mean()
             stats = {
                 "loss": result.loss.detach(),
-                "entropy": masked_mean(out.entropy, rows.response_mask),
+                "entropy": masked_mean(out.entropy, rows.model_tokens()),
                 "clip_ratio/low_mean": low,
                 "clip_ratio/high_mean": high,
                 "clip_ratio/region_mean": low + high,

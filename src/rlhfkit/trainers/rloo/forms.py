@@ -24,7 +24,18 @@ CLASSIC_KEYWORDS = frozenset(
         "data_collator",
     }
 )
-CURRENT_KEYWORDS = frozenset({"model", "reward_funcs", "args", "peft_config", "reward_processing_classes"})
+CURRENT_KEYWORDS = frozenset(
+    {
+        "model",
+        "reward_funcs",
+        "args",
+        "peft_config",
+        "reward_processing_classes",
+        "tools",
+        "rollout_func",
+        "environment_factory",
+    }
+)
 
 
 def trainer_form(args: tuple, kwargs: dict[str, Any]) -> str:
