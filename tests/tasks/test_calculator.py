@@ -29,6 +29,8 @@ def test_problems_are_distinct_seeded_and_split_by_unordered_pair():
     assert calc.calculator_problems("train", n=50, seed=1) != train[:50]
     assert calc.calculator_problems("train", n=50, seed=0) == train[:50]  # n only cuts the same draw
     assert len(calc.calculator_problems("test")) == calc.DEFAULT_SIZE
+    two_digit = sum(x < calc.MIDDLE for pair in train for x in pair) / (2 * len(train))
+    assert 0.45 < two_digit < 0.55  # each operand 2 or 3 digits with equal chance
 
 
 @pytest.mark.parametrize(
@@ -137,7 +139,10 @@ def test_transcript_turns_parse_back_to_the_tool_call_and_answer():
     tokenizer = _tokenizer()
     check_prefix_preserving(tokenizer)  # results can be appended token by token
     out = tokenizer.apply_chat_template(
-        calc.transcript(417, 86), tools=calc.tool_schemas(), return_assistant_tokens_mask=True, return_dict=True
+        calc.transcript(417, 86),
+        tools=calc.tool_schemas(),
+        return_assistant_tokens_mask=True,
+        return_dict=True,
     )
     ids, mask = out["input_ids"], out["assistant_masks"]
     starts = [i for i in range(len(ids)) if mask[i] and not (i and mask[i - 1])]

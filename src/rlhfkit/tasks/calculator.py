@@ -2,9 +2,10 @@
 
 A tiny model cannot multiply 2-3 digit numbers in its head, but it can learn to call `multiply` with the
 operands copied from the question and to repeat the tool's result: the task's skill is using the tool.
-Operands are in [10, 999]. The train/test split is fixed by a hash of the *unordered* pair (like
-`rlhfkit.tasks.addition`), so no held-out problem is a train problem with or without its operands swapped;
-`seed` only picks which problems of a split are drawn.
+Each operand has 2 or 3 digits with equal chance, so products have 3 to 6 digits and an answer's length must
+be read from the tool's result, not guessed. The train/test split is fixed by a hash of the *unordered* pair
+(like `rlhfkit.tasks.addition`), so no held-out problem is a train problem with or without its operands
+swapped; `seed` only picks which problems of a split are drawn.
 
 Prompts are conversations (one user message); the reward is an exact match of the *final* assistant message
 with the "answer" column, so a conversation's tool calls and results never count as the answer.
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # pragma: no cover
     from datasets import Dataset
 
-LOW, HIGH = 10, 999  # operand range, both ends included
+LOW, MIDDLE, HIGH = 10, 100, 999  # operands: [LOW, MIDDLE) or [MIDDLE, HIGH], half the draws each
 TEST_FRACTION_DEN = 5  # about 1 unordered pair in 5 is held out
 DEFAULT_SIZE = 4096  # problems in a split when no `n` is asked for
 SPLITS = ("train", "test")
@@ -65,11 +66,15 @@ def _in_test(a: int, b: int) -> bool:
     return zlib.crc32(f"{min(a, b)}*{max(a, b)}".encode("ascii")) % TEST_FRACTION_DEN == 0
 
 
+def _operand(rng: random.Random) -> int:
+    return rng.randint(LOW, MIDDLE - 1) if rng.random() < 0.5 else rng.randint(MIDDLE, HIGH)
+
+
 def calculator_problems(split: str = "train", n: int | None = None, seed: int = 0) -> list[tuple[int, int]]:
     """`n` distinct (a, b) pairs of one split (DEFAULT_SIZE when None), drawn by `seed`.
 
-    The split has about 785,000 ordered pairs, so pairs are drawn at random and kept when they fall in
-    the split, rather than listed and shuffled.
+    The split has about 785,000 ordered pairs, so pairs are drawn at random (each operand 2 or 3 digits
+    with equal chance) and kept when they fall in the split, rather than listed and shuffled.
     """
     if split not in SPLITS:
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
@@ -79,7 +84,7 @@ def calculator_problems(split: str = "train", n: int | None = None, seed: int = 
     rng = random.Random(f"calculator-{split}-{seed}")
     pairs: dict[tuple[int, int], None] = {}  # insertion-ordered set
     while len(pairs) < n:
-        a, b = rng.randint(LOW, HIGH), rng.randint(LOW, HIGH)
+        a, b = (_operand(rng) for _ in range(2))
         if _in_test(a, b) == (split == "test"):
             pairs[(a, b)] = None
     return list(pairs)
