@@ -56,7 +56,7 @@ def test_bad_task_settings_name_the_flag(kwargs, message):
 
 def test_unknown_task_fails_before_any_work(tmp_path, capsys):
     assert demo.main(["--task", "chess", "--output_dir", str(tmp_path / "out")]) == 2
-    assert "--task must be one of sentiment, addition, got 'chess'" in capsys.readouterr().err
+    assert "--task must be one of sentiment, addition, calculator, got 'chess'" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
 

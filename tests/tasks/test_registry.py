@@ -9,7 +9,7 @@ from rlhfkit.tasks import get_task, task_names
 
 
 def test_names():
-    assert task_names() == ["addition", "keyword", "length", "positive-review"]
+    assert task_names() == ["addition", "calculator", "keyword", "length", "positive-review"]
 
 
 def test_unknown_task_lists_the_names():

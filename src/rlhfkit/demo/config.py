@@ -15,7 +15,7 @@ from rlhfkit.trainers.common.config import check_positive_integers, check_positi
 ALGOS = ("rloo", "ppo", "ppo-multi-adapter", "dpo")
 # --task -> the RL algorithms it runs, the first being its default: sentiment learns from a reward model,
 # a verifiable task (rlhfkit.demo.verifiable) from its exact reward with GRPO
-TASK_ALGOS: dict[str, tuple[str, ...]] = {"sentiment": ALGOS, "addition": ("grpo",)}
+TASK_ALGOS: dict[str, tuple[str, ...]] = {"sentiment": ALGOS, "addition": ("grpo",), "calculator": ("grpo",)}
 PPO_MINI_BATCHES = 4  # PPO mini-batches per rollout batch (rl_epochs passes over each)
 
 # preset -> values for the size fields left unset on the command line; "tiny" is "default" with
@@ -73,11 +73,36 @@ _ADDITION: dict[str, Any] = {
     "response_length": 5,
     "eval_num_prompts": 1600,
 }
+# --task calculator: an SFT warm start on a few tool-call transcripts (stopped early on purpose), then GRPO
+# with the multiply tool; a completion holds the call, the tool's result and the answer
+_CALCULATOR: dict[str, Any] = {
+    **_ADDITION,
+    "sft_steps": 400,
+    "sft_batch_size": 32,
+    "sft_learning_rate": 1e-3,
+    "sft_target_accuracy": 0.3,
+    "rl_updates": 60,
+    "rl_batch_size": 128,
+    "rl_learning_rate": 1e-4,
+    "temperature": 0.4,
+    "response_length": 96,
+    "eval_num_prompts": 512,
+}
 TASK_PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "sentiment": PRESETS,
     "addition": {
         "default": _ADDITION,
         "tiny": {**_ADDITION, "sft_steps": 60, "rl_updates": 4, "rl_batch_size": 32, "eval_num_prompts": 64},
+    },
+    "calculator": {
+        "default": _CALCULATOR,
+        "tiny": {
+            **_CALCULATOR,
+            "sft_steps": 40,
+            "rl_updates": 3,
+            "rl_batch_size": 16,
+            "eval_num_prompts": 32,
+        },
     },
 }
 
@@ -119,12 +144,13 @@ class DemoConfig:
     output_dir: str = option("outputs/demo", "Folder for every stage and the report.")
     task: str = option(
         "sentiment",
-        f"Demo task: {', '.join(TASK_ALGOS)} (sentiment: reward model + RL; addition: exact reward + GRPO).",
+        f"Demo task: {', '.join(TASK_ALGOS)} (sentiment: reward model + RL; addition: exact reward + GRPO; "
+        "calculator: GRPO with a multiply tool).",
     )
     algo: str | None = option(
         None,
         f"RL stage, default the task's first: {', '.join(ALGOS)} for sentiment (ppo-multi-adapter: one base, "
-        "policy + reward adapters); grpo for addition.",
+        "policy + reward adapters); grpo for addition and calculator.",
     )
     size: str = option("default", f"Preset for the stage sizes: {', '.join(PRESETS)} (tiny: CI).")
     seed: int = option(0, "Seed of every stage (data order, sampling, init).")
@@ -142,8 +168,8 @@ class DemoConfig:
     sft_seq_length: int | None = preset_size("Tokens per packed SFT block.")
     sft_learning_rate: float | None = preset_size("SFT peak learning rate (cosine).")
     sft_target_accuracy: float | None = preset_size(
-        "--task addition: stop SFT early once greedy accuracy on 256 train problems reaches this share "
-        "(0: run all --sft_steps), so that RL starts from an imperfect policy."
+        "--task addition and calculator: stop SFT early once greedy accuracy on 256 train problems reaches "
+        "this share (0: run all --sft_steps), so that RL starts from an imperfect policy."
     )
     # 2. preference pairs and reward model
     pref_num_prompts: int | None = preset_size(
@@ -161,7 +187,7 @@ class DemoConfig:
     rl_learning_rate: float | None = preset_size("RL learning rate.")
     rl_epochs: int | None = preset_size("Optimisation passes over each batch of rollouts.")
     rloo_k: int = option(4, "RLOO: completions per prompt.")
-    num_generations: int = option(8, "GRPO (--task addition): completions per prompt, one group.")
+    num_generations: int = option(8, "GRPO (--task addition, calculator): completions per prompt, one group.")
     kl_coef: float | None = preset_size("Weight of the KL penalty to the SFT policy (GRPO's beta).")
     temperature: float | None = preset_size("Sampling temperature for RL, pairs and evaluation.")
     response_length: int | None = preset_size("Maximum new tokens per completion.")

@@ -1,6 +1,8 @@
-"""`rlhfkit demo --task addition`: a verifiable task, learned from its exact reward with GRPO.
+"""`rlhfkit demo --task addition|calculator`: a verifiable task, learned from its exact reward with GRPO.
 
-No reward model and no judge: a completion is right or wrong by exact match against the answer.
+No reward model and no judge: a completion is right or wrong by exact match against the answer. A task with
+tools (calculator) trains on tool-call transcripts, runs GRPO with its tools, and is evaluated in episodes
+with and without them (`rlhfkit.demo.tool_use`).
 Stage folders under `output_dir` (cached and reused like the sentiment demo's):
   base/                  the tokenizer and the untrained tiny policy
   sft-<task>/            a short SFT warm start on train problems (imperfect on purpose)
@@ -66,10 +68,7 @@ def _stop_at_accuracy(cfg: DemoConfig, task: Task, tokenizer: Any, probe_seen: l
     class StopAtAccuracy(TrainerCallback):
         def on_step_end(self, args, state, control, model=None, **kwargs):
             if state.global_step % PROBE_EVERY == 0:
-                greedy = sample_completions(
-                    model, tokenizer, probe["prompt"], cfg.response_length, 1.0, 0, 256, True
-                )
-                probe_seen.append(sum(task.reward(greedy.texts, answer=probe["answer"])) / PROBE_SIZE)
+                probe_seen.append(_greedy_accuracy(cfg, task, model, tokenizer, probe))
                 if (
                     probe_seen[-1] >= cfg.sft_target_accuracy
                 ):  # never un-stop the trainer's own max_steps stop
@@ -79,16 +78,40 @@ def _stop_at_accuracy(cfg: DemoConfig, task: Task, tokenizer: Any, probe_seen: l
     return StopAtAccuracy()
 
 
+def _greedy_accuracy(cfg: DemoConfig, task: Task, model: Any, tokenizer: Any, data: Any) -> float:
+    """The share of `data`'s problems the policy answers right, greedily (in episodes, with tools, for a
+    task with tools)."""
+    if task.tools:
+        from rlhfkit.demo import tool_use
+
+        return tool_use.greedy_accuracy(model, tokenizer, task, data, cfg.response_length)
+    greedy = sample_completions(model, tokenizer, data["prompt"], cfg.response_length, 1.0, 0, 256, True)
+    return sum(task.reward(greedy.texts, answer=data["answer"])) / len(data)
+
+
+def _sft_setup(cfg: DemoConfig, task: Task) -> tuple[Any, dict[str, Any]]:
+    """The SFT data and loss settings: problem/answer pairs with a completion-only loss, or for a task with
+    tools `SFT_TRANSCRIPTS` conversations trained on the assistant's turns only (never a tool's result)."""
+    if task.tools:
+        from rlhfkit.demo.tool_use import SFT_TRANSCRIPTS
+
+        data = task.sft_dataset(n=SFT_TRANSCRIPTS, seed=cfg.seed)
+        return data, {"assistant_only_loss": True, "max_seq_length": 128}
+    return task.sft_dataset(seed=cfg.seed), {"completion_only_loss": True, "max_seq_length": 32}
+
+
 def train_sft(cfg: DemoConfig, task: Task, base: StageResult, out: Path) -> dict[str, Any]:
-    """Completion-only next-token training on train problems, one problem per row; with
-    `sft_target_accuracy` it stops early once the policy answers that share of train problems."""
+    """Next-token training on train problems, one problem per row; with `sft_target_accuracy` it stops
+    early once the policy answers that share of train problems."""
     from rlhfkit.trainers.sft.config import SFTConfig
     from rlhfkit.trainers.sft.trainer import SFTTrainer
 
     tokenizer = stages.load_tokenizer(base.path)
+    if task.chat_template:  # saved with the SFT policy: the later stages render prompts with it
+        tokenizer.chat_template = task.chat_template
+    data, loss_settings = _sft_setup(cfg, task)
     args = SFTConfig(
-        completion_only_loss=True,
-        max_seq_length=32,
+        **loss_settings,
         per_device_train_batch_size=cfg.sft_batch_size,
         max_steps=cfg.sft_steps,
         learning_rate=cfg.sft_learning_rate,
@@ -102,7 +125,7 @@ def train_sft(cfg: DemoConfig, task: Task, base: StageResult, out: Path) -> dict
     trainer = SFTTrainer(
         model=str(base.path),
         args=args,
-        train_dataset=task.sft_dataset(seed=cfg.seed),
+        train_dataset=data,
         processing_class=tokenizer,
         callbacks=callbacks,
     )
@@ -144,6 +167,12 @@ def train_grpo(cfg: DemoConfig, task: Task, sft: StageResult, out: Path) -> dict
     from rlhfkit import GRPOConfig, GRPOTrainer
 
     tokenizer = stages.load_tokenizer(sft.path)
+    tool_settings, tools = {}, {}
+    if task.tools:  # episodes: the model calls the tools, reads their results, answers
+        from rlhfkit.demo.tool_use import MAX_TOOL_ITERATIONS, TOOL_TIMEOUT
+
+        tool_settings = {"max_tool_calling_iterations": MAX_TOOL_ITERATIONS, "tool_timeout": TOOL_TIMEOUT}
+        tools = {"tools": list(task.tools)}
     args = GRPOConfig(
         per_device_train_batch_size=cfg.rl_batch_size,
         num_generations=cfg.num_generations,
@@ -152,6 +181,7 @@ def train_grpo(cfg: DemoConfig, task: Task, sft: StageResult, out: Path) -> dict
         num_iterations=cfg.rl_epochs,
         beta=cfg.kl_coef,
         max_completion_length=cfg.response_length,
+        **tool_settings,
         **{**stages.online_rl_defaults(cfg, out), "disable_tqdm": True},  # one bar below, not a log per step
     )
     trainer = GRPOTrainer(
@@ -160,6 +190,7 @@ def train_grpo(cfg: DemoConfig, task: Task, sft: StageResult, out: Path) -> dict
         args=args,
         train_dataset=task.prompt_dataset("train", seed=cfg.seed),
         processing_class=tokenizer,
+        **tools,
     )
     trainer.remove_callback(PrinterCallback)  # with tqdm off, transformers would print every log
     with Progress() as progress:
@@ -172,6 +203,8 @@ def train_grpo(cfg: DemoConfig, task: Task, sft: StageResult, out: Path) -> dict
     (out / "log_history.json").write_text(json.dumps(history, indent=1, default=float), encoding="utf-8")
     logged = [h for h in history if "reward" in h]
     curves = {"step": [h["step"] for h in logged], "reward": [h["reward"] for h in logged]}
+    if task.tools:
+        curves["tool_calls"] = [h.get("tools/call_frequency") for h in logged]
     (out / "curves.json").write_text(json.dumps(curves, indent=1), encoding="utf-8")
     head, tail = curves["reward"][:5], curves["reward"][-5:]
     return {
@@ -192,7 +225,12 @@ def _accuracy(metrics: dict[str, Any], key: str, rewards: list[float]) -> None:
 
 
 def evaluate(cfg: DemoConfig, task: Task, sft: StageResult, rl: StageResult, out: Path) -> dict[str, Any]:
-    """Greedy and sampled accuracy of the SFT and GRPO policies on held-out problems; samples.jsonl."""
+    """Greedy and sampled accuracy of the SFT and GRPO policies on held-out problems; samples.jsonl.
+    A task with tools is measured in episodes, with and without them (`tool_use.evaluate`)."""
+    if task.tools:
+        from rlhfkit.demo import tool_use
+
+        return tool_use.evaluate(cfg, task, sft, rl, out)
     tokenizer = stages.load_tokenizer(sft.path)
     held_out = task.prompt_dataset("test", n=cfg.eval_num_prompts, seed=cfg.seed)
     prompts, answers = held_out["prompt"], held_out["answer"]
@@ -219,10 +257,12 @@ def evaluate(cfg: DemoConfig, task: Task, sft: StageResult, rl: StageResult, out
 # ---------------------------------------------------------------------- the pipeline
 def run_verifiable_demo(cfg: DemoConfig) -> dict[str, Any]:
     """Base -> SFT warm start -> GRPO -> held-out accuracy, each stage cached; writes the report."""
-    from rlhfkit.demo import verifiable_report as task_report
+    from rlhfkit.demo import tool_use, verifiable_report
     from rlhfkit.demo.report import write_files
 
     task = get_task(cfg.task)
+    task_report = tool_use if task.tools else verifiable_report
+    settings = tool_use.stage_settings() if task.tools else {}
     demo = runner.begin(cfg)
     run, console, root, results = demo.run, demo.console, demo.root, demo.results
 
@@ -235,14 +275,15 @@ def run_verifiable_demo(cfg: DemoConfig) -> dict[str, Any]:
     )
     for key, folder, title, fields, compute, reads in chain:
         parents = [results[k] for k in reads]  # compute(cfg, task, *parents, out)
-        run(key, Stage(folder, title, cfg.values(*fields), partial(compute, cfg, task, *parents), parents))
+        config = {**cfg.values(*fields), **settings}
+        run(key, Stage(folder, title, config, partial(compute, cfg, task, *parents), parents))
     evaluated = results["evaluation"]
     samples = [
         json.loads(line) for line in (evaluated.path / "samples.jsonl").read_text("utf-8").splitlines()
     ]
     task_report.print_samples(samples[: cfg.eval_samples_shown], console)
     lines = task_report.result_lines(cfg, task.description, results), task_report.sample_lines(cfg, samples)
-    plotted = partial(task_report.make_plots, root, results)
+    plotted = partial(verifiable_report.make_plots, root, results)
     metrics = write_files(cfg, root, results, demo.seconds(), plotted, *lines)
     ev = metrics["evaluation"]
     console.print(

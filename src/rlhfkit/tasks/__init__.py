@@ -4,6 +4,7 @@
 - `polarity`: a learned second review judge trained on the generator's own labels (imports torch:
   `from rlhfkit.tasks.polarity import PolarityClassifier`)
 - `addition`: two-digit addition problems with exact answers ("addition" task)
+- `calculator`: 2-3 digit multiplication with a `multiply` tool, for agents ("calculator" task)
 - `toy`: short instruction prompts for RL learning tests
 - `registry`: `get_task(name)` for command lines: a task's prompts and its reward
 - `sampling`: the seeded draw of `n` prompts from a split, shared by the tasks

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from rlhfkit.rewards import KeywordReward, LengthReward, SentimentJudge, exact_match_reward
-from rlhfkit.tasks import addition, reviews, toy
+from rlhfkit.tasks import addition, calculator, reviews, toy
 
 if TYPE_CHECKING:  # pragma: no cover
     from datasets import Dataset
@@ -26,7 +26,9 @@ class Task:
     `reward(completions, **columns) -> scores` scores completions, TRL's reward-function signature (see
     `rlhfkit.rewards`). A task scored against its dataset's other columns (an exact answer) names them in
     `reward_columns`: only a trainer that passes the columns (GRPO) can train it. `sft_dataset(n, seed)`,
-    when present, returns the SFT warm-start data ("text", or "prompt" and "completion" columns).
+    when present, returns the SFT warm-start data ("text", "prompt" and "completion", or "messages" columns).
+    An agent task names the `tools` its policy may call and the `chat_template` that renders them for the
+    tiny tokenizer.
     """
 
     name: str
@@ -35,6 +37,8 @@ class Task:
     reward: Callable[..., list[float | None]]
     sft_dataset: Callable[..., Dataset] | None = None
     reward_columns: tuple[str, ...] = ()
+    tools: tuple[Callable[..., Any], ...] = ()
+    chat_template: str | None = None
 
     def text_reward(self, argument: str, use: str) -> Callable[..., list[float | None]]:
         """`reward`, or a ValueError naming `argument` when it needs the dataset's columns, which `use` (e.g.
@@ -101,6 +105,21 @@ def _addition() -> Task:
     )
 
 
+@_reads("answer")
+def _calculator() -> Task:
+    return Task(
+        name="calculator",
+        description="multiplication of 2-3 digit numbers with a `multiply` tool, `417*86` -> `35862`, scored "
+        "by exact match of the final answer with the 'answer' column",
+        prompt_dataset=calculator.calculator_prompt_dataset,
+        reward=calculator.calculator_reward,
+        sft_dataset=calculator.calculator_sft_dataset,
+        reward_columns=("answer",),
+        tools=(calculator.multiply,),
+        chat_template=calculator.CHAT_TEMPLATE,
+    )
+
+
 def reward_columns(name: str) -> tuple[str, ...]:
     """The dataset columns the reward of task `name` reads, without building the task when its factory
     declares them (`@_reads`); an undeclared factory is built once to ask."""
@@ -116,6 +135,7 @@ def text_task_names() -> list[str]:
 
 TASKS: dict[str, Callable[..., Task]] = {
     "addition": _addition,
+    "calculator": _calculator,
     "positive-review": _positive_review,
     "keyword": _keyword,
     "length": _length,
