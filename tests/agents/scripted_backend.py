@@ -55,3 +55,17 @@ class ScriptedBackend(GenerationBackend):
             mask[row, : len(ids)] = True
             logprobs[row, : len(ids)] = torch.tensor(scripted_logprobs(ids, turn))
         return GenerationOutput(responses, mask, logprobs if logprob_temperature is not None else None)
+
+
+class ScriptedFirstTurn(GenerationBackend):
+    """Turn 1 from a script (the tiny model would not call a tool by itself), later turns from `inner`."""
+
+    def __init__(self, first: list[int], inner: GenerationBackend):
+        self.first, self.inner, self.turn = first, inner, 0
+
+    def _sample(self, query_ids, query_mask, params, logprob_temperature):
+        self.turn += 1
+        if self.turn > 1:
+            return self.inner.generate(query_ids, query_mask, params, logprob_temperature=logprob_temperature)
+        ids = torch.tensor([self.first] * len(query_ids))
+        return GenerationOutput(ids, torch.ones_like(ids, dtype=torch.bool), torch.zeros(ids.shape))

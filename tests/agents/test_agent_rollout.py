@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from scripted_backend import ScriptedBackend, char_ids, scripted_logprobs
+from scripted_backend import ScriptedBackend, ScriptedFirstTurn, char_ids, scripted_logprobs
 
 from rlhfkit.agents import ToolBox, run_episodes
 from rlhfkit.agents.turns import render_ids, tool_suffix_ids
 from rlhfkit.rollout import (
     DecodeLoopBackend,
-    GenerationBackend,
-    GenerationOutput,
     HFGenerationBackend,
     SamplingParams,
     pad_left,
@@ -128,20 +126,6 @@ def test_a_tiny_model_that_calls_no_tool_gives_one_plain_sample():
         torch.testing.assert_close(torch.tensor(episode.logprobs), direct.logprobs[row][real])
         assert all(episode.model_mask) and episode.turns == 1 and episode.tool_calls == 0
         assert episode.messages == [{"role": "assistant", "content": episode.messages[0]["content"]}]
-
-
-class ScriptedFirstTurn(GenerationBackend):
-    """Turn 1 from a script (the tiny model would not call a tool by itself), later turns from `inner`."""
-
-    def __init__(self, first: list[int], inner: GenerationBackend):
-        self.first, self.inner, self.turn = first, inner, 0
-
-    def _sample(self, query_ids, query_mask, params, logprob_temperature):
-        self.turn += 1
-        if self.turn > 1:
-            return self.inner.generate(query_ids, query_mask, params, logprob_temperature=logprob_temperature)
-        ids = torch.tensor([self.first] * len(query_ids))
-        return GenerationOutput(ids, torch.ones_like(ids, dtype=torch.bool), torch.zeros(ids.shape))
 
 
 @pytest.mark.parametrize("backend_class", [DecodeLoopBackend, HFGenerationBackend])

@@ -246,3 +246,49 @@ def test_a_result_that_cannot_be_written_out_is_the_tools_error():
 
     result = ToolBox([odd]).call("odd", {"n": 1}, timeout=5)
     assert result == ToolResult("error: tool 'odd' raised RuntimeError: no text", True)
+
+
+class AsyncCounter:
+    """An async environment: its tools must share one event loop, call after call."""
+
+    def __init__(self):
+        self.loops = []
+
+    async def tick(self, n: int) -> int:
+        """Record the running loop.
+
+        Args:
+            n: Returned as is.
+        """
+        self.loops.append(asyncio.get_running_loop())
+        return n
+
+    async def leave(self, code: int) -> int:
+        """Exit from inside the loop.
+
+        Args:
+            code: The status.
+        """
+        raise SystemExit(code)
+
+
+def test_async_tools_share_one_loop_that_survives_a_system_exit():
+    env = AsyncCounter()
+    box = ToolBox([env.tick, env.leave])
+    assert box.call("tick", {"n": 1}, timeout=5) == ToolResult("1", False)
+    exited = box.call("leave", {"code": 2}, timeout=5)
+    assert exited == ToolResult("error: tool 'leave' raised SystemExit: 2", True)
+    assert box.call("tick", {"n": 3}, timeout=5) == ToolResult("3", False)
+    assert len(env.loops) == 2 and env.loops[0] is env.loops[1] and env.loops[0].is_running()
+
+
+def test_a_plain_tool_that_returns_a_coroutine_is_awaited():
+    def add_one(n: int):
+        """Add one, asynchronously.
+
+        Args:
+            n: The number.
+        """
+        return async_add(n, 1)
+
+    assert ToolBox([add_one]).call("add_one", {"n": 41}, timeout=5) == ToolResult("42", False)

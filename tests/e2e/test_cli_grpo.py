@@ -92,7 +92,7 @@ def test_grpo_command_trains_addition_against_its_answer_column(tmp_path, capsys
     "extra, message",
     [
         ([], "give --reward_funcs or --reward_model_name_or_path"),
-        (["--reward_funcs", "nodots"], "dotted import path"),
+        (["--reward_funcs", "nodots"], "must be an import path such as"),
     ],
 )
 def test_grpo_command_errors_name_the_flag(tmp_path, capsys, extra, message):

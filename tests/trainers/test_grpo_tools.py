@@ -18,6 +18,7 @@ from datasets import Dataset
 
 from rlhfkit.rollout import forward_response
 from rlhfkit.rollout.backends import GenerationBackend, GenerationOutput
+from rlhfkit.rollout.batch import RolloutBatch
 from rlhfkit.rollout.generation import pad_right
 from rlhfkit.testing import tiny_model, tiny_tokenizer
 from rlhfkit.testing.chat_templates import tool_chat_tokenizer
@@ -111,7 +112,9 @@ def _last_log(trainer) -> dict:
 
 
 def test_tool_results_are_in_the_sequence_but_out_of_the_loss(tmp_path):
-    trainer = _trainer(tmp_path, tools=[multiply])
+    questions = Dataset.from_dict({"prompt": chat("what is 3 times 4?", "3 x 4 =")})
+    config = _config(tmp_path, log_completions=True)
+    trainer = _trainer(tmp_path, config=config, tools=[multiply], eval_dataset=questions)
     trainer.train()
     batch, logs = trainer._buffer, _last_log(trainer)
     sampled, real = batch.loss_mask.sum(1), batch.response_mask.sum(1)
@@ -131,9 +134,50 @@ def test_tool_results_are_in_the_sequence_but_out_of_the_loss(tmp_path):
     assert abs(by_hand - with_tool_tokens) > 5e-3  # the mask makes a difference here
     # the trainer's logprobs equal the sampler's on every trained token: no tool token is compared
     assert logs["sampling/sampling_logp_difference/max"] < 1e-4
-    assert logs["completions/mean_length"] == pytest.approx(sampled.float().mean().item())
+    assert logs["completions/mean_length"] == sampled.float().mean().item() == 33.0  # (64 + 2) / 2
     assert logs["reward"] == 0.5  # the tool callers say 12, the others 7
     assert logs["tools/call_frequency"] == 0.5 and logs["tools/failure_frequency"] == 0.0
+    assert logs["tools/turns_mean"] == 1.5 and logs["tools/inserted_tokens_mean"] == len(inserted) / 2
+    evaluation = trainer.evaluate()  # the same episodes: lengths count the model's tokens
+    assert evaluation["eval_reward"] == 0.5 and evaluation["eval_completions/mean_length"] == 33.0
+    table = [json.loads(line) for line in (tmp_path / "out" / "samples.jsonl").read_text().splitlines()]
+    assert [row["response"] for row in table[:2]] == [
+        '[assistant] multiply({"a": 3, "b": 4})\n[tool multiply] 12\n[assistant] 12',
+        "[assistant] 7",
+    ]
+
+
+def test_a_cut_last_turn_is_truncated_and_the_iteration_cap_stops_tools(tmp_path):
+    # the tool rows hold the call and its eos (61 tokens), the result turn (14), "12" and eos (3): with 77,
+    # the answer loses its eos
+    config = _config(tmp_path, max_completion_length=77, mask_truncated_completions=True)
+    trainer = _trainer(tmp_path, config=config, tools=[multiply])
+    trainer.train()
+    batch, logs = trainer._buffer, _last_log(trainer)
+    cut = trainer._truncated(batch)
+    assert cut.tolist() == [True, False] * 4  # an earlier turn's eos does not count as the end
+    assert logs["completions/clipped_ratio"] == 0.5
+    assert not batch.loss_mask[cut].any() and batch.loss_mask[~cut].any()  # DAPO's mask, tool rows out
+    # with 63 the result turn does not fit: left out, the episode ends on the call's eos (TRL: not clipped)
+    short = _trainer(tmp_path, config=_config(tmp_path, max_completion_length=63), tools=[multiply])
+    short.train()
+    assert short._buffer.response_mask.sum(1).tolist() == [61, 2] * 4
+    assert not short._truncated(short._buffer).any() and _last_log(short)["tools/call_frequency"] == 0.5
+    capped = _trainer(tmp_path, config=_config(tmp_path, max_tool_calling_iterations=0), tools=[multiply])
+    capped.train()
+    logs = _last_log(capped)
+    assert logs["tools/call_frequency"] == 0.0 and logs["tools/iteration_cap_frac"] == 0.5
+    assert logs["reward"] == 0.0  # no tool ran: nobody says 12
+
+
+def test_sampler_correction_weighs_only_sampled_tokens(tmp_path):
+    config = _config(tmp_path, vllm_importance_sampling_correction=True)
+    trainer = _trainer(tmp_path, config=config, tools=[multiply])
+    trainer.train()
+    logs = _last_log(trainer)
+    # the sampler's logprobs are the policy's: every ratio is 1 (a tool token, logprob 0, would be e^7)
+    for stat in ("min", "mean", "max"):
+        assert logs[f"sampling/importance_sampling_ratio/{stat}"] == pytest.approx(1.0, abs=1e-4)
 
 
 class Counter:
@@ -272,6 +316,12 @@ def test_rollout_func_columns_reach_rewards_and_env_mask_leaves_the_loss(tmp_pat
         2 + i % 3 for i in range(8)
     ]
     torch.testing.assert_close(batch.scores, torch.arange(8, dtype=torch.float))
+    # with an inference engine, rollout_func samples from the latest weights: the engine is synced first
+    synced = []
+    trainer._sampler = lambda *args, **kwargs: synced.append(True)
+    trainer.args.use_vllm = True  # only read by this call: no engine is started
+    trainer._custom_rollout_groups({"input_ids": [[1]] * 8, "prompt": got["prompts"], "x": [0] * 8})
+    assert synced == [True]
 
     def incomplete(prompts, trainer):
         return {"prompt_ids": [[1]] * len(prompts), "completion_ids": [[2]] * len(prompts)}
@@ -291,6 +341,16 @@ def test_rloo_current_form_trains_with_tools(tmp_path):
     # the policy is its reference before the first update; a tool token (logprob 0) would count ~7 nats
     assert logs["kl"] == pytest.approx(0.0, abs=1e-5)
     assert logs["sampling/sampling_logp_difference/max"] < 1e-4
+    # RLOO's KL penalty sums log pi - log pi_ref over sampled tokens: the tool token (middle) adds nothing
+    two = RolloutBatch(
+        torch.ones(2, 1, dtype=torch.long), torch.ones(2, 1, dtype=torch.bool),
+        torch.ones(2, 3, dtype=torch.long), torch.ones(2, 3, dtype=torch.bool),
+        torch.tensor([[True, False, True]] * 2),
+        logprobs=torch.tensor([[-1.0, 0.0, -2.0]] * 2), ref_logprobs=torch.tensor([[-1.5, -9.0, -2.0]] * 2),
+        model_mask=torch.tensor([[True, False, True]] * 2),
+    )  # fmt: skip
+    _, metrics = trainer._advantages(two, torch.tensor([1.0, 0.0]), group_size=2)
+    assert metrics["kl"] == pytest.approx(0.5 / 2)  # (0.5 + 0) over the 2 sampled tokens of each row
 
 
 def undocumented(a: int) -> int:
@@ -314,16 +374,66 @@ class NoReset:
         ({"tools": [multiply]}, "plain", "chat template ignores tools"),
         ({"environment_factory": NoReset}, "gpt2", "NoReset made by environment_factory has no reset"),
         ({"tools": [multiply], "rollout_func": lambda p, t: {}}, "gpt2", "does not combine"),
+        ({"tools": [multiply], "generation_kwargs": {"num_beams": 2}}, "gpt2", "leave num_beams at 1"),
     ],
 )
 def test_construction_checks_name_what_is_wrong(tmp_path, kwargs, tokenizer, error):
     tok = tool_chat_tokenizer("gpt2") if tokenizer == "gpt2" else tiny_tokenizer()
     dataset = Dataset.from_dict({"prompt": chat("hi", "ho")})
+    kwargs = dict(kwargs)  # the parameter's dict is shared: do not pop from it
+    config = _config(tmp_path, generation_kwargs=kwargs.pop("generation_kwargs", None))
     with pytest.raises(ValueError, match=error):
-        GRPOTrainer(tiny_model("llama"), correct, args=_config(tmp_path), train_dataset=dataset,
+        GRPOTrainer(tiny_model("llama"), correct, args=config, train_dataset=dataset,
                     processing_class=tok, **kwargs)  # fmt: skip
 
 
 def test_text_prompts_with_tools_are_refused(tmp_path):
     with pytest.raises(ValueError, match="need chat prompts"):
         _trainer(tmp_path, dataset=Dataset.from_dict({"prompt": ["a", "b"]}), tools=[multiply])
+
+
+def hint() -> str:
+    """Give a hint."""
+    return "use the letter e"
+
+
+class HintThenPolicy(GenerationBackend):
+    """The first turn calls `hint` (scripted, the policy's logprobs); every later turn is the policy's own
+    sample from `sampler`."""
+
+    def __init__(self, scripted: ScriptedBackend, sampler: GenerationBackend):
+        self.scripted, self.sampler = scripted, sampler
+
+    def _sample(self, query_ids, query_mask, params, logprob_temperature):
+        context = self.scripted.tok.decode(query_ids[0][query_mask[0].bool()])
+        source = self.sampler if "<|tool|>" in context else self.scripted
+        return source.generate(query_ids, query_mask, params, logprob_temperature=logprob_temperature)
+
+
+def test_reward_rises_through_tool_calling_episodes(tmp_path):
+    from rlhfkit.rollout.backends import make_generation_backend
+    from rlhfkit.tasks import toy_prompt_dataset
+
+    def es_in_answer(completions, **kwargs):
+        return [float(min(c[-1]["content"].count("e"), 5)) for c in completions]
+
+    prompts = toy_prompt_dataset(n=200)["prompt"]
+    # 66 tokens: the call (42) and its eos, the hint's turn (17), 6 for the answer
+    config = _config(
+        tmp_path, per_device_train_batch_size=16, max_completion_length=66, learning_rate=3e-3, max_steps=25,
+        lr_scheduler_type="constant", seed=0,
+    )  # fmt: skip
+    dataset = Dataset.from_dict({"prompt": chat(*prompts)})
+    trainer = _trainer(
+        tmp_path, es_in_answer, lambda c, k: call("hint"), dataset, config=config, tools=[hint]
+    )
+    scripted = trainer._sampler()
+    policy = make_generation_backend(trainer.model, trainer.processing_class.pad_token_id)
+    backend = HintThenPolicy(scripted, policy)
+    trainer._sampler = lambda *args, **kwargs: backend
+    trainer.train()
+    rewards = [h["reward"] for h in trainer.state.log_history if "reward" in h]
+    calls = [h["tools/call_frequency"] for h in trainer.state.log_history if "reward" in h]
+    before, after = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
+    print(f"'e' in the answer after a hint: first 5 updates {before:.2f}, last 5 updates {after:.2f}")
+    assert set(calls) == {1.0} and after > before + 1.0, rewards

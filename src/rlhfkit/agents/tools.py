@@ -2,19 +2,21 @@
 
 A tool is any Python callable with type hints and a docstring (its JSON schema, the form chat templates list
 tools in, comes from `transformers.utils.get_json_schema`). A call made by the model runs on a worker thread
-with a time limit; whatever goes wrong (an unknown name, arguments the function does not take, an exception,
-`SystemExit`, the limit) becomes a short error text the model reads as the tool's answer, so one bad call
-costs the episode a turn, never the trainer its run. The arguments are the JSON the model wrote, parsed by
-`json.loads`: nothing the model writes is evaluated as code.
+(an async tool: on one shared event loop) with a time limit; whatever goes wrong (an unknown name, arguments
+the function does not take, an exception, `SystemExit`, the limit) becomes a short error text the model reads
+as the tool's answer, so one bad call costs the episode a turn, never the trainer its run. The arguments are
+the JSON the model wrote, parsed by `json.loads`: nothing the model writes is evaluated as code.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import inspect
 import json
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -81,19 +83,78 @@ def result_text(result: Any) -> str:
     return str(result)
 
 
-def _run(tool: Callable, arguments: dict, timeout: float, outcome: dict) -> None:
-    """The worker thread: call `tool` (a coroutine awaited under the same limit), record the outcome."""
+_loop: asyncio.AbstractEventLoop | None = None
+_loop_lock = threading.Lock()
+
+
+def tool_loop() -> asyncio.AbstractEventLoop:
+    """The event loop async tools run on: one per process, on a daemon thread, kept across calls (an
+    environment's asyncio objects stay bound to one loop, as in TRL); made again if it ever stopped."""
+    global _loop
+    with _loop_lock:
+        if _loop is None or not _loop.is_running():
+            loop = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, name="rlhfkit-async-tools", daemon=True).start()
+            while not loop.is_running():
+                time.sleep(0.001)
+            _loop = loop
+        return _loop
+
+
+async def _guarded(awaitable) -> tuple[str, Any]:
+    """("value", result) or ("error", exception): SystemExit raised in a tool must not stop the loop."""
+    try:
+        return "value", await awaitable
+    except asyncio.CancelledError:
+        raise
+    except BaseException as error:  # noqa: BLE001
+        return "error", error
+
+
+def _run_on_thread(tool: Callable, arguments: dict, outcome: dict) -> None:
+    """The worker thread of a plain tool; an awaitable it returns is awaited on `tool_loop()`."""
     try:
         value = tool(**arguments)
         if inspect.isawaitable(value):
-            value = asyncio.run(asyncio.wait_for(_awaited(value), timeout))
+            outcome["future"] = asyncio.run_coroutine_threadsafe(_guarded(value), tool_loop())
+            kind, value = outcome["future"].result()
+            if kind == "error":
+                raise value
         outcome["text"] = result_text(value)  # here too: a __str__ that raises is the tool's error
     except BaseException as error:  # noqa: BLE001 - SystemExit inside a tool must not stop the trainer either
         outcome["error"] = error
 
 
-async def _awaited(awaitable):
-    return await awaitable
+def _call_on_thread(name: str, tool: Callable, arguments: dict, timeout: float) -> dict:
+    outcome: dict[str, Any] = {}
+    worker = threading.Thread(
+        target=_run_on_thread, args=(tool, arguments, outcome), name=f"rlhfkit-tool-{name}", daemon=True
+    )
+    worker.start()
+    worker.join(timeout)
+    if worker.is_alive():  # abandoned: a thread cannot be killed, but the rollout moves on
+        if "future" in outcome:
+            outcome["future"].cancel()
+        return {"timeout": True}
+    return outcome
+
+
+def _call_on_loop(tool: Callable, arguments: dict, timeout: float) -> dict:
+    """An async tool: its coroutine runs on `tool_loop()`, cancelled when the time is up."""
+    try:
+        future = asyncio.run_coroutine_threadsafe(_guarded(tool(**arguments)), tool_loop())
+        kind, value = future.result(timeout)
+    except concurrent.futures.TimeoutError:
+        future.cancel()
+        return {"timeout": True}
+    except Exception as error:  # noqa: BLE001 - e.g. a tool that raised before making its coroutine
+        return {"error": error}
+    if kind == "error":
+        return {"error": value}
+    try:
+        return {"text": result_text(value)}
+    except Exception as error:  # noqa: BLE001
+        return {"error": error}
 
 
 class ToolBox:
@@ -145,16 +206,14 @@ class ToolBox:
         problem = _argument_problem(tool, arguments)
         if problem:
             return ToolResult(_short(f"error: bad arguments for tool {name!r}: {problem}"), True)
-        outcome: dict[str, Any] = {}
-        worker = threading.Thread(
-            target=_run, args=(tool, arguments, timeout, outcome), name=f"rlhfkit-tool-{name}", daemon=True
-        )
-        worker.start()
-        worker.join(timeout)
-        if worker.is_alive():  # abandoned: a daemon thread cannot be killed, but the rollout moves on
+        if inspect.iscoroutinefunction(tool):
+            outcome = _call_on_loop(tool, arguments, timeout)
+        else:
+            outcome = _call_on_thread(name, tool, arguments, timeout)
+        if "timeout" in outcome:
             return ToolResult(f"error: tool {name!r} timed out after {timeout:g}s", True)
         if "error" in outcome:
-            return ToolResult(_error_text(name, outcome["error"], timeout), True)
+            return ToolResult(_error_text(name, outcome["error"]), True)
         return ToolResult(outcome["text"], False)
 
 
@@ -179,8 +238,6 @@ def _argument_problem(tool: Callable, arguments: dict) -> str:
     return f"{'; '.join(parts)} (it takes {', '.join(named) or 'no arguments'})" if parts else ""
 
 
-def _error_text(name: str, error: BaseException, timeout: float) -> str:
-    if isinstance(error, (asyncio.TimeoutError, TimeoutError)) and not str(error):
-        return f"error: tool {name!r} timed out after {timeout:g}s"
+def _error_text(name: str, error: BaseException) -> str:
     detail = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
     return _short(f"error: tool {name!r} raised {detail}")

@@ -22,7 +22,6 @@ Set RLHFKIT_DEBUG=1 to get the full traceback instead of the one-line error.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import math
 import os
@@ -32,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlhfkit.commands._imports import import_object
 from rlhfkit.data.loading import offline_error
 from rlhfkit.trainers.common.config import option
 
@@ -350,17 +350,13 @@ class TrainerCommand:
         return run_main(self.prog, lambda args: run_trainer_command(self, args), argv)
 
 
-def _import(target: str) -> Any:
-    module, name = target.split(":")
-    return getattr(importlib.import_module(module), name)
-
-
 def run_trainer_command(command: TrainerCommand, argv: list[str] | None) -> int:
     """Parse, lock the output folder and find the checkpoint to resume, load data, tokenizer and model,
     train, save, evaluate, and print one JSON summary line (a run a signal stopped: `stopped_early`)."""
     import transformers
 
-    config_class, trainer_class = _import(command.config), _import(command.trainer)
+    config_class = import_object(command.config, f"{command.prog}: config")
+    trainer_class = import_object(command.trainer, f"{command.prog}: trainer")
     script_args, config, model_args, resume = parse_args(
         (command.script_arguments, config_class, ModelArguments, ResumeArguments),
         argv,

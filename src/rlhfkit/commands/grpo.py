@@ -3,47 +3,68 @@
     rlhfkit grpo --model_name_or_path ./tiny-llama --dataset_name keyword --output_dir runs/grpo \
         --per_device_train_batch_size 8 --num_generations 4 --max_completion_length 16 --max_steps 50
 
-Rewards: `--reward_funcs` takes dotted import paths of reward functions (e.g. `my_rewards.correct`, or
+Rewards: `--reward_funcs` takes import paths of reward functions (`my_rewards:correct`, or dotted as
 `rlhfkit.rewards.accuracy_reward`), `--reward_model_name_or_path` a local sequence-classification folder;
 with neither, a built-in task (`--dataset_name keyword`, or `addition`, scored against its answer column)
-brings its own reward. Every GRPOConfig /
-TrainingArguments field is a flag; `--config file.yaml` supplies defaults.
+brings its own reward. Agents (docs/agents.md): `--tools my_tools:add,my_tools:multiply`,
+`--environment_factory my_env:Game` (its `get_reward` may be the only reward) or `--rollout_func my_mod:fn`.
+Every GRPOConfig / TrainingArguments field is a flag; `--config file.yaml` supplies defaults.
 """
 
 from __future__ import annotations
 
-import importlib
-import os
-import sys
 from dataclasses import dataclass
 from typing import Any
 
 from rlhfkit.commands._args import ScriptArguments, TrainerCommand, load_prompts, local_folder
+from rlhfkit.commands._imports import import_callable, import_callables, import_environment_factory
 from rlhfkit.trainers.common.config import option
 
 
 @dataclass
-class GRPOScriptArguments(ScriptArguments):
+class AgentArguments:
+    """Multi-turn training: tools the model may call, environments it acts in, or a whole custom rollout."""
+
+    tools: list[str] | None = option(
+        None,
+        "Tool functions the model may call, as import paths 'my_tools:add' (several: comma- or "
+        "space-separated; a name may hold a list of functions). Each needs type hints and a docstring.",
+    )
+    environment_factory: str | None = option(
+        None,
+        "Import path of an environment class or factory ('my_env:GuessingGame'), one instance per rollout: "
+        "its public methods are the tools, reset(**row) starts an episode, get_reward() may score it. A dict "
+        "of them picks one per row by the dataset's 'environment' column.",
+    )
+    rollout_func: str | None = option(
+        None,
+        "Import path of a function (prompts, trainer) -> dict with prompt_ids, completion_ids, logprobs "
+        "(and optionally env_mask and columns for the reward functions) that replaces generation.",
+    )
+
+    def agent_keywords(self) -> dict[str, Any]:
+        """The trainer keywords the flags name (only those given, so a trainer without them is unaffected)."""
+        found: dict[str, Any] = {}
+        if self.tools:
+            found["tools"] = import_callables(self.tools, "--tools")
+        if self.environment_factory:
+            found["environment_factory"] = import_environment_factory(
+                self.environment_factory, "--environment_factory"
+            )
+        if self.rollout_func:
+            found["rollout_func"] = import_callable(self.rollout_func, "--rollout_func")
+        return found
+
+
+@dataclass
+class GRPOScriptArguments(ScriptArguments, AgentArguments):
     reward_model_name_or_path: str | None = option(
         None, "Local folder of a sequence-classification reward model (one output)."
     )
     reward_funcs: list[str] | None = option(
-        None, "Reward functions as dotted import paths, e.g. 'my_rewards.correct'."
+        None, "Reward functions as import paths, e.g. 'my_rewards:correct' or 'my_rewards.correct'."
     )
     num_eval_prompts: int = option(16, "Built-in tasks only: test prompts kept aside.")
-
-
-def import_reward(path: str) -> Any:
-    """The function named by a dotted path ('package.module.function'); the working folder is importable."""
-    module_name, _, name = path.rpartition(".")
-    if not module_name:
-        raise ValueError(f"--reward_funcs {path!r} must be a dotted import path such as 'my_rewards.correct'")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        return getattr(importlib.import_module(module_name), name)
-    except (ImportError, AttributeError) as err:
-        raise ValueError(f"--reward_funcs: cannot import {path!r} ({err})") from err
 
 
 def task_reward(task: Any) -> Any:
@@ -60,23 +81,26 @@ def task_reward(task: Any) -> Any:
 
 
 def inputs(script_args: GRPOScriptArguments) -> tuple[Any, Any, dict[str, Any]]:
-    """Prompts (a built-in task or a local dataset) and the reward functions the flags name."""
+    """Prompts (a built-in task or a local dataset), the reward functions and the agent objects (tools,
+    environments, rollout function) the flags name; names are imported first, so a bad one fails fast."""
+    funcs = import_callables(script_args.reward_funcs, "--reward_funcs")
+    agents = script_args.agent_keywords()
     train, evaluation, task = load_prompts(
         script_args.dataset_name,
         script_args.dataset_train_split,
         script_args.dataset_test_split,
         script_args.num_eval_prompts,
     )
-    funcs = [import_reward(path) for path in script_args.reward_funcs or []]
     if script_args.reward_model_name_or_path:
         funcs.insert(0, local_folder(script_args.reward_model_name_or_path, "--reward_model_name_or_path"))
     if not funcs and task is not None:
         funcs.append(task_reward(task))
-    if not funcs:
+    if not funcs and "environment_factory" not in agents:  # an environment may score with get_reward
         raise ValueError(
-            "give --reward_funcs or --reward_model_name_or_path (or a built-in task as --dataset_name)"
+            "give --reward_funcs or --reward_model_name_or_path (or a built-in task as --dataset_name, or an "
+            "--environment_factory whose environment has get_reward)"
         )
-    return train, evaluation, {"reward_funcs": funcs}
+    return train, evaluation, {"reward_funcs": funcs, **agents}
 
 
 def _summary(trainer: Any) -> dict[str, Any]:

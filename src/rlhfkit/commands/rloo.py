@@ -1,7 +1,8 @@
 """`rlhfkit rloo`: REINFORCE leave-one-out training from the command line, in either of TRL's forms.
 
 The current form (TRL 1.x, GRPO-shaped), chosen by any of its flags (`--num_generations`, `--beta`,
-`--max_completion_length`, `--reward_funcs`, `--reward_model_name_or_path`, ...); rewards as `rlhfkit grpo`:
+`--max_completion_length`, `--reward_funcs`, `--reward_model_name_or_path`, ...; the agent flags `--tools`,
+`--environment_factory`, `--rollout_func`); rewards and agents as `rlhfkit grpo`:
 
     rlhfkit rloo --dataset_name keyword --model_name_or_path ./tiny-llama --output_dir runs/rloo \
         --per_device_train_batch_size 8 --num_generations 4 --max_completion_length 16 --max_steps 50
@@ -35,6 +36,7 @@ from rlhfkit.commands._args import (
     start_run,
     stopped_early,
 )
+from rlhfkit.commands.grpo import AgentArguments
 from rlhfkit.data.loading import offline_error
 from rlhfkit.trainers.common.config import option
 
@@ -42,13 +44,14 @@ PROG = "rlhfkit rloo"
 
 
 @dataclass
-class RLOOScriptArguments(ScriptArguments):
+class RLOOScriptArguments(ScriptArguments, AgentArguments):
     num_eval_prompts: int = option(16, "Built-in tasks only: how many test prompts to use for sample tables.")
     reward_model_name_or_path: str | None = option(
         None, "Current form: local folder of a sequence-classification reward model (one output)."
     )
     reward_funcs: list[str] | None = option(
-        None, "Current form: reward functions as dotted import paths, e.g. 'my_rewards.correct'."
+        None,
+        "Current form: reward functions as import paths, e.g. 'my_rewards:correct' or 'my_rewards.correct'.",
     )
 
 
@@ -98,7 +101,9 @@ def _body(argv: list[str] | None) -> int:
         PROG,
         "REINFORCE leave-one-out training",
     )
-    if config.form == "current" or script_args.reward_funcs or script_args.reward_model_name_or_path:
+    rewards = script_args.reward_funcs or script_args.reward_model_name_or_path
+    agents = script_args.tools or script_args.environment_factory or script_args.rollout_func
+    if config.form == "current" or rewards or agents:
         from rlhfkit.commands._args import run_trainer_command
 
         return run_trainer_command(CURRENT_FORM, argv)

@@ -12,6 +12,7 @@ messages) and, with environments, `environments=`, one per rollout.
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 from typing import Any
 
@@ -26,10 +27,15 @@ from rlhfkit.trainers.common.prompts import context_length, prompt_ids
 from rlhfkit.trainers.grpo.groups import SampledGroups
 
 ROLLOUT_KEYS = ("prompt_ids", "completion_ids", "logprobs")  # what rollout_func must return
+# what `episode_metrics` reads of each episode (gathered from every process)
 EPISODE_COUNTERS = (
-    "tool_calls", "tool_errors", "malformed_calls", "turns", "inserted_tokens", "hit_iteration_cap",
-    "truncated",
-)  # fmt: skip
+    "tool_calls",
+    "tool_errors",
+    "malformed_calls",
+    "turns",
+    "inserted_tokens",
+    "hit_iteration_cap",
+)
 
 
 def _right_padded(rows: list[list], width: int, dtype: torch.dtype) -> torch.Tensor:
@@ -110,6 +116,32 @@ def with_observation(prompt: list[dict], observation: Any) -> list[dict]:
     return [*prompt[:-1], {**prompt[-1], "content": content}]
 
 
+def check_prompt_lengths(prompt_ids: list[list[int]], max_prompt_length: int | None, owner: str) -> None:
+    """ValueError when a prompt rendered with its tools is longer than `max_prompt_length`: keeping its last
+    tokens, as plain prompts are cut, would drop the tool list at its start."""
+    longest = max(len(ids) for ids in prompt_ids)
+    if max_prompt_length and longest > max_prompt_length:
+        raise ValueError(
+            f"{owner}: a prompt rendered with its tools has {longest} tokens, more than max_prompt_length="
+            f"{max_prompt_length}; cutting it would drop the tools listed at its start: raise "
+            "max_prompt_length (or set it to None)"
+        )
+
+
+def conversation_text(messages: list[dict]) -> str:
+    """An episode's assistant and tool messages as lines of text (the completions table): each tool call as
+    `name({arguments})`, each tool result after the name of its tool."""
+    lines = []
+    for message in messages:
+        calls = [
+            f"{c['function']['name']}({json.dumps(c['function']['arguments'])})"
+            for c in message.get("tool_calls") or []
+        ]
+        who = message["role"] if message["role"] != "tool" else f"tool {message.get('name', '')}".strip()
+        lines.append(f"[{who}] " + " ".join([message.get("content") or "", *calls]).strip())
+    return "\n".join(lines)
+
+
 class AgentSamplingMethods:
     """Mixed into `GRPOTrainer`; relies on its `args`, `agents`, `processing_class`, `accelerator`,
     `sampling_params`, `_sampler`, `_owner` and `_scored_groups`."""
@@ -134,9 +166,11 @@ class AgentSamplingMethods:
         prompts = [with_observation(p, o) for p, o in zip(prompts, observations)]
         toolboxes = [self.agents.toolbox(e) for e in environments or [None] * len(ids)]
         template_kwargs = dict(args.chat_template_kwargs or {})
-        keep = -args.max_prompt_length if args.max_prompt_length else 0  # the last tokens of a long prompt
-        ids = [prompt_ids(p, tok, {**template_kwargs, "tools": b.schemas or None})[keep:]
-               for p, b in zip(prompts, toolboxes)]  # fmt: skip
+        ids = [
+            prompt_ids(p, tok, {**template_kwargs, "tools": b.schemas or None})
+            for p, b in zip(prompts, toolboxes)
+        ]
+        check_prompt_lengths(ids, args.max_prompt_length, self._owner)
         episodes = run_episodes(
             self._sampler(), self.sampling_params, ids, toolboxes, tok,
             max_iterations=args.max_tool_calling_iterations, max_completion_length=args.max_completion_length,
@@ -151,7 +185,9 @@ class AgentSamplingMethods:
         )  # fmt: skip
         replies = [list(e.messages) for e in episodes]
         extras = {} if environments is None else {"environments": environments}
-        return self._scored_groups(batch, prompts, columns, replies=replies, extras=extras)
+        groups = self._scored_groups(batch, prompts, columns, replies=replies, extras=extras)
+        groups.completions = [conversation_text(m) for m in replies]  # the completions table shows every turn
+        return groups
 
     def _custom_rollout_groups(self, columns: dict[str, list]) -> SampledGroups:
         """The user's `rollout_func(prompts, trainer)`: one completion per prompt (each prompt repeated
@@ -160,6 +196,10 @@ class AgentSamplingMethods:
         prompts = columns.pop("prompt", None)
         if prompts is None:  # a pre-tokenised dataset: its prompts as text
             prompts = self.processing_class.batch_decode(ids, skip_special_tokens=True)
+        if getattr(
+            self.args, "use_vllm", False
+        ):  # an engine rollout_func may sample with gets the new weights
+            self._sampler()
         output = check_rollout_output(self.agents.rollout_func(prompts, self), len(prompts))
         extra = {k: list(v) for k, v in output.items() if k not in (*ROLLOUT_KEYS, "env_mask")}
         mask = output.get("env_mask")

@@ -97,7 +97,7 @@ class Agents:
         if self.pool is None:
             return None, [None] * n
         names = list(rows["environment"]) if self.multi else [None] * n
-        check_environment_names(names, self.pool.factories, owner)
+        check_environment_names(names, self.pool.factories, owner, what="the prompts being sampled: rollout")
         environments = self.pool.take(names)
         keys = [k for k in rows if not (self.multi and k == "environment")]
         observations = [env.reset(**{k: rows[k][i] for k in keys}) for i, env in enumerate(environments)]
@@ -109,12 +109,14 @@ class Agents:
         return ToolBox([*self.tools, *methods])
 
 
-def check_environment_names(names: list, factories: dict, owner: str, what: str = "train_dataset") -> None:
+def check_environment_names(
+    names: list, factories: dict, owner: str, what: str = "train_dataset row"
+) -> None:
     """ValueError naming the first row whose `environment` names no factory (TRL's check)."""
     for row, name in enumerate(names):
         if name not in factories:
             raise ValueError(
-                f"{owner}: {what} row {row} has environment={name!r}, which is not a key of "
+                f"{owner}: {what} {row} has environment={name!r}, which is not a key of "
                 f"environment_factory; expected one of {sorted(map(str, factories))}"
             )
 
@@ -200,13 +202,18 @@ def with_environment_rewards(reward_funcs: Any, processing_classes: Any, agents:
     return [*funcs, *agents.rewards], processing_classes
 
 
-def check_agents(
-    agents: Agents | None, tokenizer: Any, train_dataset: Any, template_kwargs: dict | None, owner: str
-) -> None:
-    """With tools or environments: the template check and the train set check below."""
-    if agents is not None and agents.uses_tools:
-        check_tool_template(tokenizer, agents.schemas, template_kwargs, owner)
-        check_agent_dataset(train_dataset, agents, owner)
+def check_agents(agents: Agents | None, tokenizer: Any, train_dataset: Any, args: Any, owner: str) -> None:
+    """With tools or environments: the template and train set checks below, and a sampler that streams
+    token logprobs (beam search scores beams: a multi-turn completion's turns could not be trained on)."""
+    if agents is None or not agents.uses_tools:
+        return
+    if int((args.generation_kwargs or {}).get("num_beams") or 1) > 1:
+        raise ValueError(
+            f"{owner}: tools and environments sample each turn with token logprobs; beam search "
+            "(num_beams > 1 in generation_kwargs) gives none: leave num_beams at 1"
+        )
+    check_tool_template(tokenizer, agents.schemas, args.chat_template_kwargs, owner)
+    check_agent_dataset(train_dataset, agents, owner)
 
 
 def check_tool_template(

@@ -133,7 +133,7 @@ class GRPOTrainer(
         self._settle(args)
         prepare_tokenizer(processing_class, args, owner)
         self.agents = setup_agents(tools, rollout_func, environment_factory, owner)
-        check_agents(self.agents, processing_class, train_dataset, args.chat_template_kwargs, owner)
+        check_agents(self.agents, processing_class, train_dataset, args, owner)
         policy = load_policy(
             model, AutoModelForCausalLM, args.from_pretrained_kwargs(), peft_config, owner, args.seed
         )
