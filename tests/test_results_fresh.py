@@ -189,3 +189,38 @@ def test_verifiable_task_block_is_computed_from_the_file():
     assert lines[4] == "| SFT warm start | 50.0% | 47.5-52.5% | 40.0% |"
     assert lines[5] == "| GRPO, 150 steps | 74.0% | 71.8-76.1% | 60.0% |"
     assert lines[-1].endswith("**+24.0 points** (issue 17 asks for +25: missed).")
+
+
+def test_agent_task_block_is_computed_from_the_file():
+    stages = {
+        "base": {"seconds": 1.0, "reused": False},
+        "sft": {"seconds": 55.0, "reused": False, "summary": {"steps": 140, "train_probe_accuracy": 0.32}},
+        "rl": {
+            "seconds": 87.0,
+            "reused": True,
+            "summary": {"steps": 60, "reward_start": 0.39, "reward_end": 0.53},
+        },
+        "evaluation": {"seconds": 4.0, "reused": False},
+    }
+    ev = {"num_prompts": 512, "lift_points": 27.5}
+    for name, (no_tools, greedy) in {"sft": (0.0, 0.25), "rl": (0.0, 0.525)}.items():
+        ev.update({f"no_tools_{name}": no_tools, f"no_tools_{name}_ci95": [0.0, 0.0074]})
+        ev.update({f"greedy_{name}": greedy, f"greedy_{name}_ci95": [greedy - 0.04, greedy + 0.04]})
+        ev.update({f"tool_use_{name}": 1.0, f"wrong_call_{name}": 0.2, f"misread_result_{name}": 0.125})
+    cfg = {"seed": 0, "size": "default", "rl_batch_size": 128, "num_generations": 8, "temperature": 0.4}
+    data = {
+        "command": "rlhfkit demo --task calculator",
+        "date": "today",
+        "machine": {"cores": 2, "cpu": "cpu", "note": "quiet", "load_average_after": [1.0]},
+        "metrics": {"config": cfg, "evaluation": ev, "stages": stages, "total_seconds": 147},
+    }
+    lines = render.render_agent_task([("results/demo-calculator.json", data)])
+    assert "**2 min 27 s**" in lines[0] and "SFT 55 s, GRPO reused, evaluation 4 s" in lines[0]
+    assert "60 steps of 16 prompts x 8 episodes at temperature 0.4" in lines[0]  # 128 / 8 = 16
+    assert (
+        lines[4] == "| SFT warm start | 0.0% (0.0-0.7%) | **25.0% (21.0-29.0%)** | 100.0% | 20.0% | 12.5% |"
+    )
+    assert (
+        lines[5] == "| GRPO, 60 steps | 0.0% (0.0-0.7%) | **52.5% (48.5-56.5%)** | 100.0% | 20.0% | 12.5% |"
+    )
+    assert lines[-1].endswith("**+27.5 points** (issue 35 asks for +25: met).")

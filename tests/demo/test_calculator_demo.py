@@ -1,0 +1,109 @@
+"""`rlhfkit demo --task calculator`: settings, episode summaries and report, the pipeline end to end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rlhfkit.commands import demo
+from rlhfkit.demo import tool_use
+from rlhfkit.demo.cache import StageResult
+from rlhfkit.demo.config import DemoConfig
+from rlhfkit.tasks.calculator import transcript
+
+
+def test_calculator_runs_grpo_with_its_own_preset():
+    cfg = DemoConfig(task="calculator")
+    assert cfg.algo == "grpo" and cfg.response_length == 96 and cfg.sft_target_accuracy == 0.3
+    with pytest.raises(ValueError, match="--algo must be one of grpo for --task calculator"):
+        DemoConfig(task="calculator", algo="rloo")
+
+
+def test_conversation_text_shows_calls_results_and_answer():
+    assert (
+        tool_use.conversation_text(transcript(417, 86)[1:]) == "multiply(a=417, b=86) -> 35862; answer 35862"
+    )
+    unanswered = [{"role": "assistant", "content": "", "tool_calls": transcript(3, 4)[1]["tool_calls"]}]
+    assert tool_use.conversation_text(unanswered) == "multiply(a=3, b=4)"
+    assert tool_use.conversation_text([{"role": "assistant", "content": "12"}]) == "answer 12"
+    assert tool_use.conversation_text([]) == "(nothing)"
+
+
+def test_tool_result_right_reads_tool_messages_only():
+    conversation = transcript(417, 86)[1:]
+    assert tool_use._tool_result_right(conversation, "35862")
+    assert not tool_use._tool_result_right(conversation[-1:], "35862")  # the answer is not a tool result
+
+
+def _summaries() -> dict[str, StageResult]:
+    evaluation = {"num_prompts": 512, "lift_points": 31.25}
+    for name, (no_tools, greedy, use) in {"sft": (0.0, 0.25, 0.9), "rl": (0.0, 0.5625, 1.0)}.items():
+        for key, value in (("no_tools", no_tools), ("greedy", greedy), ("tool_use", use)):
+            evaluation[f"{key}_{name}"] = value
+            evaluation[f"{key}_{name}_ci95"] = [value / 2, (1 + value) / 2]
+        evaluation[f"wrong_call_{name}"], evaluation[f"misread_result_{name}"] = 0.25, 0.125
+    summaries = {
+        "base": {"parameters": 551552, "architecture": "llama"},
+        "sft": {"steps": 140},
+        "rl": {"steps": 60},
+        "evaluation": evaluation,
+    }
+    return {key: StageResult(key, Path(key), "h", summary, 1.0) for key, summary in summaries.items()}
+
+
+def test_report_states_the_three_accuracies_with_intervals():
+    text = "\n".join(tool_use.result_lines(DemoConfig(task="calculator"), "multiply", _summaries()))
+    assert (
+        "from **25.0% (12.5-62.5%)** after SFT to **56.2% (28.1-78.1%)** after GRPO: **+31.2 points**" in text
+    )
+    assert "| SFT warm start | 0.0% (0.0-50.0%) | **25.0% (12.5-62.5%)** | 90.0% | 25.0% | 12.5% |" in text
+    assert "| GRPO, 60 steps | 0.0% (0.0-50.0%) | **56.2% (28.1-78.1%)** | 100.0% | 25.0% | 12.5% |" in text
+    assert "stopped after 140 steps" in text and "Wilson" in text
+    row = {
+        "prompt": "3*4",
+        "answer": "12",
+        "greedy_sft": "answer 13",
+        "greedy_rl": "multiply(a=3, b=4) -> 12; answer 12",
+    }
+    lines = tool_use.sample_lines(
+        DemoConfig(task="calculator"), [{**row, "right_sft": False, "right_rl": True}]
+    )
+    assert lines[-1] == "| `3*4` | 12 | answer 13 ✗ | multiply(a=3, b=4) -> 12; answer 12 ✓ |"
+
+
+@pytest.mark.slow
+def test_calculator_demo_end_to_end_from_the_command_is_deterministic(tmp_path):
+    from rlhfkit.demo import run_demo
+
+    out = tmp_path / "first"
+    assert demo.main(["--task", "calculator", "--size", "tiny", "--output_dir", str(out)]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    ev = metrics["evaluation"]
+    assert ev["num_prompts"] == 32
+    for key in ("no_tools_sft", "greedy_sft", "no_tools_rl", "greedy_rl", "tool_use_sft", "tool_use_rl"):
+        low, high = ev[f"{key}_ci95"]
+        assert 0.0 <= low <= ev[key] <= high <= 1.0
+    assert ev["tools/call_frequency_rl"] >= 0.0 and "tools/malformed_sft" in ev
+    assert metrics["stages"]["sft"]["summary"]["steps"] == 40  # the tiny preset: SFT far from the target
+    samples = [
+        json.loads(line) for line in (out / "evaluation-calculator/samples.jsonl").read_text().splitlines()
+    ]
+    assert len(samples) == 32 and all(
+        int(s["answer"]) == eval_product(s["prompt"]) and isinstance(s["right_rl"], bool) for s in samples
+    )
+    curves = json.loads((out / "rl-grpo-calculator/curves.json").read_text())
+    assert curves["step"] == [1, 2, 3] and all(0.0 <= r <= 1.0 for r in curves["reward"])
+    assert all(c is not None and c >= 0.0 for c in curves["tool_calls"])
+    report = (out / "report.md").read_text()
+    assert "accuracy without tools" in report and "Sample conversations" in report
+    # same seed, fresh folder: every measured number agrees exactly
+    again = run_demo(DemoConfig(task="calculator", size="tiny", output_dir=str(tmp_path / "second")))
+    assert again["evaluation"] == ev
+    assert json.loads((tmp_path / "second/rl-grpo-calculator/curves.json").read_text()) == curves
+
+
+def eval_product(question: str) -> int:
+    a, b = question.split("*")
+    return int(a) * int(b)
