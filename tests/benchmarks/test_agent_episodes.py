@@ -17,7 +17,7 @@ bench = _load("agent_episodes")
 def test_arguments_are_checked_with_the_flag_named(capsys):
     args = bench.parse_args([])
     assert (args.paths, args.steps, args.rounds, args.threads) == (["rlhfkit", "trl"], 3, 1, 1)
-    assert bench.parse_args(["--paths", "trl"]).paths == ["trl"]
+    assert bench.parse_args(["--paths", "trl,rlhfkit-vllm-server"]).paths == ["trl", "rlhfkit-vllm-server"]
     for bad, flag in (
         (["--paths", "rlhfkit,vllm"], "--paths"),
         (["--paths", ","], "--paths"),
@@ -81,6 +81,7 @@ def test_comparison_takes_the_median_over_rounds_and_skips_failed_runs():
     assert summary["median"]["rlhfkit"]["episodes_per_s"] == pytest.approx(256 / 5, abs=0.01)
     assert summary["median"]["trl"]["episodes_per_s"] == pytest.approx(256 / 10, abs=0.01)
     assert summary["episodes_per_s_ratio"] == 2.0
+    assert summary["cpu_seconds_ratio"] == 1.0  # the CPU seconds were the same
     assert "episodes_per_s_ratio" not in bench.compare(runs[:2])
 
 
