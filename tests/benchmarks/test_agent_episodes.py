@@ -4,6 +4,10 @@ template's tool calls with."""
 
 from __future__ import annotations
 
+import json
+import statistics
+from pathlib import Path
+
 import pytest
 from test_harness import _load
 
@@ -116,3 +120,33 @@ def test_the_response_template_reads_the_calculator_templates_calls_as_rlhfkit_d
     assert answer == {"role": "assistant", "content": "35862"}
     with pytest.raises(ValueError, match="JSON"):  # TRL reads such a turn as text, without a call
         tokenizer.parse_response(encode('<tool_call>{"name":"multiply"</tool_call>'), prefix=encode(prompt))
+
+
+def test_the_speed_paragraph_quotes_the_committed_result_file():
+    root = Path(__file__).resolve().parents[2]
+    report = json.loads((root / "benchmarks" / "agent_episodes" / "calculator.json").read_text())
+    text = " ".join((root / "docs" / "agents.md").read_text().split("## Speed", 1)[1].split())
+    median, runs = report["summary"]["median"], report["runs"]
+    workload = report["workload"]
+    quoted = [
+        f"commit {report['commit'][:7]}",
+        f"{workload['rounds']} rounds of {workload['steps_timed']} timed steps",
+        f"{workload['per_device_train_batch_size']} episodes per step",
+        f"at most {workload['max_completion_length']} completion tokens",
+        f"{report['summary']['episodes_per_s_ratio']:.2f}x in wall time",
+        f"{report['summary']['cpu_seconds_ratio']:.2f}x in CPU time per step",
+    ]
+    for path in ("rlhfkit", "trl"):
+        mine = [r for r in runs if r["path"] == path]
+        quoted += [
+            f"{median[path]['episodes_per_s']:.1f} episodes/s",
+            f"{median[path]['sampled_tokens_per_s']:,.0f}",
+            f"{median[path]['seconds_per_step']:.2f} s per step",
+            f"{median[path]['cpu_seconds_per_step']:.2f} s",
+            f"{statistics.median(r['tool_calls_per_episode'] for r in mine)}",  # calls per episode
+            f"{min(r['peak_rss_mib'] for r in mine)} to {max(r['peak_rss_mib'] for r in mine)} MiB",
+            f"{statistics.median(r['sampled_tokens_per_episode'] for r in mine):.1f} tokens per episode",
+        ]
+    loads = [r["load_average_end"][0] for r in runs]
+    quoted.append(f"load average {min(loads):.1f} to {max(loads):.1f}")
+    assert [q for q in quoted if q not in text] == []
