@@ -73,8 +73,8 @@ def test_report_states_the_three_accuracies_with_intervals():
     assert lines[-1] == "| `3*4` | 12 | answer 13 ✗ | multiply(a=3, b=4) -> 12; answer 12 ✓ |"
 
 
-@pytest.mark.slow
 def test_calculator_demo_end_to_end_from_the_command_is_deterministic(tmp_path):
+    """Two tiny runs, about 40 s together on two CPU cores."""
     from rlhfkit.demo import run_demo
 
     out = tmp_path / "first"

@@ -4,8 +4,9 @@
     rlhfkit demo --algo ppo --seed 1      # reuses base/SFT/preferences/reward model of an earlier run
     rlhfkit demo --size tiny --output_dir /tmp/demo --fresh
     rlhfkit demo --task addition          # exact reward, no judge: SFT warm start -> GRPO
+    rlhfkit demo --task calculator        # the same with a multiply tool: GRPO with tools=
 
-`--task addition` is described in docs/verifiable_task.md.
+`--task addition` is described in docs/verifiable_task.md, `--task calculator` in docs/agent_task.md.
 
 Every DemoConfig field is a flag; `--config file.yaml` supplies defaults.
 """

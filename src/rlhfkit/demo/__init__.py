@@ -5,7 +5,8 @@ Modules: `config` (DemoConfig and size presets), `cache` (cached stages with don
 `evaluation` (win rate and friends), `report` and `plots`, and `pipeline.run_demo` tying them together;
 `dependencies` checks the optional `demo` extra before the first stage.
 `--task addition` runs `verifiable` instead (SFT warm start -> GRPO on an exact reward -> held-out accuracy,
-reported by `verifiable_report`).
+reported by `verifiable_report`); `--task calculator` too, with a tool (episodes, accuracy with and without
+tools, its report: `tool_use`).
 Heavy libraries load inside the functions that use them.
 """
 
