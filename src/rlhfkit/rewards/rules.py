@@ -5,8 +5,13 @@ Every text reward here has TRL's reward-function signature, `fn(completions, **c
 `completions` first (so `fn(texts)` works from a notebook or as an RLOO/PPO reward), everything else
 by keyword (`prompts`, `completion_ids` and the dataset's other columns when GRPO calls it).
 
-Lengths are counted in tokens when the trainer passes the `completion_ids` column, otherwise in
-characters of the completion text (a plain call from a notebook). Answers are compared after
+A conversational completion is scored on its final assistant message, the answer (`completion_text`):
+with tools it is a list of messages (assistant, tool, assistant, ...) and a tool's result is not the
+model's answer. TRL's own rewards read the first message, `completion[0]["content"]`, which is the same
+message for the one-message completions they take, and the tool-calling turn of a longer conversation.
+Lengths are counted in tokens when the trainer passes the `completion_ids` column (every token of the
+completion, tool results included), otherwise in characters of all of the completion's messages (a
+plain call from a notebook). Answers are compared after
 extracting the final answer (the last `\\boxed{...}`, else the text after the last `####`, else
 the whole text) and collapsing whitespace, on both the completion and the reference.
 """
@@ -26,17 +31,34 @@ _BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
 _WHITESPACE = re.compile(r"\s+")
 
 
+def _content_text(message: dict[str, Any]) -> str:
+    content = message.get("content") or ""
+    if isinstance(content, list):  # multimodal content: a list of typed parts
+        content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return str(content)
+
+
 def completion_text(completion: str | Sequence[dict[str, Any]]) -> str:
-    """A completion as text: a string as is, a conversation as its messages' contents joined."""
+    """The text a reward scores: a string as is; of a conversation, its final assistant message (the
+    model's answer), so a tool's result or an earlier turn never counts as the answer.
+
+    A message without a "role" is the model's (TRL's one-message completions may omit it). A conversation
+    with no assistant message (it ended on a tool's result before the model spoke) has no answer: "".
+    """
     if isinstance(completion, str):
         return completion
-    parts = []
-    for message in completion:
-        content = message.get("content", "")
-        if isinstance(content, list):  # multimodal content: a list of typed parts
-            content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
-        parts.append(content or "")
-    return "".join(parts)
+    for message in reversed(completion):
+        if message.get("role", "assistant") == "assistant":
+            return _content_text(message)
+    return ""
+
+
+def _whole_text(completion: str | Sequence[dict[str, Any]]) -> str:
+    """All of a completion's text, every message's content joined (tool results included): its size, which
+    `max_completion_length` bounds, rather than its answer."""
+    if isinstance(completion, str):
+        return completion
+    return "".join(_content_text(message) for message in completion)
 
 
 def final_answer(text: str) -> str:
@@ -50,7 +72,8 @@ def final_answer(text: str) -> str:
 
 
 def exact_match_reward(column: str = "solution") -> RewardFn:
-    """A reward of 1.0 when the completion's final answer equals the row's `column`, else 0.0.
+    """A reward of 1.0 when the completion's final answer equals the row's `column`, else 0.0 (a
+    conversation's answer is read from its final assistant message, never from a tool's result).
 
     A row whose reference is None, or a batch without that column, gets None (not applicable),
     so the reward can sit beside others on a dataset where only some rows are verifiable.
@@ -79,7 +102,8 @@ accuracy_reward = exact_match_reward("solution")
 def format_reward(
     pattern: str = r"<think>.*?</think>\s*<answer>.*?</answer>", flags: int = re.DOTALL
 ) -> RewardFn:
-    """1.0 when the whole completion (outer whitespace stripped) matches `pattern`, else 0.0.
+    """1.0 when the whole completion (of a conversation: its final assistant message; outer whitespace
+    stripped) matches `pattern`, else 0.0.
 
     The default is DeepSeek-R1's reasoning format; `flags` default to DOTALL so `.` spans lines.
     """
@@ -94,7 +118,7 @@ def format_reward(
 
 def _lengths(completions: list, completion_ids: list | None) -> list[int]:
     if completion_ids is None:
-        return [len(completion_text(c)) for c in completions]
+        return [len(_whole_text(c)) for c in completions]
     if len(completion_ids) != len(completions):
         raise ValueError(f"completion_ids has {len(completion_ids)} rows for {len(completions)} completions")
     return [len(ids) for ids in completion_ids]
@@ -142,7 +166,7 @@ def soft_overlong_penalty(max_completion_length: int, overlong_buffer: int) -> R
 
 class KeywordReward:
     """1.0 per occurrence of `word` in a completion (case-insensitive), capped at `cap`, minus
-    `length_penalty` per whitespace-separated word.
+    `length_penalty` per whitespace-separated word. A conversation is read from its final assistant message.
 
     Substring matching (not whole words) gives a random model a signal from its first steps.
     """
@@ -165,7 +189,8 @@ class KeywordReward:
 
 
 class LengthReward:
-    """`1 - |words - target_words| / target_words`: 1 at exactly `target_words`, falling linearly."""
+    """`1 - |words - target_words| / target_words`: 1 at exactly `target_words`, falling linearly (words of
+    a conversation's final assistant message)."""
 
     def __init__(self, target_words: int = 2) -> None:
         if not isinstance(target_words, int) or target_words < 1:

@@ -15,6 +15,7 @@ from rlhfkit.rewards.rules import completion_text
 class SentimentJudge:
     """Scores texts by VADER's compound sentiment in [-1, 1]; a reward callable for RLOO/PPO.
 
+    A conversation is scored on its final assistant message (`completion_text`).
     Example: `SentimentJudge()(["What a wonderful film."])` gives one positive float. As a pairwise judge
     (`rlhfkit.judges`): `RuleJudge.of_texts(SentimentJudge())`, or `load_judge("positive-review")`.
     """

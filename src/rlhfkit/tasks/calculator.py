@@ -22,6 +22,8 @@ import zlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from rlhfkit.rewards.rules import completion_text
+
 if TYPE_CHECKING:  # pragma: no cover
     from datasets import Dataset
 
@@ -153,20 +155,10 @@ def calculator_sft_dataset(n: int | None = None, seed: int = 0, no_tool_share: f
     return Dataset.from_dict({"messages": messages, "tools": tool_columns})
 
 
-def final_message_text(completion: str | Sequence[dict[str, Any]]) -> str:
-    """The answer a completion gives: the text itself, or a conversation's last assistant message."""
-    if isinstance(completion, str):
-        return completion
-    for message in reversed(completion):
-        if message.get("role") == "assistant":
-            return str(message.get("content") or "")
-    return ""
-
-
 def calculator_reward(completions: list, answer: Sequence[str] | None = None, **columns: Any) -> list[float]:
     """1.0 when the final answer is exactly the row's `answer` (outer whitespace ignored), else 0.0."""
     if answer is None:
         raise ValueError("calculator_reward needs the dataset's 'answer' column (one answer per completion)")
     if len(answer) != len(completions):
         raise ValueError(f"'answer' has {len(answer)} rows for {len(completions)} completions")
-    return [float(final_message_text(c).strip() == str(ref)) for c, ref in zip(completions, answer)]
+    return [float(completion_text(c).strip() == str(ref)) for c, ref in zip(completions, answer)]
