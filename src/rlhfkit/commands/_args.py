@@ -342,7 +342,8 @@ class TrainerCommand:
     summary: Callable[[Any], dict[str, Any]]
     model_kwargs: dict[str, Any] = field(default_factory=dict)
     script_arguments: type = ScriptArguments
-    # (script_args) -> (train, eval or None, extra trainer keywords); default: `load_data`, no extras
+    # (script_args) -> (train, eval or None, extra trainer keywords); default: `load_data`, no extras. An
+    # extra "chat_template" (a built-in task's) is set on the tokenizer; --chat_template_path replaces it
     inputs: Callable[[Any], tuple[Any, Any, dict[str, Any]]] | None = None
     evaluate: bool = True  # run trainer.evaluate() on the eval split when there is one
 
@@ -370,6 +371,9 @@ def run_trainer_command(command: TrainerCommand, argv: list[str] | None) -> int:
     else:
         train_dataset, eval_dataset, extra = command.inputs(script_args)
     tokenizer = load_tokenizer(model_args)
+    template = extra.pop("chat_template", None)
+    if template:  # saved with the model, so the trained policy renders its prompts the same way
+        tokenizer.chat_template = template
     model = load_model(model_args, getattr(transformers, command.auto_model), **command.model_kwargs)
     trainer = trainer_class(
         model=model,

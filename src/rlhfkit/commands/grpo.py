@@ -8,6 +8,9 @@ Rewards: `--reward_funcs` takes import paths of reward functions (`my_rewards:co
 with neither, a built-in task (`--dataset_name keyword`, or `addition`, scored against its answer column)
 brings its own reward. Agents (docs/agents.md): `--tools my_tools:add,my_tools:multiply`,
 `--environment_factory my_env:Game` (its `get_reward` may be the only reward) or `--rollout_func my_mod:fn`.
+A built-in task with tools (`--dataset_name calculator`) brings them too, with the chat template that
+renders them; any agent flag replaces its tools (as `--reward_funcs` replaces its reward: name the task's
+own, `rlhfkit.tasks.calculator:multiply`, to keep them beside yours) and `--chat_template_path` its template.
 Every GRPOConfig / TrainingArguments field is a flag; `--config file.yaml` supplies defaults.
 """
 
@@ -80,9 +83,22 @@ def task_reward(task: Any) -> Any:
     return reward
 
 
+def task_agents(task: Any, agents: dict[str, Any]) -> dict[str, Any]:
+    """What a built-in task brings for agents: its tools, unless an agent flag (`agents`) says what the model
+    acts on, and its chat template (the `chat_template` entry `run_trainer_command` sets on the tokenizer,
+    which `--chat_template_path` replaces)."""
+    found: dict[str, Any] = {}
+    if task.tools and not agents:
+        found["tools"] = list(task.tools)
+    if task.chat_template:
+        found["chat_template"] = task.chat_template
+    return found
+
+
 def inputs(script_args: GRPOScriptArguments) -> tuple[Any, Any, dict[str, Any]]:
     """Prompts (a built-in task or a local dataset), the reward functions and the agent objects (tools,
-    environments, rollout function) the flags name; names are imported first, so a bad one fails fast."""
+    environments, rollout function) the flags name or the task brings; names are imported first, so a bad
+    one fails fast."""
     funcs = import_callables(script_args.reward_funcs, "--reward_funcs")
     agents = script_args.agent_keywords()
     train, evaluation, task = load_prompts(
@@ -93,6 +109,8 @@ def inputs(script_args: GRPOScriptArguments) -> tuple[Any, Any, dict[str, Any]]:
     )
     if script_args.reward_model_name_or_path:
         funcs.insert(0, local_folder(script_args.reward_model_name_or_path, "--reward_model_name_or_path"))
+    if task is not None:
+        agents = {**task_agents(task, agents), **agents}
     if not funcs and task is not None:
         funcs.append(task_reward(task))
     if not funcs and "environment_factory" not in agents:  # an environment may score with get_reward
