@@ -31,7 +31,8 @@ class AgentArguments:
     tools: list[str] | None = option(
         None,
         "Tool functions the model may call, as import paths 'my_tools:add' (several: comma- or "
-        "space-separated; a name may hold a list of functions). Each needs type hints and a docstring.",
+        "space-separated; a name may hold a list of functions). Each needs type hints and a docstring. "
+        "Replaces the tools of a built-in task (calculator's multiply), as any agent flag does.",
     )
     environment_factory: str | None = option(
         None,
