@@ -59,6 +59,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 CALCULATOR = ROOT / "src" / "rlhfkit" / "tasks" / "calculator.py"
+RULES = ROOT / "src" / "rlhfkit" / "rewards" / "rules.py"  # the one rlhfkit file the task imports
 RESULT = "AGENT_EPISODES "
 PATHS = ("rlhfkit", "trl", "rlhfkit-vllm-server")
 # what each step's log keeps in the result file (both trainers log these keys)
@@ -138,15 +139,22 @@ def build_warm_start(work_dir: Path, seed: int) -> dict:
 
 
 # ---------------------------------------------------------------------- one library's GRPO run (a child)
-def load_calculator():
-    """rlhfkit/tasks/calculator.py as a module of its own: the same tool, data and reward in either venv
-    (it imports only the standard library at the top)."""
+def _module_from_file(name: str, path: Path):
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("calculator_task", CALCULATOR)
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def load_calculator():
+    """rlhfkit/tasks/calculator.py as a module of its own: the same tool, data and reward in either venv.
+    Besides the standard library it imports only `rlhfkit.rewards.rules` (the final answer's text), itself
+    standard-library only: in TRL's process that one file is loaded by its path, no other rlhfkit code."""
+    if "rlhfkit" not in sys.modules and "rlhfkit.rewards.rules" not in sys.modules:  # TRL's process
+        sys.modules["rlhfkit.rewards.rules"] = _module_from_file("rlhfkit.rewards.rules", RULES)
+    return _module_from_file("calculator_task", CALCULATOR)
 
 
 def _count_sampled(library: str, totals: dict) -> None:

@@ -5,7 +5,10 @@ template's tool calls with."""
 from __future__ import annotations
 
 import json
+import os
 import statistics
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -95,6 +98,22 @@ def test_trl_process_loads_the_same_task_file():
     assert loaded.multiply(417, 86) == 35862 and loaded.multiply.__doc__ == calculator.multiply.__doc__
     data = loaded.calculator_prompt_dataset("train", n=4, seed=0)
     assert data["prompt"] == calculator.calculator_prompt_dataset("train", n=4, seed=0)["prompt"]
+
+
+def test_trls_process_loads_the_task_with_no_other_rlhfkit_code(tmp_path):
+    # TRL's venv has no rlhfkit: the task's one rlhfkit import (the answer's text) is loaded by its path
+    code = (
+        f"import sys; sys.path.insert(0, {str(Path(bench.__file__).parent)!r}); import agent_episodes as a; "
+        "task = a.load_calculator(); "
+        "print(sorted(k for k in sys.modules if k.startswith('rlhfkit'))); "
+        "print(task.calculator_reward([[{'role': 'tool', 'content': '12'}, {'role': 'assistant', "
+        "'content': '12'}], [{'role': 'assistant', 'content': '<tool_call>x</tool_call>'}, "
+        "{'role': 'tool', 'content': '12'}]], answer=['12', '12']))"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:2] == ["['rlhfkit.rewards.rules']", "[1.0, 0.0]"]
 
 
 def test_the_response_template_reads_the_calculator_templates_calls_as_rlhfkit_does():
