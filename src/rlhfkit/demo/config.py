@@ -171,7 +171,8 @@ class DemoConfig:
     sft_learning_rate: float | None = preset_size("SFT peak learning rate (cosine).")
     sft_target_accuracy: float | None = preset_size(
         "--task addition and calculator: stop SFT early once greedy accuracy on 256 train problems reaches "
-        "this share (0: run all --sft_steps), so that RL starts from an imperfect policy."
+        "this share (0: run all --sft_steps), so that RL starts from an imperfect policy; calculator keeps "
+        "whichever of the two probed policies around the crossing is closer to it."
     )
     # 2. preference pairs and reward model
     pref_num_prompts: int | None = preset_size(
