@@ -143,8 +143,12 @@ def numbers_of(value) -> list[float] | None:
     return values if values and all(is_number) else None
 
 
-def record_name(algo: str, task: str) -> str:
-    return algo if task == "sentiment" else task
+def record_name(algo: str, task: str, flags: list[str] = ()) -> str:
+    """`rloo`, `addition`...; a run of another seed than 0 gets its own file (`calculator-seed1`)."""
+    name = algo if task == "sentiment" else task
+    seed = next((flags[i + 1] for i, flag in enumerate(flags[:-1]) if flag == "--seed"), "0")
+    seed = next((f.split("=", 1)[1] for f in flags if f.startswith("--seed=")), seed)
+    return name if int(seed) == 0 else f"{name}-seed{int(seed)}"
 
 
 def build_record(
@@ -244,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--note", default="shared machine", help="Words on the machine's state.")
     parser.add_argument("--results", default=str(ROOT / "results"), help="Folder of the result files.")
     args, extra = parser.parse_known_args(argv)
-    name = record_name(args.algo, args.task)
+    name = record_name(args.algo, args.task, extra)
     flags = demo_command(args.algo, extra, args.task)
     if args.check:
         return check(name, flags, Path(args.results))

@@ -16,14 +16,25 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import json
 import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # results_format sits beside this script
+from results_format import (  # noqa: E402
+    ROOT,
+    Record,
+    commit_of,  # noqa: F401  (tests and readers of this script use it)
+    duration,
+    load,
+    load_text,
+    note_text,
+    pct,
+    source_line,
+)
+
 PAGES = ("README.md", "docs/*.md")
 BLOCK = re.compile(r"(<!-- results:(?P<name>[\w.-]+) -->\n)(?P<body>.*?)(<!-- /results:(?P=name) -->)", re.S)
 ALGO_ORDER = ("rloo", "dpo", "ppo", "ppo-multi-adapter")
@@ -35,56 +46,6 @@ STAGE_TITLES = {
     "evaluation": "evaluation",
     "polarity_judge": "second judge",
 }
-
-Record = tuple[str, dict[str, Any]]  # (path relative to ROOT, contents)
-
-
-# ---------------------------------------------------------------------- result files
-def commit_of(data: dict[str, Any]) -> str:
-    """The recorded commit (`commit`, or `git_commit` in the benchmark files), hashes cut to 12."""
-    commit = str(data.get("commit") or data.get("git_commit") or "")
-    head, dirty, tail = commit.partition("-")
-    return head[:12] + dirty + tail
-
-
-def load(path: str) -> Record:
-    """A result file, refused when it does not say which commit and command produced it."""
-    data = json.loads((ROOT / path).read_text("utf-8"))
-    missing = [
-        key for key in ("commit", "command") if not (commit_of(data) if key == "commit" else data.get(key))
-    ]
-    if missing:
-        raise ValueError(f"{path}: result file lacks {' and '.join(missing)}; record it with its script")
-    return path, data
-
-
-def source_line(records: list[Record]) -> str:
-    parts = [f"`{path}` (commit `{commit_of(data)}`, command `{data['command']}`)" for path, data in records]
-    return (
-        ("Source: " if len(parts) == 1 else "Sources: ") + "; ".join(parts) + ". Rendered by `make results`."
-    )
-
-
-# ---------------------------------------------------------------------- formatting helpers
-def pct(fraction: float, digits: int = 1) -> str:
-    return f"{100 * fraction:.{digits}f}%"
-
-
-def duration(seconds: float) -> str:
-    minutes, secs = divmod(round(seconds), 60)
-    return f"{minutes} min {secs} s" if minutes else f"{secs} s"
-
-
-def note_text(data: dict[str, Any], before: str = " (", after: str = ")") -> str:
-    """The run's note on the machine, unless its command (quoted in the source line) already says it."""
-    note = data.get("note")
-    return "" if not note or note in data["command"] else f"{before}{note}{after}"
-
-
-def load_text(machine: dict[str, Any]) -> str:
-    before, after = machine.get("load_average_before"), machine.get("load_average_after")
-    said = [f"{values[0]:.1f} {when}" for when, values in (("before", before), ("after", after)) if values]
-    return f"1-minute load average {' and '.join(said)} the run" if said else "load not recorded"
 
 
 # ---------------------------------------------------------------------- demo blocks (README)
@@ -283,6 +244,31 @@ def render_agent_task(records: list[Record]) -> list[str]:
     ]
 
 
+def calculator_seed_records() -> list[str]:
+    """The calculator demo's record (seed 0), then one file per other recorded seed, by seed."""
+    prefix = "demo-calculator-seed"
+    seeds = sorted((ROOT / "results").glob(f"{prefix}*.json"), key=lambda p: int(p.stem.removeprefix(prefix)))
+    return ["results/demo-calculator.json", *(str(p.relative_to(ROOT)) for p in seeds)]
+
+
+def render_agent_task_seeds(records: list[Record]) -> list[str]:
+    """One row per recorded seed of `rlhfkit demo --task calculator`: start, end, lift, wall time."""
+    lines = [
+        "| seed | SFT stopped at (train probe) | SFT, with the tool | GRPO, with the tool | lift | "
+        "issue 35 (+25) | wall time |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for _, rec in records:
+        m = rec["metrics"]
+        ev, sft = m["evaluation"], m["stages"]["sft"]["summary"]
+        lines.append(
+            f"| {m['config']['seed']} | step {sft['steps']} ({pct(sft['train_probe_accuracy'])}) | "
+            f"{pct(ev['greedy_sft'])} | {pct(ev['greedy_rl'])} | {ev['lift_points']:+.1f} | "
+            f"{'met' if ev['lift_points'] >= 25 else 'missed'} | {duration(m['total_seconds'])} |"
+        )
+    return lines
+
+
 # ---------------------------------------------------------------------- benchmark blocks (docs)
 def render_padding_free(records: list[Record]) -> list[str]:
     ((_, data),) = records
@@ -427,6 +413,7 @@ SOURCES: dict[str, tuple[Callable[[], list[str]], Callable[[list[Record]], list[
     ),
     "verifiable-task": (lambda: ["results/demo-addition.json"], render_verifiable_task),
     "agent-task": (lambda: ["results/demo-calculator.json"], render_agent_task),
+    "agent-task-seeds": (calculator_seed_records, render_agent_task_seeds),
 }
 
 

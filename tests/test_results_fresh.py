@@ -224,3 +224,36 @@ def test_agent_task_block_is_computed_from_the_file():
         lines[5] == "| GRPO, 60 steps | 0.0% (0.0-0.7%) | **52.5% (48.5-56.5%)** | 100.0% | 20.0% | 12.5% |"
     )
     assert lines[-1].endswith("**+27.5 points** (issue 35 asks for +25: met).")
+
+
+def test_agent_task_seeds_block_has_a_row_per_seed_file():
+    def record(seed, probe, sft, rl, lift, seconds):
+        ev = {"greedy_sft": sft, "greedy_rl": rl, "lift_points": lift}
+        stages = {"sft": {"summary": {"steps": 130, "train_probe_accuracy": probe}}}
+        metrics = {"config": {"seed": seed}, "evaluation": ev, "stages": stages, "total_seconds": seconds}
+        return f"results/demo-calculator-seed{seed}.json", {"metrics": metrics}
+
+    lines = render.render_agent_task_seeds(
+        [record(0, 0.25, 0.2, 0.5, 30.0, 150), record(2, 0.34, 0.4, 0.6, 20.0, 61)]
+    )
+    assert lines[2] == "| 0 | step 130 (25.0%) | 20.0% | 50.0% | +30.0 | met | 2 min 30 s |"
+    assert lines[3] == "| 2 | step 130 (34.0%) | 40.0% | 60.0% | +20.0 | missed | 1 min 1 s |"  # 61 s
+
+
+def test_calculator_seed_files_follow_the_record_and_sort_by_seed(tmp_path, monkeypatch):
+    for seed in (10, 2, 1):
+        (tmp_path / "results").mkdir(exist_ok=True)
+        (tmp_path / "results" / f"demo-calculator-seed{seed}.json").write_text("{}")
+    monkeypatch.setattr(render, "ROOT", tmp_path)
+    assert render.calculator_seed_records() == [
+        "results/demo-calculator.json",
+        *(f"results/demo-calculator-seed{seed}.json" for seed in (1, 2, 10)),  # 10 after 2: by number
+    ]
+
+
+def test_recorder_names_a_file_per_seed():
+    record = _script("record_demo_result")
+    assert record.record_name("rloo", "calculator", ["--seed", "2"]) == "calculator-seed2"
+    assert record.record_name("rloo", "calculator", ["--seed=1", "--rl_updates", "5"]) == "calculator-seed1"
+    assert record.record_name("rloo", "calculator", ["--seed", "0"]) == "calculator"  # seed 0: the record
+    assert record.record_name("dpo", "sentiment", []) == "dpo"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -17,6 +18,7 @@ from rlhfkit.tasks.calculator import transcript
 def test_calculator_runs_grpo_with_its_own_preset():
     cfg = DemoConfig(task="calculator")
     assert cfg.algo == "grpo" and cfg.response_length == 96 and cfg.sft_target_accuracy == 0.3
+    assert (cfg.rl_updates, cfg.temperature) == (100, 0.7)  # what lifted seeds 0-2 past +25
     with pytest.raises(ValueError, match="--algo must be one of grpo for --task calculator"):
         DemoConfig(task="calculator", algo="rloo")
 
@@ -107,3 +109,56 @@ def test_calculator_demo_end_to_end_from_the_command_is_deterministic(tmp_path):
 def eval_product(question: str) -> int:
     a, b = question.split("*")
     return int(a) * int(b)
+
+
+def _probe_run(accuracies: dict[int, float], near_every, steps: int = 200):
+    """Drive the SFT stop callback over `steps` steps of a one-weight model whose weight is the step number;
+    `accuracies` scripts what the train probe measures at a step (0 where not given)."""
+    import torch
+    from transformers import TrainerControl
+
+    from rlhfkit.demo import verifiable
+    from rlhfkit.tasks import get_task
+
+    model = torch.nn.Linear(1, 1, bias=False)
+    log = verifiable.ProbeLog()
+    callback = verifiable._stop_at_accuracy(
+        DemoConfig(task="calculator"), get_task("calculator"), None, log, near_every
+    )
+    original = verifiable._greedy_accuracy
+    verifiable._greedy_accuracy = lambda cfg, task, m, tok, data: accuracies.get(int(m.weight.item()), 0.0)
+    try:
+        for step in range(1, steps + 1):
+            with torch.no_grad():
+                model.weight.fill_(step)
+            control = callback.on_step_end(
+                None, SimpleNamespace(global_step=step), TrainerControl(), model=model
+            )
+            if control.should_training_stop:
+                break
+    finally:
+        verifiable._greedy_accuracy = original
+    return log, step, int(model.weight.item())
+
+
+def test_sft_probe_goes_finer_near_the_skill_and_keeps_the_policy_closer_to_the_target():
+    # target 0.3: 0.25 at step 124 is 0.05 under it, 0.41 at step 126 0.11 over: the step-124 policy is kept
+    seen = {120: 0.02, 122: 0.10, 124: 0.25, 126: 0.41}
+    log, stopped, weight = _probe_run(seen, near_every=2)
+    assert log.steps == [20, 40, 60, 80, 100, 120, 122, 124, 126]  # every 20, every 2 after the first right
+    assert (stopped, log.kept_step, log.kept_accuracy, weight) == (126, 124, 0.25, 124)
+    # 0.31 is closer than 0.22: the policy that crossed is kept, nothing is restored
+    log, stopped, weight = _probe_run({120: 0.05, 122: 0.22, 124: 0.31}, near_every=2)
+    assert (stopped, log.kept_step, weight) == (124, None, 124)
+
+
+def test_sft_probe_without_fine_steps_stops_at_the_first_crossing():
+    # the addition demo's probe: every 20 steps, and the policy that crossed the target is the warm start
+    log, stopped, weight = _probe_run({120: 0.02, 140: 0.45}, near_every=None)
+    assert log.steps == [20, 40, 60, 80, 100, 120, 140] and (stopped, log.kept_step, weight) == (
+        140,
+        None,
+        140,
+    )
+    log, stopped, _ = _probe_run({}, near_every=2, steps=50)  # never right: probes every 20, runs to the end
+    assert log.steps == [20, 40] and stopped == 50 and log.kept_step is None

@@ -24,6 +24,9 @@ from rlhfkit.tasks import Task
 TOOL_TIMEOUT = 5.0  # seconds; the calculator answers in microseconds
 MAX_TOOL_ITERATIONS = 2  # tool-calling rounds per episode, in RL and evaluation
 SFT_TRANSCRIPTS = 256  # distinct train problems in the SFT warm start: few, so that the start is imperfect
+# SFT probes every this many steps once it sees a right answer: copying appears within a few steps (seed 1:
+# 25% of the train probe at step 130, 41% at 132), so probing every 20 stopped seeds anywhere from 32% to 53%
+SFT_PROBE_NEAR_EVERY = 2
 
 
 def greedy_episodes(
@@ -130,7 +133,11 @@ def evaluate(cfg: DemoConfig, task: Task, sft: StageResult, rl: StageResult, out
 
 def stage_settings() -> dict[str, Any]:
     """The module's constants that change what a stage computes: part of the stages' cache keys."""
-    return {"sft_transcripts": SFT_TRANSCRIPTS, "max_tool_iterations": MAX_TOOL_ITERATIONS}
+    return {
+        "sft_transcripts": SFT_TRANSCRIPTS,
+        "max_tool_iterations": MAX_TOOL_ITERATIONS,
+        "sft_probe_near_every": SFT_PROBE_NEAR_EVERY,
+    }
 
 
 # ---------------------------------------------------------------------- report

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -55,27 +56,56 @@ EVAL_FIELDS = ("seed", "eval_num_prompts", "temperature", "response_length")
 PROBE_SIZE, PROBE_EVERY = 256, 20  # train problems checked, and how often, for --sft_target_accuracy
 
 
-def _stop_at_accuracy(cfg: DemoConfig, task: Task, tokenizer: Any, probe_seen: list[float]) -> Any:
+@dataclass
+class ProbeLog:
+    """The train-probe accuracies an SFT run saw; the step and accuracy of the policy it went back to."""
+
+    steps: list[int] = field(default_factory=list)
+    accuracies: list[float] = field(default_factory=list)
+    kept_step: int | None = None
+    kept_accuracy: float | None = None
+
+
+def _stop_at_accuracy(
+    cfg: DemoConfig, task: Task, tokenizer: Any, log: ProbeLog, near_every: int | None = None
+) -> Any:
     """A callback ending SFT once greedy accuracy on PROBE_SIZE *train* problems reaches the target.
 
     The point where a short SFT run starts to get answers right moves by a hundred steps or more from seed
-    to seed; stopping on accuracy puts every seed's warm start at the same, deliberately imperfect level.
+    to seed; stopping on accuracy puts every seed's warm start at about the same, deliberately imperfect
+    level. With `near_every`, once a probe sees any right answer it probes every `near_every` steps and,
+    on crossing the target, keeps whichever of the last two probed policies is closer to it: a skill that
+    appears within a few steps (the calculator's copying) would otherwise overshoot by luck of the grid.
     """
     from transformers import TrainerCallback
 
     probe = task.prompt_dataset("train", n=PROBE_SIZE, seed=cfg.seed + 1)
+    target = cfg.sft_target_accuracy
+    below: dict[str, Any] = {}  # the last probed policy under the target: its weights, step and accuracy
 
     class StopAtAccuracy(TrainerCallback):
         def on_step_end(self, args, state, control, model=None, **kwargs):
-            if state.global_step % PROBE_EVERY == 0:
-                probe_seen.append(_greedy_accuracy(cfg, task, model, tokenizer, probe))
-                if (
-                    probe_seen[-1] >= cfg.sft_target_accuracy
-                ):  # never un-stop the trainer's own max_steps stop
-                    control.should_training_stop = True
+            near = near_every is not None and bool(log.accuracies) and log.accuracies[-1] > 0
+            if state.global_step % (near_every if near else PROBE_EVERY):
+                return control
+            accuracy = _greedy_accuracy(cfg, task, model, tokenizer, probe)
+            log.steps.append(state.global_step)
+            log.accuracies.append(accuracy)
+            if accuracy < target:
+                if near_every is not None:
+                    below.update(weights=_weights_copy(model), step=state.global_step, accuracy=accuracy)
+                return control
+            control.should_training_stop = True  # never un-stop the trainer's own max_steps stop
+            if below and target - below["accuracy"] < accuracy - target:
+                model.load_state_dict(below["weights"])
+                log.kept_step, log.kept_accuracy = below["step"], below["accuracy"]
             return control
 
     return StopAtAccuracy()
+
+
+def _weights_copy(model: Any) -> dict[str, Any]:
+    return {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
 
 
 def _greedy_accuracy(cfg: DemoConfig, task: Task, model: Any, tokenizer: Any, data: Any) -> float:
@@ -120,8 +150,13 @@ def train_sft(cfg: DemoConfig, task: Task, base: StageResult, out: Path) -> dict
         logging_steps=PROBE_EVERY,  # the run may stop long before sft_steps: log often enough to plot
         **stages.trainer_defaults(cfg, out),
     )
-    probe_seen: list[float] = []
-    callbacks = [_stop_at_accuracy(cfg, task, tokenizer, probe_seen)] if cfg.sft_target_accuracy else []
+    probe = ProbeLog()
+    near_every = None
+    if task.tools:
+        from rlhfkit.demo.tool_use import SFT_PROBE_NEAR_EVERY as near_every
+    callbacks = (
+        [_stop_at_accuracy(cfg, task, tokenizer, probe, near_every)] if cfg.sft_target_accuracy else []
+    )
     trainer = SFTTrainer(
         model=str(base.path),
         args=args,
@@ -134,12 +169,18 @@ def train_sft(cfg: DemoConfig, task: Task, base: StageResult, out: Path) -> dict
     tokenizer.save_pretrained(out)
     history = stages._save_logs(trainer, out)
     losses = [h["loss"] for h in history if "loss" in h]
-    return {
-        "steps": result.global_step,
+    went_back = probe.kept_step is not None
+    summary = {
+        "steps": probe.kept_step if went_back else result.global_step,
         "first_loss": losses[0],
         "final_loss": losses[-1],
-        "train_probe_accuracy": probe_seen[-1] if probe_seen else None,
+        "train_probe_accuracy": probe.kept_accuracy if went_back else (probe.accuracies or [None])[-1],
     }
+    if near_every is not None:  # the whole probe curve: where the skill appeared, what was kept
+        summary.update(
+            trained_steps=result.global_step, probe_steps=probe.steps, probe_accuracy=probe.accuracies
+        )
+    return summary
 
 
 # ---------------------------------------------------------------------- 3. GRPO on the exact reward
