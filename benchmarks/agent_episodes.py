@@ -12,7 +12,7 @@ The work (issue 35, "a benchmark reports agent-episode throughput"): the GRPO st
   and `CHAT_TEMPLATE` (saved with the SFT tokenizer); TRL's process loads that same file by its path;
 - GRPO settings: the demo preset's, read from `DemoConfig(task="calculator")`: 128 episodes per step (16
   prompts x 8 generations, one micro-batch), at most 96 completion tokens (sampled and tool tokens),
-  temperature 0.4, `max_tool_calling_iterations=2`, beta 0, one iteration, learning rate 1e-4 (constant),
+  temperature 0.7, `max_tool_calling_iterations=2`, beta 0, one iteration, learning rate 1e-4 (constant),
   float32 on CPU, the demo's 1 torch thread.
 Each library runs in its own process (`--rounds` alternate which goes first):
 - `rlhfkit`: `GRPOTrainer(tools=[multiply])` sampling with the decode loop (the demo's; `tool_timeout` 5 s);
