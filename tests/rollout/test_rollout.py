@@ -40,6 +40,9 @@ def test_pad_left_and_right_layouts():
     ids, mask = pad_right(seqs, pad_token_id=0)
     assert ids.tolist() == [[5, 6, 7], [8, 0, 0]]
     assert mask.tolist() == [[True, True, True], [True, False, False]]
+    # per-token values keep their dtype (float logprobs are not truncated to integers)
+    values, mask = pad_right([torch.tensor([-0.25, -1.5]), torch.tensor([-2.75])], pad_token_id=0)
+    assert values.dtype == torch.float32 and values.tolist() == [[-0.25, -1.5], [-2.75, 0.0]]
 
 
 def test_position_ids_and_last_index():

@@ -50,11 +50,13 @@ def pad_left(sequences: Sequence[torch.Tensor], pad_token_id: int) -> tuple[torc
 
 
 def pad_right(sequences: Sequence[torch.Tensor], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Stack 1-D token tensors into a right-padded (B, L) batch and its mask (True = real)."""
+    """Stack 1-D tensors into a right-padded (B, L) batch and its mask (True = real). The batch keeps the
+    first sequence's dtype: token ids, or per-token values such as logprobs (padded with `pad_token_id`)."""
     if len(sequences) == 0:
         raise ValueError("pad_right needs at least one sequence")
     length = max(1, max(int(s.numel()) for s in sequences))
-    ids = torch.full((len(sequences), length), pad_token_id, dtype=torch.long, device=sequences[0].device)
+    first = sequences[0]
+    ids = torch.full((len(sequences), length), pad_token_id, dtype=first.dtype, device=first.device)
     mask = torch.zeros((len(sequences), length), dtype=torch.bool, device=sequences[0].device)
     for i, seq in enumerate(sequences):
         n = int(seq.numel())

@@ -38,12 +38,9 @@ EPISODE_COUNTERS = (
 )
 
 
-def _right_padded(rows: list[list], width: int, dtype: torch.dtype) -> torch.Tensor:
-    """(len(rows), width) of `dtype`: each row's values, then zeros."""
-    out = torch.zeros(len(rows), width, dtype=dtype)
-    for i, row in enumerate(rows):
-        out[i, : len(row)] = torch.tensor(row, dtype=dtype)
-    return out
+def _right_padded(rows: list[list], dtype: torch.dtype) -> torch.Tensor:
+    """Each row's values as `dtype`, right-padded with zeros (one row per completion, as wide as its ids)."""
+    return pad_right([torch.tensor(row, dtype=dtype) for row in rows], 0)[0]
 
 
 def sequences_batch(
@@ -60,9 +57,8 @@ def sequences_batch(
     responses, response_mask = pad_right(
         [torch.tensor(c, dtype=torch.long) for c in completion_ids], pad_token_id
     )
-    width = responses.shape[1]
-    sampled = None if model_mask is None else _right_padded(model_mask, width, torch.bool) & response_mask
-    lp = _right_padded(logprobs, width, torch.float32)
+    sampled = None if model_mask is None else _right_padded(model_mask, torch.bool) & response_mask
+    lp = _right_padded(logprobs, torch.float32)
     if sampled is not None:
         lp = lp.masked_fill(~sampled, 0.0)
     loss_mask = response_mask if sampled is None else sampled
