@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from rlhfkit.data.chat_templates import render_ids
+
 _STAND_IN_USER = {"role": "user", "content": "dummy"}
 
 
@@ -21,30 +23,6 @@ def _calling_turn(names: list[str]) -> dict:
     message with the name of the call it answers)."""
     calls = [{"type": "function", "function": {"name": name, "arguments": {}}} for name in names]
     return {"role": "assistant", "content": "", "tool_calls": calls}
-
-
-def render_ids(
-    tokenizer: Any,
-    messages: list[dict],
-    *,
-    add_generation_prompt: bool,
-    chat_template: str | None = None,
-    **template_kwargs: Any,
-) -> list[int]:
-    """The token ids of `messages` rendered by the chat template (a flat list)."""
-    ids = tokenizer.apply_chat_template(
-        messages,
-        add_generation_prompt=add_generation_prompt,
-        tokenize=True,
-        return_dict=False,
-        chat_template=chat_template,
-        **template_kwargs,
-    )
-    if hasattr(ids, "tolist"):
-        ids = ids.tolist()
-    if ids and isinstance(ids[0], list):  # a processor answers with a batch of one
-        ids = ids[0]
-    return [int(i) for i in ids]
 
 
 def _trim_at_end_of_turn(ids: list[int], eos_token_id: int | None) -> list[int]:

@@ -4,7 +4,8 @@ TRL 1.x's `chat_template_path` (SFT and reward configs) names either a Jinja fil
 tokenizer whose template is taken: a folder, or a model name ("Qwen/Qwen3-4B") already in the local hub
 cache. Only the template is taken: tokens it mentions must already be in the tokenizer's vocabulary
 (checked for the other tokenizer's special tokens, which would otherwise be split into pieces), so the
-model's embeddings never need resizing.
+model's embeddings never need resizing. `render_ids`: a conversation's token ids through the chat template,
+as one flat list whatever the tokenizer or processor returns (prompts and the agent rollouts' turns).
 """
 
 from __future__ import annotations
@@ -68,3 +69,27 @@ def apply_chat_template_path(tokenizer: Any, path: str | Path | None, owner: str
         )
     tokenizer.chat_template = template
     return tokenizer
+
+
+def render_ids(
+    tokenizer: Any,
+    messages: list[dict],
+    *,
+    add_generation_prompt: bool,
+    chat_template: str | None = None,
+    **template_kwargs: Any,
+) -> list[int]:
+    """The token ids of `messages` rendered by the chat template (a flat list)."""
+    ids = tokenizer.apply_chat_template(
+        messages,
+        add_generation_prompt=add_generation_prompt,
+        tokenize=True,
+        return_dict=False,
+        chat_template=chat_template,
+        **template_kwargs,
+    )
+    if hasattr(ids, "tolist"):
+        ids = ids.tolist()
+    if ids and isinstance(ids[0], list):  # a processor answers with a batch of one
+        ids = ids[0]
+    return [int(i) for i in ids]

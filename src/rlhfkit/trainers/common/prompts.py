@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from rlhfkit.data.chat_templates import render_ids
+
 
 def context_length(model: Any) -> int | None:
     """The most tokens `model` reads at once, from its config (None when it does not say)."""
@@ -26,13 +28,8 @@ def prompt_ids(prompt: Any, tokenizer: Any, chat_template_kwargs: dict | None = 
     """The token ids of one prompt: text as is, chat messages through the chat template (generation prompt
     added)."""
     if isinstance(prompt, list):
-        ids = tokenizer.apply_chat_template(
-            prompt, add_generation_prompt=True, tokenize=True, **(chat_template_kwargs or {})
-        )
-        ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
-    else:
-        ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-    return list(ids)
+        return render_ids(tokenizer, prompt, add_generation_prompt=True, **(chat_template_kwargs or {}))
+    return list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
 
 
 def tokenize_prompts(
