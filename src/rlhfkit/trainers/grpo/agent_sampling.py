@@ -195,10 +195,8 @@ class AgentSamplingMethods:
         prompts = columns.pop("prompt", None)
         if prompts is None:  # a pre-tokenised dataset: its prompts as text
             prompts = self.processing_class.batch_decode(ids, skip_special_tokens=True)
-        if getattr(
-            self.args, "use_vllm", False
-        ):  # an engine rollout_func may sample with gets the new weights
-            self._sampler()
+        if getattr(self.args, "use_vllm", False):
+            self._sampler()  # an engine rollout_func may sample with: asking for it pushes the new weights
         output = check_rollout_output(self.agents.rollout_func(prompts, self), len(prompts))
         extra = {k: list(v) for k, v in output.items() if k not in (*ROLLOUT_KEYS, "env_mask")}
         mask = output.get("env_mask")

@@ -83,6 +83,7 @@ class Agents:
     rollout_func: Callable | None = None
     rewards: list[Callable] = field(default_factory=list)
     schemas: list[dict] = field(default_factory=list)  # of every tool any rollout may get
+    _standalone: ToolBox | None = field(default=None, init=False, repr=False)  # `toolbox()`'s, made once
 
     @property
     def uses_tools(self) -> bool:
@@ -104,9 +105,13 @@ class Agents:
         return environments, observations
 
     def toolbox(self, environment: Any = None) -> ToolBox:
-        """The tools of one rollout: the standalone ones and its environment's methods."""
-        methods = [] if environment is None else environment_methods(environment)
-        return ToolBox([*self.tools, *methods])
+        """The tools of one rollout: the standalone ones and its environment's methods (without an
+        environment, one ToolBox, its schemas built once, serves every rollout)."""
+        if environment is None:
+            if self._standalone is None:
+                self._standalone = ToolBox(self.tools)
+            return self._standalone
+        return ToolBox([*self.tools, *environment_methods(environment)])
 
 
 def check_environment_names(
